@@ -1,0 +1,9 @@
+//! One module per subcommand.
+pub mod batch;
+pub mod bench;
+pub mod convert;
+pub mod forward;
+pub mod generate;
+pub mod inspect;
+pub mod quant;
+pub mod synth;

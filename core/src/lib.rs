@@ -1,0 +1,12 @@
+//! m3 core: everything that is not a backend.
+//!
+//! `no_std + alloc` by default-off `std`: the number formats, the config and the
+//! typed weights build anywhere; the `std` feature adds files (checkpoint
+//! loading and writing through safetensors + mmap).
+#![cfg_attr(not(feature = "std"), no_std)]
+
+extern crate alloc;
+
+pub mod formats;
+pub mod config;
+pub mod weights;

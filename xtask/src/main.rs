@@ -2,6 +2,11 @@
 
 use clap::{Parser, Subcommand};
 
+mod ci;
+mod fuzz;
+mod golden;
+mod kernels;
+mod spec;
 mod venv;
 
 #[derive(Parser)]
@@ -15,18 +20,30 @@ struct Cli {
 enum Task {
     /// Regenerate the format conformance vectors with the Python generator
     /// (numpy + ml_dtypes in .venv); fails if the committed ones drift.
-    GenSpec {
-        /// Overwrite the committed vectors instead of failing on drift.
-        #[arg(long)]
-        write: bool,
-    },
+    GenSpec(spec::GenSpecArgs),
     /// Run every conformance vector on the CPU codecs.
-    Conform,
+    Conform(spec::ConformArgs),
+    /// Regenerate the golden cases with the independent Python reference.
+    GenGolden(golden::GenGoldenArgs),
+    /// Run the golden cases on the available backends and print the parity table.
+    Golden(golden::GoldenArgs),
+    /// Compile every GPU kernel (NVRTC for sm_90, hipcc for one AMD target).
+    Kernels(kernels::KernelsArgs),
+    /// Run the safetensors header / index fuzz target for a short while.
+    Fuzz(fuzz::FuzzArgs),
+    /// Everything CI runs: the README's test command.
+    Ci(ci::CiArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.task {
-        Task::GenSpec { .. } | Task::Conform => anyhow::bail!("not implemented yet"),
+        Task::GenSpec(a) => spec::gen_spec(a),
+        Task::Conform(a) => spec::conform(a),
+        Task::GenGolden(a) => golden::gen_golden(a),
+        Task::Golden(a) => golden::golden(a),
+        Task::Kernels(a) => kernels::kernels(a),
+        Task::Fuzz(a) => fuzz::fuzz(a),
+        Task::Ci(a) => ci::ci(a),
     }
 }

@@ -10,3 +10,14 @@ extern crate alloc;
 pub mod formats;
 pub mod config;
 pub mod weights;
+#[cfg(feature = "std")]
+pub mod checkpoint;
+pub mod backend;
+pub mod engine;
+pub mod kv;
+pub mod sample;
+pub mod sched;
+pub mod dspark;
+#[cfg(feature = "std")]
+pub mod synth;
+pub mod spec_decode;

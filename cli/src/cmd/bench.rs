@@ -1,8 +1,288 @@
-//! `m3 bench` (not built yet).
+//! `m3 bench --backend cpu`: prefill and decode speed of a backend on a
+//! preset with in-memory synthetic weights, the bytes a decode step must
+//! move, and a same-run memory-bandwidth probe to compare them with
+//! (PERF.md: ratios within one run, never absolute times across runs).
+//!
+//! Bytes per decode step (batch 1) = every weight tensor the step touches,
+//! once (routed experts: the distinct experts chosen in that step), plus
+//! the KV bytes attention reads (the selected blocks' K and V, or every
+//! position on full layers) and the index-cache bytes the indexer reads.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Result};
+use m3_core::backend::{Path, RunOptions, StepBatch, TapRequest, Taps};
+use m3_core::config::{AttnKind, ModelConfig};
+use m3_core::kv::{KvCache, KvLayout};
+use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
+use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
+
+use super::forward::{backend, parse_act, parse_kv, with_threads};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Backend: cpu.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Model preset: tiny, small or m3.1.
+    #[arg(long, default_value = "small")]
+    pub preset: String,
+    /// Override the number of layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Prompt length of the prefill step.
+    #[arg(long, default_value_t = 256)]
+    pub prompt_len: usize,
+    /// Timed decode steps (batch 1) after the prefill.
+    #[arg(long, default_value_t = 16)]
+    pub decode_steps: usize,
+    /// Routed-expert format: mxfp4, nvfp4, mxfp8, bf16.
+    #[arg(long, default_value = "mxfp4")]
+    pub experts: String,
+    /// Format of attention, indexer, dense MLP and shared expert: mxfp8, bf16.
+    #[arg(long, default_value = "mxfp8")]
+    pub dense: String,
+    /// KV and index cache dtype.
+    #[arg(long, default_value = "fp8_e4m3")]
+    pub kv_dtype: String,
+    /// Routed-expert activation mode: bf16 or mxfp4.
+    #[arg(long, default_value = "bf16")]
+    pub act: String,
+    /// Size of the memory-bandwidth probe buffer in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub probe_mib: usize,
+    /// Threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`m3 bench` is not implemented yet")
+fn fmt(s: &str) -> Result<WeightFormat> {
+    Ok(match s {
+        "bf16" => WeightFormat::Bf16,
+        "mxfp8" => WeightFormat::Mxfp8,
+        "mxfp4" => WeightFormat::Mxfp4,
+        "nvfp4" => WeightFormat::Nvfp4,
+        o => bail!("weight format `{o}` is not one of bf16, mxfp8, mxfp4, nvfp4"),
+    })
+}
+
+/// Stored bytes of a weight.
+fn wbytes(w: &LinearWeight) -> usize {
+    match w {
+        LinearWeight::Bf16 { data, .. } => data.len() * 2,
+        LinearWeight::F32 { data, .. } => data.len() * 4,
+        LinearWeight::Mx(t) => t.codes().len() + t.scales().len(),
+        LinearWeight::Nvfp4(t) => t.codes().len() + t.scales().len() + 4,
+    }
+}
+
+fn mlp_bytes(m: &MlpWeights) -> usize {
+    wbytes(&m.gate) + wbytes(&m.up) + wbytes(&m.down)
+}
+
+/// Bytes one batch-1 decode step at position `p` must move, given the
+/// experts chosen per layer (`experts[l]`) and the blocks selected.
+fn step_bytes(m: &ModelWeights, cache: &KvCache, p: usize, taps: &Taps) -> usize {
+    let c = &m.config;
+    let f = 4; // f32 norm weights
+    let mut b = m.embed.cols() * 2 + wbytes(&m.lm_head) + m.final_norm.len() * f;
+    for (l, lw) in m.layers.iter().enumerate() {
+        let a = &lw.attn;
+        b += (lw.input_norm.len() + lw.post_attn_norm.len() + a.q_norm.len() + a.k_norm.len()) * f;
+        b += wbytes(&a.q) + wbytes(&a.k) + wbytes(&a.v) + wbytes(&a.o);
+        let lc = &cache.layers[l];
+        let per_pos = lc.k.bytes_per(c.head_dim); // one head's K (or V) at one position
+        let visible = p + 1;
+        if c.attn_kinds[l] == AttnKind::Sparse {
+            if let Some(ix) = &a.indexer {
+                b += wbytes(&ix.q) + wbytes(&ix.k) + (ix.q_norm.len() + ix.k_norm.len()) * f;
+            }
+            if let Some(ik) = &lc.index_k {
+                b += visible * ik.bytes_per(ik.width);
+            }
+            let sel = taps.i32(&format!("topk_blocks.{l}")).unwrap_or(&[]);
+            for &blk in sel.iter().filter(|&&x| x >= 0) {
+                let lo = blk as usize * c.index_block_size;
+                let n = (lo + c.index_block_size).min(visible).saturating_sub(lo);
+                b += 2 * n * per_pos;
+            }
+        } else {
+            b += 2 * visible * per_pos * c.num_key_value_heads;
+        }
+        match &lw.ffn {
+            FfnWeights::Dense(d) => b += mlp_bytes(d),
+            FfnWeights::Moe(moe) => {
+                b += wbytes(&moe.router) + moe.correction_bias.len() * f;
+                let ids: BTreeSet<i32> = taps
+                    .i32(&format!("experts.{l}"))
+                    .unwrap_or(&[])
+                    .iter()
+                    .copied()
+                    .collect();
+                b += ids
+                    .iter()
+                    .map(|&e| mlp_bytes(&moe.experts[e as usize]))
+                    .sum::<usize>();
+                b += moe.shared.as_ref().map_or(0, mlp_bytes);
+            }
+        }
+    }
+    b
+}
+
+/// Streaming read and memcpy bandwidth (bytes/s) over a `mib` buffer, the
+/// best of 3 each; the copy counts bytes read + written.
+fn bandwidth_probe(mib: usize) -> (f64, f64) {
+    use rayon::prelude::*;
+    let n = (mib << 20) / 8;
+    let src: Vec<u64> = (0..n as u64)
+        .into_par_iter()
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let mut dst = vec![0u64; n];
+    let mut read_bw = 0.0f64;
+    let mut copy_bw = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let s: u64 = src
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &b| a ^ b))
+            .reduce(|| 0, |a, b| a ^ b);
+        std::hint::black_box(s);
+        read_bw = read_bw.max((n * 8) as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        dst.par_chunks_mut(1 << 16)
+            .zip(src.par_chunks(1 << 16))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        std::hint::black_box(&dst);
+        copy_bw = copy_bw.max((2 * n * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    (read_bw, copy_bw)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let be = backend(&args.backend)?;
+    let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
+    if let Some(l) = args.layers {
+        cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
+    }
+    let dtype = parse_kv(&args.kv_dtype)?;
+    let opts = RunOptions {
+        act: parse_act(&args.act)?,
+    };
+    let formats = Formats {
+        experts: fmt(&args.experts)?,
+        dense: fmt(&args.dense)?,
+    };
+    if args.prompt_len == 0 {
+        bail!("--prompt-len must be at least 1");
+    }
+    let threads = args.threads;
+    let be = &*be;
+    with_threads(threads, move || -> Result<()> {
+        let t0 = Instant::now();
+        let model =
+            synthetic::model(&cfg, formats, 0).map_err(|e| anyhow!("generating weights: {e}"))?;
+        eprintln!("weights generated in {:.1} s", t0.elapsed().as_secs_f64());
+        let total = args.prompt_len + args.decode_steps + 1;
+        let page = cfg.index_block_size.max(1);
+        let layout = KvLayout {
+            page_size: page,
+            num_pages: total.div_ceil(page),
+            dtype,
+        };
+        let mut cache = KvCache::new(&model, layout);
+        let table: Vec<u32> = (0..layout.num_pages as u32).collect();
+        let prompt: Vec<u32> = (0..args.prompt_len as u32)
+            .map(|i| (i * 7919 + 13) % cfg.vocab_size as u32)
+            .collect();
+        let step = StepBatch::contiguous(0, &prompt, 0, &table, page, false);
+        let t = Instant::now();
+        let logits = be
+            .forward(
+                &model,
+                &mut cache,
+                &step,
+                Path::Standard,
+                &opts,
+                &mut Taps::none(),
+            )
+            .map_err(|e| anyhow!("prefill: {e}"))?;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let mut tok = m3_core::sample::greedy(&logits);
+        let (mut times, mut bytes) = (Vec::new(), Vec::new());
+        for i in 0..args.decode_steps {
+            let p = args.prompt_len + i;
+            let step = StepBatch::contiguous(0, &[tok], p as u32, &table, page, true);
+            let mut taps = Taps::new(TapRequest {
+                topk_blocks: true,
+                experts: true,
+                ..TapRequest::default()
+            });
+            let t = Instant::now();
+            let logits = be
+                .forward(&model, &mut cache, &step, Path::Standard, &opts, &mut taps)
+                .map_err(|e| anyhow!("decode step {i}: {e}"))?;
+            times.push(t.elapsed().as_secs_f64());
+            bytes.push(step_bytes(&model, &cache, p, &taps) as f64);
+            tok = m3_core::sample::greedy(&logits);
+        }
+        let step_s = median(&mut times.clone());
+        let step_b = median(&mut bytes);
+        let (read_bw, copy_bw) = bandwidth_probe(args.probe_mib);
+        let ceiling = read_bw.max(copy_bw);
+        let achieved = if step_s > 0.0 { step_b / step_s } else { 0.0 };
+        println!(
+            "bench backend {} preset {} (layers {}, experts {:?}, dense {:?}, kv {:?}, act {:?}, threads {})",
+            be.name(),
+            args.preset,
+            cfg.num_hidden_layers,
+            formats.experts,
+            formats.dense,
+            dtype,
+            opts.act,
+            rayon::current_num_threads()
+        );
+        println!(
+            "prefill: {} tokens in {:.3} s = {:.1} tok/s",
+            args.prompt_len,
+            prefill_s,
+            args.prompt_len as f64 / prefill_s
+        );
+        println!(
+            "decode (batch 1, context {}..{}): median {:.2} ms/step = {:.1} tok/s over {} steps",
+            args.prompt_len,
+            args.prompt_len + args.decode_steps,
+            step_s * 1e3,
+            if step_s > 0.0 { 1.0 / step_s } else { 0.0 },
+            times.len()
+        );
+        println!(
+            "bytes/step: {:.2} MB (weights touched + KV/index read) -> {:.2} GB/s achieved",
+            step_b / 1e6,
+            achieved / 1e9
+        );
+        println!(
+            "memory probe ({} MiB): streaming read {:.2} GB/s, memcpy {:.2} GB/s (read+write); ceiling {:.2} GB/s",
+            args.probe_mib,
+            read_bw / 1e9,
+            copy_bw / 1e9,
+            ceiling / 1e9
+        );
+        println!(
+            "decode bytes/time vs ceiling: {:.1}%",
+            100.0 * achieved / ceiling.max(1.0)
+        );
+        Ok(())
+    })?
 }

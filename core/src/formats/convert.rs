@@ -1,20 +1,125 @@
 //! Conversions between formats (FORMATS.md, Conversions).
 
+use alloc::format;
+use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{FormatError, MxTensor, Nvfp4Tensor, ScaleRule};
+use super::{bf16, e8m0, fp8::e4m3, FormatError, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
 
 /// NVFP4 -> MXFP4: decode each value exactly (f64), then MX-quantize the
 /// exact values under `rule` (`Even` by default). Lossy in general.
+///
+/// The NVFP4 block (16) divides the MX block (32), so the shape is always
+/// valid. The scale rule is applied to the exact f64 values (see
+/// [`super::mx::scale_from_amax`]).
 pub fn nvfp4_to_mxfp4(x: &Nvfp4Tensor, rule: ScaleRule) -> MxTensor {
-    todo!("formats helper: {} {rule:?}", x.rows())
+    // An NVFP4 tensor with cols % 16 == 0 but cols % 32 != 0 cannot be an MX
+    // tensor; FORMATS.md never pads, so such a tensor is a caller error.
+    assert!(
+        x.cols().is_multiple_of(MxElem::BLOCK),
+        "NVFP4 -> MXFP4: cols {} is not a multiple of 32",
+        x.cols()
+    );
+    MxTensor::quantize_with(x.rows(), x.cols(), MxElem::Fp4E2M1, rule, |r, buf| {
+        x.row_f64(r, buf)
+    })
+}
+
+/// NVFP4 -> MXFP4 with the shape checked instead of asserted: an error when
+/// `cols` is not a multiple of 32.
+pub fn try_nvfp4_to_mxfp4(x: &Nvfp4Tensor, rule: ScaleRule) -> Result<MxTensor, FormatError> {
+    if !x.cols().is_multiple_of(MxElem::BLOCK) {
+        return Err(FormatError::NotBlockMultiple {
+            cols: x.cols(),
+            block: MxElem::BLOCK,
+        });
+    }
+    Ok(nvfp4_to_mxfp4(x, rule))
+}
+
+/// Relative L2 error `||a - b|| / ||a||` in f64 (0 when both are zero), as
+/// reported by the lossy conversions.
+pub fn rel_l2(reference: &[f64], approx: &[f64]) -> f64 {
+    let mut num = 0.0f64;
+    let mut den = 0.0f64;
+    for (&a, &b) in reference.iter().zip(approx) {
+        num += (a - b) * (a - b);
+        den += a * a;
+    }
+    if den == 0.0 {
+        if num == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        sqrt_f64(num / den)
+    }
+}
+
+/// Square root by Newton iteration on f64 bits (core has no `sqrt` without
+/// std); accurate to an ulp or two, which is all an error report needs.
+fn sqrt_f64(x: f64) -> f64 {
+    if x.is_nan() || x <= 0.0 || x.is_infinite() {
+        return x;
+    }
+    // Halve the exponent for a first guess, then refine.
+    let mut y = f64::from_bits((x.to_bits() >> 1) + (1023u64 << 51));
+    for _ in 0..6 {
+        y = 0.5 * (y + x / y);
+    }
+    y
 }
 
 /// MXFP8 -> BF16 bits: `RNE(decode(e) * 2^(s-127))`. With `exact`, refuse
 /// (naming row and block) any block whose scale byte is NaN (0xFF) or outside
 /// the exact range (3..=246 for E4M3, 10..=239 for E5M2).
+///
+/// `decode(e) * 2^(s-127)` has at most 4 significant bits and, for scale
+/// bytes in the exact range, lies on the bf16 grid; it is also exactly
+/// representable in f32 for every scale byte (or overflows), so one f32
+/// multiplication followed by one bf16 RNE is the single rounding required.
+/// Refuses an MXFP4 tensor (`Invalid`).
 pub fn mxfp8_to_bf16(x: &MxTensor, exact: bool) -> Result<Vec<u16>, FormatError> {
-    todo!("formats helper: {} {exact}", x.rows())
+    let (lo, hi, dec): (u8, u8, fn(u8) -> f32) = match x.elem() {
+        MxElem::Fp8E4M3 => (3, 246, e4m3::decode),
+        MxElem::Fp8E5M2 => (10, 239, super::fp8::e5m2::decode),
+        MxElem::Fp4E2M1 => {
+            return Err(FormatError::Invalid(
+                "MXFP8 -> BF16: the tensor is MXFP4, not MXFP8".into(),
+            ))
+        }
+    };
+    let (rows, cols) = (x.rows(), x.cols());
+    let nb = cols / MxElem::BLOCK;
+    if exact {
+        for (i, &s) in x.scales().iter().enumerate() {
+            if s == e8m0::NAN || s < lo || s > hi {
+                let why = if s == e8m0::NAN {
+                    "scale byte 0xFF is NaN".into()
+                } else {
+                    format!("scale byte {s} is outside the exact range {lo}..={hi}")
+                };
+                return Err(FormatError::NotExact {
+                    row: i / nb,
+                    block: i % nb,
+                    why,
+                });
+            }
+        }
+    }
+    let mut out = vec![0u16; rows * cols];
+    for ((o, c), &s) in out
+        .chunks_exact_mut(MxElem::BLOCK)
+        .zip(x.codes().chunks_exact(MxElem::BLOCK))
+        .zip(x.scales())
+    {
+        let sc = e8m0::decode(s);
+        for (v, &code) in o.iter_mut().zip(c) {
+            *v = bf16::from_f32(dec(code) * sc);
+        }
+    }
+    Ok(out)
 }
 
 /// PTPC FP8 (E4M3), per row: `scale = f32(amax_row / 448)` (zero row: 1.0),
@@ -31,16 +136,86 @@ pub struct PtpcFp8 {
 
 impl PtpcFp8 {
     pub fn quantize(x: &[f32], rows: usize, cols: usize) -> Result<Self, FormatError> {
-        todo!("formats helper: {} {rows} {cols}", x.len())
+        let n = rows.checked_mul(cols).ok_or_else(|| {
+            FormatError::Invalid(format!("shape [{rows}, {cols}] overflows usize"))
+        })?;
+        if x.len() != n {
+            return Err(FormatError::BadLength {
+                what: "values",
+                rows,
+                cols,
+                expected: n,
+                got: x.len(),
+            });
+        }
+        let mut codes = vec![0u8; n];
+        let mut scales = vec![1.0f32; rows];
+        if cols > 0 {
+            for ((row, q), scale) in x
+                .chunks_exact(cols)
+                .zip(codes.chunks_exact_mut(cols))
+                .zip(scales.iter_mut())
+            {
+                *scale = ptpc_scale(row);
+                let d = *scale as f64;
+                for (c, &v) in q.iter_mut().zip(row) {
+                    *c = e4m3::encode_sat(v as f64 / d);
+                }
+            }
+        }
+        Ok(PtpcFp8 {
+            rows,
+            cols,
+            codes,
+            scales,
+        })
     }
+
+    /// `e4m3 * scale` per row (one f32 multiplication: the exact product rounded).
     pub fn dequantize(&self) -> Vec<f32> {
-        todo!("formats helper")
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for ((o, q), &s) in out
+                .chunks_exact_mut(self.cols)
+                .zip(self.codes.chunks_exact(self.cols))
+                .zip(&self.scales)
+            {
+                for (v, &c) in o.iter_mut().zip(q) {
+                    *v = e4m3::decode(c) * s;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The PTPC scale of one row: `f32(amax / 448)` over the finite values; a
+/// zero row gives 1.0; a quotient that underflows to 0 gives the smallest
+/// f32 subnormal (as the NVFP4 global scale does) so the division stays finite.
+pub fn ptpc_scale(row: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    for &v in row {
+        let a = v.abs();
+        if a.is_finite() && a > amax {
+            amax = a;
+        }
+    }
+    if amax == 0.0 {
+        return 1.0;
+    }
+    let s = amax / 448.0;
+    if s == 0.0 {
+        f32::from_bits(1)
+    } else {
+        s
     }
 }
 
 /// FP8 KV / index cache store: `encode_sat_e4m3(x / scale)`, NaN stays NaN.
+/// The quotient is taken in f64 (see `nvfp4::quantize_block` for why that
+/// rounds like the exact quotient).
 pub fn cache_cast_e4m3(x: f32, scale: f32) -> u8 {
-    todo!("formats helper: {x} {scale}")
+    e4m3::encode_sat(x as f64 / scale as f64)
 }
 
 /// FP8 KV / index cache load: `e4m3 * scale`.

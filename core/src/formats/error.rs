@@ -18,7 +18,11 @@ pub enum FormatError {
     },
     /// A lossless conversion met a block it cannot represent exactly.
     #[error("block (row {row}, block {block}) cannot be converted losslessly: {why}")]
-    NotExact { row: usize, block: usize, why: String },
+    NotExact {
+        row: usize,
+        block: usize,
+        why: String,
+    },
     /// Anything else, with its reason.
     #[error("{0}")]
     Invalid(String),

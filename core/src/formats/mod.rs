@@ -19,6 +19,19 @@ pub use error::FormatError;
 pub use mx::{MxElem, MxTensor, ScaleRule};
 pub use nvfp4::Nvfp4Tensor;
 
+/// 2^k as f64, built from the exponent bits (core has no `powi`).
+/// Exact for k in [-1022, 1023]; callers stay well inside.
+#[inline]
+pub(crate) const fn pow2_f64(k: i32) -> f64 {
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// `floor(log2(a))` of a positive, finite, normal f64, from its exponent bits.
+#[inline]
+pub(crate) const fn floor_log2_f64(a: f64) -> i32 {
+    ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023
+}
+
 /// A block-quantized weight format, as named on the command line and in
 /// checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

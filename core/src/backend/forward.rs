@@ -1,0 +1,406 @@
+//! The provided step: MODEL.md section 3, composed from `Op`s layer by layer.
+
+use alloc::format;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::config::{AttnKind, ModelConfig};
+use crate::kv::KvCache;
+use crate::weights::{FfnWeights, ModelWeights};
+
+use super::op::zeros;
+use super::{
+    Backend, BackendError, BlockSelection, LinearInput, Op, Path, RunOptions, StepBatch, Taps,
+};
+
+/// Index blocks a step can see: `max position / block_size + 1` (the `nb`
+/// of `index_scores` taps and the `IndexScores` op).
+pub fn max_blocks(step: &StepBatch, block_size: usize) -> usize {
+    step.positions
+        .iter()
+        .map(|&p| p as usize / block_size.max(1) + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+fn shape_err(what: alloc::string::String) -> BackendError {
+    BackendError::Shape {
+        op: "forward",
+        what,
+    }
+}
+
+fn check_model(c: &ModelConfig, model: &ModelWeights) -> Result<(), BackendError> {
+    if model.layers.len() != c.num_hidden_layers
+        || c.attn_kinds.len() != c.num_hidden_layers
+        || c.mlp_kinds.len() != c.num_hidden_layers
+    {
+        return Err(shape_err(format!(
+            "model has {} layers, config says {} (attn_kinds {}, mlp_kinds {})",
+            model.layers.len(),
+            c.num_hidden_layers,
+            c.attn_kinds.len(),
+            c.mlp_kinds.len()
+        )));
+    }
+    if c.num_key_value_heads == 0 || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
+        return Err(shape_err(format!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+            c.num_attention_heads, c.num_key_value_heads
+        )));
+    }
+    Ok(())
+}
+
+/// The default `Backend::forward`: every layer through `run_op`.
+pub fn forward_by_ops<B: Backend + ?Sized>(
+    be: &B,
+    model: &ModelWeights,
+    cache: &mut KvCache,
+    step: &StepBatch,
+    path: Path,
+    opts: &RunOptions,
+    taps: &mut Taps,
+) -> Result<Vec<f32>, BackendError> {
+    let c = &model.config;
+    check_model(c, model)?;
+    let page = cache.layout.page_size;
+    step.validate(page, cache.layout.num_pages, c.vocab_size)?;
+    if !path.allows(step) {
+        return Err(BackendError::IllegalPath {
+            path,
+            rows: step.rows(),
+            pure: step.is_pure_decode(),
+        });
+    }
+    if cache.layers.len() != model.layers.len() {
+        return Err(shape_err(format!(
+            "cache has {} layers, model {}",
+            cache.layers.len(),
+            model.layers.len()
+        )));
+    }
+    let t = step.rows();
+    let h = c.hidden_size;
+    let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let (nih, di) = (c.index_n_heads, c.index_head_dim);
+    let eps = c.rms_norm_eps;
+
+    let mut r = zeros(t * h);
+    be.run_op(Op::Embed {
+        table: &model.embed,
+        tokens: &step.tokens,
+        out: &mut r,
+    })?;
+
+    for (l, lw) in model.layers.iter().enumerate() {
+        if l > 0 {
+            if let Some(tr) = taps.teacher.get(&(l - 1)) {
+                if tr.len() != t * h {
+                    return Err(shape_err(format!(
+                        "teacher residual.{} has {} values, expected {}",
+                        l - 1,
+                        tr.len(),
+                        t * h
+                    )));
+                }
+                r.copy_from_slice(tr);
+            }
+        }
+        let lc = &mut cache.layers[l];
+        let a = &lw.attn;
+        // 1. h = bf16(RMSNorm(r))
+        let mut hn = zeros(t * h);
+        be.run_op(Op::RmsNorm {
+            x: &r,
+            width: h,
+            weight: &lw.input_norm,
+            eps,
+            round_out: true,
+            out: &mut hn,
+        })?;
+        // 2. q, k, v
+        let lin = |w, n: usize| -> Result<Vec<f32>, BackendError> {
+            let mut o = zeros(t * n);
+            be.run_op(Op::Linear {
+                x: &hn,
+                rows: t,
+                w,
+                input: LinearInput::Bf16,
+                round_out: true,
+                out: &mut o,
+            })?;
+            Ok(o)
+        };
+        let q0 = lin(&a.q, nh * d)?;
+        let k0 = lin(&a.k, nkv * d)?;
+        let v = lin(&a.v, nkv * d)?;
+        // 3-4. per-head norms, RoPE, bf16
+        let mut q = zeros(t * nh * d);
+        be.run_op(Op::RmsNorm {
+            x: &q0,
+            width: d,
+            weight: &a.q_norm,
+            eps,
+            round_out: false,
+            out: &mut q,
+        })?;
+        let mut k = zeros(t * nkv * d);
+        be.run_op(Op::RmsNorm {
+            x: &k0,
+            width: d,
+            weight: &a.k_norm,
+            eps,
+            round_out: false,
+            out: &mut k,
+        })?;
+        for (x, heads) in [(&mut q, nh), (&mut k, nkv)] {
+            be.run_op(Op::Rope {
+                x,
+                heads,
+                head_dim: d,
+                rotary_dim: c.rotary_dim,
+                theta: c.rope_theta,
+                positions: &step.positions,
+                round_out: true,
+            })?;
+        }
+        // 5. cache write
+        be.run_op(Op::CacheWrite {
+            cache: &mut lc.k,
+            slots: &step.slot_mapping,
+            x: &k,
+        })?;
+        be.run_op(Op::CacheWrite {
+            cache: &mut lc.v,
+            slots: &step.slot_mapping,
+            x: &v,
+        })?;
+        // 6. indexer
+        let sparse = c.attn_kinds[l] == AttnKind::Sparse;
+        let mut sel: Vec<i32> = Vec::new();
+        if sparse {
+            let (Some(ix), Some(icache)) = (&a.indexer, lc.index_k.as_mut()) else {
+                return Err(shape_err(format!(
+                    "layer {l} is sparse but has no indexer weights or index cache"
+                )));
+            };
+            let iq0 = lin(&ix.q, nih * di)?;
+            let ik0 = lin(&ix.k, di)?;
+            let mut iq = zeros(t * nih * di);
+            be.run_op(Op::RmsNorm {
+                x: &iq0,
+                width: di,
+                weight: &ix.q_norm,
+                eps,
+                round_out: false,
+                out: &mut iq,
+            })?;
+            let mut ik = zeros(t * di);
+            be.run_op(Op::RmsNorm {
+                x: &ik0,
+                width: di,
+                weight: &ix.k_norm,
+                eps,
+                round_out: false,
+                out: &mut ik,
+            })?;
+            for (x, heads) in [(&mut iq, nih), (&mut ik, 1)] {
+                be.run_op(Op::Rope {
+                    x,
+                    heads,
+                    head_dim: di,
+                    rotary_dim: c.rotary_dim.min(di),
+                    theta: c.rope_theta,
+                    positions: &step.positions,
+                    round_out: true,
+                })?;
+            }
+            be.run_op(Op::CacheWrite {
+                cache: icache,
+                slots: &step.slot_mapping,
+                x: &ik,
+            })?;
+            let bs = c.index_block_size;
+            let nb = max_blocks(step, bs);
+            let mut scores = zeros(nih * t * nb);
+            be.run_op(Op::IndexScores {
+                q: &iq,
+                heads: nih,
+                dim: di,
+                cache: icache,
+                step,
+                page_size: page,
+                block_size: bs,
+                nb,
+                out: &mut scores,
+            })?;
+            sel = vec![-1; nkv * t * c.index_topk_blocks];
+            be.run_op(Op::BlockTopK {
+                scores: &scores,
+                heads: nih,
+                nb,
+                positions: &step.positions,
+                block_size: bs,
+                topk: c.index_topk_blocks,
+                init_blocks: c.index_init_blocks,
+                local_blocks: c.index_local_blocks,
+                selection: c.index_selection,
+                kv_heads: nkv,
+                out: &mut sel,
+            })?;
+            if taps.request.index_scores {
+                taps.put_f32(format!("index_scores.{l}"), vec![nih, t, nb], scores);
+            }
+            if taps.request.topk_blocks {
+                taps.put_i32(
+                    format!("topk_blocks.{l}"),
+                    vec![nkv, t, c.index_topk_blocks],
+                    sel.clone(),
+                );
+            }
+        }
+        // 7. attention
+        let mut o = zeros(t * nh * d);
+        let lc = &cache.layers[l];
+        be.run_op(Op::Attention {
+            q: &q,
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: d,
+            k: &lc.k,
+            v: &lc.v,
+            step,
+            page_size: page,
+            blocks: if sparse {
+                Some(BlockSelection {
+                    blocks: &sel,
+                    topk: c.index_topk_blocks,
+                    block_size: c.index_block_size,
+                })
+            } else {
+                None
+            },
+            out: &mut o,
+        })?;
+        // 8. r' = r + o Wo^T
+        let mut ao = zeros(t * h);
+        be.run_op(Op::Linear {
+            x: &o,
+            rows: t,
+            w: &a.o,
+            input: LinearInput::Bf16,
+            round_out: true,
+            out: &mut ao,
+        })?;
+        be.run_op(Op::Add {
+            acc: &mut r,
+            x: &ao,
+        })?;
+        // 9. h2
+        let mut h2 = zeros(t * h);
+        be.run_op(Op::RmsNorm {
+            x: &r,
+            width: h,
+            weight: &lw.post_attn_norm,
+            eps,
+            round_out: true,
+            out: &mut h2,
+        })?;
+        // 10. FFN
+        let mut y = zeros(t * h);
+        match &lw.ffn {
+            FfnWeights::Dense(m) => {
+                be.run_op(Op::Mlp {
+                    x: &h2,
+                    rows: t,
+                    w: m,
+                    alpha: c.swiglu_alpha,
+                    limit: c.swiglu_limit,
+                    out: &mut y,
+                })?;
+            }
+            FfnWeights::Moe(moe) => {
+                let k = c.num_experts_per_tok;
+                let mut ids = vec![0i32; t * k];
+                let mut wts = zeros(t * k);
+                be.run_op(Op::Router {
+                    x: &h2,
+                    rows: t,
+                    router: &moe.router,
+                    bias: &moe.correction_bias,
+                    top_k: k,
+                    scaling: c.routed_scaling_factor,
+                    ids: &mut ids,
+                    weights: &mut wts,
+                })?;
+                be.run_op(Op::Experts {
+                    x: &h2,
+                    rows: t,
+                    moe,
+                    ids: &ids,
+                    weights: &wts,
+                    top_k: k,
+                    act: opts.act,
+                    alpha: c.swiglu_alpha,
+                    limit: c.swiglu_limit,
+                    out: &mut y,
+                })?;
+                if taps.request.experts {
+                    taps.put_i32(format!("experts.{l}"), vec![t, k], ids);
+                }
+            }
+        }
+        // 11. r'' = r' + y
+        be.run_op(Op::Add { acc: &mut r, x: &y })?;
+        if taps.request.residual {
+            taps.put_f32(format!("residual.{l}"), vec![t, h], r.clone());
+        }
+    }
+    if let Some(tr) = model
+        .layers
+        .len()
+        .checked_sub(1)
+        .and_then(|last| taps.teacher.get(&last))
+    {
+        if tr.len() != t * h {
+            return Err(shape_err(format!(
+                "teacher final residual has {} values, expected {}",
+                tr.len(),
+                t * h
+            )));
+        }
+        r.copy_from_slice(tr);
+    }
+    // logits = bf16(RMSNorm(r_L)) . lm_head^T in f32, for logits_rows only.
+    let nl = step.logits_rows.len();
+    let mut xs = zeros(nl * h);
+    for (i, &row) in step.logits_rows.iter().enumerate() {
+        let row = row as usize;
+        xs[i * h..(i + 1) * h].copy_from_slice(&r[row * h..(row + 1) * h]);
+    }
+    let mut xn = zeros(nl * h);
+    be.run_op(Op::RmsNorm {
+        x: &xs,
+        width: h,
+        weight: &model.final_norm,
+        eps,
+        round_out: true,
+        out: &mut xn,
+    })?;
+    let mut logits = zeros(nl * c.vocab_size);
+    if nl > 0 {
+        be.run_op(Op::Linear {
+            x: &xn,
+            rows: nl,
+            w: &model.lm_head,
+            input: LinearInput::Bf16,
+            round_out: false,
+            out: &mut logits,
+        })?;
+    }
+    if taps.request.logits {
+        taps.put_f32("logits".into(), vec![nl, c.vocab_size], logits.clone());
+    }
+    Ok(logits)
+}

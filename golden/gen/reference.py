@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Independent numpy reference of MODEL.md: dumps and golden cases.
+
+  reference.py forward --model DIR --tokens 1,2,3 [--kv-dtype bf16|fp8_e4m3]
+      [--act bf16|mxfp4] [--selection per_kv_head|shared] [--nvfp4-as-mxfp4]
+      [--teacher IN.safetensors] [--greedy N] --dump OUT.safetensors
+  reference.py case --model DIR --spec JSON --out-dir golden/cases
+
+Taps (same names and layouts as `m3 forward --dump`):
+  residual.{l}     F32 [T, H]               after layer l
+  topk_blocks.{l}  I32 [kv_heads, T, topk]  sparse layers; ascending, -1 padded
+  experts.{l}      I32 [T, top_k]           MoE layers; ascending
+  logits           F32 [T, vocab]           (a case may keep only the last rows)
+and the near-tie margins of the reference:
+  topk_margin.{l}   F32 [kv_heads, T]  block-score gap at the selection boundary
+                                       (+inf where every visible block is taken)
+  router_margin.{l} F32 [T]            biased score of the k-th minus (k+1)-th expert
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from m3ref.checkpoint import Checkpoint, read_safetensors, write_safetensors  # noqa: E402
+from m3ref.model import Model, Options  # noqa: E402
+
+
+def parse_tokens(s):
+    try:
+        return [int(x) for x in s.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SystemExit(f"error: --tokens: not a comma-separated list of ids: {s!r}")
+
+
+def load_teacher(path, L):
+    t, _ = read_safetensors(path)
+    out = {}
+    for l in range(L):
+        key = f"residual.{l}"
+        if key not in t:
+            raise SystemExit(f"error: {path}: teacher tensor {key} missing")
+        out[l] = t[key][1].astype(np.float32)
+    return out
+
+
+def run_forward(model, tokens, teacher=None):
+    caches = model.new_caches()
+    return model.forward(tokens, np.arange(len(tokens)), caches, teacher=teacher)
+
+
+def rel_l2(a, b):
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    den = np.sqrt(np.sum(b * b))
+    return float(np.sqrt(np.sum((a - b) ** 2)) / den) if den > 0 else float(np.sqrt(np.sum(a * a)))
+
+
+def cmd_forward(a):
+    ck = Checkpoint(a.model)
+    opts = Options(a.kv_dtype, a.act, a.selection, a.nvfp4_as_mxfp4, a.accum)
+    m = Model(ck, opts)
+    tokens = parse_tokens(a.tokens)
+    teacher = load_teacher(a.teacher, ck.config.num_layers) if a.teacher else None
+    t0 = time.time()
+    taps = run_forward(m, tokens, teacher)
+    out = {k: v for k, v in taps.items()}
+    out["tokens"] = np.asarray(tokens, dtype=np.int32)
+    if a.greedy:
+        toks, gaps, rmin, bmin = m.greedy(tokens, a.greedy)
+        out["greedy.tokens"] = np.asarray(toks, dtype=np.int32)
+        out["greedy.logit_gap"] = np.asarray(gaps, dtype=np.float32)
+    write_safetensors(a.dump, out, {"formats": ",".join(m.formats)})
+    print(f"reference: {len(tokens)} tokens, {ck.config.num_layers} layers, {time.time() - t0:.2f} s -> {a.dump}")
+
+
+# ------------------------------------------------------------------- cases
+
+
+def make_tokens(spec, vocab):
+    if "tokens" in spec:
+        return [int(t) for t in spec["tokens"]]
+    rng = np.random.default_rng(int(spec["token_seed"]))
+    return [int(x) for x in rng.integers(0, vocab, size=int(spec["len"]))]
+
+
+def noise_floor(models, tokens, ref_taps, L):
+    """Teacher-forced probes (f32 accumulation in two summation orders)
+    against the f64 reference: the rounding noise two correct
+    implementations show, per tensor, as the max over the probes."""
+    teacher = {l: ref_taps[f"residual.{l}"] for l in range(L)}
+    stats = {}
+    for model in models:
+        probe = run_forward(model, tokens, teacher)
+        for k, ref in ref_taps.items():
+            if k.startswith("residual.") or k == "logits":
+                d = np.abs(probe[k].astype(np.float64) - ref.astype(np.float64))
+                s = stats.setdefault(k, {"rel_l2": 0.0, "max_abs": 0.0, "ref_max_abs": float(np.abs(ref).max())})
+                s["rel_l2"] = max(s["rel_l2"], rel_l2(probe[k], ref))
+                s["max_abs"] = max(s["max_abs"], float(d.max()))
+            elif k.startswith("topk_blocks.") or k.startswith("experts."):
+                diff = np.any(probe[k] != ref, axis=-1)
+                mk = ("topk_margin." if k.startswith("topk") else "router_margin.") + k.split(".")[1]
+                gaps = ref_taps[mk][diff]
+                s = stats.setdefault(k, {"mismatches": 0, "max_mismatch_gap": None})
+                s["mismatches"] = max(s["mismatches"], int(diff.sum()))
+                if gaps.size:
+                    g = float(gaps.max())
+                    s["max_mismatch_gap"] = g if s["max_mismatch_gap"] is None else max(g, s["max_mismatch_gap"])
+    return stats
+
+
+def near_tie(stats):
+    """Margins for near-ties: fixed floors, raised to twice the largest gap
+    at which the f32-accumulation probe itself flipped a choice."""
+    nt = {"router_margin": 1e-3, "topk_margin": 2e-2}
+    for k, s in stats.items():
+        gap = s.get("max_mismatch_gap")
+        if gap is None:
+            continue
+        key = "topk_margin" if k.startswith("topk_blocks.") else "router_margin"
+        nt[key] = max(nt[key], 2 * gap)
+    return nt
+
+
+def tolerances(opts, stats, L):
+    """Per-tensor tolerances (see TOLERANCE_NOTE)."""
+    tol = {}
+    floor_rel = 3e-3 if opts.act == "mxfp4" else 1e-3
+    for k in [f"residual.{l}" for l in range(L)] + ["logits"]:
+        s = stats[k]
+        fr = 3e-4 if k == "logits" else floor_rel
+        # 4 bf16 ulps at the tensor's largest magnitude (2^-8 each), or 2 for logits.
+        fa = s["ref_max_abs"] * (2.0 ** -7 if k == "logits" else 2.0 ** -6)
+        tol[k] = {"rel_l2": max(fr, 4 * s["rel_l2"]), "max_abs": max(fa, 4 * s["max_abs"])}
+    return tol
+
+
+TOLERANCE_NOTE = (
+    "Every tap passes bf16 rounding points (h, q/k after RoPE, attention output, linear "
+    "outputs; FP4 codes too with mxfp4 activations): a last-bit difference of an f32 sum "
+    "flips a bf16 (2^-8 relative) now and then, and a flip in a cached k/v row reaches every "
+    "later row. So the per-tensor bound is max(floor, 4x the noise measured here: the f64 "
+    "reference against itself with f32 sums in two orders, teacher-forced). Floors: rel-L2 1e-3 "
+    "(3e-3 with mxfp4 activations, where a flip moves a whole FP4 step) for residuals, 3e-4 for "
+    "logits (an f32 GEMM on a bf16 input: one flipped element of the final norm output moves a "
+    "row by ~2^-8/sqrt(H)); max-abs 4 bf16 ulps of the tensor's largest value (2 for logits). "
+    "An f32-only path would hold rel-L2 ~1e-5."
+)
+
+
+def finite_json(x):
+    """JSON has no Infinity/NaN: non-finite floats become null."""
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def cmd_case(a):
+    spec = json.loads(a.spec)
+    name = spec["name"]
+    o = spec.get("options", {})
+    opts = Options(
+        o.get("kv_dtype", "bf16"), o.get("act", "bf16"), o.get("selection", "per_kv_head"), bool(o.get("nvfp4_as_mxfp4", False))
+    )
+    ck = Checkpoint(a.model)
+    cfg = ck.config
+    L = cfg.num_layers
+    t0 = time.time()
+    m = Model(ck, opts)
+    tokens = make_tokens(spec["prompt"], cfg.vocab_size)
+    T = len(tokens)
+    taps = run_forward(m, tokens)
+    t_fwd = time.time() - t0
+    probes = [
+        Model(ck, Options(opts.kv_dtype, opts.act, opts.selection, opts.nvfp4_as_mxfp4, acc))
+        for acc in ("f32", "f32_reversed")
+    ]
+    stats = noise_floor(probes, tokens, taps, L)
+    keep = int(spec.get("logits_rows", T))
+    keep = min(keep, T)
+    tol = tolerances(opts, stats, L)
+    out = dict(taps)
+    out["logits"] = taps["logits"][T - keep :]
+    out["tokens"] = np.asarray(tokens, dtype=np.int32)
+    sidecar = {
+        "name": name,
+        "description": spec.get("description", ""),
+        "recipe": spec["recipe"],
+        "config_edit": spec.get("config_edit"),
+        "options": {
+            "kv_dtype": opts.kv_dtype,
+            "act": opts.act,
+            "selection": opts.selection,
+            "nvfp4_as_mxfp4": opts.nvfp4_as_mxfp4,
+        },
+        "tokens": tokens,
+        "num_layers": L,
+        "attn_kinds": cfg.attn_kinds,
+        "mlp_kinds": cfg.mlp_kinds,
+        "weight_formats": m.formats,
+        "logits_rows_from": T - keep,
+        "tolerances": tol,
+        "near_tie": near_tie(stats),
+        "near_tie_note": "a discrete mismatch (a head-row of topk_blocks.{l} or a row of experts.{l}) "
+        "is a near-tie when the reference's own gap there (topk_margin.{l} in block-score units, "
+        "router_margin.{l} in biased-sigmoid units) is below these margins: a bf16 flip of one "
+        "element of h, iq or ik moves a score by about 2^-8 of one product term",
+        "noise_floor_f32_vs_f64": stats,
+        "tolerance_note": TOLERANCE_NOTE,
+        "generator": "golden/gen/reference.py (numpy, f64 sums, written from MODEL.md/FORMATS.md)",
+    }
+    if "logits_rows" in spec and keep < T:
+        sidecar["logits_note"] = f"logits kept for the last {keep} of {T} rows (case size)"
+    g = int(spec.get("greedy", 0))
+    if g:
+        toks, gaps, rmin, bmin = m.greedy(tokens, g)
+        sidecar["greedy"] = {"n": g, "tokens": toks, "logit_gap": gaps, "min_router_margin": rmin, "min_topk_margin": bmin}
+    for l in range(L):
+        for key in (f"topk_margin.{l}", f"router_margin.{l}"):
+            if key in taps:
+                v = taps[key]
+                fin = v[np.isfinite(v)]
+                sidecar.setdefault("margin_summary", {})[key] = float(fin.min()) if fin.size else None
+    os.makedirs(a.out_dir, exist_ok=True)
+    write_safetensors(os.path.join(a.out_dir, name + ".safetensors"), out, {"case": name})
+    jp = os.path.join(a.out_dir, name + ".json")
+    tmp = jp + f".tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(finite_json(sidecar), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, jp)
+    worst = max(stats[f"residual.{l}"]["rel_l2"] for l in range(L))
+    print(f"case {name}: T={T}, formats {','.join(m.formats)}, forward {t_fwd:.2f} s, noise floor rel-L2 <= {worst:.2e}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("forward")
+    f.add_argument("--model", required=True)
+    f.add_argument("--tokens", required=True)
+    f.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp8_e4m3"])
+    f.add_argument("--act", default="bf16", choices=["bf16", "mxfp4"])
+    f.add_argument("--selection", default="per_kv_head", choices=["per_kv_head", "shared"])
+    f.add_argument("--nvfp4-as-mxfp4", action="store_true")
+    f.add_argument("--accum", default="f64", choices=["f64", "f32", "f32_reversed"])
+    f.add_argument("--teacher")
+    f.add_argument("--greedy", type=int, default=0)
+    f.add_argument("--dump", required=True)
+    c = sub.add_parser("case")
+    c.add_argument("--model", required=True)
+    c.add_argument("--spec", required=True, help="the case's JSON spec (golden/gen/cases.json entry)")
+    c.add_argument("--out-dir", required=True)
+    a = p.parse_args()
+    try:
+        cmd_forward(a) if a.cmd == "forward" else cmd_case(a)
+    except (ValueError, KeyError, OSError) as e:
+        raise SystemExit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+// m3 kernel prelude: the one place that knows whether we are compiled by
+// NVRTC (CUDA) or by hiprtc / hipcc (HIP). Every kernel source is compiled as
+// `compat.h` + source, concatenated by the Rust side (no #include search path
+// is needed with NVRTC), so nothing here may depend on a system header under
+// CUDA. No <cuda_fp16.h>: bf16 / FP8 / FP4 bit helpers live here.
+
+
+#if defined(__HIPCC__) || defined(__HIP__) || defined(__HIPCC_RTC__)
+#define M3_HIP 1
+#if !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>
+#endif
+// CDNA (gfx9) runs 64-wide wavefronts.
+#define M3_WARP 64
+#define M3_SHFL_XOR(v, m) __shfl_xor((v), (m), M3_WARP)
+#else
+#define M3_CUDA 1
+#define M3_WARP 32
+#define M3_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), M3_WARP)
+#endif
+
+#define M3_KERNEL extern "C" __global__
+#define M3_DEV static __device__ __forceinline__
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int i32;
+typedef long long i64;
+
+// ---- bit casts -----------------------------------------------------------
+M3_DEV float m3_f32(u32 b) { return __uint_as_float(b); }
+M3_DEV u32 m3_bits(float x) { return __float_as_uint(x); }
+M3_DEV double m3_f64(u64 b) { return __longlong_as_double((long long)b); }
+M3_DEV u64 m3_bits64(double x) { return (u64)__double_as_longlong(x); }
+
+/// The canonical quiet NaN that every decoder returns (payloads carry no
+/// meaning in these formats).
+M3_DEV float m3_nan() { return m3_f32(0x7fc00000u); }
+
+// ---- warp reduction (width M3_WARP, never a literal 32) --------------------
+M3_DEV float m3_warp_sum(float v) {
+#pragma unroll
+  for (int m = M3_WARP / 2; m > 0; m >>= 1) v += M3_SHFL_XOR(v, m);
+  return v;
+}
+
+// ---- BF16 ----------------------------------------------------------------
+/// f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN.
+M3_DEV u16 m3_bf16_from_f32(float x) {
+  u32 b = m3_bits(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x0040u);
+  u32 lsb = (b >> 16) & 1u;
+  return (u16)((b + 0x7fffu + lsb) >> 16);
+}
+M3_DEV float m3_bf16_to_f32(u16 h) { return m3_f32(((u32)h) << 16); }
+
+// ---- E8M0 ----------------------------------------------------------------
+/// 2^(c-127) exactly; 0x00 is the f32 subnormal 2^-127; 0xFF is NaN.
+M3_DEV float m3_e8m0_decode(u8 c) {
+  if (c == 0xffu) return m3_nan();
+  if (c == 0u) return m3_f32(0x00400000u);
+  return m3_f32(((u32)c) << 23);
+}
+
+// ---- small-float element codecs -------------------------------------------
+// Element types as integers shared with the Rust side.
+#define M3_ELEM_E2M1 0
+#define M3_ELEM_E4M3 1
+#define M3_ELEM_E5M2 2
+
+/// Exact decode of an element code (E2M1: low nibble).
+M3_DEV float m3_elem_decode(int elem, u32 code) {
+  int ebits, mbits, bias;
+  u32 sign;
+  if (elem == M3_ELEM_E2M1) {
+    code &= 0xfu; ebits = 2; mbits = 1; bias = 1; sign = code >> 3;
+  } else if (elem == M3_ELEM_E4M3) {
+    code &= 0xffu; ebits = 4; mbits = 3; bias = 7; sign = code >> 7;
+    if ((code & 0x7fu) == 0x7fu) return m3_nan();
+  } else {
+    code &= 0xffu; ebits = 5; mbits = 2; bias = 15; sign = code >> 7;
+    if (((code >> 2) & 0x1fu) == 0x1fu) {
+      if ((code & 3u) == 0u) return sign ? m3_f32(0xff800000u) : m3_f32(0x7f800000u);
+      return m3_nan();
+    }
+  }
+  u32 e = (code >> mbits) & ((1u << ebits) - 1u);
+  u32 m = code & ((1u << mbits) - 1u);
+  u32 bits;
+  if (e == 0u) {
+    // subnormal: m * 2^(1 - bias - mbits), exact in f32
+    float v = (float)m * m3_f32((u32)(127 + 1 - bias - mbits) << 23);
+    bits = m3_bits(v);
+  } else {
+    bits = ((e - (u32)bias + 127u) << 23) | (m << (23 - mbits));
+  }
+  return m3_f32(bits | (sign << 31));
+}
+
+/// Saturating round-to-nearest-even encode of an exact value (f64 so that
+/// quotients computed by callers stay exact). Past max (and +-Inf) gives
+/// +-max; -0 keeps its sign; NaN gives E4M3 0x7F / E5M2 0x7E with the sign
+/// kept, and E2M1 code 0 (block rules handle NaN before).
+M3_DEV u32 m3_elem_encode_sat(int elem, double x) {
+  int mbits, bias;
+  u32 sign_shift, maxcode;
+  double maxv;
+  if (elem == M3_ELEM_E2M1) { mbits = 1; bias = 1; sign_shift = 3; maxcode = 0x7u; maxv = 6.0; }
+  else if (elem == M3_ELEM_E4M3) { mbits = 3; bias = 7; sign_shift = 7; maxcode = 0x7eu; maxv = 448.0; }
+  else { mbits = 2; bias = 15; sign_shift = 7; maxcode = 0x7bu; maxv = 57344.0; }
+  u64 xb = m3_bits64(x);
+  u32 sign = (u32)(xb >> 63);
+  if ((xb & 0x7fffffffffffffffull) > 0x7ff0000000000000ull) {
+    if (elem == M3_ELEM_E2M1) return 0u;
+    return (sign << sign_shift) | (elem == M3_ELEM_E4M3 ? 0x7fu : 0x7eu);
+  }
+  double a = fabs(x);
+  if (a >= maxv) return (sign << sign_shift) | maxcode;
+  int emin = 1 - bias;
+  u32 code;
+  // exponent of a (f64 bits; a is finite, non-negative)
+  int ea = (int)((m3_bits64(a) >> 52) & 0x7ffu) - 1023;
+  if (a == 0.0 || ea < emin) {
+    // target subnormal range: quantum 2^(emin - mbits)
+    double q = rint(ldexp(a, mbits - emin));
+    code = (u32)q;  // q == 2^mbits is the smallest normal: same bit pattern
+  } else {
+    double q = rint(ldexp(a, mbits - ea));  // in [2^mbits, 2^(mbits+1)]
+    u32 qi = (u32)q;
+    if (qi == (1u << (mbits + 1))) { qi >>= 1; ea += 1; }
+    code = ((u32)(ea + bias) << mbits) | (qi - (1u << mbits));
+    if (code > maxcode) code = maxcode;
+  }
+  return (sign << sign_shift) | code;
+}
+
+// ---- MX shared exponent ----------------------------------------------------
+#define M3_RULE_FLOOR 0
+#define M3_RULE_EVEN 1
+#define M3_RULE_RCEIL 2
+
+M3_DEV int m3_elem_emax(int elem) { return elem == M3_ELEM_E2M1 ? 2 : (elem == M3_ELEM_E4M3 ? 8 : 15); }
+M3_DEV int m3_elem_mbits(int elem) { return elem == M3_ELEM_E2M1 ? 1 : (elem == M3_ELEM_E4M3 ? 3 : 2); }
+
+/// floor(log2(a)) of a finite positive f32 from its bits (subnormals too).
+M3_DEV int m3_floor_log2_f32(u32 b) {
+  int e = (int)((b >> 23) & 0xffu);
+  if (e == 0) return (31 - __clz((int)(b & 0x7fffffu))) - 149;
+  return e - 127;
+}
+
+/// The E8M0 scale byte of a block whose finite amax (>= 0) is given
+/// (FORMATS.md MX step 2). NaN / Inf blocks are handled by the caller.
+M3_DEV u32 m3_mx_scale_byte(int elem, int rule, float amax) {
+  if (amax == 0.0f) return 0u;
+  u32 b = m3_bits(amax);
+  int e;
+  if (rule == M3_RULE_FLOOR) {
+    e = m3_floor_log2_f32(b) - m3_elem_emax(elem);
+  } else if (rule == M3_RULE_EVEN) {
+    u32 r = b + (1u << (23 - m3_elem_mbits(elem) - 1));
+    u32 ex = (r >> 23) & 0xffu;
+    // mantissa cleared; a subnormal that did not carry floors below 2^-126,
+    // where every e clamps to -127 anyway; the all-ones exponent is 2^128.
+    int fl = ex == 0xffu ? 128 : (ex == 0u ? -127 : (int)ex - 127);
+    e = fl - m3_elem_emax(elem);
+  } else {
+    float inv = elem == M3_ELEM_E2M1 ? (1.0f / 6.0f) : (elem == M3_ELEM_E4M3 ? (1.0f / 448.0f) : (1.0f / 57344.0f));
+    float d = __fmul_rn(amax, inv);
+    u32 db = m3_bits(d);
+    if (d == 0.0f) {
+      e = -149;  // below the smallest subnormal: rounded up it is 2^-149
+    } else {
+      int ex = (int)((db >> 23) & 0xffu);
+      u32 mant = db & 0x7fffffu;
+      if (ex == 0) {
+        int fl = (31 - __clz((int)mant)) - 149;
+        e = fl + ((mant & (mant - 1u)) != 0u ? 1 : 0);
+      } else {
+        e = ex - 127 + (mant != 0u ? 1 : 0);
+      }
+    }
+  }
+  if (e < -127) e = -127;
+  if (e > 127) e = 127;
+  return (u32)(e + 127);
+}
+
+// ---- fast in-register decoders for the GEMV inner loops -------------------
+/// |E2M1| magnitude from the low 3 bits, sign from bit 3 (no NaN in E2M1).
+M3_DEV float m3_fp4_fast(u32 c) {
+  u32 mag = c & 7u;
+  u32 bits = mag < 2u ? (mag ? 0x3f000000u : 0u) : ((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
+  return m3_f32(bits | ((c & 8u) << 28));
+}
+/// E4M3FN decode for weights (NaN codes give NaN).
+M3_DEV float m3_e4m3_fast(u32 c) {
+  u32 e = (c >> 3) & 0xfu, m = c & 7u;
+  u32 s = (c & 0x80u) << 24;
+  if ((c & 0x7fu) == 0x7fu) return m3_nan();
+  if (e == 0u) return m3_f32(m3_bits((float)m * 0.001953125f) | s);
+  return m3_f32(s | ((e + 120u) << 23) | (m << 20));
+}

@@ -1,0 +1,106 @@
+//! The kernel sources, embedded at build time (`include_str!`, no build.rs),
+//! and the flags each one is compiled with.
+//!
+//! Every source is compiled as `compat.h` + the source (one translation
+//! unit), so neither NVRTC nor hiprtc needs an include path.
+
+/// The CUDA/HIP prelude: warp size, bit helpers, element codecs.
+pub const PRELUDE: &str = include_str!("../kernels/compat.h");
+
+/// One kernel source file.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// Module name (the file stem).
+    pub name: &'static str,
+    /// Source text without the prelude.
+    pub body: &'static str,
+    /// Format kernels must be bit-exact: FMA contraction off.
+    pub exact: bool,
+    /// Kernel entry points the module defines (checked after loading).
+    pub entries: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The full translation unit: prelude + body.
+    pub fn full_source(&self) -> String {
+        let mut s = String::with_capacity(PRELUDE.len() + self.body.len() + 64);
+        s.push_str(PRELUDE);
+        s.push_str("\n#line 1 \"");
+        s.push_str(self.name);
+        s.push_str(".cu\"\n");
+        s.push_str(self.body);
+        s
+    }
+
+    /// NVRTC options for `arch` (e.g. `sm_90`): straight to CUBIN for the
+    /// real architecture; `--fmad=false` for the bit-exact format kernels.
+    pub fn nvrtc_options(&self, arch: &str) -> Vec<String> {
+        let mut o = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+        if self.exact {
+            o.push("--fmad=false".to_string());
+        }
+        o
+    }
+
+    /// hiprtc / hipcc options for `arch` (e.g. `gfx950`).
+    pub fn hip_options(&self, arch: &str) -> Vec<String> {
+        let mut o = vec![format!("--offload-arch={arch}"), "-std=c++17".to_string(), "-O3".to_string()];
+        if self.exact {
+            o.push("-ffp-contract=off".to_string());
+        }
+        o
+    }
+}
+
+/// Format kernels (bit-exact with `m3_core::formats`).
+pub const FORMATS: KernelSource = KernelSource {
+    name: "formats",
+    body: include_str!("../kernels/formats.cu"),
+    exact: true,
+    entries: &[
+        "m3_decode_elem",
+        "m3_decode_e8m0",
+        "m3_encode_elem",
+        "m3_bf16_round",
+        "m3_mx_quantize",
+        "m3_mx_dequantize",
+        "m3_nvfp4_amax",
+        "m3_nvfp4_global",
+        "m3_nvfp4_quantize",
+        "m3_nvfp4_dequantize",
+        "m3_nvfp4_to_mxfp4",
+    ],
+};
+
+/// Linear (GEMV / small-M GEMM) per weight format.
+pub const LINEAR: KernelSource = KernelSource {
+    name: "linear",
+    body: include_str!("../kernels/linear.cu"),
+    exact: false,
+    entries: &[
+        "m3_linear_bf16",
+        "m3_linear_mxfp8_e4m3",
+        "m3_linear_mxfp8_e5m2",
+        "m3_linear_mxfp4",
+        "m3_linear_nvfp4",
+    ],
+};
+
+/// RMSNorm and RoPE.
+pub const NORM: KernelSource = KernelSource {
+    name: "norm",
+    body: include_str!("../kernels/norm.cu"),
+    exact: false,
+    entries: &["m3_rmsnorm", "m3_rope_neox"],
+};
+
+/// Bandwidth probes.
+pub const BENCH: KernelSource = KernelSource {
+    name: "bench",
+    body: include_str!("../kernels/bench.cu"),
+    exact: false,
+    entries: &["m3_stream_read"],
+};
+
+/// Every kernel source, in compile order.
+pub const ALL: &[KernelSource] = &[FORMATS, LINEAR, NORM, BENCH];

@@ -6,11 +6,23 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn m3(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_m3")).args(args).output().expect("spawn m3")
+    Command::new(env!("CARGO_BIN_EXE_m3"))
+        .args(args)
+        .output()
+        .expect("spawn m3")
 }
 
 fn synth_tiny(dir: &Path) {
-    let o = m3(&["synth", "--preset", "tiny", "--experts", "nvfp4", "--out", dir.to_str().unwrap(), "-q"]);
+    let o = m3(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--experts",
+        "nvfp4",
+        "--out",
+        dir.to_str().unwrap(),
+        "-q",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
@@ -20,7 +32,10 @@ fn fails_with(o: &Output, needle: &str) {
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(!o.status.success(), "expected failure, stderr: {err}");
     assert_eq!(lines.len(), 1, "want one line, got: {err}");
-    assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "want `{needle}` in: {err}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "want `{needle}` in: {err}"
+    );
 }
 
 #[test]
@@ -29,29 +44,60 @@ fn bad_inputs_give_one_line_errors() {
     let out = root.path().join("out");
     let out_s = out.to_str().unwrap();
     let missing = root.path().join("nope");
-    fails_with(&m3(&["convert", "--from", missing.to_str().unwrap(), "--to", out_s]), "no such directory");
+    fails_with(
+        &m3(&[
+            "convert",
+            "--from",
+            missing.to_str().unwrap(),
+            "--to",
+            out_s,
+        ]),
+        "no such directory",
+    );
     let empty = root.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    fails_with(&m3(&["convert", "--from", empty.to_str().unwrap(), "--to", out_s]), "not a checkpoint");
+    fails_with(
+        &m3(&["convert", "--from", empty.to_str().unwrap(), "--to", out_s]),
+        "not a checkpoint",
+    );
     // A config but no shards.
     std::fs::write(empty.join("config.json"), "{}").unwrap();
-    fails_with(&m3(&["convert", "--from", empty.to_str().unwrap(), "--to", out_s]), "not a checkpoint");
+    fails_with(
+        &m3(&["convert", "--from", empty.to_str().unwrap(), "--to", out_s]),
+        "not a checkpoint",
+    );
     // Shards whose config is not a model config.
     let ck = root.path().join("ck");
     synth_tiny(&ck);
     std::fs::write(ck.join("config.json"), "{\"hidden_size\": 3}").unwrap();
-    fails_with(&m3(&["convert", "--from", ck.to_str().unwrap(), "--to", out_s]), "config.json");
+    fails_with(
+        &m3(&["convert", "--from", ck.to_str().unwrap(), "--to", out_s]),
+        "config.json",
+    );
     // A truncated shard names the shard.
     let ck2 = root.path().join("ck2");
     synth_tiny(&ck2);
     let shard = ck2.join("model-00002-of-00005.safetensors");
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() / 2]).unwrap();
-    fails_with(&m3(&["convert", "--from", ck2.to_str().unwrap(), "--to", out_s]), "model-00002-of-00005.safetensors");
+    fails_with(
+        &m3(&["convert", "--from", ck2.to_str().unwrap(), "--to", out_s]),
+        "model-00002-of-00005.safetensors",
+    );
     assert!(!out.exists(), "a failed run must leave no output");
-    let left: Vec<_> = std::fs::read_dir(root.path()).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert!(left.iter().all(|n| !n.to_string_lossy().contains(".tmp-")), "temp dir left behind: {left:?}");
-    fails_with(&m3(&["synth", "--preset", "huge", "--out", out_s]), "unknown preset");
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        left.iter().all(|n| !n.to_string_lossy().contains(".tmp-")),
+        "temp dir left behind: {left:?}"
+    );
+    fails_with(
+        &m3(&["synth", "--preset", "huge", "--out", out_s]),
+        "unknown preset",
+    );
 }
 
 #[test]
@@ -68,9 +114,15 @@ fn refuses_to_overwrite_without_force_and_cleans_stale_temps() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!stale.exists(), "stale temp dir must be removed");
     let before = std::fs::read(b.join("config.json")).unwrap();
-    fails_with(&m3(&["convert", "--from", a_s, "--to", b_s, "-q"]), "already exists");
+    fails_with(
+        &m3(&["convert", "--from", a_s, "--to", b_s, "-q"]),
+        "already exists",
+    );
     // Also synth refuses.
-    fails_with(&m3(&["synth", "--preset", "tiny", "--out", b_s, "-q"]), "already exists");
+    fails_with(
+        &m3(&["synth", "--preset", "tiny", "--out", b_s, "-q"]),
+        "already exists",
+    );
     assert_eq!(std::fs::read(b.join("config.json")).unwrap(), before);
     // With --force, replaced by a complete output.
     std::fs::write(b.join("junk"), b"x").unwrap();
@@ -78,7 +130,10 @@ fn refuses_to_overwrite_without_force_and_cleans_stale_temps() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!b.join("junk").exists() && b.join("model.safetensors.index.json").exists());
     // Converting into the input is refused.
-    fails_with(&m3(&["convert", "--from", a_s, "--to", a_s, "--force"]), "input directory");
+    fails_with(
+        &m3(&["convert", "--from", a_s, "--to", a_s, "--force"]),
+        "input directory",
+    );
 }
 
 /// `--verify` prints one rel L2 line per converted tensor, a summary, and
@@ -88,12 +143,23 @@ fn verify_reports_rel_l2_summary_and_lossy_note() {
     let root = tempfile::tempdir().unwrap();
     let (a, b) = (root.path().join("a"), root.path().join("b"));
     synth_tiny(&a);
-    let o = m3(&["convert", "--from", a.to_str().unwrap(), "--to", b.to_str().unwrap(), "--verify", "-q"]);
+    let o = m3(&[
+        "convert",
+        "--from",
+        a.to_str().unwrap(),
+        "--to",
+        b.to_str().unwrap(),
+        "--verify",
+        "-q",
+    ]);
     assert!(o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("lossy"), "{err}");
     let out = String::from_utf8_lossy(&o.stdout);
     let summary = out.lines().last().unwrap();
-    assert!(summary.starts_with("verify: 72 converted tensors, rel_l2 mean"), "{summary}");
+    assert!(
+        summary.starts_with("verify: 72 converted tensors, rel_l2 mean"),
+        "{summary}"
+    );
     assert!(summary.ends_with("copied tensors identical"), "{summary}");
 }

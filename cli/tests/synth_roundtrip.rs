@@ -15,7 +15,10 @@ use m3_core::synth::{plan, values_of, DenseFormat, ExpertFormat};
 use m3_core::weights::{FfnWeights, LinearWeight};
 
 fn m3(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_m3")).args(args).output().expect("spawn m3")
+    Command::new(env!("CARGO_BIN_EXE_m3"))
+        .args(args)
+        .output()
+        .expect("spawn m3")
 }
 
 fn ok(args: &[&str]) -> Output {
@@ -32,7 +35,20 @@ fn ok(args: &[&str]) -> Output {
 fn synth(dir: &Path, preset: &str, experts: &str, dense: &str, seed: u64) {
     let d = dir.to_str().unwrap();
     let seed = seed.to_string();
-    ok(&["synth", "--preset", preset, "--experts", experts, "--dense", dense, "--out", d, "--seed", &seed, "-q"]);
+    ok(&[
+        "synth",
+        "--preset",
+        preset,
+        "--experts",
+        experts,
+        "--dense",
+        dense,
+        "--out",
+        d,
+        "--seed",
+        &seed,
+        "-q",
+    ]);
 }
 
 /// Every file under `dir` (relative path -> bytes).
@@ -43,7 +59,10 @@ fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             if p.is_dir() {
                 walk(root, &p, out);
             } else {
-                out.insert(p.strip_prefix(root).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+                out.insert(
+                    p.strip_prefix(root).unwrap().to_path_buf(),
+                    std::fs::read(&p).unwrap(),
+                );
             }
         }
     }
@@ -65,14 +84,23 @@ fn inspect(dir: &Path) {
         eprintln!("note: `m3 inspect` not available yet: {}", err.trim());
         return;
     }
-    assert!(o.status.success(), "m3 inspect {} failed: {err}", dir.display());
+    assert!(
+        o.status.success(),
+        "m3 inspect {} failed: {err}",
+        dir.display()
+    );
 }
 
-/// Round trip one preset in every expert format; `small` runs the same code
-/// from `synth_small.rs`.
-pub fn round_trip(preset: &str) {
+/// Round trip one preset in every expert format.
+fn round_trip(preset: &str) {
     let cfg = ModelConfig::preset(preset).unwrap();
-    let cases = [("nvfp4", "mxfp8"), ("mxfp4", "mxfp8"), ("mxfp8", "mxfp8"), ("bf16", "bf16"), ("nvfp4", "bf16")];
+    let cases = [
+        ("nvfp4", "mxfp8"),
+        ("mxfp4", "mxfp8"),
+        ("mxfp8", "mxfp8"),
+        ("bf16", "bf16"),
+        ("nvfp4", "bf16"),
+    ];
     for (experts, dense) in cases {
         let root = tempfile::tempdir().unwrap();
         let a = root.path().join("a");
@@ -88,24 +116,48 @@ pub fn round_trip(preset: &str) {
             "mxfp8" => WeightFormat::Mxfp8E4M3,
             _ => WeightFormat::Bf16,
         };
-        assert_eq!(ck.detect_format(&l.expert(0).gate()).unwrap(), want_expert, "{experts}");
-        let want_dense = if dense == "mxfp8" { WeightFormat::Mxfp8E4M3 } else { WeightFormat::Bf16 };
+        assert_eq!(
+            ck.detect_format(&l.expert(0).gate()).unwrap(),
+            want_expert,
+            "{experts}"
+        );
+        let want_dense = if dense == "mxfp8" {
+            WeightFormat::Mxfp8E4M3
+        } else {
+            WeightFormat::Bf16
+        };
         assert_eq!(ck.detect_format(&l.q_proj()).unwrap(), want_dense);
         assert!(ck.unused_tensors().is_empty(), "{:?}", ck.unused_tensors());
         let w = ck.load(&LoadOptions::default()).unwrap();
         assert_eq!(w.layers.len(), cfg.num_hidden_layers);
         inspect(&a);
 
-        let o = ok(&["convert", "--from", a.to_str().unwrap(), "--to", b.to_str().unwrap(), "--verify", "-q"]);
+        let o = ok(&[
+            "convert",
+            "--from",
+            a.to_str().unwrap(),
+            "--to",
+            b.to_str().unwrap(),
+            "--verify",
+            "-q",
+        ]);
         let out = String::from_utf8_lossy(&o.stdout);
-        let converted = if experts == "nvfp4" { 3 * cfg.num_local_experts * moe_layers(&cfg) } else { 0 };
+        let converted = if experts == "nvfp4" {
+            3 * cfg.num_local_experts * moe_layers(&cfg)
+        } else {
+            0
+        };
         assert!(
             out.contains(&format!("verify: {converted} converted tensors")),
             "{experts}/{dense}: {out}"
         );
         let ck2 = Checkpoint::open(&b).unwrap();
         ck2.validate().unwrap();
-        let want_out = if experts == "nvfp4" { WeightFormat::Mxfp4 } else { want_expert };
+        let want_out = if experts == "nvfp4" {
+            WeightFormat::Mxfp4
+        } else {
+            want_expert
+        };
         assert_eq!(ck2.detect_format(&l.expert(0).gate()).unwrap(), want_out);
         ck2.load(&LoadOptions::default()).unwrap();
         let (ta, tb) = (tree(&a), tree(&b));
@@ -129,7 +181,10 @@ pub fn round_trip(preset: &str) {
             assert_eq!(q["quant_method"], "quark");
             assert_eq!(q["global_quant_config"]["weight"]["dtype"], "fp4");
         } else {
-            assert_eq!(ta, tb, "{experts}: nothing to convert must give an identical copy");
+            assert_eq!(
+                ta, tb,
+                "{experts}: nothing to convert must give an identical copy"
+            );
         }
     }
 }
@@ -165,7 +220,14 @@ fn e4m3(code: u8) -> f64 {
 }
 
 /// Expected MXFP4 (codes, scales) of an NVFP4 tensor's exact values.
-fn expected_mxfp4(codes: &[u8], scales: &[u8], global: f32, rows: usize, cols: usize, rule: ScaleRule) -> (Vec<u8>, Vec<u8>) {
+fn expected_mxfp4(
+    codes: &[u8],
+    scales: &[u8],
+    global: f32,
+    rows: usize,
+    cols: usize,
+    rule: ScaleRule,
+) -> (Vec<u8>, Vec<u8>) {
     let mut out_codes = Vec::with_capacity(rows * cols / 2);
     let mut out_scales = Vec::with_capacity(rows * cols / 32);
     let mut vals = vec![0.0f64; 32];
@@ -174,7 +236,11 @@ fn expected_mxfp4(codes: &[u8], scales: &[u8], global: f32, rows: usize, cols: u
         for b in 0..cols / 32 {
             for (j, v) in vals.iter_mut().enumerate() {
                 let i = r * cols + b * 32 + j;
-                let code = if i % 2 == 0 { codes[i / 2] & 0xF } else { codes[i / 2] >> 4 };
+                let code = if i.is_multiple_of(2) {
+                    codes[i / 2] & 0xF
+                } else {
+                    codes[i / 2] >> 4
+                };
                 *v = e2m1(code) * e4m3(scales[i / 16]) * global as f64;
             }
             out_scales.push(quantize_block(MxElem::Fp4E2M1, rule, &vals, &mut c));
@@ -189,30 +255,79 @@ fn expected_mxfp4(codes: &[u8], scales: &[u8], global: f32, rows: usize, cols: u
 #[test]
 fn converted_experts_are_bit_exact() {
     let root = tempfile::tempdir().unwrap();
-    let (a, even, floor) = (root.path().join("a"), root.path().join("even"), root.path().join("floor"));
+    let (a, even, floor) = (
+        root.path().join("a"),
+        root.path().join("even"),
+        root.path().join("floor"),
+    );
     synth(&a, "tiny", "nvfp4", "mxfp8", 3);
-    ok(&["convert", "--from", a.to_str().unwrap(), "--to", even.to_str().unwrap(), "-q"]);
-    ok(&["convert", "--from", a.to_str().unwrap(), "--to", floor.to_str().unwrap(), "--scale-rule", "floor", "-q"]);
-    let (ca, ce, cf) = (Checkpoint::open(&a).unwrap(), Checkpoint::open(&even).unwrap(), Checkpoint::open(&floor).unwrap());
+    ok(&[
+        "convert",
+        "--from",
+        a.to_str().unwrap(),
+        "--to",
+        even.to_str().unwrap(),
+        "-q",
+    ]);
+    ok(&[
+        "convert",
+        "--from",
+        a.to_str().unwrap(),
+        "--to",
+        floor.to_str().unwrap(),
+        "--scale-rule",
+        "floor",
+        "-q",
+    ]);
+    let (ca, ce, cf) = (
+        Checkpoint::open(&a).unwrap(),
+        Checkpoint::open(&even).unwrap(),
+        Checkpoint::open(&floor).unwrap(),
+    );
     let (mut checked, mut floor_differs) = (0, 0);
     for t in ca.tensors() {
         if t.family != Family::RoutedExpert || !t.name.ends_with(".weight") {
             continue;
         }
         let (rows, cols, _) = ca.logical_shape(&t.name).unwrap();
-        let g = f32::from_le_bytes(ca.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE_2)).unwrap().try_into().unwrap());
-        let s = ca.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE)).unwrap();
-        let (codes, scales) = expected_mxfp4(ca.raw_bytes(&t.name).unwrap(), s, g, rows, cols, ScaleRule::Even);
+        let g = f32::from_le_bytes(
+            ca.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE_2))
+                .unwrap()
+                .try_into()
+                .unwrap(),
+        );
+        let s = ca
+            .raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE))
+            .unwrap();
+        let (codes, scales) = expected_mxfp4(
+            ca.raw_bytes(&t.name).unwrap(),
+            s,
+            g,
+            rows,
+            cols,
+            ScaleRule::Even,
+        );
         assert_eq!(ce.raw_bytes(&t.name).unwrap(), &codes[..], "{}", t.name);
-        assert_eq!(ce.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE)).unwrap(), &scales[..], "{}", t.name);
-        let fsc = cf.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE)).unwrap();
+        assert_eq!(
+            ce.raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE))
+                .unwrap(),
+            &scales[..],
+            "{}",
+            t.name
+        );
+        let fsc = cf
+            .raw_bytes(&names::sibling(&t.name, WEIGHT_SCALE))
+            .unwrap();
         if cf.raw_bytes(&t.name).unwrap() != &codes[..] || fsc != &scales[..] {
             floor_differs += 1;
         }
         checked += 1;
     }
     assert_eq!(checked, 3 * 8 * 3);
-    assert!(floor_differs > 0, "the check cannot tell the scale rules apart");
+    assert!(
+        floor_differs > 0,
+        "the check cannot tell the scale rules apart"
+    );
 }
 
 #[test]
@@ -226,13 +341,29 @@ fn synth_is_deterministic_and_seeded() {
     assert!(a.len() >= 10);
     assert_eq!(a, b, "same seed must give identical files");
     assert_eq!(a.keys().collect::<Vec<_>>(), c.keys().collect::<Vec<_>>());
-    let differing: Vec<_> = a.iter().filter(|(k, v)| c.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
-    let shards = a.keys().filter(|k| k.to_string_lossy().ends_with(".safetensors")).count();
-    assert_eq!(differing.len(), shards, "every shard, and only shards, change with the seed: {differing:?}");
+    let differing: Vec<_> = a
+        .iter()
+        .filter(|(k, v)| c.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let shards = a
+        .keys()
+        .filter(|k| k.to_string_lossy().ends_with(".safetensors"))
+        .count();
+    assert_eq!(
+        differing.len(),
+        shards,
+        "every shard, and only shards, change with the seed: {differing:?}"
+    );
     // At least two shards for tiny, each listed in the index.
-    let idx: serde_json::Value = serde_json::from_slice(&a[Path::new("model.safetensors.index.json")]).unwrap();
-    let files: std::collections::BTreeSet<_> =
-        idx["weight_map"].as_object().unwrap().values().map(|v| v.as_str().unwrap().to_string()).collect();
+    let idx: serde_json::Value =
+        serde_json::from_slice(&a[Path::new("model.safetensors.index.json")]).unwrap();
+    let files: std::collections::BTreeSet<_> = idx["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
     assert!(files.len() >= 2, "{files:?}");
 }
 
@@ -243,19 +374,29 @@ fn tokenizer_loads_round_trips_and_decodes_every_id() {
     synth(&d, "tiny", "bf16", "bf16", 0);
     let tok = tokenizers::Tokenizer::from_file(d.join("tokenizer.json")).unwrap();
     assert_eq!(tok.get_vocab_size(true), 512);
-    for s in ["hello world, the quick brown fox", "Ünïcødé ✓ 漢字\n\ttabs", ""] {
+    for s in [
+        "hello world, the quick brown fox",
+        "Ünïcødé ✓ 漢字\n\ttabs",
+        "",
+    ] {
         let enc = tok.encode(s, false).unwrap();
         assert!(enc.get_ids().iter().all(|&i| i < 512));
         assert_eq!(tok.decode(enc.get_ids(), false).unwrap(), s);
     }
     // Merges are used: an English phrase takes fewer tokens than bytes.
     let enc = tok.encode("the rain in spain", false).unwrap();
-    assert!(enc.get_ids().len() < "the rain in spain".len(), "{:?}", enc.get_ids());
+    assert!(
+        enc.get_ids().len() < "the rain in spain".len(),
+        "{:?}",
+        enc.get_ids()
+    );
     for id in 0..512u32 {
-        tok.decode(&[id], false).unwrap_or_else(|e| panic!("id {id}: {e}"));
+        tok.decode(&[id], false)
+            .unwrap_or_else(|e| panic!("id {id}: {e}"));
     }
     assert_eq!(tok.id_to_token(511).as_deref(), Some("<|mask|>"));
-    let dcfg: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("dspark/config.json")).unwrap()).unwrap();
+    let dcfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("dspark/config.json")).unwrap()).unwrap();
     assert_eq!(dcfg["mask_token_id"], 511);
     assert_eq!(dcfg["n_layers"], 2);
 }
@@ -263,7 +404,10 @@ fn tokenizer_loads_round_trips_and_decodes_every_id() {
 /// Sample std of a loaded weight (bf16 or f32 storage).
 fn std_of(w: &LinearWeight) -> f64 {
     let v: Vec<f64> = match w {
-        LinearWeight::Bf16 { data, .. } => data.iter().map(|&b| f32::from_bits((b as u32) << 16) as f64).collect(),
+        LinearWeight::Bf16 { data, .. } => data
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16) as f64)
+            .collect(),
         LinearWeight::F32 { data, .. } => data.iter().map(|&x| x as f64).collect(),
         _ => panic!("expected plain storage"),
     };
@@ -281,20 +425,60 @@ fn weights_have_the_planned_scales() {
     let w = ck.load(&LoadOptions::default()).unwrap();
     let cfg = ModelConfig::preset("tiny").unwrap();
     let h = cfg.hidden_size as f64;
-    let near = |got: f64, want: f64, what: &str| assert!((got / want - 1.0).abs() < 0.1, "{what}: std {got} want {want}");
+    let near = |got: f64, want: f64, what: &str| {
+        assert!(
+            (got / want - 1.0).abs() < 0.1,
+            "{what}: std {got} want {want}"
+        )
+    };
     near(std_of(&w.embed), 1.0, "embed");
     near(std_of(&w.lm_head), 1.0 / h.sqrt(), "lm_head");
     near(std_of(&w.layers[0].attn.q), 1.0 / h.sqrt(), "q_proj");
-    let FfnWeights::Moe(m) = &w.layers[1].ffn else { panic!("layer 1 is MoE") };
-    near(std_of(&m.router), plan::ROUTER_LOGIT_STD / h.sqrt(), "router");
-    let bias_std = (m.correction_bias.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / 8.0).sqrt();
+    let FfnWeights::Moe(m) = &w.layers[1].ffn else {
+        panic!("layer 1 is MoE")
+    };
+    near(
+        std_of(&m.router),
+        plan::ROUTER_LOGIT_STD / h.sqrt(),
+        "router",
+    );
+    let bias_std = (m
+        .correction_bias
+        .iter()
+        .map(|x| (*x as f64).powi(2))
+        .sum::<f64>()
+        / 8.0)
+        .sqrt();
     assert!(bias_std < 0.05, "correction bias std {bias_std}");
-    let norm_max = w.layers[0].input_norm.iter().fold(0.0f32, |a, x| a.max(x.abs()));
-    assert!(norm_max < 0.3, "norm weights must be near 0, max {norm_max}");
+    let norm_max = w.layers[0]
+        .input_norm
+        .iter()
+        .fold(0.0f32, |a, x| a.max(x.abs()));
+    assert!(
+        norm_max < 0.3,
+        "norm weights must be near 0, max {norm_max}"
+    );
     // The embedding bytes are bf16 of the generator's values.
     let units = plan::target_units(&cfg, ExpertFormat::Bf16, DenseFormat::Bf16);
-    let emb = units.iter().find(|u| u.name == TensorNames::new(true).embed()).unwrap();
-    let want: Vec<u16> = values_of(emb, 5, false).iter().map(|&x| m3_core::formats::bf16::from_f32(x)).collect();
-    let LinearWeight::Bf16 { data, .. } = &w.embed else { panic!("embed is bf16") };
+    let emb = units
+        .iter()
+        .find(|u| u.name == TensorNames::new(true).embed())
+        .unwrap();
+    let want: Vec<u16> = values_of(emb, 5, false)
+        .iter()
+        .map(|&x| m3_core::formats::bf16::from_f32(x))
+        .collect();
+    let LinearWeight::Bf16 { data, .. } = &w.embed else {
+        panic!("embed is bf16")
+    };
     assert_eq!(data, &want);
+}
+
+/// The same round trip on `small` (about 190 MB per format; about 2 minutes
+/// in a debug build on 2 shared cores, so release-only:
+/// `cargo test -p m3-cli --release --test synth_roundtrip -- --ignored`).
+#[test]
+#[ignore = "slow in debug builds: run with --release -- --ignored"]
+fn small_round_trip_all_expert_formats() {
+    round_trip("small");
 }

@@ -255,7 +255,10 @@ impl ModelConfig {
         pos("num_key_value_heads", self.num_key_value_heads)?;
         pos("head_dim", self.head_dim)?;
         pos("vocab_size", self.vocab_size)?;
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(invalid(
                 "num_attention_heads",
                 format!(
@@ -264,7 +267,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return Err(invalid(
                 "rotary_dim",
                 format!(

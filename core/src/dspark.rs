@@ -36,7 +36,10 @@ pub enum DsparkError {
 }
 
 fn invalid(field: &'static str, why: impl Into<String>) -> DsparkError {
-    DsparkError::Invalid { field, why: why.into() }
+    DsparkError::Invalid {
+        field,
+        why: why.into(),
+    }
 }
 
 fn default_n_layers() -> usize {
@@ -127,36 +130,57 @@ impl DsparkConfig {
                 return Err(invalid(field, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
-            return Err(invalid("num_attention_heads", "must be a multiple of num_key_value_heads"));
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
+            return Err(invalid(
+                "num_attention_heads",
+                "must be a multiple of num_key_value_heads",
+            ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return Err(invalid("rotary_dim", "must be even and at most head_dim"));
         }
         if self.max_draft_tokens > 7 {
             return Err(invalid("max_draft_tokens", "at most 7"));
         }
         if self.target_layer_ids.is_empty() {
-            return Err(invalid("target_layer_ids", "must name at least one target layer"));
+            return Err(invalid(
+                "target_layer_ids",
+                "must name at least one target layer",
+            ));
         }
         if self.target_layer_ids.windows(2).any(|w| w[0] >= w[1]) {
             return Err(invalid("target_layer_ids", "must be strictly ascending"));
         }
         if self.mask_token_id as usize >= self.vocab_size {
-            return Err(invalid("mask_token_id", format!("{} is not below vocab_size", self.mask_token_id)));
+            return Err(invalid(
+                "mask_token_id",
+                format!("{} is not below vocab_size", self.mask_token_id),
+            ));
         }
         if let Some(t) = target {
             if self.hidden_size != t.hidden_size {
-                return Err(invalid("hidden_size", format!("{} != target {}", self.hidden_size, t.hidden_size)));
+                return Err(invalid(
+                    "hidden_size",
+                    format!("{} != target {}", self.hidden_size, t.hidden_size),
+                ));
             }
             if self.vocab_size != t.vocab_size {
-                return Err(invalid("vocab_size", format!("{} != target {}", self.vocab_size, t.vocab_size)));
+                return Err(invalid(
+                    "vocab_size",
+                    format!("{} != target {}", self.vocab_size, t.vocab_size),
+                ));
             }
             if let Some(&last) = self.target_layer_ids.last() {
                 if last >= t.num_hidden_layers {
                     return Err(invalid(
                         "target_layer_ids",
-                        format!("layer {last} past the target's {} layers", t.num_hidden_layers),
+                        format!(
+                            "layer {last} past the target's {} layers",
+                            t.num_hidden_layers
+                        ),
                     ));
                 }
             }
@@ -171,7 +195,8 @@ impl DsparkConfig {
 
     /// Parse `dspark/config.json` and validate it (without a target).
     pub fn from_json_str(text: &str) -> Result<Self, DsparkError> {
-        let c: DsparkConfig = serde_json::from_str(text).map_err(|e| DsparkError::Json(format!("{e}")))?;
+        let c: DsparkConfig =
+            serde_json::from_str(text).map_err(|e| DsparkError::Json(format!("{e}")))?;
         c.validate(None)?;
         Ok(c)
     }
@@ -206,7 +231,9 @@ impl DsparkNames {
     }
     /// Names of draft layer `l`.
     pub fn layer(&self, l: usize) -> DsparkLayerNames {
-        DsparkLayerNames { base: format!("layers.{l}.") }
+        DsparkLayerNames {
+            base: format!("layers.{l}."),
+        }
     }
 }
 
@@ -305,13 +332,24 @@ mod tests {
         c.validate(Some(&t)).unwrap();
         assert_eq!(DsparkConfig::from_json_str(&c.to_json()).unwrap(), c);
         let one = t.clone().with_layers(1).unwrap();
-        assert_eq!(DsparkConfig::for_target(&one, 2, 0).target_layer_ids, alloc::vec![0]);
+        assert_eq!(
+            DsparkConfig::for_target(&one, 2, 0).target_layer_ids,
+            alloc::vec![0]
+        );
         let mut bad = c.clone();
         bad.mask_token_id = 512;
-        assert!(bad.validate(None).unwrap_err().to_string().contains("mask_token_id"));
+        assert!(bad
+            .validate(None)
+            .unwrap_err()
+            .to_string()
+            .contains("mask_token_id"));
         let mut bad = c.clone();
         bad.hidden_size = 64;
-        assert!(bad.validate(Some(&t)).unwrap_err().to_string().contains("hidden_size"));
+        assert!(bad
+            .validate(Some(&t))
+            .unwrap_err()
+            .to_string()
+            .contains("hidden_size"));
         let mut bad = c;
         bad.target_layer_ids = alloc::vec![2, 1];
         assert!(bad.validate(None).is_err());

@@ -259,3 +259,33 @@ impl PagePool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_pool_grows_tables_and_refuses_when_empty() {
+        let mut pool = PagePool::new(3);
+        let mut a = Vec::new();
+        assert!(pool.ensure(&mut a, 5, 4)); // 2 pages
+        assert_eq!(a, [0, 1]);
+        assert!(pool.ensure(&mut a, 8, 4)); // still 2
+        let mut b = Vec::new();
+        assert!(!pool.ensure(&mut b, 9, 4)); // needs 3, 1 left
+        assert!(b.is_empty() && pool.available() == 1);
+        pool.release(&mut a);
+        assert!(pool.ensure(&mut b, 9, 4));
+        assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn bf16_cache_round_trips_bf16_values() {
+        let mut c = CacheTensor::new(CacheDtype::Bf16, 2, 2, 1.0);
+        c.write(1, &[1.5, -3.0]);
+        let mut out = [0.0f32; 1];
+        c.read(1, 1, &mut out);
+        assert_eq!(out, [-3.0]);
+        assert_eq!(c.slots(), 2);
+    }
+}

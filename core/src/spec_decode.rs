@@ -87,7 +87,11 @@ pub struct Verdict {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error("speculative verify: {what} has {got} entries, expected {expected}")]
-    Shape { what: &'static str, got: usize, expected: usize },
+    Shape {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
     #[error("speculative verify: draft token {token} is outside the vocabulary ({vocab})")]
     TokenOutOfRange { token: u32, vocab: usize },
     #[error("speculative verify: a target distribution has no positive mass")]
@@ -100,9 +104,17 @@ pub enum SpecError {
 /// first mismatch (or the bonus token). Identical to plain greedy decoding.
 pub fn verify_greedy(draft: &[u32], target_argmax: &[u32]) -> Result<Verdict, SpecError> {
     if target_argmax.len() != draft.len() + 1 {
-        return Err(SpecError::Shape { what: "target_argmax", got: target_argmax.len(), expected: draft.len() + 1 });
+        return Err(SpecError::Shape {
+            what: "target_argmax",
+            got: target_argmax.len(),
+            expected: draft.len() + 1,
+        });
     }
-    let accepted = draft.iter().zip(target_argmax).take_while(|(d, t)| d == t).count();
+    let accepted = draft
+        .iter()
+        .zip(target_argmax)
+        .take_while(|(d, t)| d == t)
+        .count();
     let mut tokens = draft[..accepted].to_vec();
     tokens.push(target_argmax[accepted]);
     Ok(Verdict { accepted, tokens })
@@ -137,25 +149,44 @@ fn row(probs: &[f32], vocab: usize, i: usize) -> &[f32] {
 
 fn sample_row(p: &[f32], u: f64) -> Result<u32, SpecError> {
     let w: Vec<f64> = p.iter().map(|&x| f64::from(x)).collect();
-    sample_index(&w, u).map(|i| i as u32).ok_or(SpecError::EmptyDistribution)
+    sample_index(&w, u)
+        .map(|i| i as u32)
+        .ok_or(SpecError::EmptyDistribution)
 }
 
 /// Sample from `norm(max(0, scale * p_t - p_d))`, falling back to `p_t`.
 fn sample_residual(pt: &[f32], pd: &[f32], scale: f64, u: f64) -> Result<u32, SpecError> {
-    let w: Vec<f64> = pt.iter().zip(pd).map(|(&t, &d)| (scale * f64::from(t) - f64::from(d)).max(0.0)).collect();
+    let w: Vec<f64> = pt
+        .iter()
+        .zip(pd)
+        .map(|(&t, &d)| (scale * f64::from(t) - f64::from(d)).max(0.0))
+        .collect();
     match sample_index(&w, u) {
         Some(i) => Ok(i as u32),
         None => sample_row(pt, u),
     }
 }
 
-fn check(draft: &[u32], draft_probs: &[f32], target_probs: &[f32], vocab: usize) -> Result<(), SpecError> {
+fn check(
+    draft: &[u32],
+    draft_probs: &[f32],
+    target_probs: &[f32],
+    vocab: usize,
+) -> Result<(), SpecError> {
     let k = draft.len();
     if draft_probs.len() != k * vocab {
-        return Err(SpecError::Shape { what: "draft_probs", got: draft_probs.len(), expected: k * vocab });
+        return Err(SpecError::Shape {
+            what: "draft_probs",
+            got: draft_probs.len(),
+            expected: k * vocab,
+        });
     }
     if target_probs.len() != (k + 1) * vocab {
-        return Err(SpecError::Shape { what: "target_probs", got: target_probs.len(), expected: (k + 1) * vocab });
+        return Err(SpecError::Shape {
+            what: "target_probs",
+            got: target_probs.len(),
+            expected: (k + 1) * vocab,
+        });
     }
     if let Some(&token) = draft.iter().find(|&&t| t as usize >= vocab) {
         return Err(SpecError::TokenOutOfRange { token, vocab });
@@ -194,12 +225,21 @@ pub fn verify_rejection<R: UniformSource + ?Sized>(
         if rng.next_uniform() >= a {
             let mut tokens = draft[..i].to_vec();
             tokens.push(sample_residual(pt, pd, 1.0, rng.next_uniform())?);
-            return Ok(Verdict { accepted: i, tokens });
+            return Ok(Verdict {
+                accepted: i,
+                tokens,
+            });
         }
     }
     let mut tokens = draft.to_vec();
-    tokens.push(sample_row(row(target_probs, vocab, draft.len()), rng.next_uniform())?);
-    Ok(Verdict { accepted: draft.len(), tokens })
+    tokens.push(sample_row(
+        row(target_probs, vocab, draft.len()),
+        rng.next_uniform(),
+    )?);
+    Ok(Verdict {
+        accepted: draft.len(),
+        tokens,
+    })
 }
 
 /// The weights `p_0..p_K` and stop probabilities `h_1..h_K` of block
@@ -221,7 +261,13 @@ pub fn block_weights(
         let pt = f64::from(row(target_probs, vocab, i - 1)[x]);
         let pd = f64::from(row(draft_probs, vocab, i - 1)[x]);
         let prev = p[i - 1];
-        let pi = if pd > 0.0 { (prev * pt / pd).min(1.0) } else if pt > 0.0 { prev.min(1.0) } else { 0.0 };
+        let pi = if pd > 0.0 {
+            (prev * pt / pd).min(1.0)
+        } else if pt > 0.0 {
+            prev.min(1.0)
+        } else {
+            0.0
+        };
         p.push(pi);
         if i == k {
             h.push(pi);
@@ -258,11 +304,19 @@ pub fn verify_block<R: UniformSource + ?Sized>(
     let y = if tau == k {
         sample_row(row(target_probs, vocab, k), u)?
     } else {
-        sample_residual(row(target_probs, vocab, tau), row(draft_probs, vocab, tau), p[tau], u)?
+        sample_residual(
+            row(target_probs, vocab, tau),
+            row(draft_probs, vocab, tau),
+            p[tau],
+            u,
+        )?
     };
     let mut tokens = draft[..tau].to_vec();
     tokens.push(y);
-    Ok(Verdict { accepted: tau, tokens })
+    Ok(Verdict {
+        accepted: tau,
+        tokens,
+    })
 }
 
 #[cfg(test)]
@@ -273,11 +327,29 @@ mod tests {
     #[test]
     fn greedy_accepts_matching_prefix() {
         let v = verify_greedy(&[5, 6, 7], &[5, 6, 9, 1]).unwrap();
-        assert_eq!(v, Verdict { accepted: 2, tokens: vec![5, 6, 9] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 2,
+                tokens: vec![5, 6, 9]
+            }
+        );
         let v = verify_greedy(&[5, 6], &[5, 6, 8]).unwrap();
-        assert_eq!(v, Verdict { accepted: 2, tokens: vec![5, 6, 8] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 2,
+                tokens: vec![5, 6, 8]
+            }
+        );
         let v = verify_greedy(&[], &[3]).unwrap();
-        assert_eq!(v, Verdict { accepted: 0, tokens: vec![3] });
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 0,
+                tokens: vec![3]
+            }
+        );
         assert!(verify_greedy(&[1], &[1]).is_err());
     }
 

@@ -268,6 +268,9 @@ fn hf_spelling_parses() {
     );
 }
 
+/// An edit of the `text_config` object.
+type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
+
 fn edit(f: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Result<ModelConfig, ConfigError> {
     let mut v = hf_config();
     f(v["text_config"].as_object_mut().unwrap());
@@ -276,7 +279,7 @@ fn edit(f: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Result<ModelConf
 
 #[test]
 fn bad_configs_name_the_field() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>)> = vec![
+    let cases: Vec<(&str, Edit)> = vec![
         (
             "text_config.hidden_size",
             Box::new(|m| {

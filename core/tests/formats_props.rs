@@ -171,6 +171,7 @@ proptest! {
     #[test]
     fn e2m1_encode_is_nearest(x in values(E2M1)) {
         prop_assert_eq!(e2m1::encode_sat(x), E2M1.nearest(x), "x = {}", x);
+        prop_assert_eq!(e2m1::encode_sat_generic(x), E2M1.nearest(x), "x = {}", x);
     }
 
     #[test]

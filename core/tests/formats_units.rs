@@ -552,7 +552,7 @@ fn mxfp8_to_bf16_exact_range() {
         [0x01u8, 0x04, 0x06]
             .iter()
             .copied()
-            .chain(core::iter::repeat(0).take(29))
+            .chain(std::iter::repeat_n(0, 29))
             .collect(),
         vec![0],
     )

@@ -40,24 +40,49 @@ struct Stream {
 
 fn stream() -> impl Strategy<Value = Stream> {
     let prefixes = prop::collection::vec(prop::collection::vec(0..VOCAB, 0..20), 3);
-    let reqs = prop::collection::vec((0usize..12, 0usize..3, prop::collection::vec(0..VOCAB, 1..12), 1usize..15), 1..12);
-    (1usize..=8, 1usize..=40, 1usize..=6, 0usize..=4, 0usize..=30, prefixes, reqs).prop_map(
-        |(block_size, max_batch_tokens, max_seqs, spec_tokens, extra_blocks, prefixes, reqs)| Stream {
-            block_size,
-            max_batch_tokens,
-            max_seqs,
-            spec_tokens,
-            extra_blocks,
-            reqs: reqs
-                .into_iter()
-                .map(|(at, pi, tail, max)| {
-                    let mut p = prefixes[pi].clone();
-                    p.extend(tail);
-                    (at, p, max)
-                })
-                .collect(),
-        },
+    let reqs = prop::collection::vec(
+        (
+            0usize..12,
+            0usize..3,
+            prop::collection::vec(0..VOCAB, 1..12),
+            1usize..15,
+        ),
+        1..12,
+    );
+    (
+        1usize..=8,
+        1usize..=40,
+        1usize..=6,
+        0usize..=4,
+        0usize..=30,
+        prefixes,
+        reqs,
     )
+        .prop_map(
+            |(
+                block_size,
+                max_batch_tokens,
+                max_seqs,
+                spec_tokens,
+                extra_blocks,
+                prefixes,
+                reqs,
+            )| Stream {
+                block_size,
+                max_batch_tokens,
+                max_seqs,
+                spec_tokens,
+                extra_blocks,
+                reqs: reqs
+                    .into_iter()
+                    .map(|(at, pi, tail, max)| {
+                        let mut p = prefixes[pi].clone();
+                        p.extend(tail);
+                        (at, p, max)
+                    })
+                    .collect(),
+            },
+        )
 }
 
 struct Outcome {
@@ -88,21 +113,34 @@ fn run(s: &Stream, num_blocks: usize, prefix_cache: bool) -> Result<Outcome, Tes
     while step_no <= last_arrival || !e.sched.is_done() {
         for (i, (at, p, max)) in s.reqs.iter().enumerate() {
             if *at == step_no {
-                e.sched.add_request(Request::greedy(i as u64, p.clone(), *max)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                e.sched
+                    .add_request(Request::greedy(i as u64, p.clone(), *max))
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
         }
-        e.step().map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
+        e.step()
+            .map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
         done.extend(e.sched.take_finished());
         step_no += 1;
         prop_assert!(step_no < 20_000, "no progress");
     }
-    prop_assert_eq!(e.sched.pool().num_available(), num_blocks, "blocks conserved");
+    prop_assert_eq!(
+        e.sched.pool().num_available(),
+        num_blocks,
+        "blocks conserved"
+    );
     let mut pool = e.sched.pool().clone();
     for _ in 0..num_blocks {
         prop_assert!(pool.allocate().is_ok(), "a freed block is not reusable");
     }
     done.sort_by_key(|f| f.id);
-    Ok(Outcome { outputs: done.into_iter().map(|f| (f.id, f.output, f.reason)).collect(), counters: *e.sched.counters() })
+    Ok(Outcome {
+        outputs: done
+            .into_iter()
+            .map(|f| (f.id, f.output, f.reason))
+            .collect(),
+        counters: *e.sched.counters(),
+    })
 }
 
 proptest! {

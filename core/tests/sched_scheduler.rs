@@ -30,15 +30,25 @@ fn engine(cfg: SchedulerConfig, spec_tokens: usize) -> MockEngine {
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (seed * 31 + i * 7 + i * i) % VOCAB).collect()
+    (0..len as u32)
+        .map(|i| (seed * 31 + i * 7 + i * i) % VOCAB)
+        .collect()
 }
 
 fn requests() -> Vec<Request> {
-    (0..8u64).map(|i| Request::greedy(i, prompt(i as u32, 5 + 9 * i as usize), 6 + 3 * i as usize)).collect()
+    (0..8u64)
+        .map(|i| Request::greedy(i, prompt(i as u32, 5 + 9 * i as usize), 6 + 3 * i as usize))
+        .collect()
 }
 
 fn cfg(num_blocks: usize, block_size: usize, max_batch_tokens: usize) -> SchedulerConfig {
-    SchedulerConfig { num_blocks, block_size, max_batch_tokens, max_seqs: 8, ..SchedulerConfig::default() }
+    SchedulerConfig {
+        num_blocks,
+        block_size,
+        max_batch_tokens,
+        max_seqs: 8,
+        ..SchedulerConfig::default()
+    }
 }
 
 #[test]
@@ -54,13 +64,26 @@ fn batch_invariance_and_reference() {
         let mut alone = engine(cfg(64, 4, 32), 0);
         alone.sched.add_request(r.clone()).unwrap();
         let solo = alone.run().unwrap();
-        assert_eq!(f.output, solo[0].output, "request {} differs batched vs alone", r.id);
-        assert_eq!(f.output, reference(&r.prompt, r.max_tokens), "request {} differs from the reference", r.id);
+        assert_eq!(
+            f.output, solo[0].output,
+            "request {} differs batched vs alone",
+            r.id
+        );
+        assert_eq!(
+            f.output,
+            reference(&r.prompt, r.max_tokens),
+            "request {} differs from the reference",
+            r.id
+        );
         assert_eq!(f.reason, FinishReason::Length);
     }
     let c = together.sched.counters();
     assert!(c.steps_mono > 0 && c.steps_standard > 0, "{c:?}");
-    assert_eq!(together.sched.pool().num_available(), 64, "every block back");
+    assert_eq!(
+        together.sched.pool().num_available(),
+        64,
+        "every block back"
+    );
 }
 
 #[test]
@@ -99,10 +122,18 @@ fn preemption_with_tiny_cache_gives_identical_output() {
         e.sched.add_request(r.clone()).unwrap();
     }
     let out = e.run().unwrap();
-    assert!(e.sched.counters().preemptions > 0, "the cache was meant to overflow");
+    assert!(
+        e.sched.counters().preemptions > 0,
+        "the cache was meant to overflow"
+    );
     assert!(out.iter().any(|f| f.preemptions > 0));
     for (f, r) in out.iter().zip(&reqs) {
-        assert_eq!(f.output, reference(&r.prompt, r.max_tokens), "request {}", r.id);
+        assert_eq!(
+            f.output,
+            reference(&r.prompt, r.max_tokens),
+            "request {}",
+            r.id
+        );
     }
     assert_eq!(e.sched.pool().num_available(), 26);
 }
@@ -121,7 +152,13 @@ fn prefix_cache_same_output_fewer_prefill_tokens() {
     let reqs = vec![mk(0, 8), mk(1, 3), mk(2, 0), Request { id: 3, ..mk(0, 8) }];
     let mut runs = Vec::new();
     for cache in [false, true] {
-        let mut e = engine(SchedulerConfig { enable_prefix_cache: cache, ..cfg(64, 4, 64) }, 0);
+        let mut e = engine(
+            SchedulerConfig {
+                enable_prefix_cache: cache,
+                ..cfg(64, 4, 64)
+            },
+            0,
+        );
         // One at a time so that earlier requests' blocks are cached.
         let mut out = Vec::new();
         for r in &reqs {
@@ -140,7 +177,10 @@ fn prefix_cache_same_output_fewer_prefill_tokens() {
     assert_eq!(c_off.prefill_tokens, total);
     assert_eq!(c_off.prefix_hit_tokens, 0);
     assert!(c_on.prefix_hit_tokens >= 3 * 40, "{c_on:?}");
-    assert_eq!(c_on.cow_copies, 2, "each full hit copies its last block once");
+    assert_eq!(
+        c_on.cow_copies, 2,
+        "each full hit copies its last block once"
+    );
     assert_eq!(c_on.prefill_tokens + c_on.prefix_hit_tokens, total);
     assert_eq!(on[2].cached_tokens, 39);
     assert_eq!(on[3].cached_tokens, reqs[3].prompt.len() - 1);
@@ -158,15 +198,25 @@ fn speculative_greedy_identical_to_plain() {
         }
         let out = e.run().unwrap();
         for (f, r) in out.iter().zip(&reqs) {
-            assert_eq!(f.output, reference(&r.prompt, r.max_tokens), "K={k} request {}", r.id);
+            assert_eq!(
+                f.output,
+                reference(&r.prompt, r.max_tokens),
+                "K={k} request {}",
+                r.id
+            );
         }
         let c = *e.sched.counters();
         assert!(c.spec_verifies > 0);
         let rate = c.spec_accepted as f64 / c.spec_proposed as f64;
-        match err {
-            e if e == 0.0 => assert_eq!(c.spec_accepted, c.spec_proposed, "oracle draft fully accepted"),
-            e if e == 1.0 => assert_eq!(c.spec_accepted, 0),
-            _ => assert!(rate > 0.2 && rate < 0.9, "acceptance {rate}"),
+        if err == 0.0 {
+            assert_eq!(
+                c.spec_accepted, c.spec_proposed,
+                "oracle draft fully accepted"
+            );
+        } else if err == 1.0 {
+            assert_eq!(c.spec_accepted, 0);
+        } else {
+            assert!(rate > 0.2 && rate < 0.9, "acceptance {rate}");
         }
     }
 }
@@ -184,7 +234,12 @@ fn eos_stop_and_rejection() {
     e.sched.add_request(eos).unwrap();
     e.sched.add_request(stop).unwrap();
     e.sched.add_request(too_long).unwrap();
-    assert!(e.sched.add_request(Request::greedy(1, p.clone(), 1)).is_err(), "duplicate live id");
+    assert!(
+        e.sched
+            .add_request(Request::greedy(1, p.clone(), 1))
+            .is_err(),
+        "duplicate live id"
+    );
     let out = e.run().unwrap();
     let first = gen.iter().position(|&t| t == gen[3]).unwrap();
     assert_eq!(out[0].reason, FinishReason::Eos);
@@ -198,26 +253,39 @@ fn eos_stop_and_rejection() {
 fn planted_scheduling_errors_are_caught() {
     // A wrong slot: the mock reads a position that was never written there.
     let mut e = engine(cfg(16, 4, 32), 0);
-    e.sched.add_request(Request::greedy(1, prompt(1, 9), 3)).unwrap();
+    e.sched
+        .add_request(Request::greedy(1, prompt(1, 9), 3))
+        .unwrap();
     let mut step = e.sched.schedule().unwrap();
     step.rows[2].slot = step.rows[6].slot;
-    assert!(matches!(e.backend.execute(&step), Err(MockError::StaleSlot { .. })));
+    assert!(matches!(
+        e.backend.execute(&step),
+        Err(MockError::StaleSlot { .. })
+    ));
 
     // A dropped copy-on-write: the copy holds nothing, so the recomputed
     // last token reads stale slots.
     let p = prompt(2, 8);
     let mut e = engine(cfg(16, 4, 32), 0);
-    e.sched.add_request(Request::greedy(1, p.clone(), 2)).unwrap();
+    e.sched
+        .add_request(Request::greedy(1, p.clone(), 2))
+        .unwrap();
     e.run().unwrap();
     e.sched.add_request(Request::greedy(2, p, 2)).unwrap();
     let mut step = e.sched.schedule().unwrap();
     assert_eq!(step.copies.len(), 1);
     step.copies.clear();
-    assert!(matches!(e.backend.execute(&step), Err(MockError::StaleSlot { .. })));
+    assert!(matches!(
+        e.backend.execute(&step),
+        Err(MockError::StaleSlot { .. })
+    ));
 
     // A different token anywhere in the context changes the mock's output,
     // so the output comparisons above can fail.
-    assert_ne!(mock_next(&[1, 2, 3, 4], VOCAB), mock_next(&[1, 2, 5, 4], VOCAB));
+    assert_ne!(
+        mock_next(&[1, 2, 3, 4], VOCAB),
+        mock_next(&[1, 2, 5, 4], VOCAB)
+    );
 }
 
 #[test]
@@ -227,8 +295,77 @@ fn commit_rejects_inconsistent_results() {
     let step = s.schedule().unwrap();
     assert!(s.schedule().is_err(), "a step is pending");
     assert!(s.commit(&step, &[]).is_err(), "missing tokens");
-    let two = m3_core::sched::SeqTokens { request_id: 1, tokens: vec![5, 6] };
-    assert!(s.commit(&step, &[two]).is_err(), "two tokens for a non-verify row");
-    let one = m3_core::sched::SeqTokens { request_id: 1, tokens: vec![5] };
+    let two = m3_core::sched::SeqTokens {
+        request_id: 1,
+        tokens: vec![5, 6],
+    };
+    assert!(
+        s.commit(&step, &[two]).is_err(),
+        "two tokens for a non-verify row"
+    );
+    let one = m3_core::sched::SeqTokens {
+        request_id: 1,
+        tokens: vec![5],
+    };
     s.commit(&step, &[one]).unwrap();
+}
+
+/// Host-side cost of planning + committing, without a backend: 512 requests
+/// with shared prefixes, 64 sequences per step, spec drafts of 3 on every
+/// decode. Run with `--ignored --nocapture` (a measurement, not a check).
+#[test]
+#[ignore]
+fn scheduler_overhead() {
+    use m3_core::sched::SeqTokens;
+    let c = SchedulerConfig {
+        num_blocks: 4096,
+        block_size: 16,
+        max_batch_tokens: 2048,
+        max_seqs: 64,
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(c).unwrap();
+    for i in 0..512u64 {
+        let mut p = prompt((i % 8) as u32, 256);
+        p.extend(prompt(1000 + i as u32, 64));
+        s.add_request(Request::greedy(i, p, 128)).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    let (mut steps, mut rows) = (0u64, 0u64);
+    while !s.is_done() {
+        let ready: Vec<(u64, u32)> = s
+            .decode_ready()
+            .map(|(id, t)| (id, *t.last().unwrap()))
+            .collect();
+        for (id, last) in ready {
+            s.set_draft(id, vec![last, last, last]).unwrap();
+        }
+        let step = s.schedule().unwrap();
+        let results: Vec<SeqTokens> = step
+            .seqs
+            .iter()
+            .filter(|q| q.needs_logits)
+            .map(|q| {
+                let tokens = match &q.kind {
+                    RowKind::Verify { draft } => vec![draft[0], 1],
+                    _ => vec![1],
+                };
+                SeqTokens {
+                    request_id: q.request_id,
+                    tokens,
+                }
+            })
+            .collect();
+        s.commit(&step, &results).unwrap();
+        steps += 1;
+        rows += step.rows.len() as u64;
+        s.take_finished();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{steps} steps, {rows} rows in {secs:.3} s: {:.1} us/step, {:.0} ns/row; {:?}",
+        secs * 1e6 / steps as f64,
+        secs * 1e9 / rows as f64,
+        s.counters()
+    );
 }

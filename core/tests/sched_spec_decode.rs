@@ -3,7 +3,8 @@
 //! Models are small context-dependent distributions over a vocabulary of 5
 //! (weights hashed from the context), so "the target distribution" of a
 //! generated pair of tokens is known exactly by the chain rule. Checked:
-//! - exactly (enumeration over every draft block): the joint distribution of
+//! - exactly (enumeration over every draft block, for a fixed pair of models
+//!   and, as a property test, 64 random pairs): the joint distribution of
 //!   the first two generated tokens equals the target's, for per-token
 //!   rejection sampling and block verification; the paper's worked example
 //!   gives 10/9 and 11/9 expected accepted tokens;
@@ -15,7 +16,8 @@
 //!   and block verification accepts at least as many tokens as per-token.
 
 use m3_core::spec_decode::{
-    block_weights, sample_index, verify_block, verify_greedy, verify_rejection, SplitMix64, UniformSource, Verdict,
+    block_weights, sample_index, verify_block, verify_greedy, verify_rejection, SplitMix64,
+    UniformSource, Verdict,
 };
 
 const V: usize = 5;
@@ -37,15 +39,23 @@ fn dist(ctx: &[u32], salt: u64) -> Vec<f32> {
     w.iter().map(|x| (x / s) as f32).collect()
 }
 
+thread_local! {
+    /// Picks the model pair: the property test varies it, the rest use 0.
+    static MODELS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn target(ctx: &[u32]) -> Vec<f32> {
-    dist(ctx, 1)
+    dist(ctx, 1 + 2 * MODELS.get())
 }
 
 /// `mix = 0`: the oracle draft (the target itself); `mix = 1`: unrelated.
 fn draft(ctx: &[u32], mix: f32) -> Vec<f32> {
     let t = target(ctx);
-    let o = dist(ctx, 2);
-    t.iter().zip(&o).map(|(a, b)| (1.0 - mix) * a + mix * b).collect()
+    let o = dist(ctx, 2 + 2 * MODELS.get());
+    t.iter()
+        .zip(&o)
+        .map(|(a, b)| (1.0 - mix) * a + mix * b)
+        .collect()
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -98,11 +108,17 @@ fn round(ctx: &[u32], k: usize, mix: f32, v: Verifier, rng: &mut SplitMix64) -> 
             let out = verify_rejection(&block, &dp, &tp, V, rng).unwrap();
             let mut tokens = out.tokens;
             if out.accepted < k {
-                let t: Vec<f64> = tp[out.accepted * V..(out.accepted + 1) * V].iter().map(|&x| f64::from(x)).collect();
+                let t: Vec<f64> = tp[out.accepted * V..(out.accepted + 1) * V]
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .collect();
                 let last = tokens.len() - 1;
                 tokens[last] = sample_index(&t, rng.next_uniform()).unwrap() as u32;
             }
-            Verdict { accepted: out.accepted, tokens }
+            Verdict {
+                accepted: out.accepted,
+                tokens,
+            }
         }
     }
 }
@@ -137,7 +153,7 @@ fn chi2_critical(df: f64) -> f64 {
 
 fn chi2(v: Verifier, k: usize, mix: f32, n: usize, seed: u64) -> f64 {
     let expected = target_pair_probs();
-    let mut counts = vec![0usize; V * V];
+    let mut counts = [0usize; V * V];
     let mut rng = SplitMix64(seed);
     for _ in 0..n {
         let (a, b) = first_pair(k, mix, v, &mut rng);
@@ -158,22 +174,36 @@ const N: usize = 60_000;
 #[test]
 fn chi_square_lossless_and_planted_bias_caught() {
     let crit = chi2_critical((V * V - 1) as f64);
-    for (v, k) in [(Verifier::PerToken, 3), (Verifier::Block, 3), (Verifier::Block, 1), (Verifier::PerToken, 5)] {
+    for (v, k) in [
+        (Verifier::PerToken, 3),
+        (Verifier::Block, 3),
+        (Verifier::Block, 1),
+        (Verifier::PerToken, 5),
+    ] {
         let x = chi2(v, k, 0.6, N, 7 + k as u64);
         eprintln!("{v:?} K={k}: chi2 {x:.1} (critical {crit:.1}, df 24, n {N})");
-        assert!(x < crit, "{v:?} K={k}: chi2 {x:.1} >= {crit:.1}: not the target distribution");
+        assert!(
+            x < crit,
+            "{v:?} K={k}: chi2 {x:.1} >= {crit:.1}: not the target distribution"
+        );
     }
     for v in [Verifier::Biased2Percent, Verifier::TargetResample] {
         let x = chi2(v, 3, 0.6, N, 11);
         eprintln!("planted {v:?}: chi2 {x:.1} (critical {crit:.1})");
-        assert!(x > crit, "{v:?}: chi2 {x:.1} < {crit:.1}: the planted bias went unnoticed");
+        assert!(
+            x > crit,
+            "{v:?}: chi2 {x:.1} < {crit:.1}: the planted bias went unnoticed"
+        );
     }
 }
 
 fn mean_accepted(v: Verifier, k: usize, mix: f32, n: usize, seed: u64) -> f64 {
     let mut rng = SplitMix64(seed);
     let ctx = [1u32, 2];
-    (0..n).map(|_| round(&ctx, k, mix, v, &mut rng).accepted as f64).sum::<f64>() / n as f64
+    (0..n)
+        .map(|_| round(&ctx, k, mix, v, &mut rng).accepted as f64)
+        .sum::<f64>()
+        / n as f64
 }
 
 #[test]
@@ -183,24 +213,33 @@ fn oracle_draft_accepted_perturbed_less_block_at_least_per_token() {
         let oracle = mean_accepted(v, k, 0.0, 2_000, 3);
         assert!(oracle > k as f64 - 0.01, "{v:?} oracle acceptance {oracle}");
         let perturbed = mean_accepted(v, k, 0.5, 20_000, 4);
-        assert!(perturbed < oracle - 0.5, "{v:?} perturbed acceptance {perturbed}");
+        assert!(
+            perturbed < oracle - 0.5,
+            "{v:?} perturbed acceptance {perturbed}"
+        );
     }
     let per_token = mean_accepted(Verifier::PerToken, k, 0.7, 40_000, 5);
     let block = mean_accepted(Verifier::Block, k, 0.7, 40_000, 5);
     eprintln!("K={k}, perturbed draft: mean accepted per-token {per_token:.3}, block {block:.3}");
     // Standard error of each mean is below 0.01 here.
-    assert!(block >= per_token - 0.03, "block {block} < per-token {per_token}");
+    assert!(
+        block >= per_token - 0.03,
+        "block {block} < per-token {per_token}"
+    );
 }
 
 /// Exact distribution of the first two tokens after one round with `k = 2`
 /// (a round that yields one token is followed by a correct round, whose
 /// first token is `target(ctx)`: that is what the one-token part checks).
 fn exact_pair(block_verify: bool, mix: f32) -> (Vec<f64>, f64) {
-    let k = 2;
     let mut p = vec![0.0f64; V * V];
     let mut mean_acc = 0.0;
     let res = |tp: &[f32], dp: &[f32], scale: f64| -> Vec<f64> {
-        let w: Vec<f64> = tp.iter().zip(dp).map(|(&t, &d)| (scale * f64::from(t) - f64::from(d)).max(0.0)).collect();
+        let w: Vec<f64> = tp
+            .iter()
+            .zip(dp)
+            .map(|(&t, &d)| (scale * f64::from(t) - f64::from(d)).max(0.0))
+            .collect();
         let s: f64 = w.iter().sum();
         w.iter().map(|x| x / s).collect()
     };
@@ -252,10 +291,23 @@ fn exact_enumeration_is_lossless_and_block_accepts_more() {
         let (tok, acc_tok) = exact_pair(false, mix);
         let (blk, acc_blk) = exact_pair(true, mix);
         for i in 0..V * V {
-            assert!((tok[i] - want[i]).abs() < 1e-6, "per-token cell {i}: {} vs {}", tok[i], want[i]);
-            assert!((blk[i] - want[i]).abs() < 1e-6, "block cell {i}: {} vs {}", blk[i], want[i]);
+            assert!(
+                (tok[i] - want[i]).abs() < 1e-6,
+                "per-token cell {i}: {} vs {}",
+                tok[i],
+                want[i]
+            );
+            assert!(
+                (blk[i] - want[i]).abs() < 1e-6,
+                "block cell {i}: {} vs {}",
+                blk[i],
+                want[i]
+            );
         }
-        assert!(acc_blk >= acc_tok - 1e-9, "mix {mix}: block {acc_blk} < per-token {acc_tok}");
+        assert!(
+            acc_blk >= acc_tok - 1e-9,
+            "mix {mix}: block {acc_blk} < per-token {acc_tok}"
+        );
     }
 }
 
@@ -283,9 +335,40 @@ fn paper_example_eleven_ninths() {
 
 #[test]
 fn greedy_verification_shapes() {
-    assert_eq!(verify_greedy(&[1, 2, 3], &[1, 2, 3, 4]).unwrap().tokens, vec![1, 2, 3, 4]);
-    assert_eq!(verify_greedy(&[1, 2, 3], &[0, 2, 3, 4]).unwrap().tokens, vec![0]);
+    assert_eq!(
+        verify_greedy(&[1, 2, 3], &[1, 2, 3, 4]).unwrap().tokens,
+        vec![1, 2, 3, 4]
+    );
+    assert_eq!(
+        verify_greedy(&[1, 2, 3], &[0, 2, 3, 4]).unwrap().tokens,
+        vec![0]
+    );
     let mut rng = SplitMix64(1);
-    assert!(verify_rejection(&[7], &[0.5; V], &[0.2; 2 * V], V, &mut rng).is_err(), "token outside vocab");
-    assert!(verify_block(&[1], &[0.5; V], &[0.2; V], V, &mut rng).is_err(), "missing bonus row");
+    assert!(
+        verify_rejection(&[7], &[0.5; V], &[0.2; 2 * V], V, &mut rng).is_err(),
+        "token outside vocab"
+    );
+    assert!(
+        verify_block(&[1], &[0.5; V], &[0.2; V], V, &mut rng).is_err(),
+        "missing bonus row"
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Exact losslessness and block >= per-token over many model pairs.
+    #[test]
+    fn exact_enumeration_over_random_models(models in 1u64..1_000_000, mix in 0.05f32..1.0) {
+        MODELS.set(models);
+        let want = target_pair_probs();
+        let (tok, acc_tok) = exact_pair(false, mix);
+        let (blk, acc_blk) = exact_pair(true, mix);
+        MODELS.set(0);
+        for i in 0..V * V {
+            proptest::prop_assert!((tok[i] - want[i]).abs() < 1e-6, "per-token cell {}", i);
+            proptest::prop_assert!((blk[i] - want[i]).abs() < 1e-6, "block cell {}", i);
+        }
+        proptest::prop_assert!(acc_blk >= acc_tok - 1e-9, "block {} < per-token {}", acc_blk, acc_tok);
+    }
 }

@@ -20,6 +20,46 @@ fn slot(step: &StepBatch, t: usize, j: usize, page: usize) -> usize {
     bt[j / page] as usize * page + j % page
 }
 
+/// Check that every position a row may read (`0..=p`) maps through its
+/// sequence's block table to a slot inside a cache of `slots` slots, so
+/// the op never indexes out of bounds on a malformed step.
+fn check_step(
+    op: &'static str,
+    step: &StepBatch,
+    page: usize,
+    slots: usize,
+) -> Result<(), BackendError> {
+    if page == 0 || step.positions.len() != step.rows() || step.row_seq.len() != step.rows() {
+        return Err(shape(
+            op,
+            "step arrays do not have one entry per row".into(),
+        ));
+    }
+    for t in 0..step.rows() {
+        let Some(seq) = step.seqs.get(step.row_seq[t] as usize) else {
+            return Err(shape(op, format!("row {t} names a missing sequence")));
+        };
+        let p = step.positions[t] as usize;
+        let pages = p / page + 1;
+        if seq.block_table.len() < pages {
+            return Err(shape(
+                op,
+                format!("row {t} at position {p} is past its block table"),
+            ));
+        }
+        if let Some(&bad) = seq.block_table[..pages]
+            .iter()
+            .find(|&&pg| (pg as usize + 1) * page > slots)
+        {
+            return Err(shape(
+                op,
+                format!("row {t}: page {bad} is outside the cache ({slots} slots)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Block scores `[heads, T, nb]`: `max_{j in b, j <= p} q[t,g] . k_j`, -inf
 /// where a block has no visible key.
 #[allow(clippy::too_many_arguments)]
@@ -49,6 +89,7 @@ pub fn index_scores(
             ),
         ));
     }
+    check_step("index_scores", step, page, cache.slots())?;
     let per_row: Vec<Vec<f32>> = (0..t_rows)
         .into_par_iter()
         .map(|t| {
@@ -247,6 +288,7 @@ pub fn attention(
             ));
         }
     }
+    check_step("attention", step, page, k.slots().min(v.slots()))?;
     let group = heads / kv_heads;
     let scale = (d as f32).sqrt();
     out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {

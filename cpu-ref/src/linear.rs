@@ -75,6 +75,71 @@ pub fn decode_block(w: &LinearWeight, row: usize, lo: usize, out: &mut [f32]) {
     }
 }
 
+/// Call `f(block index, values)` for every 32-element block of weight row
+/// `row`, in order, decoded exactly (the same values as `decode_block`).
+/// The format dispatch and table lookups are hoisted out of the block loop.
+#[inline]
+pub fn for_each_block(w: &LinearWeight, row: usize, mut f: impl FnMut(usize, &[f32])) {
+    let k = w.cols();
+    let nb = k.div_ceil(BLOCK);
+    let mut buf = [0.0f32; BLOCK];
+    match w {
+        LinearWeight::Bf16 { data, .. } => {
+            let r = &data[row * k..(row + 1) * k];
+            for (b, src) in r.chunks(BLOCK).enumerate() {
+                for (o, &v) in buf.iter_mut().zip(src) {
+                    *o = f32::from_bits((v as u32) << 16);
+                }
+                f(b, &buf[..src.len()]);
+            }
+        }
+        LinearWeight::F32 { data, .. } => {
+            for (b, src) in data[row * k..(row + 1) * k].chunks(BLOCK).enumerate() {
+                f(b, src);
+            }
+        }
+        LinearWeight::Mx(t) => {
+            let tb = tables();
+            let scales = &t.scales()[row * nb..(row + 1) * nb];
+            match t.elem() {
+                MxElem::Fp4E2M1 => {
+                    let codes = &t.codes()[row * k / 2..(row + 1) * k / 2];
+                    for (b, (cb, &sc)) in codes.chunks(BLOCK / 2).zip(scales).enumerate() {
+                        let s = tb.e8m0[sc as usize];
+                        for (i, &byte) in cb.iter().enumerate() {
+                            buf[2 * i] = tb.e2m1[(byte & 0xF) as usize] * s;
+                            buf[2 * i + 1] = tb.e2m1[(byte >> 4) as usize] * s;
+                        }
+                        f(b, &buf);
+                    }
+                }
+                MxElem::Fp8E4M3 | MxElem::Fp8E5M2 => {
+                    let tab = if t.elem() == MxElem::Fp8E4M3 {
+                        &tb.e4m3
+                    } else {
+                        &tb.e5m2
+                    };
+                    let codes = &t.codes()[row * k..(row + 1) * k];
+                    for (b, (cb, &sc)) in codes.chunks(BLOCK).zip(scales).enumerate() {
+                        let s = tb.e8m0[sc as usize];
+                        for (o, &c) in buf.iter_mut().zip(cb) {
+                            *o = tab[c as usize] * s;
+                        }
+                        f(b, &buf);
+                    }
+                }
+            }
+        }
+        LinearWeight::Nvfp4(_) => {
+            for b in 0..nb {
+                let len = (k - b * BLOCK).min(BLOCK);
+                decode_block(w, row, b * BLOCK, &mut buf[..len]);
+                f(b, &buf[..len]);
+            }
+        }
+    }
+}
+
 /// Fake-quantize activation rows (width `cols`, a multiple of 32) to MXFP4
 /// with the `even` rule and decode them back (the values a w4a4 GEMM sees).
 pub fn act_quant_mxfp4(x: &[f32], cols: usize) -> Result<Vec<f32>, BackendError> {
@@ -134,16 +199,13 @@ pub fn linear(
             |partial, (ci, col)| {
                 for (j, outs) in col.chunks_mut(rows).enumerate() {
                     let o = ci * chunk + j;
-                    let mut wb = [0.0f32; BLOCK];
-                    for b in 0..nb {
+                    for_each_block(w, o, |b, wb| {
                         let lo = b * BLOCK;
-                        let len = (k - lo).min(BLOCK);
-                        decode_block(w, o, lo, &mut wb[..len]);
                         for t in 0..rows {
                             partial[t * nb + b] =
-                                dot_block(&wb[..len], &xin[t * k + lo..t * k + lo + len]);
+                                dot_block(wb, &xin[t * k + lo..t * k + lo + wb.len()]);
                         }
-                    }
+                    });
                     for (t, y) in outs.iter_mut().enumerate() {
                         let s = pairwise_sum(&partial[t * nb..(t + 1) * nb]);
                         *y = if round_out { bf16_round(s) } else { s };

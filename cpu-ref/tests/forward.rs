@@ -98,6 +98,7 @@ fn prefill_equals_token_by_token_decode() {
             &pre.f32("logits").unwrap()[p * v..(p + 1) * v],
         ));
     }
+    eprintln!("prefill vs decode: worst rel L2 {worst:e}");
     assert!(worst <= 1e-6, "worst rel L2 {worst}");
 }
 

@@ -439,3 +439,52 @@ fn experts_sum_in_order_plus_shared() {
         );
     }
 }
+
+#[test]
+fn act_quant_mxfp4_even_rule_hand_case() {
+    // Block 1: amax 5 (= 1.25 * 4): `even` adds half an E2M1 ulp -> 6, floor
+    // exponent 2, e = 2 - 2 = 0 -> scale 1; 5 is a tie between 4 and 6 -> 4,
+    // 1.2 -> 1. Block 2: amax 7 (= 1.75 * 4) carries to 8, e = 1, scale 2:
+    // 7/2 = 3.5 ties to 4 -> 8; 1.2/2 = 0.6 -> 0.5 -> 1.
+    let mut x = vec![0.0f32; 64];
+    x[0] = 5.0;
+    x[1] = 1.2;
+    x[32] = 7.0;
+    x[33] = 1.2;
+    let mut out = vec![0.0f32; 64];
+    CpuBackend
+        .run_op(Op::ActQuantMxfp4 {
+            x: &x,
+            out: &mut out,
+        })
+        .unwrap();
+    assert_eq!(&out[..2], &[4.0, 1.0]);
+    assert_eq!(&out[32..34], &[8.0, 1.0]);
+    assert!(out[2..32].iter().chain(&out[34..]).all(|&v| v == 0.0));
+}
+
+#[test]
+fn sample_and_dequantize_ops() {
+    let logits = [0.0f32, 2.0, 2.0, 1.0, 9.0, 9.0];
+    let mut out = [0u32; 2];
+    let g = m3_core::sample::SampleParams::GREEDY;
+    CpuBackend
+        .run_op(Op::Sample {
+            logits: &logits,
+            vocab: 3,
+            params: &[g, g],
+            positions: &[0, 1],
+            out: &mut out,
+        })
+        .unwrap();
+    assert_eq!(out, [1, 1], "argmax, lowest id on ties");
+    // Dequantize: E4M3 code 0x40 = 2.0, scale byte 126 = 0.5 -> 1.0 everywhere.
+    let w = LinearWeight::Mx(
+        MxTensor::from_parts(MxElem::Fp8E4M3, 2, 32, vec![0x40; 64], vec![126, 126]).unwrap(),
+    );
+    let mut d = vec![0.0f32; 64];
+    CpuBackend
+        .run_op(Op::Dequantize { w: &w, out: &mut d })
+        .unwrap();
+    assert!(d.iter().all(|&v| v == 1.0));
+}

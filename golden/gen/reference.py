@@ -199,6 +199,7 @@ def cmd_case(a):
         "description": spec.get("description", ""),
         "recipe": spec["recipe"],
         "config_edit": spec.get("config_edit"),
+        "scalar_tensors": spec.get("scalar_tensors"),
         "options": {
             "kv_dtype": opts.kv_dtype,
             "act": opts.act,

@@ -34,15 +34,19 @@ impl Recipe {
             key.push_str(&format!("-l{l}"));
         }
         if let Some(e) = edit {
-            // FNV-1a of the edit's JSON text: stable across runs.
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for b in e.to_string().bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            key.push_str(&format!("-e{:08x}", h as u32));
+            key.push_str(&format!("-e{}", Self::short_hash(&e.to_string())));
         }
         key
+    }
+
+    /// FNV-1a of a text, 8 hex digits: stable across runs and machines.
+    pub fn short_hash(text: &str) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{:08x}", h as u32)
     }
 }
 
@@ -93,6 +97,11 @@ pub struct CaseMeta {
     pub recipe: Recipe,
     #[serde(default)]
     pub config_edit: Option<serde_json::Value>,
+    /// F32 scalars added to every layer after synth, by name below
+    /// `layers.N.` (e.g. `self_attn.k_scale`); `index_*` ones only on
+    /// sparse layers. Used for non-unit FP8 cache scales.
+    #[serde(default)]
+    pub scalar_tensors: Option<BTreeMap<String, f32>>,
     pub options: RunOptions,
     pub tokens: Vec<u32>,
     pub num_layers: usize,

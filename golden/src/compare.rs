@@ -271,6 +271,11 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
         if case.taps.get(&tb).is_some() {
             let m = disc(&tb, &format!("topk_margin.{l}"), meta.near_tie.topk_margin);
             push(tb, Some(l), "indexer block selection", m);
+        } else if dump.get(&tb).is_some() {
+            // A full-attention (or dense) layer of the reference must not
+            // select blocks / experts in the backend either.
+            let m = Measure::Broken("dumped, but the reference layer has none".into());
+            push(tb, Some(l), "indexer block selection", m);
         }
         let ex = format!("experts.{l}");
         if case.taps.get(&ex).is_some() {
@@ -279,6 +284,9 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
                 &format!("router_margin.{l}"),
                 meta.near_tie.router_margin,
             );
+            push(ex, Some(l), "router top-k", m);
+        } else if dump.get(&ex).is_some() {
+            let m = Measure::Broken("dumped, but the reference layer has none".into());
             push(ex, Some(l), "router top-k", m);
         }
         let rs = format!("residual.{l}");

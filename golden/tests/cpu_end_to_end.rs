@@ -29,12 +29,22 @@ fn m3_bin() -> PathBuf {
 
 fn run_case(m3: &PathBuf, name: &str) {
     let case = Case::load(&cases_dir(), name).expect("committed case");
-    assert!(case.meta.config_edit.is_none(), "pick a case without a config edit");
+    assert!(
+        case.meta.config_edit.is_none(),
+        "pick a case without a config edit"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = tmp.path().join("ckpt");
     let r = &case.meta.recipe;
     let st = Command::new(m3)
-        .args(["synth", "-q", "--preset", &r.preset, "--experts", &r.experts])
+        .args([
+            "synth",
+            "-q",
+            "--preset",
+            &r.preset,
+            "--experts",
+            &r.experts,
+        ])
         .args(["--dense", &r.dense, "--seed", &r.seed.to_string()])
         .arg("--out")
         .arg(&ckpt)
@@ -49,7 +59,14 @@ fn run_case(m3: &PathBuf, name: &str) {
         .arg("--model")
         .arg(&ckpt)
         .args(["--tokens", &case.tokens_arg(), "--kv-dtype", &o.kv_dtype])
-        .args(["--act", &o.act, "--selection", &o.selection, "--backend", "cpu"])
+        .args([
+            "--act",
+            &o.act,
+            "--selection",
+            &o.selection,
+            "--backend",
+            "cpu",
+        ])
         .arg("--teacher")
         .arg(&case.taps_path)
         .arg("--dump")

@@ -13,7 +13,12 @@ fn long_case() -> Case {
     let name = names
         .iter()
         .find(|n| n.contains("long") && !n.contains("full"))
-        .unwrap_or_else(|| panic!("no long-prompt case in {} (cargo xtask gen-golden)", dir.display()));
+        .unwrap_or_else(|| {
+            panic!(
+                "no long-prompt case in {} (cargo xtask gen-golden)",
+                dir.display()
+            )
+        });
     Case::load(&dir, name).expect("the committed case loads")
 }
 
@@ -57,7 +62,9 @@ fn perfect_dump_passes_with_zero_error() {
     assert!(rep.passed(), "{:?}", failing(&rep));
     for r in &rep.rows {
         match &r.measure {
-            Measure::Continuous { rel_l2, max_abs, .. } => {
+            Measure::Continuous {
+                rel_l2, max_abs, ..
+            } => {
                 assert_eq!((*rel_l2, *max_abs), (0.0, 0.0), "{}", r.tensor)
             }
             Measure::Discrete { mismatches, .. } => assert_eq!(*mismatches, 0, "{}", r.tensor),
@@ -81,7 +88,12 @@ fn planted_residual_error_names_exactly_that_layer() {
     // One element of one row, off by 1% of the tensor's RMS times sqrt(n):
     // a real bug of this size (rel-L2 1e-2) must not hide.
     let n = data.len() as f64;
-    let rms = (data.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n).sqrt();
+    let rms = (data
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        / n)
+        .sqrt();
     data[5 * shape[1] + 3] += (0.01 * rms * n.sqrt()) as f32;
     let rep = compare(&case, &dump, "test");
     assert!(!rep.passed());
@@ -110,7 +122,11 @@ fn small_residual_error_within_tolerance_passes_and_just_past_it_fails() {
         }
         let rep = compare(&case, &dump, "test");
         let row = rep.rows.iter().find(|r| r.tensor == name).unwrap();
-        assert_eq!(row.verdict == Verdict::Pass, expect_pass, "scale {scale}: {row:?}");
+        assert_eq!(
+            row.verdict == Verdict::Pass,
+            expect_pass,
+            "scale {scale}: {row:?}"
+        );
     }
 }
 
@@ -140,7 +156,8 @@ fn flipped_expert_id_names_that_layer_router() {
         .rposition(|k| k == "moe")
         .expect("a MoE layer");
     // A row whose reference gap is comfortably above the near-tie margin.
-    let Some(Tap::F32 { data: margins, .. }) = case.taps.get(&format!("router_margin.{layer}")) else {
+    let Some(Tap::F32 { data: margins, .. }) = case.taps.get(&format!("router_margin.{layer}"))
+    else {
         panic!("no router margins")
     };
     let row = margins
@@ -159,7 +176,10 @@ fn flipped_expert_id_names_that_layer_router() {
             ..
         } => {
             assert_eq!((*mismatches, *near_ties), (1, 0));
-            assert!(first_unexplained.as_ref().unwrap().contains(&format!("row {row}")));
+            assert!(first_unexplained
+                .as_ref()
+                .unwrap()
+                .contains(&format!("row {row}")));
         }
         m => panic!("{m:?}"),
     }
@@ -171,14 +191,19 @@ fn flipped_expert_at_a_reference_near_tie_is_reported_not_failed() {
     let layer = case.meta.mlp_kinds.iter().position(|k| k == "moe").unwrap();
     let row = 3;
     // Make row 3 a near-tie of the reference (gap below the margin).
-    let Some(Tap::F32 { data, .. }) = case.taps.tensors.get_mut(&format!("router_margin.{layer}")) else {
+    let Some(Tap::F32 { data, .. }) = case.taps.tensors.get_mut(&format!("router_margin.{layer}"))
+    else {
         panic!()
     };
     data[row] = (case.meta.near_tie.router_margin * 0.5) as f32;
     let dump = flip_expert(&case, layer, row);
     let rep = compare(&case, &dump, "test");
     assert!(rep.passed());
-    let r = rep.rows.iter().find(|r| r.tensor == format!("experts.{layer}")).unwrap();
+    let r = rep
+        .rows
+        .iter()
+        .find(|r| r.tensor == format!("experts.{layer}"))
+        .unwrap();
     assert_eq!(r.verdict, Verdict::NearTie);
 }
 
@@ -197,21 +222,31 @@ fn flipped_block_id_names_that_layer_indexer() {
         panic!()
     };
     let (t, k) = (shape[1], shape[2]);
-    let Some(Tap::F32 { data: margins, .. }) = case.taps.get(&format!("topk_margin.{layer}")) else {
+    let Some(Tap::F32 { data: margins, .. }) = case.taps.get(&format!("topk_margin.{layer}"))
+    else {
         panic!()
     };
     // Last row of head 0: selection engaged there (T > block * topk); the
     // reference gap there must not be a near-tie for this test.
     let row = t - 1;
-    assert!(f64::from(margins[row]) > case.meta.near_tie.topk_margin, "pick another row");
+    assert!(
+        f64::from(margins[row]) > case.meta.near_tie.topk_margin,
+        "pick another row"
+    );
     let ids = &mut data[row * k..(row + 1) * k];
-    assert!(ids.iter().all(|&b| b >= 0), "selection engaged at the last row");
+    assert!(
+        ids.iter().all(|&b| b >= 0),
+        "selection engaged at the last row"
+    );
     let other = (0..).find(|b| !ids.contains(b)).unwrap();
     ids[0] = other;
     ids.sort();
     let rep = compare(&case, &dump, "test");
     assert_eq!(failing(&rep), vec![name]);
-    assert_eq!(rep.first_divergence().unwrap().op, "indexer block selection");
+    assert_eq!(
+        rep.first_divergence().unwrap().op,
+        "indexer block selection"
+    );
 }
 
 #[test]
@@ -231,6 +266,24 @@ fn missing_tap_and_nan_fail() {
 }
 
 #[test]
+fn a_selection_where_the_reference_has_none_fails() {
+    let case = long_case();
+    let mut dump = perfect_dump(&case);
+    // Layer 0 is dense: a backend that routes it is wrong.
+    assert_eq!(case.meta.mlp_kinds[0], "dense");
+    let t = case.meta.tokens.len();
+    dump.tensors.insert(
+        "experts.0".into(),
+        Tap::I32 {
+            shape: vec![t, 2],
+            data: vec![0; 2 * t],
+        },
+    );
+    let rep = compare(&case, &dump, "test");
+    assert_eq!(failing(&rep), vec!["experts.0".to_string()]);
+}
+
+#[test]
 fn taps_round_trip_through_safetensors() {
     let case = long_case();
     let dump = perfect_dump(&case);
@@ -244,14 +297,22 @@ fn taps_round_trip_through_safetensors() {
 fn every_committed_case_loads_and_stays_compact() {
     let dir = cases_dir();
     let names = Case::list(&dir).unwrap();
-    assert!(names.len() >= 8, "expected the committed cases, found {names:?}");
+    assert!(
+        names.len() >= 8,
+        "expected the committed cases, found {names:?}"
+    );
     let mut bytes = 0u64;
     for n in &names {
         let c = Case::load(&dir, n).unwrap();
         assert_eq!(c.meta.name, *n);
-        assert_eq!(c.meta.tokens.len(), c.taps.get("residual.0").unwrap().shape()[0]);
+        assert_eq!(
+            c.meta.tokens.len(),
+            c.taps.get("residual.0").unwrap().shape()[0]
+        );
         for ext in ["json", "safetensors"] {
-            bytes += std::fs::metadata(dir.join(format!("{n}.{ext}"))).unwrap().len();
+            bytes += std::fs::metadata(dir.join(format!("{n}.{ext}")))
+                .unwrap()
+                .len();
         }
     }
     assert!(bytes < 5 << 20, "golden/cases is {bytes} bytes, over 5 MiB");

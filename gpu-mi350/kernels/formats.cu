@@ -208,3 +208,51 @@ M3_KERNEL void m3_nvfp4_to_mxfp4(int rule, const u8* __restrict__ codes, const u
   out_scales[blk] = (u8)s;
   m3_store_block_codes(M3_ELEM_E2M1, out_codes + r * (cols / 2u) + b * 16u, c);
 }
+
+/// MXFP8 -> BF16: RNE(decode(e) * 2^(s-127)), one f32 product then one
+/// rounding. The lossless-mode refusal (NaN or out-of-range scale bytes) is
+/// checked by the host before launch. One thread per element.
+M3_KERNEL void m3_mxfp8_to_bf16(int elem, const u8* __restrict__ codes, const u8* __restrict__ scales,
+                                u16* __restrict__ out, u32 rows, u32 cols) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)rows * cols) return;
+  u64 r = i / cols, k = i % cols;
+  float v = __fmul_rn(m3_elem_decode(elem, codes[i]), m3_e8m0_decode(scales[r * (cols / 32u) + k / 32u]));
+  out[i] = m3_bf16_from_f32(v);
+}
+
+/// PTPC FP8 (E4M3) quantize, one thread per row: scale = f32(amax / 448)
+/// over the finite values (zero row: 1.0; an underflow to 0: the smallest
+/// subnormal), codes = encode_sat_e4m3(x / scale) with the quotient in f64.
+M3_KERNEL void m3_ptpc_quantize(const float* __restrict__ x, u8* __restrict__ codes, float* __restrict__ scales,
+                                u32 rows, u32 cols) {
+  u32 r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* v = x + (u64)r * cols;
+  float amax = 0.0f;
+  for (u32 j = 0; j < cols; ++j) {
+    float a = fabsf(v[j]);
+    if (a <= 3.402823466e38f && a > amax) amax = a;
+  }
+  float s = 1.0f;
+  if (amax != 0.0f) {
+    s = __fdiv_rn(amax, 448.0f);
+    if (s == 0.0f) s = m3_f32(1u);
+  }
+  scales[r] = s;
+  for (u32 j = 0; j < cols; ++j) codes[(u64)r * cols + j] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)v[j], (double)s));
+}
+
+/// PTPC dequantize: e4m3 * scale_row, one f32 product.
+M3_KERNEL void m3_ptpc_dequantize(const u8* __restrict__ codes, const float* __restrict__ scales,
+                                  float* __restrict__ out, u32 rows, u32 cols) {
+  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (u64)rows * cols) return;
+  out[i] = __fmul_rn(m3_elem_decode(M3_ELEM_E4M3, codes[i]), scales[i / cols]);
+}
+
+/// FP8 KV / index cache store: encode_sat_e4m3(x / scale), quotient in f64.
+M3_KERNEL void m3_cache_cast_e4m3(const float* __restrict__ x, float scale, u8* __restrict__ out, u32 n) {
+  u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)x[i], (double)scale));
+}

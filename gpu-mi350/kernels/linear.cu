@@ -112,23 +112,255 @@ M3_DEV void m3_linear_body(const u16* __restrict__ x, const u8* __restrict__ w, 
   }
 }
 
-M3_KERNEL void m3_linear_bf16(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+// ---- v1 (session 1 baseline): one warp per row, x re-read per row --------
+
+M3_KERNEL void m3_linear_bf16_v1(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
                               u32 N, u32 K) {
   m3_linear_body<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e4m3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+M3_KERNEL void m3_linear_mxfp8_e4m3_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
                                     u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e5m2(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+M3_KERNEL void m3_linear_mxfp8_e5m2_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
                                     u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+M3_KERNEL void m3_linear_mxfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
                                u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_nvfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+M3_KERNEL void m3_linear_nvfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
                                float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
+}
+
+// ---- v2: R rows per warp sharing each x chunk, cheap exact decoders -------
+// FP4 and E4M3 codes are turned into f32 bit patterns by shifts alone (the
+// value times 2^-126 resp. 2^-120, subnormals included) and one exact FMUL
+// rescales them: 4-5 instructions per element instead of a select chain.
+// Caveat: E4M3 NaN codes (0x7F / 0xFF) decode as +-480 here; the quantizers
+// never emit them for finite data, and a NaN block carries a NaN scale.
+
+/// Rows per warp for each format (host mirrors this in ops/linear.rs).
+template <int F> struct M3Rows { static const u32 R = (F == M3_FMT_MXFP4 || F == M3_FMT_NVFP4) ? 2 : 4; };
+
+template <int F>
+M3_DEV void m3_unpack2(uint4 q, float* w) {
+  u32 v[4] = {q.x, q.y, q.z, q.w};
+  if (F == M3_FMT_BF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[2 * i] = m3_f32(v[i] << 16);
+      w[2 * i + 1] = m3_f32(v[i] & 0xffff0000u);
+    }
+  } else if (F == M3_FMT_MXFP8_E4M3) {
+    const float k = 1.329227995784916e36f;  // 2^120
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      u32 a = v[i];
+      w[4 * i + 0] = m3_f32(((a << 20) & 0x07f00000u) | ((a << 24) & 0x80000000u)) * k;
+      w[4 * i + 1] = m3_f32(((a << 12) & 0x07f00000u) | ((a << 16) & 0x80000000u)) * k;
+      w[4 * i + 2] = m3_f32(((a << 4) & 0x07f00000u) | ((a << 8) & 0x80000000u)) * k;
+      w[4 * i + 3] = m3_f32(((a >> 4) & 0x07f00000u) | (a & 0x80000000u)) * k;
+    }
+  } else if (F == M3_FMT_MXFP8_E5M2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[4 * i + j] = m3_e5m2_fast((v[i] >> (8 * j)) & 0xffu);
+    }
+  } else {
+    const float k = 8.507059173023462e37f;  // 2^126
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      u32 a = v[i];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        u32 t = a >> (4 * j);
+        w[8 * i + j] = m3_f32(((t << 22) & 0x01c00000u) | ((t << 28) & 0x80000000u)) * k;
+      }
+    }
+  }
+}
+
+template <int F>
+M3_DEV void m3_linear_body2(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, float g,
+                            u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  const u32 E = M3Chunk<F>::E;
+  const u32 R = M3Rows<F>::R;
+  const u32 warps = blockDim.x / M3_WARP;
+  const u32 n0 = (blockIdx.x * warps + threadIdx.x / M3_WARP) * R;
+  const u32 lane = threadIdx.x % M3_WARP;
+  if (n0 >= N) return;
+  float acc[R][M3_LIN_MAXM];
+#pragma unroll
+  for (u32 r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M3_LIN_MAXM; ++m) acc[r][m] = 0.0f;
+  const u64 rb = m3_row_bytes<F>(K);
+  const u32 chunks = K / E;
+  for (u32 c = lane; c < chunks; c += M3_WARP) {
+    uint4 q[R];
+    float s0[R], s1[R];
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) {
+      const u32 n = n0 + r < N ? n0 + r : N - 1;  // clamp: duplicate rows are not stored
+      q[r] = reinterpret_cast<const uint4*>(w + (u64)n * rb)[c];
+      s0[r] = 1.0f;
+      s1[r] = 1.0f;
+      if (F == M3_FMT_MXFP4) { s0[r] = m3_e8m0_fast(ws[(u64)n * (K / 32u) + c]); s1[r] = s0[r]; }
+      if (F == M3_FMT_MXFP8_E4M3 || F == M3_FMT_MXFP8_E5M2) { s0[r] = m3_e8m0_fast(ws[(u64)n * (K / 32u) + c / 2u]); s1[r] = s0[r]; }
+      if (F == M3_FMT_NVFP4) {
+        s0[r] = m3_e4m3_fast(ws[(u64)n * (K / 16u) + 2u * c]) * g;
+        s1[r] = m3_e4m3_fast(ws[(u64)n * (K / 16u) + 2u * c + 1u]) * g;
+      }
+    }
+    float wv[R][E];
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) m3_unpack2<F>(q[r], wv[r]);
+#pragma unroll
+    for (int m = 0; m < M3_LIN_MAXM; ++m) {
+      if ((u32)m < M) {
+        const u16* xr = x + (u64)m * K + (u64)c * E;
+        float xv[E];
+#pragma unroll
+        for (u32 j = 0; j < E; j += 8) m3_x8(xr + j, xv + j);
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) {
+          float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+          for (u32 j = 0; j < E; ++j) {
+            if (j < E / 2 || E == 8) p0 += wv[r][j] * xv[j];
+            else p1 += wv[r][j] * xv[j];
+          }
+          acc[r][m] += p0 * s0[r] + p1 * s1[r];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M3_LIN_MAXM; ++m) {
+      if ((u32)m < M) {
+        float s = m3_warp_sum(acc[r][m]);
+        if (lane == 0 && n0 + r < N) y[(u64)m * N + n0 + r] = m3_bf16_from_f32(s);
+      }
+    }
+  }
+}
+
+M3_KERNEL void m3_linear_bf16(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+                              u32 N, u32 K) {
+  m3_linear_body2<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp8_e4m3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body2<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp8_e5m2(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body2<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                               u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body2<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_nvfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                               float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body2<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
+}
+
+// ---- v3 (decode-bound small M): more rows per warp, weights decoded per x
+// row instead of held, so R can grow (more 16-byte loads in flight, x read
+// once per R rows). M <= M3_LIN3_MAXM per launch.
+#define M3_LIN3_MAXM 2
+template <int F> struct M3Rows3 { static const u32 R = (F == M3_FMT_MXFP4 || F == M3_FMT_NVFP4) ? 4 : 8; };
+
+template <int F>
+M3_DEV void m3_linear_body3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, float g,
+                            u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  const u32 E = M3Chunk<F>::E;
+  const u32 R = M3Rows3<F>::R;
+  const u32 warps = blockDim.x / M3_WARP;
+  const u32 n0 = (blockIdx.x * warps + threadIdx.x / M3_WARP) * R;
+  const u32 lane = threadIdx.x % M3_WARP;
+  if (n0 >= N) return;
+  float acc[R][M3_LIN3_MAXM];
+#pragma unroll
+  for (u32 r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M3_LIN3_MAXM; ++m) acc[r][m] = 0.0f;
+  const u64 rb = m3_row_bytes<F>(K);
+  const u32 chunks = K / E;
+  for (u32 c = lane; c < chunks; c += M3_WARP) {
+    uint4 q[R];
+    float s0[R], s1[R];
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) {
+      const u32 n = n0 + r < N ? n0 + r : N - 1;
+      q[r] = reinterpret_cast<const uint4*>(w + (u64)n * rb)[c];
+      s0[r] = 1.0f;
+      s1[r] = 1.0f;
+      if (F == M3_FMT_MXFP4) { s0[r] = m3_e8m0_fast(ws[(u64)n * (K / 32u) + c]); s1[r] = s0[r]; }
+      if (F == M3_FMT_MXFP8_E4M3 || F == M3_FMT_MXFP8_E5M2) { s0[r] = m3_e8m0_fast(ws[(u64)n * (K / 32u) + c / 2u]); s1[r] = s0[r]; }
+      if (F == M3_FMT_NVFP4) {
+        s0[r] = m3_e4m3_fast(ws[(u64)n * (K / 16u) + 2u * c]) * g;
+        s1[r] = m3_e4m3_fast(ws[(u64)n * (K / 16u) + 2u * c + 1u]) * g;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M3_LIN3_MAXM; ++m) {
+      if ((u32)m < M) {
+        const u16* xr = x + (u64)m * K + (u64)c * E;
+        float xv[E];
+#pragma unroll
+        for (u32 j = 0; j < E; j += 8) m3_x8(xr + j, xv + j);
+#pragma unroll
+        for (u32 r = 0; r < R; ++r) {
+          float wv[E];
+          m3_unpack2<F>(q[r], wv);
+          float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+          for (u32 j = 0; j < E; ++j) {
+            if (j < E / 2 || E == 8) p0 += wv[j] * xv[j];
+            else p1 += wv[j] * xv[j];
+          }
+          acc[r][m] += p0 * s0[r] + p1 * s1[r];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M3_LIN3_MAXM; ++m) {
+      if ((u32)m < M) {
+        float s = m3_warp_sum(acc[r][m]);
+        if (lane == 0 && n0 + r < N) y[(u64)m * N + n0 + r] = m3_bf16_from_f32(s);
+      }
+    }
+  }
+}
+
+M3_KERNEL void m3_linear_bf16_v3(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+                                 u32 N, u32 K) {
+  m3_linear_body3<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp8_e4m3_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                       u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body3<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp8_e5m2_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                       u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body3<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_mxfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                  u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body3<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
+}
+M3_KERNEL void m3_linear_nvfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                  float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
+  m3_linear_body3<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
 }

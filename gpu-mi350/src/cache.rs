@@ -32,7 +32,9 @@ pub fn default_dir() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(x).join("m3").join("kernels"));
     }
-    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache").join("m3").join("kernels"))
+    std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(|h| PathBuf::from(h).join(".cache").join("m3").join("kernels"))
 }
 
 /// A directory of `<key>.<ext>` binaries.
@@ -62,7 +64,10 @@ impl DiskCache {
 
     /// Store `bin` for `key` (temp file in the same directory, then rename).
     pub fn put(&self, key: &str, bin: &[u8]) -> Result<()> {
-        let err = |p: &Path, e: std::io::Error| GpuError::Cache { path: p.to_path_buf(), msg: e.to_string() };
+        let err = |p: &Path, e: std::io::Error| GpuError::Cache {
+            path: p.to_path_buf(),
+            msg: e.to_string(),
+        };
         std::fs::create_dir_all(&self.dir).map_err(|e| err(&self.dir, e))?;
         let fin = self.path(key);
         let tmp = self.dir.join(format!(".{key}.{}.tmp", std::process::id()));
@@ -99,7 +104,10 @@ mod tests {
         c.put("abc", b"\x7fELF...").unwrap();
         assert_eq!(c.get("abc").as_deref(), Some(&b"\x7fELF..."[..]));
         // no temp file left behind
-        let names: Vec<_> = std::fs::read_dir(c.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(c.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1);
     }
 }

@@ -22,7 +22,11 @@ pub enum GpuError {
     UnsupportedArch { arch: String, why: String },
     /// A kernel source failed to compile; `log` is the compiler's log.
     #[error("kernel source {name} failed to compile for {arch}: {log}")]
-    Compile { name: String, arch: String, log: String },
+    Compile {
+        name: String,
+        arch: String,
+        log: String,
+    },
     /// A driver call failed.
     #[error("driver call {call} failed: {msg}")]
     Driver { call: &'static str, msg: String },
@@ -37,11 +41,17 @@ pub enum GpuError {
 impl GpuError {
     /// Wrap a driver error, naming the call that returned it.
     pub(crate) fn driver(call: &'static str, e: impl std::fmt::Display) -> Self {
-        GpuError::Driver { call, msg: e.to_string() }
+        GpuError::Driver {
+            call,
+            msg: e.to_string(),
+        }
     }
     /// A shape / length error for `op`.
     pub(crate) fn input(op: &'static str, why: impl Into<String>) -> Self {
-        GpuError::Input { op, why: why.into() }
+        GpuError::Input {
+            op,
+            why: why.into(),
+        }
     }
 }
 

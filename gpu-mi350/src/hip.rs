@@ -25,10 +25,9 @@ type HiprtcProgram = *mut c_void;
 /// hipMemcpyHostToDevice / DeviceToHost.
 const HIP_MEMCPY_H2D: c_int = 1;
 const HIP_MEMCPY_D2H: c_int = 2;
-/// Size of hipDeviceProp_t is large and version dependent; the arch name is
-/// read through hipDeviceGetAttribute-free `hipDeviceGetName` + gcnArchName
-/// is not stable across ROCm versions, so we read `gcnArchName` from the
-/// `hipGetDevicePropertiesR0600` struct only through this generous buffer.
+/// hipDeviceProp_t is large and its layout moves between ROCm versions, so
+/// `hipGetDeviceProperties` writes into this generous buffer and the
+/// `gcnArchName` string is searched for (see `arch_name`).
 const PROPS_BYTES: usize = 4096;
 
 struct Fns {
@@ -36,7 +35,8 @@ struct Fns {
     get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> HipError,
     module_load_data: unsafe extern "C" fn(*mut HipModule, *const c_void) -> HipError,
-    module_get_function: unsafe extern "C" fn(*mut HipFunction, HipModule, *const c_char) -> HipError,
+    module_get_function:
+        unsafe extern "C" fn(*mut HipFunction, HipModule, *const c_char) -> HipError,
     #[allow(clippy::type_complexity)]
     module_launch_kernel: unsafe extern "C" fn(
         HipFunction,
@@ -80,7 +80,8 @@ pub struct HipGpu {
     _rtc: Library,
 }
 
-fn open_lib(names: &[&str]) -> Result<Library> {
+/// The first of `names` that loads, or why none did.
+fn open_lib(names: &[&str]) -> std::result::Result<Library, String> {
     let mut last = String::new();
     for n in names {
         // SAFETY: loading a shared library runs its initializers; these are
@@ -90,7 +91,7 @@ fn open_lib(names: &[&str]) -> Result<Library> {
             Err(e) => last = e.to_string(),
         }
     }
-    Err(GpuError::NoDriver(format!("none of {names:?} could be loaded ({last})")))
+    Err(format!("none of {names:?} could be loaded ({last})"))
 }
 
 macro_rules! sym {
@@ -114,9 +115,10 @@ impl HipGpu {
     /// Load the HIP runtime and hiprtc and open device 0. Fails cleanly
     /// (never panics) where ROCm or an AMD GPU is absent.
     pub fn open() -> Result<Self> {
-        let hip = open_lib(&["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"])?;
+        let hip = open_lib(&["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"])
+            .map_err(GpuError::NoDriver)?;
         let rtc = open_lib(&["libhiprtc.so", "libhiprtc.so.6", "libhiprtc.so.5"])
-            .map_err(|e| GpuError::NoCompiler(e.to_string()))?;
+            .map_err(GpuError::NoCompiler)?;
         let fns = Fns {
             init: sym!(hip, "hipInit"),
             get_device_count: sym!(hip, "hipGetDeviceCount"),
@@ -140,13 +142,19 @@ impl HipGpu {
         unsafe {
             check("hipInit", (fns.init)(0)).map_err(|e| GpuError::NoDevice(e.to_string()))?;
             let mut n = 0;
-            check("hipGetDeviceCount", (fns.get_device_count)(&mut n)).map_err(|e| GpuError::NoDevice(e.to_string()))?;
+            check("hipGetDeviceCount", (fns.get_device_count)(&mut n))
+                .map_err(|e| GpuError::NoDevice(e.to_string()))?;
             if n <= 0 {
                 return Err(GpuError::NoDevice("HIP reports 0 devices".to_string()));
             }
         }
         let arch = Self::arch_name(&fns)?;
-        Ok(HipGpu { fns, arch, _hip: hip, _rtc: rtc })
+        Ok(HipGpu {
+            fns,
+            arch,
+            _hip: hip,
+            _rtc: rtc,
+        })
     }
 
     /// gcnArchName of device 0: found in the properties struct as the
@@ -155,17 +163,28 @@ impl HipGpu {
     fn arch_name(fns: &Fns) -> Result<String> {
         let mut buf = vec![0u8; PROPS_BYTES];
         // SAFETY: the buffer is larger than any hipDeviceProp_t.
-        check("hipGetDeviceProperties", unsafe { (fns.get_device_properties)(buf.as_mut_ptr().cast(), 0) })?;
-        let pos = buf.windows(3).position(|w| w == b"gfx").ok_or_else(|| GpuError::NoDevice("no gfx arch name".into()))?;
-        let end = buf[pos..].iter().position(|&b| b == 0).map(|e| pos + e).unwrap_or(buf.len());
+        check("hipGetDeviceProperties", unsafe {
+            (fns.get_device_properties)(buf.as_mut_ptr().cast(), 0)
+        })?;
+        let pos = buf
+            .windows(3)
+            .position(|w| w == b"gfx")
+            .ok_or_else(|| GpuError::NoDevice("no gfx arch name".into()))?;
+        let end = buf[pos..]
+            .iter()
+            .position(|&b| b == 0)
+            .map(|e| pos + e)
+            .unwrap_or(buf.len());
         let full = String::from_utf8_lossy(&buf[pos..end]).to_string();
         Ok(full.split(':').next().unwrap_or(&full).to_string())
     }
 
     /// hiprtc: source to a code object for this device's arch.
     pub fn compile(&self, src: &KernelSource) -> Result<Vec<u8>> {
-        let full = CString::new(src.full_source()).map_err(|_| GpuError::input("hip compile", "NUL in source"))?;
-        let name = CString::new(format!("{}.cu", src.name)).map_err(|_| GpuError::input("hip compile", "NUL in name"))?;
+        let full = CString::new(src.full_source())
+            .map_err(|_| GpuError::input("hip compile", "NUL in source"))?;
+        let name = CString::new(format!("{}.cu", src.name))
+            .map_err(|_| GpuError::input("hip compile", "NUL in name"))?;
         let opts: Vec<CString> = src
             .hip_options(&self.arch)
             .into_iter()
@@ -177,7 +196,17 @@ impl HipGpu {
         let mut prog: HiprtcProgram = ptr::null_mut();
         // SAFETY: valid C strings that outlive the program; prog destroyed once.
         unsafe {
-            check("hiprtcCreateProgram", (f.rtc_create)(&mut prog, full.as_ptr(), name.as_ptr(), 0, ptr::null(), ptr::null()))?;
+            check(
+                "hiprtcCreateProgram",
+                (f.rtc_create)(
+                    &mut prog,
+                    full.as_ptr(),
+                    name.as_ptr(),
+                    0,
+                    ptr::null(),
+                    ptr::null(),
+                ),
+            )?;
             let rc = (f.rtc_compile)(prog, optp.len() as c_int, optp.as_ptr());
             let out = if rc != 0 {
                 let mut n = 0usize;
@@ -185,12 +214,19 @@ impl HipGpu {
                 let mut log = vec![0 as c_char; n.max(1)];
                 (f.rtc_log)(prog, log.as_mut_ptr());
                 let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().to_string();
-                Err(GpuError::Compile { name: src.name.to_string(), arch: self.arch.clone(), log })
+                Err(GpuError::Compile {
+                    name: src.name.to_string(),
+                    arch: self.arch.clone(),
+                    log,
+                })
             } else {
                 let mut n = 0usize;
                 check("hiprtcGetCodeSize", (f.rtc_code_size)(prog, &mut n))?;
                 let mut code = vec![0u8; n];
-                check("hiprtcGetCode", (f.rtc_code)(prog, code.as_mut_ptr().cast()))?;
+                check(
+                    "hiprtcGetCode",
+                    (f.rtc_code)(prog, code.as_mut_ptr().cast()),
+                )?;
                 Ok(code)
             };
             (f.rtc_destroy)(&mut prog);
@@ -206,8 +242,14 @@ impl HipGpu {
         let mut func: HipFunction = ptr::null_mut();
         // SAFETY: code is a complete code object; out-pointers are valid.
         unsafe {
-            check("hipModuleLoadData", (self.fns.module_load_data)(&mut m, code.as_ptr().cast()))?;
-            check("hipModuleGetFunction", (self.fns.module_get_function)(&mut func, m, e.as_ptr()))?;
+            check(
+                "hipModuleLoadData",
+                (self.fns.module_load_data)(&mut m, code.as_ptr().cast()),
+            )?;
+            check(
+                "hipModuleGetFunction",
+                (self.fns.module_get_function)(&mut func, m, e.as_ptr()),
+            )?;
         }
         Ok(func)
     }
@@ -217,10 +259,28 @@ impl HipGpu {
     /// # Safety
     /// `args` must match the kernel's parameter list in number, order and
     /// type, and every device pointer in them must be live.
-    pub unsafe fn launch(&self, func: HipFunction, grid: u32, block: u32, args: &mut [*mut c_void]) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        func: HipFunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         check(
             "hipModuleLaunchKernel",
-            (self.fns.module_launch_kernel)(func, grid, 1, 1, block, 1, 1, 0, ptr::null_mut(), args.as_mut_ptr(), ptr::null_mut()),
+            (self.fns.module_launch_kernel)(
+                func,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                ptr::null_mut(),
+                args.as_mut_ptr(),
+                ptr::null_mut(),
+            ),
         )?;
         check("hipDeviceSynchronize", (self.fns.device_synchronize)())
     }
@@ -231,7 +291,10 @@ impl HipGpu {
         // SAFETY: valid out-pointer; copy of exactly src.len() bytes.
         unsafe {
             check("hipMalloc", (self.fns.malloc)(&mut p, src.len().max(1)))?;
-            check("hipMemcpy", (self.fns.memcpy)(p, src.as_ptr().cast(), src.len(), HIP_MEMCPY_H2D))?;
+            check(
+                "hipMemcpy",
+                (self.fns.memcpy)(p, src.as_ptr().cast(), src.len(), HIP_MEMCPY_H2D),
+            )?;
         }
         Ok(p)
     }
@@ -241,7 +304,10 @@ impl HipGpu {
     /// # Safety
     /// `p` must hold at least `dst.len()` bytes.
     pub unsafe fn download(&self, p: *const c_void, dst: &mut [u8]) -> Result<()> {
-        check("hipMemcpy", (self.fns.memcpy)(dst.as_mut_ptr().cast(), p, dst.len(), HIP_MEMCPY_D2H))
+        check(
+            "hipMemcpy",
+            (self.fns.memcpy)(dst.as_mut_ptr().cast(), p, dst.len(), HIP_MEMCPY_D2H),
+        )
     }
 
     /// Free a pointer from [`upload`](Self::upload).

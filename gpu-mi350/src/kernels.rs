@@ -35,7 +35,10 @@ impl KernelSource {
     /// NVRTC options for `arch` (e.g. `sm_90`): straight to CUBIN for the
     /// real architecture; `--fmad=false` for the bit-exact format kernels.
     pub fn nvrtc_options(&self, arch: &str) -> Vec<String> {
-        let mut o = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+        let mut o = vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+        ];
         if self.exact {
             o.push("--fmad=false".to_string());
         }
@@ -44,7 +47,11 @@ impl KernelSource {
 
     /// hiprtc / hipcc options for `arch` (e.g. `gfx950`).
     pub fn hip_options(&self, arch: &str) -> Vec<String> {
-        let mut o = vec![format!("--offload-arch={arch}"), "-std=c++17".to_string(), "-O3".to_string()];
+        let mut o = vec![
+            format!("--offload-arch={arch}"),
+            "-std=c++17".to_string(),
+            "-O3".to_string(),
+        ];
         if self.exact {
             o.push("-ffp-contract=off".to_string());
         }
@@ -69,6 +76,10 @@ pub const FORMATS: KernelSource = KernelSource {
         "m3_nvfp4_quantize",
         "m3_nvfp4_dequantize",
         "m3_nvfp4_to_mxfp4",
+        "m3_mxfp8_to_bf16",
+        "m3_ptpc_quantize",
+        "m3_ptpc_dequantize",
+        "m3_cache_cast_e4m3",
     ],
 };
 
@@ -83,6 +94,16 @@ pub const LINEAR: KernelSource = KernelSource {
         "m3_linear_mxfp8_e5m2",
         "m3_linear_mxfp4",
         "m3_linear_nvfp4",
+        "m3_linear_bf16_v1",
+        "m3_linear_mxfp8_e4m3_v1",
+        "m3_linear_mxfp8_e5m2_v1",
+        "m3_linear_mxfp4_v1",
+        "m3_linear_nvfp4_v1",
+        "m3_linear_bf16_v3",
+        "m3_linear_mxfp8_e4m3_v3",
+        "m3_linear_mxfp8_e5m2_v3",
+        "m3_linear_mxfp4_v3",
+        "m3_linear_nvfp4_v3",
     ],
 };
 

@@ -23,5 +23,5 @@ pub mod ops;
 pub use cuda::{CudaGpu, DeviceInfo};
 pub use error::{GpuError, Result};
 pub use ops::formats::Quantized;
-pub use ops::linear::{DeviceLinear, WeightFormat};
+pub use ops::linear::{DeviceLinear, LinearKernel, WeightFormat};
 pub use ops::probe::Timing;

@@ -9,7 +9,9 @@ fn nvrtc_or_skip() -> bool {
     match nvrtc::available() {
         Ok(()) => true,
         Err(e) => {
-            let must = ["REQUIRE_GPU", "REQUIRE_NVRTC"].iter().any(|v| std::env::var(v).map(|x| x == "1").unwrap_or(false));
+            let must = ["REQUIRE_GPU", "REQUIRE_NVRTC"]
+                .iter()
+                .any(|v| std::env::var(v).map(|x| x == "1").unwrap_or(false));
             if must {
                 panic!("NVRTC required but unavailable: {e}");
             }
@@ -28,14 +30,24 @@ fn every_kernel_compiles_for_sm90() {
     println!("NVRTC {ma}.{mi}");
     for k in kernels::ALL {
         let t = std::time::Instant::now();
-        let bin = nvrtc::compile_cubin(k.name, &k.full_source(), "sm_90", &k.nvrtc_options("sm_90"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let bin =
+            nvrtc::compile_cubin(k.name, &k.full_source(), "sm_90", &k.nvrtc_options("sm_90"))
+                .unwrap_or_else(|e| panic!("{e}"));
         // a CUBIN is an ELF file that names every entry point
         assert_eq!(&bin[..4], b"\x7fELF", "{}: not an ELF CUBIN", k.name);
         for e in k.entries {
-            assert!(bin.windows(e.len()).any(|w| w == e.as_bytes()), "{}: entry {e} missing from the CUBIN", k.name);
+            assert!(
+                bin.windows(e.len()).any(|w| w == e.as_bytes()),
+                "{}: entry {e} missing from the CUBIN",
+                k.name
+            );
         }
-        println!("{:8} {:7} bytes {:6.0} ms", k.name, bin.len(), t.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "{:8} {:7} bytes {:6.0} ms",
+            k.name,
+            bin.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -44,17 +56,40 @@ fn a_broken_kernel_is_reported_with_its_log() {
     if !nvrtc_or_skip() {
         return;
     }
-    let bad = KernelSource { name: "broken", body: "M3_KERNEL void k(float* x) { x[0] = undefined_name; }", exact: false, entries: &[] };
-    let err = nvrtc::compile_cubin(bad.name, &bad.full_source(), "sm_90", &bad.nvrtc_options("sm_90")).unwrap_err();
+    let bad = KernelSource {
+        name: "broken",
+        body: "M3_KERNEL void k(float* x) { x[0] = undefined_name; }",
+        exact: false,
+        entries: &[],
+    };
+    let err = nvrtc::compile_cubin(
+        bad.name,
+        &bad.full_source(),
+        "sm_90",
+        &bad.nvrtc_options("sm_90"),
+    )
+    .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("broken") && msg.contains("undefined_name"), "{msg}");
+    assert!(
+        msg.contains("broken") && msg.contains("undefined_name"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn format_kernels_get_fma_contraction_off() {
-    assert!(kernels::FORMATS.nvrtc_options("sm_90").iter().any(|o| o == "--fmad=false"));
-    assert!(!kernels::LINEAR.nvrtc_options("sm_90").iter().any(|o| o == "--fmad=false"));
-    assert!(kernels::FORMATS.hip_options("gfx950").iter().any(|o| o == "-ffp-contract=off"));
+    assert!(kernels::FORMATS
+        .nvrtc_options("sm_90")
+        .iter()
+        .any(|o| o == "--fmad=false"));
+    assert!(!kernels::LINEAR
+        .nvrtc_options("sm_90")
+        .iter()
+        .any(|o| o == "--fmad=false"));
+    assert!(kernels::FORMATS
+        .hip_options("gfx950")
+        .iter()
+        .any(|o| o == "-ffp-contract=off"));
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use common::{gpu_or_skip, Rng};
 use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
-use m3_gpu::{CudaGpu, DeviceLinear};
+use m3_gpu::{CudaGpu, DeviceLinear, LinearKernel};
 
 fn bf16_bits(rng: &mut Rng, n: usize, s: f32) -> Vec<u16> {
     (0..n).map(|_| bf16::from_f32(rng.normal(s))).collect()
@@ -32,7 +32,11 @@ fn check_linear(what: &str, y: &[u16], x: &[f32], w: &[f32], m: usize, n: usize,
             let got = bf16::to_f32(y[i * n + j]) as f64;
             let tol = r.abs() * 2f64.powi(-8) + a * 2f64.powi(-17) + 1e-30;
             let ratio = (got - r).abs() / tol;
-            assert!(ratio <= 1.0, "{what}: y[{i},{j}] = {got:e}, reference {r:e}, |err| {:e} > tol {tol:e}", (got - r).abs());
+            assert!(
+                ratio <= 1.0,
+                "{what}: y[{i},{j}] = {got:e}, reference {r:e}, |err| {:e} > tol {tol:e}",
+                (got - r).abs()
+            );
             worst = worst.max(ratio);
         }
     }
@@ -40,7 +44,13 @@ fn check_linear(what: &str, y: &[u16], x: &[f32], w: &[f32], m: usize, n: usize,
 }
 
 /// The weights of one case: the device copy and the exact f32 values.
-fn weights(gpu: &CudaGpu, fmt: &str, n: usize, k: usize, rng: &mut Rng) -> (DeviceLinear, Vec<f32>) {
+fn weights(
+    gpu: &CudaGpu,
+    fmt: &str,
+    n: usize,
+    k: usize,
+    rng: &mut Rng,
+) -> (DeviceLinear, Vec<f32>) {
     let w: Vec<f32> = (0..n * k).map(|_| rng.normal(0.05)).collect();
     match fmt {
         "bf16" => {
@@ -67,18 +77,30 @@ const FORMATS: [&str; 5] = ["bf16", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4"
 
 #[test]
 fn linear_matches_cpu_for_every_format() {
-    let Some(gpu) = gpu_or_skip("linear_matches_cpu_for_every_format") else { return };
+    let Some(gpu) = gpu_or_skip("linear_matches_cpu_for_every_format") else {
+        return;
+    };
     let mut rng = Rng(0x11);
     // n not a multiple of the 8 rows per block; k both below and above one
     // pass of the warp; m 1..11 (11 takes two launches)
-    for (n, k) in [(77, 256), (40, 2048)] {
+    for (n, k) in [(77, 256), (40, 2048), (5, 6144)] {
         for fmt in FORMATS {
             let (dw, wf) = weights(&gpu, fmt, n, k, &mut rng);
             for m in [1, 3, 8, 11] {
                 let x = bf16_bits(&mut rng, m * k, 1.0);
-                let y = gpu.linear(&dw, &x, m).unwrap();
-                let worst = check_linear(&format!("{fmt} n{n} k{k} m{m}"), &y, &widen(&x), &wf, m, n, k);
-                println!("{fmt:11} n {n:3} k {k:4} m {m:2}: worst error {worst:.3} of tolerance");
+                for kern in [LinearKernel::V1, LinearKernel::V2, LinearKernel::V3] {
+                    let y = gpu.linear_with(&dw, &x, m, kern).unwrap();
+                    let worst = check_linear(
+                        &format!("{fmt} {kern:?} n{n} k{k} m{m}"),
+                        &y,
+                        &widen(&x),
+                        &wf,
+                        m,
+                        n,
+                        k,
+                    );
+                    println!("{fmt:11} {kern:?} n {n:3} k {k:4} m {m:2}: worst error {worst:.3} of tolerance");
+                }
             }
         }
     }
@@ -86,7 +108,9 @@ fn linear_matches_cpu_for_every_format() {
 
 #[test]
 fn linear_check_catches_a_planted_error() {
-    let Some(gpu) = gpu_or_skip("linear_check_catches_a_planted_error") else { return };
+    let Some(gpu) = gpu_or_skip("linear_check_catches_a_planted_error") else {
+        return;
+    };
     let mut rng = Rng(0x12);
     let (n, k, m) = (16, 256, 2);
     let (dw, mut wf) = weights(&gpu, "mxfp4", n, k, &mut rng);
@@ -105,14 +129,19 @@ fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32, n: usize) -> Vec<f64> {
         .flat_map(|r| {
             let ms = r.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
             let d = (ms + eps as f64).sqrt();
-            r.iter().zip(w).map(move |(&v, &wi)| v as f64 / d * (1.0 + wi as f64)).collect::<Vec<_>>()
+            r.iter()
+                .zip(w)
+                .map(move |(&v, &wi)| v as f64 / d * (1.0 + wi as f64))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
 
 #[test]
 fn rmsnorm_matches_cpu() {
-    let Some(gpu) = gpu_or_skip("rmsnorm_matches_cpu") else { return };
+    let Some(gpu) = gpu_or_skip("rmsnorm_matches_cpu") else {
+        return;
+    };
     let mut rng = Rng(0x21);
     for (rows, n) in [(5, 6144), (9, 128), (3, 1000)] {
         let x: Vec<f32> = (0..rows * n).map(|_| rng.normal(3.0)).collect();
@@ -122,8 +151,17 @@ fn rmsnorm_matches_cpu() {
         for i in 0..rows * n {
             // f32 math over n terms: relative 1e-5 of the value scale
             let tol = 1e-5 * (r[i].abs() + 1e-3);
-            assert!((y[i] as f64 - r[i]).abs() <= tol, "rmsnorm [{rows}x{n}] y[{i}] = {} ref {}", y[i], r[i]);
-            assert_eq!(yb[i], bf16::from_f32(y[i]), "bf16 output is the RNE of the f32 output at {i}");
+            assert!(
+                (y[i] as f64 - r[i]).abs() <= tol,
+                "rmsnorm [{rows}x{n}] y[{i}] = {} ref {}",
+                y[i],
+                r[i]
+            );
+            assert_eq!(
+                yb[i],
+                bf16::from_f32(y[i]),
+                "bf16 output is the RNE of the f32 output at {i}"
+            );
         }
     }
 }
@@ -149,18 +187,27 @@ fn rope_ref(x: &[f32], pos: &[u32], theta: f64, heads: usize, d: usize, rd: usiz
 
 #[test]
 fn rope_matches_cpu_up_to_position_2_pow_20() {
-    let Some(gpu) = gpu_or_skip("rope_matches_cpu_up_to_position_2_pow_20") else { return };
+    let Some(gpu) = gpu_or_skip("rope_matches_cpu_up_to_position_2_pow_20") else {
+        return;
+    };
     let mut rng = Rng(0x31);
     let (heads, d, rd, theta) = (3, 128, 64, 5e6);
     let pos = [0u32, 1, 2, 127, 4095, 65_537, (1 << 20) - 1];
-    let x: Vec<f32> = (0..pos.len() * heads * d).map(|_| rng.normal(1.0)).collect();
+    let x: Vec<f32> = (0..pos.len() * heads * d)
+        .map(|_| rng.normal(1.0))
+        .collect();
     let y = gpu.rope(&x, &pos, theta, heads, d, rd).unwrap();
     let r = rope_ref(&x, &pos, theta, heads, d, rd);
     for i in 0..x.len() {
         let got = bf16::to_f32(y[i]) as f64;
         // bf16 rounding (2^-8 relative) + f32 sin/cos of the reduced angle
         let tol = r[i].abs() * 2f64.powi(-8) + 2e-6 * 4.0;
-        assert!((got - r[i]).abs() <= tol, "rope element {i} (pos {}): {got} vs {}", pos[i / (heads * d)], r[i]);
+        assert!(
+            (got - r[i]).abs() <= tol,
+            "rope element {i} (pos {}): {got} vs {}",
+            pos[i / (heads * d)],
+            r[i]
+        );
     }
     // dims >= rotary_dim pass through exactly (as bf16)
     for t in 0..pos.len() * heads {

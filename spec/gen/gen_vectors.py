@@ -705,6 +705,7 @@ def nvfp4_cases():
     mixed = [edge_block(100.0, 16, rng), edge_block(100.0 / 2**20, 16, rng), edge_block(100.0 / 2**12, 16, rng), edge_block(100.0 / 2**9, 16, rng)]
     cases.append(("scale_range", "block amax far below the tensor amax: s = 0, subnormal s", [mixed[0] + mixed[1], mixed[2] + mixed[3]]))
     cases.append(("all_nonfinite", "only NaN/Inf: g = 1.0", [[float("nan")] * 16 + [float("-inf")] * 16]))
+    cases.append(("f32_trap", "x / (g * s) near E2M1 midpoints: f32 arithmetic changes codes", nvfp4_f32_trap_rows(rng)))
     return cases
 
 
@@ -726,7 +727,47 @@ def gen_nvfp4(out):
     return quants
 
 
+def conv_trap_cases():
+    """NVFP4 tensors (built directly, not quantized) whose exact values
+    e2m1 * s * g need more than 24 bits and sit just off an E2M1 rounding
+    midpoint of the MX block scale: dequantizing to f32 first (instead of the
+    exact f64 decode FORMATS.md requires) rounds onto the midpoint and
+    changes a code. Deterministic search; one tensor per trap since g is per
+    tensor. Returns quantized-case tuples as gen_nvfp4 does."""
+    found, rules_hit = [], set()
+    e4m3_normals = [c for c in range(0x08, 0x7F)]
+    for c_code in range(1, 8):
+        cval = E2M1.value(c_code)
+        for m in E2M1.mids:
+            for s_code in e4m3_normals[::7]:
+                sv = E4M3.value(s_code)
+                for gx in f32_neighbours(frac_to_f32(m / (cval * sv))):
+                    G = F(gx)
+                    blk = [c_code, 7] + [0] * 14  # the trap value, an amax (6), zeros
+                    codes = pack4(blk + [0] * 16)
+                    scales = [s_code, s_code]
+                    exact = nvfp4_exact(codes, scales, gx, 1, 32)
+                    deq = [frac_to_f32(q, neg) for q, neg in exact[0]]
+                    hit = []
+                    for rule in ["floor", "even", "rceil"]:
+                        a = mx_quantize(None, "e2m1", rule, exact_rows=exact)
+                        b = mx_quantize([deq], "e2m1", rule)
+                        if a != b:
+                            hit.append(rule)
+                    if hit and not set(hit) <= rules_hit:
+                        rules_hit |= set(hit)
+                        cid = f"f32_trap_{len(found)}"
+                        note = "exact decode needed: an f32 dequant first changes a code under " + "/".join(hit)
+                        found.append((cid, note, 1, 32, codes, scales, gx))
+                    if len(rules_hit) == 3:
+                        return found
+    return found
+
+
 def gen_nvfp4_to_mxfp4(out, quants):
+    traps = conv_trap_cases()
+    assert traps, "no NVFP4 -> MXFP4 f32 trap found"
+    quants = quants + traps
     for rule in ["floor", "even", "rceil"]:
         tensors, meta = {}, []
         for cid, note, r, c, codes, scales, g in quants:
@@ -810,6 +851,66 @@ def gen_mxfp8_to_bf16(out):
         out.group(f"mxfp8_{elem_name}_to_bf16", "mxfp8_to_bf16", {"elem": elem_name, "exact_lo": lo, "exact_hi": hi}, tensors, len(meta), meta)
 
 
+def f32_neighbours(x):
+    """x and up to 3 f32 ulps either side, nearest first."""
+    out, up, dn = [x], x, x
+    for _ in range(3):
+        up, dn = f32_next(up, True), f32_next(dn, False)
+        out += [up, dn]
+    return out
+
+
+def ptpc_f32_trap_row(rng, cols):
+    """A PTPC row whose values sit within a few ulps of E4M3 midpoints times
+    the row scale, chosen so that computing x / scale in f32 (instead of
+    exactly, as FORMATS.md requires) rounds onto or across the midpoint and
+    changes the code."""
+    a = f32(3.0 + rng.below(1 << 22) / float(1 << 22))
+    sc = F(frac_to_f32(F(a) / 448))
+    row = [a]
+    for m in E4M3.mids:
+        for x in f32_neighbours(frac_to_f32(m * sc)):
+            if not 0 < x < a:
+                continue
+            exact = E4M3.encode_frac(F(x) / sc, False)
+            approx = E4M3.encode(float(np.float32(x) / np.float32(float(sc))))
+            if exact != approx:
+                row.append(x if len(row) % 2 else -x)
+                break
+        if len(row) == cols:
+            break
+    assert len(row) >= cols // 2, len(row)
+    while len(row) < cols:
+        row.append(f32(a * (rng.below(1 << 20) / float(1 << 21))))
+    return row
+
+
+def nvfp4_f32_trap_rows(rng):
+    """NVFP4 blocks whose elements sit within a few ulps of E2M1 midpoints
+    times g * s, chosen so that f32 arithmetic for x / (g * s) (instead of
+    the exact quotient FORMATS.md requires) changes the code."""
+    a = f32(7.0 + rng.below(1 << 22) / float(1 << 21))
+    g = F(frac_to_f32(F(a) / 2688))
+    blocks = []
+    for bam in [a, f32(a * 0.6), f32(a * 0.13), f32(a * 0.011)]:
+        sv = E4M3.value(E4M3.encode_mag(F(bam) / (6 * g)))
+        gs32 = np.float32(float(g)) * np.float32(float(sv))
+        blk = [bam]
+        for m in E2M1.mids * 3:
+            for x in f32_neighbours(frac_to_f32(m * g * sv)):
+                if not 0 < x < bam or x in blk or -x in blk:
+                    continue
+                exact = E2M1.encode_frac(F(x) / (g * sv), False)
+                approx = E2M1.encode(float(np.float32(x) / gs32))
+                if exact != approx:
+                    blk.append(x if len(blk) % 2 else -x)
+                    break
+        while len(blk) < 16:
+            blk.append(f32(bam * (rng.below(1 << 20) / float(1 << 21))))
+        blocks.append(blk[:16])
+    return [blocks[0] + blocks[1], blocks[2] + blocks[3]]
+
+
 def gen_ptpc(out):
     rng = Rng(401)
     rows = rand_rows(rng, 3, 48, "normal")
@@ -817,6 +918,7 @@ def gen_ptpc(out):
     rows.append([x * 2.0**-60 for x in rand_rows(rng, 1, 48, "heavy")[0]])
     rows.append([f32(448.0 * 2.0**k) for k in range(-24, 24)])  # exact power-of-two ratios
     rows.append(edge_block(f32_from_bits(0x7F7FFFFF), 48, rng))
+    rows.append(ptpc_f32_trap_row(rng, 48))
     r, c = len(rows), 48
     codes, scales, deq = [], [], []
     for row in rows:
@@ -834,7 +936,7 @@ def gen_ptpc(out):
         "rows.scales": ("F32", [r], scales),
         "rows.deq": ("F32", [r, c], deq),
     }
-    meta = [{"id": "rows", "rows": r, "cols": c, "note": "normal rows, zero row, tiny row, power-of-two ratios, f32 max"}]
+    meta = [{"id": "rows", "rows": r, "cols": c, "note": "normal rows, zero row, tiny row, power-of-two ratios, f32 max, f32-quotient trap"}]
     out.group("ptpc_fp8", "ptpc", {}, tensors, r, meta)
 
 

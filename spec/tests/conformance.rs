@@ -88,6 +88,10 @@ enum Plant {
     E2m1TiesAway,
     /// MX quantize uses `floor` when asked for `even`.
     EvenAsFloor,
+    /// PTPC divides `x / scale` in f32 instead of exactly.
+    PtpcF32Quotient,
+    /// NVFP4 -> MXFP4 dequantizes to f32 first instead of decoding exactly.
+    ConvertThroughF32,
 }
 
 /// The CPU codecs with one planted error.
@@ -152,13 +156,31 @@ impl FormatOps for Planted {
         self.inner.nvfp4_dequantize(t)
     }
     fn nvfp4_to_mxfp4(&self, t: &Nvfp4Parts, rule: ScaleRule) -> Result<MxParts, OpError> {
+        if let Plant::ConvertThroughF32 = self.plant {
+            let x = self.inner.nvfp4_dequantize(t)?;
+            return self
+                .inner
+                .mx_quantize(&x, t.rows, t.cols, MxElem::Fp4E2M1, rule);
+        }
         self.inner.nvfp4_to_mxfp4(t, rule)
     }
     fn mxfp8_to_bf16(&self, t: &MxParts, exact: bool) -> Result<Vec<u16>, OpError> {
         self.inner.mxfp8_to_bf16(t, exact)
     }
     fn ptpc_quantize(&self, x: &[f32], rows: usize, cols: usize) -> Result<PtpcParts, OpError> {
-        self.inner.ptpc_quantize(x, rows, cols)
+        let q = self.inner.ptpc_quantize(x, rows, cols)?;
+        if let Plant::PtpcF32Quotient = self.plant {
+            // same scales, codes from an f32 quotient
+            let codes = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    m3_core::formats::fp8::e4m3::encode_sat((v / q.scales[i / cols]) as f64)
+                })
+                .collect();
+            return Ok(PtpcParts { codes, ..q });
+        }
+        Ok(q)
     }
     fn ptpc_dequantize(&self, t: &PtpcParts) -> Result<Vec<f32>, OpError> {
         self.inner.ptpc_dequantize(t)
@@ -216,6 +238,23 @@ fn planted_floor_for_even_is_caught() {
     check_plant(
         Plant::EvenAsFloor,
         &["mxfp4_even", "mxfp8_e4m3_even", "mxfp8_e5m2_even"],
+    );
+}
+
+#[test]
+fn planted_ptpc_f32_quotient_is_caught() {
+    check_plant(Plant::PtpcF32Quotient, &["ptpc_fp8"]);
+}
+
+#[test]
+fn planted_convert_through_f32_is_caught() {
+    check_plant(
+        Plant::ConvertThroughF32,
+        &[
+            "nvfp4_to_mxfp4_floor",
+            "nvfp4_to_mxfp4_even",
+            "nvfp4_to_mxfp4_rceil",
+        ],
     );
 }
 

@@ -41,6 +41,9 @@ pub struct GoldenArgs {
     /// Skip the free-running greedy report.
     #[arg(long)]
     no_free_run: bool,
+    /// Read the cases from this directory instead of golden/cases.
+    #[arg(long)]
+    cases_dir: Option<PathBuf>,
 }
 
 fn root() -> PathBuf {
@@ -135,16 +138,84 @@ fn apply_config_edit(dir: &Path, edit: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// Add F32 scalar tensors (e.g. FP8 cache scales `self_attn.k_scale`) to
+/// every layer of a checkpoint: a new shard plus weight-map entries.
+/// `self_attn.index_*` scalars go to sparse layers only.
+fn add_scalar_tensors(dir: &Path, scalars: &serde_json::Value) -> Result<()> {
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let text = cfg
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .unwrap_or(&cfg);
+    let layers = text
+        .get("num_hidden_layers")
+        .and_then(|v| v.as_u64())
+        .context("config.json: no num_hidden_layers")? as usize;
+    let kinds: Vec<String> = text
+        .get("layer_types")
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .map(|x| x.as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_else(|| vec!["minimax_m3_sparse".into(); layers]);
+    let map = scalars
+        .as_object()
+        .context("scalar_tensors must be a JSON object")?;
+    let shard = "model-golden-scalars.safetensors";
+    let mut taps = m3_golden::Taps::default();
+    for l in 0..layers {
+        for (name, v) in map {
+            if name.contains("index_") && kinds.get(l).map(String::as_str) == Some("full_attention")
+            {
+                continue;
+            }
+            let value = v
+                .as_f64()
+                .with_context(|| format!("scalar_tensors.{name}: not a number"))?
+                as f32;
+            taps.tensors.insert(
+                format!("language_model.model.layers.{l}.{name}"),
+                m3_golden::Tap::F32 {
+                    shape: vec![],
+                    data: vec![value],
+                },
+            );
+        }
+    }
+    taps.save(&dir.join(shard))?;
+    let idx_path = dir.join("model.safetensors.index.json");
+    let mut idx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&idx_path)?)?;
+    let wm = idx
+        .get_mut("weight_map")
+        .and_then(|w| w.as_object_mut())
+        .with_context(|| format!("{}: no weight_map", idx_path.display()))?;
+    for name in taps.tensors.keys() {
+        wm.insert(name.clone(), serde_json::Value::String(shard.into()));
+    }
+    write_atomic(&idx_path, serde_json::to_string_pretty(&idx)?.as_bytes())
+}
+
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     m3_golden::write_atomic(path, bytes).map_err(anyhow::Error::from)
 }
 
 /// The checkpoint of a recipe (+ edit), made once with `m3 synth` under
 /// `target/golden-ckpt/<key>` (temp dir + rename, so a cached one is whole).
-fn checkpoint(m3: &Path, recipe: &Recipe, edit: Option<&serde_json::Value>) -> Result<PathBuf> {
+fn checkpoint(
+    m3: &Path,
+    recipe: &Recipe,
+    edit: Option<&serde_json::Value>,
+    scalars: Option<&serde_json::Value>,
+) -> Result<PathBuf> {
     let base = root().join("target").join("golden-ckpt");
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let key = recipe.cache_key(edit);
+    let mut key = recipe.cache_key(edit);
+    if let Some(sc) = scalars {
+        key.push_str(&format!("-{}", Recipe::short_hash(&sc.to_string())));
+    }
     let dir = base.join(&key);
     if dir.join("config.json").exists() {
         return Ok(dir);
@@ -160,9 +231,13 @@ fn checkpoint(m3: &Path, recipe: &Recipe, edit: Option<&serde_json::Value>) -> R
     if let Some(l) = recipe.layers {
         cmd.args(["--layers", &l.to_string()]);
     }
+    cmd.arg("-q").stdout(std::process::Stdio::null());
     run_checked(&mut cmd, &format!("m3 synth for {key}"))?;
     if let Some(e) = edit {
         apply_config_edit(&tmp, e)?;
+    }
+    if let Some(sc) = scalars {
+        add_scalar_tensors(&tmp, sc)?;
     }
     std::fs::rename(&tmp, &dir)
         .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
@@ -203,7 +278,12 @@ pub fn gen_golden(args: GenGoldenArgs) -> Result<()> {
         let recipe: Recipe =
             serde_json::from_value(spec.get("recipe").cloned().unwrap_or_default())
                 .with_context(|| format!("{}: case {name}: bad recipe", specs_path.display()))?;
-        let ckpt = checkpoint(&m3, &recipe, spec.get("config_edit"))?;
+        let ckpt = checkpoint(
+            &m3,
+            &recipe,
+            spec.get("config_edit"),
+            spec.get("scalar_tensors"),
+        )?;
         run_checked(
             Command::new(&py)
                 .arg(gen.join("reference.py"))
@@ -447,7 +527,7 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
         other => bail!("--backend {other}: expected cpu, gpu or all"),
     };
     let require_gpu = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
-    let dir = m3_golden::cases_dir();
+    let dir = args.cases_dir.clone().unwrap_or_else(m3_golden::cases_dir);
     let mut names = Case::list(&dir)?;
     if let Some(c) = &args.case {
         names.retain(|n| n == c);
@@ -474,7 +554,17 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
     let mut cases = Vec::new();
     for name in &names {
         let case = Case::load(&dir, name)?;
-        let ckpt = checkpoint(&m3, &case.meta.recipe, case.meta.config_edit.as_ref())?;
+        let scalars = case
+            .meta
+            .scalar_tensors
+            .as_ref()
+            .map(|m| serde_json::json!(m));
+        let ckpt = checkpoint(
+            &m3,
+            &case.meta.recipe,
+            case.meta.config_edit.as_ref(),
+            scalars.as_ref(),
+        )?;
         let (ckpt, note) = model_for(&m3, &ckpt, &case, &help)?;
         if let Some(n) = note {
             notes.push(format!("{name}: {n}"));

@@ -56,7 +56,11 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         let t = Instant::now();
         let lib = nvrtc_lib_dir()?;
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-        let ld = if old.is_empty() { lib.display().to_string() } else { format!("{}:{old}", lib.display()) };
+        let ld = if old.is_empty() {
+            lib.display().to_string()
+        } else {
+            format!("{}:{old}", lib.display())
+        };
         let exe = std::env::current_exe().context("locating the xtask binary")?;
         let status = Command::new(exe)
             .args(["kernels", "--nvrtc-child", "--cuda-arch", &args.cuda_arch])
@@ -66,15 +70,27 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         if !status.success() {
             bail!("NVRTC compile for {} failed", args.cuda_arch);
         }
-        eprintln!("xtask kernels: NVRTC {} done in {:.1} s (wheel install included)", args.cuda_arch, t.elapsed().as_secs_f64());
+        eprintln!(
+            "xtask kernels: NVRTC {} done in {:.1} s (wheel install included)",
+            args.cuda_arch,
+            t.elapsed().as_secs_f64()
+        );
     }
     if !args.no_hip {
         let t = Instant::now();
         let hipcc = ensure_hipcc()?;
         hip_compile_all(&hipcc, &args.hip_arch, &out.join(&args.hip_arch))?;
-        eprintln!("xtask kernels: hipcc {} done in {:.1} s (install included)", args.hip_arch, t.elapsed().as_secs_f64());
+        eprintln!(
+            "xtask kernels: hipcc {} done in {:.1} s (install included)",
+            args.hip_arch,
+            t.elapsed().as_secs_f64()
+        );
     }
-    eprintln!("xtask kernels: all {} kernel sources compiled in {:.1} s", kernels::ALL.len(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "xtask kernels: all {} kernel sources compiled in {:.1} s",
+        kernels::ALL.len(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -83,15 +99,22 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
 fn nvrtc_lib_dir() -> Result<PathBuf> {
     let py = venv::python(&[NVRTC_WHEEL])?;
     let o = Command::new(&py)
-        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
         .output()
         .context("asking the venv python for site-packages")?;
     if !o.status.success() {
         bail!("{} could not report its site-packages", py.display());
     }
     let site = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
-    find_lib(&site.join("nvidia"), 3)
-        .with_context(|| format!("libnvrtc.so.* not found under {} after installing {NVRTC_WHEEL}", site.join("nvidia").display()))
+    find_lib(&site.join("nvidia"), 3).with_context(|| {
+        format!(
+            "libnvrtc.so.* not found under {} after installing {NVRTC_WHEEL}",
+            site.join("nvidia").display()
+        )
+    })
 }
 
 fn find_lib(dir: &Path, depth: u32) -> Option<PathBuf> {
@@ -130,7 +153,12 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;
         write_atomic(&out.join(format!("{}.cubin", k.name)), &bin)?;
-        eprintln!("  {:8} {:>8} B CUBIN in {:6.0} ms", k.name, bin.len(), t.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "  {:8} {:>8} B CUBIN in {:6.0} ms",
+            k.name,
+            bin.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     Ok(())
 }
@@ -140,7 +168,10 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
 fn check_entries(k: &KernelSource, bin: &[u8]) -> Result<()> {
     for e in k.entries {
         if !bin.windows(e.len()).any(|w| w == e.as_bytes()) {
-            bail!("{}: entry point {e} missing from the compiled binary", k.name);
+            bail!(
+                "{}: entry point {e} missing from the compiled binary",
+                k.name
+            );
         }
     }
     Ok(())
@@ -152,22 +183,31 @@ fn ensure_hipcc() -> Result<PathBuf> {
         return Ok(p);
     }
     eprintln!("xtask kernels: hipcc missing, installing Debian's hipcc with apt-get");
-    for args in [&["update"][..], &["install", "-y", "--no-install-recommends", "hipcc"][..]] {
+    for args in [
+        &["update"][..],
+        &["install", "-y", "--no-install-recommends", "hipcc"][..],
+    ] {
         let st = Command::new("apt-get")
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .context("running apt-get (is this Debian, running as root?)")?;
         if !st.success() {
-            bail!("apt-get {} failed (needs root and network to Debian)", args.join(" "));
+            bail!(
+                "apt-get {} failed (needs root and network to Debian)",
+                args.join(" ")
+            );
         }
     }
     which("hipcc").context("hipcc still not on PATH after apt-get install hipcc")
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file()))
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|c| c.is_file())
+    })
 }
 
 fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
@@ -188,12 +228,21 @@ fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
             .output()
             .with_context(|| format!("running {}", hipcc.display()))?;
         if !o.status.success() {
-            bail!("hipcc {arch} failed on {}:\n{}", k.name, String::from_utf8_lossy(&o.stderr));
+            bail!(
+                "hipcc {arch} failed on {}:\n{}",
+                k.name,
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         let bin = std::fs::read(&tmp).with_context(|| format!("reading {}", tmp.display()))?;
         check_entries(k, &bin)?;
         std::fs::rename(&tmp, &obj).with_context(|| format!("renaming to {}", obj.display()))?;
-        eprintln!("  {:8} {:>8} B code object ({arch}) in {:6.0} ms", k.name, bin.len(), t.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "  {:8} {:>8} B code object ({arch}) in {:6.0} ms",
+            k.name,
+            bin.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     Ok(())
 }

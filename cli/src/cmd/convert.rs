@@ -67,10 +67,16 @@ pub struct Args {
     /// Input checkpoint directory.
     #[arg(long)]
     pub from: PathBuf,
-    /// Output checkpoint directory (must not exist unless --force).
+    /// Output checkpoint directory (must not exist unless --force). Atomic:
+    /// written as TO.tmp-<pid> and renamed to TO only when complete (and
+    /// verified, with --verify); an interrupted run leaves only that temp
+    /// directory, which the next run deletes, so re-running restarts cleanly
+    /// from scratch (no resume).
     #[arg(long)]
     pub to: PathBuf,
-    /// MX scale rule for the re-quantization.
+    /// MX scale rule for the re-quantization. NVFP4 -> MXFP4 is lossy (one
+    /// power-of-two scale per 32 instead of an E4M3 scale per 16 and a
+    /// global scale): --verify reports the error.
     #[arg(long, value_enum, default_value = "even")]
     pub scale_rule: RuleArg,
     /// Re-read the output before publishing it: per-tensor relative L2 error
@@ -106,7 +112,8 @@ impl Source {
             let p = dir.join(s);
             let f = File::open(&p).with_context(|| format!("{}", p.display()))?;
             let mut n = [0u8; 8];
-            f.read_exact_at(&mut n, 0).with_context(|| format!("{}: header length", p.display()))?;
+            f.read_exact_at(&mut n, 0)
+                .with_context(|| format!("{}: header length", p.display()))?;
             files.insert(s.to_string(), (f, 8 + u64::from_le_bytes(n)));
         }
         Ok(Source { ckpt, files })
@@ -114,19 +121,35 @@ impl Source {
 
     /// dtype, shape, shard and byte range (absolute in the shard) of `name`.
     fn locate(&self, name: &str) -> anyhow::Result<(Dtype, Vec<usize>, String, u64, u64)> {
-        let (t, shard) = self.ckpt.info(name).with_context(|| format!("tensor `{name}` is not in the checkpoint"))?;
-        let (_, start) = self.files.get(shard).with_context(|| format!("shard {shard} is not open"))?;
-        Ok((t.dtype, t.shape.clone(), shard.to_string(), start + t.begin as u64, t.nbytes() as u64))
+        let (t, shard) = self
+            .ckpt
+            .info(name)
+            .with_context(|| format!("tensor `{name}` is not in the checkpoint"))?;
+        let (_, start) = self
+            .files
+            .get(shard)
+            .with_context(|| format!("shard {shard} is not open"))?;
+        Ok((
+            t.dtype,
+            t.shape.clone(),
+            shard.to_string(),
+            start + t.begin as u64,
+            t.nbytes() as u64,
+        ))
     }
 
     /// `len` bytes of tensor `name` from byte `offset` of its data.
     pub fn read(&self, name: &str, offset: u64, len: usize) -> anyhow::Result<Vec<u8>> {
         let (_, _, shard, start, nbytes) = self.locate(name)?;
-        anyhow::ensure!(offset + len as u64 <= nbytes, "{shard}: tensor `{name}`: read past its {nbytes} bytes");
+        anyhow::ensure!(
+            offset + len as u64 <= nbytes,
+            "{shard}: tensor `{name}`: read past its {nbytes} bytes"
+        );
         let (f, _) = &self.files[&shard];
         let mut buf = vec![0u8; len];
-        f.read_exact_at(&mut buf, start + offset)
-            .with_context(|| format!("{shard}: tensor `{name}`: reading {len} bytes at {offset}"))?;
+        f.read_exact_at(&mut buf, start + offset).with_context(|| {
+            format!("{shard}: tensor `{name}`: reading {len} bytes at {offset}")
+        })?;
         Ok(buf)
     }
 
@@ -143,7 +166,11 @@ impl Source {
             .tensors()
             .into_iter()
             .filter(|t| t.file == shard)
-            .filter_map(|t| self.ckpt.info(&t.name).map(|(i, _)| (i.begin, t.name, t.dtype, t.shape)))
+            .filter_map(|t| {
+                self.ckpt
+                    .info(&t.name)
+                    .map(|(i, _)| (i.begin, t.name, t.dtype, t.shape))
+            })
             .collect();
         v.sort_by_key(|x| x.0);
         v.into_iter().map(|(_, n, d, s)| (n, d, s)).collect()
@@ -159,16 +186,31 @@ struct Job {
 
 fn global_of(src: &Source, weight: &str) -> anyhow::Result<f32> {
     let g = src.read_all(&names::sibling(weight, WEIGHT_SCALE_2))?;
-    let b: [u8; 4] = g.get(..4).and_then(|s| s.try_into().ok()).context("weight_scale_2 is not 4 bytes")?;
+    let b: [u8; 4] = g
+        .get(..4)
+        .and_then(|s| s.try_into().ok())
+        .context("weight_scale_2 is not 4 bytes")?;
     Ok(f32::from_le_bytes(b))
 }
 
 /// Rows `r0 .. r0 + n` of an NVFP4 weight as an [`Nvfp4Tensor`].
-fn nvfp4_rows(src: &Source, weight: &str, job: &Job, global: f32, r0: usize, n: usize) -> anyhow::Result<Nvfp4Tensor> {
+fn nvfp4_rows(
+    src: &Source,
+    weight: &str,
+    job: &Job,
+    global: f32,
+    r0: usize,
+    n: usize,
+) -> anyhow::Result<Nvfp4Tensor> {
     let c = job.cols;
     let codes = src.read(weight, (r0 * c / 2) as u64, n * c / 2)?;
-    let scales = src.read(&names::sibling(weight, WEIGHT_SCALE), (r0 * c / 16) as u64, n * c / 16)?;
-    Nvfp4Tensor::from_parts(n, c, codes, scales, global).with_context(|| format!("tensor `{weight}`"))
+    let scales = src.read(
+        &names::sibling(weight, WEIGHT_SCALE),
+        (r0 * c / 16) as u64,
+        n * c / 16,
+    )?;
+    Nvfp4Tensor::from_parts(n, c, codes, scales, global)
+        .with_context(|| format!("tensor `{weight}`"))
 }
 
 fn chunk_rows(cols: usize) -> usize {
@@ -177,14 +219,22 @@ fn chunk_rows(cols: usize) -> usize {
 
 /// Convert one expert weight in row chunks, writing the MXFP4 codes, then
 /// its E8M0 scales.
-fn convert_one(src: &Source, w: &mut ShardWriter, weight: &str, job: &Job, rule: ScaleRule, bar: &Bar) -> anyhow::Result<()> {
+fn convert_one(
+    src: &Source,
+    w: &mut ShardWriter,
+    weight: &str,
+    job: &Job,
+    rule: ScaleRule,
+    bar: &Bar,
+) -> anyhow::Result<()> {
     let global = global_of(src, weight)?;
     let mut scales = Vec::with_capacity(job.rows * job.cols / 32);
     let mut r0 = 0;
     while r0 < job.rows {
         let n = chunk_rows(job.cols).min(job.rows - r0);
         let nv = nvfp4_rows(src, weight, job, global, r0, n)?;
-        let mx = convert::try_nvfp4_to_mxfp4(&nv, rule).with_context(|| format!("tensor `{weight}`"))?;
+        let mx =
+            convert::try_nvfp4_to_mxfp4(&nv, rule).with_context(|| format!("tensor `{weight}`"))?;
         w.write(weight, mx.codes())?;
         bar.0.inc(mx.codes().len() as u64);
         scales.extend_from_slice(mx.scales());
@@ -195,7 +245,13 @@ fn convert_one(src: &Source, w: &mut ShardWriter, weight: &str, job: &Job, rule:
     Ok(())
 }
 
-fn copy_one(src: &Source, w: &mut ShardWriter, name: &str, nbytes: u64, bar: &Bar) -> anyhow::Result<()> {
+fn copy_one(
+    src: &Source,
+    w: &mut ShardWriter,
+    name: &str,
+    nbytes: u64,
+    bar: &Bar,
+) -> anyhow::Result<()> {
     let mut off = 0u64;
     while off < nbytes {
         let n = (nbytes - off).min(COPY_CHUNK as u64) as usize;
@@ -216,7 +272,8 @@ fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
             copy_tree(&e.path(), &to.join(e.file_name()))?;
         }
     } else {
-        fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        fs::copy(from, to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     }
     Ok(())
 }
@@ -230,7 +287,9 @@ fn rest_formats(src: &Source) -> anyhow::Result<(Vec<&'static str>, Vec<&'static
             continue;
         }
         let fam = match t.family {
-            Family::AttnQ | Family::AttnK | Family::AttnV | Family::AttnO | Family::Indexer => quant_config::ATTN,
+            Family::AttnQ | Family::AttnK | Family::AttnV | Family::AttnO | Family::Indexer => {
+                quant_config::ATTN
+            }
             Family::DenseMlp => quant_config::DENSE_MLP,
             Family::SharedExpert => quant_config::SHARED,
             _ => continue,
@@ -240,14 +299,20 @@ fn rest_formats(src: &Source) -> anyhow::Result<(Vec<&'static str>, Vec<&'static
         match f {
             WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => e.0 += 1,
             WeightFormat::Bf16 | WeightFormat::F32 => e.1 += 1,
-            other => bail!("tensor `{}` is {}: m3 convert handles NVFP4 only in routed experts", t.name, other.label()),
+            other => bail!(
+                "tensor `{}` is {}: m3 convert handles NVFP4 only in routed experts",
+                t.name,
+                other.label()
+            ),
         }
     }
     let mut mx8 = Vec::new();
     let mut plain = Vec::new();
     for (fam, (m, p)) in seen {
         if m > 0 && p > 0 {
-            tracing::warn!("{fam}: {m} MXFP8 and {p} bf16 weights; the output config calls the family MXFP8");
+            tracing::warn!(
+                "{fam}: {m} MXFP8 and {p} bf16 weights; the output config calls the family MXFP8"
+            );
         }
         if m > 0 {
             mx8.push(fam);
@@ -266,9 +331,18 @@ fn output_config(src: &Source, rule: RuleArg) -> anyhow::Result<Vec<u8>> {
     q["global_quant_config"]["weight"]["scale_calculation_mode"] = Value::from(rule.label());
     let mut cfg = src.ckpt.config_json().clone();
     let under_text = cfg.get("quantization_config").is_none()
-        && cfg.get("text_config").and_then(|t| t.get("quantization_config")).is_some();
-    let target = if under_text { &mut cfg["text_config"] } else { &mut cfg };
-    let obj = target.as_object_mut().context("config.json: not a JSON object")?;
+        && cfg
+            .get("text_config")
+            .and_then(|t| t.get("quantization_config"))
+            .is_some();
+    let target = if under_text {
+        &mut cfg["text_config"]
+    } else {
+        &mut cfg
+    };
+    let obj = target
+        .as_object_mut()
+        .context("config.json: not a JSON object")?;
     obj.insert("quantization_config".into(), q);
     Ok(serde_json::to_vec_pretty(&cfg)?)
 }
@@ -290,7 +364,11 @@ fn verify_one(src: &Source, out: &Source, weight: &str, job: &Job) -> anyhow::Re
         let n = chunk_rows(c).min(job.rows - r0);
         let nv = nvfp4_rows(src, weight, job, global, r0, n)?;
         let codes = out.read(weight, (r0 * c / 2) as u64, n * c / 2)?;
-        let scales = out.read(&names::sibling(weight, WEIGHT_SCALE), (r0 * c / 32) as u64, n * c / 32)?;
+        let scales = out.read(
+            &names::sibling(weight, WEIGHT_SCALE),
+            (r0 * c / 32) as u64,
+            n * c / 32,
+        )?;
         let mx = MxTensor::from_parts(MxElem::Fp4E2M1, n, c, codes, scales)
             .with_context(|| format!("output tensor `{weight}`"))?;
         for r in 0..n {
@@ -303,7 +381,13 @@ fn verify_one(src: &Source, out: &Source, weight: &str, job: &Job) -> anyhow::Re
         }
         r0 += n;
     }
-    let rel_l2 = if den > 0.0 { (num / den).sqrt() } else if num > 0.0 { f64::INFINITY } else { 0.0 };
+    let rel_l2 = if den > 0.0 {
+        (num / den).sqrt()
+    } else if num > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    };
     Ok(Checked { rel_l2 })
 }
 
@@ -331,14 +415,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--from {}: no such directory", from.display());
     }
     if !from.join("config.json").is_file() {
-        bail!("--from {}: not a checkpoint (no config.json)", from.display());
+        bail!(
+            "--from {}: not a checkpoint (no config.json)",
+            from.display()
+        );
     }
     if !from.join(INDEX_FILE).is_file() && !from.join(SINGLE_FILE).is_file() {
-        bail!("--from {}: not a checkpoint (neither {INDEX_FILE} nor {SINGLE_FILE})", from.display());
+        bail!(
+            "--from {}: not a checkpoint (neither {INDEX_FILE} nor {SINGLE_FILE})",
+            from.display()
+        );
     }
     if let (Ok(a), Ok(b)) = (from.canonicalize(), args.to.canonicalize()) {
         if a == b {
             bail!("--to {} is the input directory", args.to.display());
+        }
+    }
+    // The output (and its temp sibling) must not sit inside the input, or
+    // copying the input's other files would copy the output into itself.
+    let to_parent = match args.to.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if let (Ok(a), Ok(p)) = (from.canonicalize(), to_parent.canonicalize()) {
+        if p.starts_with(&a) {
+            bail!(
+                "--to {} is inside the input directory {}",
+                args.to.display(),
+                from.display()
+            );
         }
     }
     let src = Source::open(from).with_context(|| format!("--from {}", from.display()))?;
@@ -350,7 +455,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if t.family == Family::RoutedExpert && t.name.ends_with(".weight") {
             let (rows, cols, f) = src.ckpt.logical_shape(&t.name)?;
             if f == WeightFormat::Nvfp4 {
-                anyhow::ensure!(cols % 32 == 0, "tensor `{}`: {cols} columns is not a multiple of 32 (MXFP4 block)", t.name);
+                anyhow::ensure!(
+                    cols % 32 == 0,
+                    "tensor `{}`: {cols} columns is not a multiple of 32 (MXFP4 block)",
+                    t.name
+                );
                 jobs.insert(t.name.clone(), Job { rows, cols });
             }
         }
@@ -366,19 +475,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut tensors = Vec::new();
         for (name, dtype, shape) in src.shard_tensors(shard) {
             if let Some(j) = jobs.get(&name) {
-                tensors.push(TensorEntry::new(name.clone(), Dtype::U8, &[j.rows, j.cols / 2]));
-                tensors.push(TensorEntry::new(names::sibling(&name, WEIGHT_SCALE), Dtype::U8, &[j.rows, j.cols / 32]));
+                tensors.push(TensorEntry::new(
+                    name.clone(),
+                    Dtype::U8,
+                    &[j.rows, j.cols / 2],
+                ));
+                tensors.push(TensorEntry::new(
+                    names::sibling(&name, WEIGHT_SCALE),
+                    Dtype::U8,
+                    &[j.rows, j.cols / 32],
+                ));
             } else if !dropped.contains(&name) {
                 tensors.push(TensorEntry::new(name, dtype, &shape));
             }
         }
         if !tensors.is_empty() {
-            plans.push(ShardPlan { file: shard.to_string(), tensors });
+            plans.push(ShardPlan {
+                file: shard.to_string(),
+                tensors,
+            });
         }
     }
     let total: u64 = plans.iter().map(ShardPlan::nbytes).sum();
+    let stage = StagedDir::create(&args.to, args.force).context("--to")?;
+    let root = stage.path().to_path_buf();
     if jobs.is_empty() {
-        eprintln!("no NVFP4 routed experts in {}: the output is a byte-for-byte copy", from.display());
+        eprintln!(
+            "no NVFP4 routed experts in {}: the output is a byte-for-byte copy",
+            from.display()
+        );
     } else {
         eprintln!(
             "converting {} NVFP4 routed-expert weights to MXFP4 (scale rule {}); NVFP4 -> MXFP4 is lossy{}",
@@ -388,8 +513,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
-    let stage = StagedDir::create(&args.to, args.force).with_context(|| format!("--to {}", args.to.display()))?;
-    let root = stage.path().to_path_buf();
     let bar = Bar::new(args.quiet);
     bar.0.set_length(total);
     for plan in &plans {
@@ -407,10 +530,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         w.finish()?;
     }
     if from.join(INDEX_FILE).is_file() {
-        writer::write_file_atomic(&root.join(INDEX_FILE), writer::index_json(&plans)?.as_bytes())?;
+        writer::write_file_atomic(
+            &root.join(INDEX_FILE),
+            writer::index_json(&plans)?.as_bytes(),
+        )?;
     }
     let config = if jobs.is_empty() {
-        fs::read(from.join("config.json")).with_context(|| format!("{}/config.json", from.display()))?
+        fs::read(from.join("config.json"))
+            .with_context(|| format!("{}/config.json", from.display()))?
     } else {
         output_config(&src, args.scale_rule)?
     };
@@ -434,7 +561,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     if args.verify {
         let out = Source::open(&root).context("--verify: re-opening the output")?;
-        out.ckpt.validate().context("--verify: the output does not validate")?;
+        out.ckpt
+            .validate()
+            .context("--verify: the output does not validate")?;
         let (mut worst, mut sum, mut copied) = (0.0f64, 0.0f64, 0usize);
         for (name, job) in &jobs {
             let c = verify_one(&src, &out, name, job)?;
@@ -447,17 +576,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 continue;
             }
             if !same_bytes(&src, &out, &t.name)? {
-                bail!("--verify: copied tensor `{}` differs from the input", t.name);
+                bail!(
+                    "--verify: copied tensor `{}` differs from the input",
+                    t.name
+                );
             }
             copied += 1;
         }
-        let mean = if jobs.is_empty() { 0.0 } else { sum / jobs.len() as f64 };
+        let mean = if jobs.is_empty() {
+            0.0
+        } else {
+            sum / jobs.len() as f64
+        };
         println!(
             "verify: {} converted tensors, rel_l2 mean {mean:.6e} max {worst:.6e}; {copied} copied tensors identical",
             jobs.len()
         );
     }
     stage.commit()?;
-    eprintln!("wrote {} ({} shards, {:.1} MiB)", args.to.display(), plans.len(), total as f64 / 1048576.0);
+    eprintln!(
+        "wrote {} ({} shards, {:.1} MiB)",
+        args.to.display(),
+        plans.len(),
+        total as f64 / 1048576.0
+    );
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use m3_core::checkpoint::names::{self, Family};
 use m3_core::checkpoint::{Checkpoint, Dtype, QuantConfig, TensorEntry};
-use m3_core::config::{AttnKind, MlpKind, ModelConfig};
+use m3_core::config::{AttnKind, IndexSelection, MlpKind, ModelConfig};
 
 /// Print a checkpoint's tensor families, formats, sizes and config.
 #[derive(clap::Args)]
@@ -31,6 +31,8 @@ pub struct Args {
 struct Row {
     formats: BTreeSet<String>,
     example: Option<String>,
+    /// The example is a linear weight (preferred over a vector).
+    example_is_linear: bool,
     tensors: usize,
     params: u64,
     bytes: u64,
@@ -55,7 +57,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } => {
                 row.formats.insert(format);
                 row.params += (r * cols) as u64;
-                row.example.get_or_insert_with(|| format!("[{r}, {cols}]"));
+                if !row.example_is_linear {
+                    row.example = Some(format!("[{r}, {cols}]"));
+                    row.example_is_linear = true;
+                }
             }
             Kind::Plain => {
                 row.formats.insert(t.dtype.name().to_lowercase());
@@ -70,6 +75,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 warnings.push(w);
             }
         }
+    }
+
+    match dspark_row(&args.dir) {
+        Ok(Some(r)) => {
+            rows.insert(Family::Dspark, r);
+        }
+        Ok(None) => {}
+        Err(e) => warnings.push(format!("dspark/: {e}")),
     }
 
     println!();
@@ -92,7 +105,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if r.formats.len() > 1
             && !matches!(
                 fam,
-                Family::Norm | Family::Router | Family::Vision | Family::Other
+                Family::Norm | Family::Router | Family::Vision | Family::Other | Family::Dspark
             )
         {
             warnings.push(format!("family `{}` mixes formats: {fmt}", fam.label()));
@@ -105,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!(
         "{:<18} {:<22} {:<14} {:>8} {:>16} {:>14}",
-        "total (text)", "", "", tot_t, tot_p, tot_b
+        "total (no vision)", "", "", tot_t, tot_p, tot_b
     );
     println!("shards: {}", ck.shard_names().join(", "));
     if ck.vision_skipped() > 0 {
@@ -136,6 +149,49 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!();
     println!("ok: every tensor the config needs is present with the right dtype and shape");
     Ok(())
+}
+
+/// The DSpark draft under `DIR/dspark/` (its own index and shards, each
+/// header validated), summarised by dtype: parameters count stored elements
+/// of non-scale tensors, FP4-packed U8 `.weight` tensors counted twice.
+fn dspark_row(dir: &std::path::Path) -> anyhow::Result<Option<Row>> {
+    use m3_core::checkpoint::index::{parse_index, INDEX_FILE, SINGLE_FILE};
+    use m3_core::checkpoint::safetensors_file::SafetensorsFile;
+    let d = dir.join("dspark");
+    let index = d.join(INDEX_FILE);
+    let (shards, wanted): (Vec<String>, Option<BTreeSet<String>>) = if index.is_file() {
+        let ix = parse_index(
+            "dspark/model.safetensors.index.json",
+            &std::fs::read(&index).with_context(|| format!("reading {}", index.display()))?,
+        )?;
+        (ix.shards(), Some(ix.weight_map.keys().cloned().collect()))
+    } else if d.join(SINGLE_FILE).is_file() {
+        (vec![SINGLE_FILE.to_string()], None)
+    } else {
+        return Ok(None);
+    };
+    let mut row = Row::default();
+    for s in shards {
+        let f = SafetensorsFile::open(&d.join(&s), &format!("dspark/{s}"))?;
+        for t in &f.header.tensors {
+            if wanted.as_ref().is_some_and(|w| !w.contains(&t.name)) {
+                continue;
+            }
+            row.tensors += 1;
+            row.bytes += t.nbytes() as u64;
+            row.formats.insert(t.dtype.name().to_lowercase());
+            let is_scale = names::split_suffix(&t.name).is_some_and(|(_, x)| x != names::WEIGHT);
+            if !is_scale {
+                let packed = t.dtype == Dtype::U8 && t.name.ends_with(".weight");
+                row.params += (t.numel() * if packed { 2 } else { 1 }) as u64;
+                if t.shape.len() == 2 && !row.example_is_linear {
+                    row.example = Some(format!("{:?}", t.shape));
+                    row.example_is_linear = true;
+                }
+            }
+        }
+    }
+    Ok(Some(row))
 }
 
 enum Kind {
@@ -236,14 +292,17 @@ fn print_config(c: &ModelConfig, q: &QuantConfig) {
     );
     if sparse > 0 {
         println!(
-            "indexer          {} heads x {}, block {}, top-{} blocks (local {}, init {}), selection {:?}",
+            "indexer          {} heads x {}, block {}, top-{} blocks (local {}, init {}), selection {}",
             c.index_n_heads,
             c.index_head_dim,
             c.index_block_size,
             c.index_topk_blocks,
             c.index_local_blocks,
             c.index_init_blocks,
-            c.index_selection
+            match c.index_selection {
+                IndexSelection::PerKvHead => "per_kv_head",
+                IndexSelection::Shared => "shared",
+            }
         );
     }
     let qs = match q {

@@ -4,8 +4,8 @@
 //! it in one block format under the tensor names a checkpoint uses (MODEL.md
 //! section 7): MXFP4 `weight` (U8, packed `[rows, cols/2]`) + `weight_scale`
 //! (U8 E8M0 `[rows, cols/32]`); MXFP8 `weight` (F8_E4M3 / F8_E5M2
-//! `[rows, cols]`) + `weight_scale_inv` (U8 E8M0); NVFP4 `weight` (U8 packed)
-//! + `weight_scale` (F8_E4M3 `[rows, cols/16]`) + `weight_scale_2` (F32,
+//! `[rows, cols]`) + `weight_scale_inv` (U8 E8M0); NVFP4 `weight` (U8 packed),
+//! `weight_scale` (F8_E4M3 `[rows, cols/16]`) and `weight_scale_2` (F32,
 //! shape `[]`). The format and scale rule also go in `__metadata__`, for
 //! people; `m3 dequant` reads the tensors alone, as a checkpoint loader does,
 //! and writes F32 `x`.
@@ -416,7 +416,7 @@ pub fn run_dequant(args: DequantArgs) -> Result<()> {
         }
     };
     let rows = w.shape()[0];
-    let cols = if rows == 0 { 0 } else { decoded.len() / rows };
+    let cols = decoded.len().checked_div(rows).unwrap_or(0);
     let mut meta = HashMap::new();
     meta.insert(
         "dequantized_from".to_string(),

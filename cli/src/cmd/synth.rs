@@ -45,7 +45,9 @@ pub struct Args {
     /// Format of the other linears.
     #[arg(long, value_enum, default_value = "mxfp8")]
     pub dense: DenseArg,
-    /// Output checkpoint directory.
+    /// Output checkpoint directory (must not exist unless --force). Written
+    /// as OUT.tmp-<pid> and renamed when complete; an interrupted run's temp
+    /// directory is deleted by the next run (no resume).
     #[arg(long)]
     pub out: PathBuf,
     /// RNG seed.
@@ -71,8 +73,14 @@ pub struct Bar(pub ProgressBar);
 
 impl Bar {
     pub fn new(quiet: bool) -> Self {
-        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
-        if let Ok(style) = ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}") {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        if let Ok(style) = ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        ) {
             bar.set_style(style);
         }
         Bar(bar)
@@ -108,7 +116,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     spec.seed = args.seed;
     spec.force = args.force;
     if let Some(mb) = args.shard_mb {
-        anyhow::ensure!(mb.is_finite() && mb > 0.0, "--shard-mb must be positive, got {mb}");
+        anyhow::ensure!(
+            mb.is_finite() && mb > 0.0,
+            "--shard-mb must be positive, got {mb}"
+        );
         spec.shard_bytes = Some((mb * 1048576.0).ceil() as u64);
     }
     match args.draft_layers {

@@ -166,7 +166,9 @@ pub enum Op<'a> {
         ids: &'a mut [i32],
         weights: &'a mut [f32],
     },
-    /// SwiGLU-OAI elementwise: `((min(g,l)... ) )`, rounded to bf16.
+    /// SwiGLU-OAI elementwise (MODEL.md 3.10): `g' = min(g, limit)`,
+    /// `u' = clamp(u, -limit, limit)`, `((u' + 1) * g') * sigmoid(alpha * g')`,
+    /// rounded to bf16.
     SwiGlu {
         gate: &'a [f32],
         up: &'a [f32],

@@ -254,3 +254,65 @@ impl StepBatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Path;
+
+    #[test]
+    fn contiguous_step_validates_and_catches_bad_slots() {
+        // Pages [3, 1]: position 5 (page 1 of size 4) lives in slot 1*4 + 1 = 5.
+        let s = StepBatch::contiguous(7, &[10, 11, 12, 13, 14, 15], 0, &[3, 1], 4, false);
+        assert_eq!(s.slot_mapping, [12, 13, 14, 15, 4, 5]);
+        assert_eq!(s.logits_rows, [5]);
+        s.validate(4, 4, 100).unwrap();
+        assert!(!s.is_pure_decode());
+        let mut bad = s.clone();
+        bad.slot_mapping[4] = 6;
+        assert_eq!(
+            bad.validate(4, 4, 100),
+            Err(StepError::SlotMismatch {
+                row: 4,
+                slot: 6,
+                expected: 4
+            })
+        );
+        assert!(matches!(
+            s.validate(4, 3, 100),
+            Err(StepError::PageOutOfRange { .. })
+        ));
+        assert!(matches!(
+            s.validate(4, 4, 12),
+            Err(StepError::TokenOutOfRange { .. })
+        ));
+        let mut short = s.clone();
+        short.seqs[0].block_table.pop();
+        assert!(matches!(
+            short.validate(4, 4, 100),
+            Err(StepError::PastBlockTable { .. })
+        ));
+    }
+
+    #[test]
+    fn mono_only_for_small_pure_decode() {
+        let one = StepBatch::contiguous(1, &[5], 9, &[0, 1, 2], 4, true);
+        assert!(Path::Mono.allows(&one) && Path::Standard.allows(&one));
+        let two_rows_one_seq = StepBatch::contiguous(1, &[5, 6], 9, &[0, 1, 2], 4, true);
+        assert!(!Path::Mono.allows(&two_rows_one_seq));
+        let mut wide = StepBatch::default();
+        for i in 0..17u32 {
+            wide.tokens.push(1);
+            wide.positions.push(0);
+            wide.slot_mapping.push(i * 4);
+            wide.row_seq.push(i);
+            wide.seqs.push(StepSeq {
+                request_id: i as u64,
+                block_table: alloc::vec![i],
+                context_len: 1,
+            });
+        }
+        assert!(wide.is_pure_decode() && !Path::Mono.allows(&wide));
+        wide.validate(4, 17, 2).unwrap();
+    }
+}

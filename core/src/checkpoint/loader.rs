@@ -157,19 +157,20 @@ impl Checkpoint {
                     .map(|(i, s)| (s.as_str(), i))
                     .collect();
                 for (t, s) in &ix.weight_map {
-                    let si = shard_pos[s.as_str()];
-                    let ti = shards[si]
-                        .header
-                        .tensors
-                        .iter()
-                        .position(|x| &x.name == t)
-                        .ok_or_else(|| {
-                            CheckpointError::tensor(
-                                s.as_str(),
-                                t.as_str(),
-                                format!("is listed in {INDEX_FILE} but not in the shard"),
-                            )
-                        })?;
+                    let si = *shard_pos.get(s.as_str()).ok_or_else(|| {
+                        CheckpointError::tensor(
+                            INDEX_FILE,
+                            t.as_str(),
+                            format!("shard `{s}` was not opened"),
+                        )
+                    })?;
+                    let ti = shards[si].position(t).ok_or_else(|| {
+                        CheckpointError::tensor(
+                            s.as_str(),
+                            t.as_str(),
+                            format!("is listed in {INDEX_FILE} but not in the shard"),
+                        )
+                    })?;
                     map.insert(t.clone(), (si, ti));
                 }
                 for sh in &shards {
@@ -476,7 +477,7 @@ impl Checkpoint {
             WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => (32, cols),
             WeightFormat::Bf16 | WeightFormat::F32 => (1, cols),
         };
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(self.terr(
                 name,
                 format!(

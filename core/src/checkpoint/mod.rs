@@ -1,18 +1,27 @@
 //! Checkpoints on disk (MODEL.md section 7): tensor names, safetensors
 //! header validation, the shard index, `quantization_config`, and the loader
 //! that turns a checkpoint directory into typed [`crate::weights::ModelWeights`].
-
-pub mod names;
-pub mod writer;
+//!
+//! - [`names`]: every tensor name (`TensorNames::new(prefixed).layer(l).q_proj()`),
+//!   scale siblings, and the tensor [`names::Family`] classification.
+//! - [`safetensors_file`]: header parsing + validation, memory-mapped shards.
+//! - [`index`]: `model.safetensors.index.json`.
+//! - [`quant_config`]: the three `quantization_config` shapes, cross-checked
+//!   against the formats the tensors show.
+//! - [`loader`]: [`Checkpoint::open`] / [`Checkpoint::validate`] /
+//!   [`Checkpoint::load`], plus the tensor-level API tools stream through
+//!   ([`Checkpoint::tensors`], [`Checkpoint::raw_bytes`], [`Checkpoint::detect_format`]).
+//! - [`writer`]: streamed shard writing for `m3 synth` / `m3 convert`.
 
 mod error;
 pub mod index;
+pub mod loader;
+pub mod names;
+pub mod quant_config;
 pub mod safetensors_file;
+pub mod writer;
 
 pub use error::CheckpointError;
-pub mod quant_config;
-pub mod loader;
-
 pub use loader::{Checkpoint, LoadOptions, TensorEntry};
 pub use quant_config::{QuantConfig, WeightFormat};
 pub use safetensors_file::Dtype;

@@ -114,14 +114,15 @@ fn quark_dtype(v: &Value, field: &str) -> Result<Option<QuarkDtype>, CheckpointE
         w => w,
     };
     let dt = w.get("dtype").and_then(Value::as_str).unwrap_or("");
-    let d =
-        match dt {
-            "fp4" | "fp4_e2m1" | "mx_fp4" | "mxfp4" => QuarkDtype::Fp4,
-            "fp8_e4m3" | "fp8_e5m2" | "fp8" | "mx_fp8" | "mxfp8" => QuarkDtype::Fp8,
-            _ => return Err(qerr(format!(
+    let d = match dt {
+        "fp4" | "fp4_e2m1" | "mx_fp4" | "mxfp4" => QuarkDtype::Fp4,
+        "fp8_e4m3" | "fp8_e5m2" | "fp8" | "mx_fp8" | "mxfp8" => QuarkDtype::Fp8,
+        _ => {
+            return Err(qerr(format!(
                 "field `quantization_config.{field}.weight.dtype`: `{dt}` is not fp4 or fp8_e4m3"
-            ))),
-        };
+            )))
+        }
+    };
     if let Some(g) = w.get("group_size").and_then(Value::as_u64) {
         if g != 32 {
             return Err(qerr(format!(

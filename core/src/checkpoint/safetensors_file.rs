@@ -268,7 +268,7 @@ pub fn parse_header_json(
             end: end as usize,
         });
     }
-    tensors.sort_by(|a, b| (a.begin, a.end).cmp(&(b.begin, b.end)));
+    tensors.sort_by_key(|t| (t.begin, t.end));
     let mut covered = 0usize;
     let mut prev: Option<&TensorInfo> = None;
     for t in &tensors {
@@ -345,6 +345,11 @@ impl SafetensorsFile {
     /// The validated entry of `tensor`, if the file has it.
     pub fn info(&self, tensor: &str) -> Option<&TensorInfo> {
         self.by_name.get(tensor).map(|i| &self.header.tensors[*i])
+    }
+
+    /// Position of `tensor` in `header.tensors`, if the file has it.
+    pub fn position(&self, tensor: &str) -> Option<usize> {
+        self.by_name.get(tensor).copied()
     }
 
     /// The raw little-endian bytes of a tensor of this file.

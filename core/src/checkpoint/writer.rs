@@ -40,11 +40,18 @@ pub enum WriteError {
     #[error("{file}: {why}")]
     Plan { file: String, why: String },
     #[error("{file}: tensor `{tensor}`: {why}")]
-    Tensor { file: String, tensor: String, why: String },
+    Tensor {
+        file: String,
+        tensor: String,
+        why: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> WriteError + '_ {
-    move |source| WriteError::Io { path: path.to_path_buf(), source }
+    move |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// One tensor as the safetensors header describes it.
@@ -58,7 +65,11 @@ pub struct TensorEntry {
 
 impl TensorEntry {
     pub fn new(name: impl Into<String>, dtype: Dtype, shape: &[usize]) -> Self {
-        TensorEntry { name: name.into(), dtype, shape: shape.to_vec() }
+        TensorEntry {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
     /// Number of elements (1 for a scalar).
     pub fn numel(&self) -> u64 {
@@ -112,7 +123,10 @@ pub fn plan_shards(groups: Vec<Vec<TensorEntry>>, budget: u64) -> Vec<ShardPlan>
     shards
         .into_iter()
         .enumerate()
-        .map(|(i, tensors)| ShardPlan { file: shard_file_name(i, n), tensors })
+        .map(|(i, tensors)| ShardPlan {
+            file: shard_file_name(i, n),
+            tensors,
+        })
         .collect()
 }
 
@@ -130,8 +144,14 @@ fn header_bytes(file: &str, tensors: &[TensorEntry]) -> Result<Vec<u8>, WriteErr
         let dtype = Value::from(t.dtype.name());
         let mut info = Map::new();
         info.insert("dtype".into(), dtype);
-        info.insert("shape".into(), Value::Array(t.shape.iter().map(|&d| Value::from(d)).collect()));
-        info.insert("data_offsets".into(), Value::Array(vec![Value::from(offset), Value::from(end)]));
+        info.insert(
+            "shape".into(),
+            Value::Array(t.shape.iter().map(|&d| Value::from(d)).collect()),
+        );
+        info.insert(
+            "data_offsets".into(),
+            Value::Array(vec![Value::from(offset), Value::from(end)]),
+        );
         if map.insert(t.name.clone(), Value::Object(info)).is_some() || t.name == "__metadata__" {
             return Err(WriteError::Tensor {
                 file: file.into(),
@@ -142,7 +162,10 @@ fn header_bytes(file: &str, tensors: &[TensorEntry]) -> Result<Vec<u8>, WriteErr
         offset = end;
     }
     let mut json = serde_json::to_string(&Value::Object(map))
-        .map_err(|e| WriteError::Plan { file: file.into(), why: format!("header: {e}") })?
+        .map_err(|e| WriteError::Plan {
+            file: file.into(),
+            why: format!("header: {e}"),
+        })?
         .into_bytes();
     while json.len() % 8 != 0 {
         json.push(b' ');
@@ -186,7 +209,9 @@ impl ShardWriter {
     }
 
     fn skip_empty(&mut self) {
-        while self.current < self.tensors.len() && self.written == self.tensors[self.current].nbytes() {
+        while self.current < self.tensors.len()
+            && self.written == self.tensors[self.current].nbytes()
+        {
             self.current += 1;
             self.written = 0;
         }
@@ -206,10 +231,15 @@ impl ShardWriter {
             why,
         };
         let Some(t) = self.tensors.get(self.current) else {
-            return Err(err("not in the plan, or written after the shard was full".into()));
+            return Err(err(
+                "not in the plan, or written after the shard was full".into()
+            ));
         };
         if t.name != name {
-            return Err(err(format!("written out of order (expected `{}` next)", t.name)));
+            return Err(err(format!(
+                "written out of order (expected `{}` next)",
+                t.name
+            )));
         }
         let room = t.nbytes() - self.written;
         if bytes.len() as u64 > room {
@@ -264,15 +294,23 @@ pub fn index_json(shards: &[ShardPlan]) -> Result<String, WriteError> {
     meta.insert("total_size".into(), Value::from(total));
     let mut root = Map::new();
     root.insert("metadata".into(), Value::Object(meta));
-    root.insert("weight_map".into(), Value::Object(weight_map.into_iter().collect()));
-    serde_json::to_string_pretty(&Value::Object(root))
-        .map_err(|e| WriteError::Plan { file: INDEX_FILE.into(), why: e.to_string() })
+    root.insert(
+        "weight_map".into(),
+        Value::Object(weight_map.into_iter().collect()),
+    );
+    serde_json::to_string_pretty(&Value::Object(root)).map_err(|e| WriteError::Plan {
+        file: INDEX_FILE.into(),
+        why: e.to_string(),
+    })
 }
 
 /// Write `bytes` to `path` through a temp file in the same directory and a
 /// rename, so `path` is either absent or complete.
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
     f.write_all(bytes).map_err(io_err(&tmp))?;
@@ -292,7 +330,9 @@ pub struct StagedDir {
 
 /// True when a directory exists at `p` and holds anything.
 fn non_empty_dir(p: &Path) -> bool {
-    fs::read_dir(p).map(|mut d| d.next().is_some()).unwrap_or(false)
+    fs::read_dir(p)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
 }
 
 impl StagedDir {
@@ -301,7 +341,9 @@ impl StagedDir {
     /// Removes stale `DIR.tmp-<pid>` directories left by dead processes.
     pub fn create(dest: &Path, force: bool) -> Result<Self, WriteError> {
         if dest.exists() && !force && (dest.is_file() || non_empty_dir(dest)) {
-            return Err(WriteError::Exists { path: dest.to_path_buf() });
+            return Err(WriteError::Exists {
+                path: dest.to_path_buf(),
+            });
         }
         let Some(name) = dest.file_name().map(|n| n.to_string_lossy().into_owned()) else {
             return Err(WriteError::Plan {
@@ -320,7 +362,11 @@ impl StagedDir {
             fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
         }
         fs::create_dir(&tmp).map_err(io_err(&tmp))?;
-        Ok(StagedDir { dest: dest.to_path_buf(), tmp, committed: false })
+        Ok(StagedDir {
+            dest: dest.to_path_buf(),
+            tmp,
+            committed: false,
+        })
     }
 
     /// Where to write the files now.
@@ -339,7 +385,10 @@ impl StagedDir {
         if self.dest.exists() {
             let old = self.dest.with_file_name(format!(
                 "{}.old-{}",
-                self.dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                self.dest
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
                 std::process::id()
             ));
             fs::rename(&self.dest, &old).map_err(io_err(&self.dest))?;
@@ -373,7 +422,9 @@ fn remove_stale_temps(parent: &Path, name: &str) {
     if !Path::new("/proc/self").exists() {
         return;
     }
-    let Ok(entries) = fs::read_dir(parent) else { return };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
     for e in entries.flatten() {
         let file_name = e.file_name().to_string_lossy().into_owned();
         let pid = file_name
@@ -433,8 +484,16 @@ mod tests {
             tensors: vec![entry("a", Dtype::U8, &[4]), entry("b", Dtype::U8, &[2])],
         };
         let mut w = ShardWriter::create(&dir.path().join("x"), &plan).unwrap();
-        assert!(w.write("b", &[1]).unwrap_err().to_string().contains("out of order"));
-        assert!(w.write("a", &[0; 5]).unwrap_err().to_string().contains("past its size"));
+        assert!(w
+            .write("b", &[1])
+            .unwrap_err()
+            .to_string()
+            .contains("out of order"));
+        assert!(w
+            .write("a", &[0; 5])
+            .unwrap_err()
+            .to_string()
+            .contains("past its size"));
         w.write("a", &[0; 4]).unwrap();
         w.write("b", &[0]).unwrap();
         let e = w.finish().unwrap_err().to_string();
@@ -448,11 +507,25 @@ mod tests {
 
     #[test]
     fn shards_respect_budget_and_keep_groups_together() {
-        let g = |n: &str, b: usize| vec![entry(n, Dtype::U8, &[b]), entry(&format!("{n}.s"), Dtype::U8, &[1])];
+        let g = |n: &str, b: usize| {
+            vec![
+                entry(n, Dtype::U8, &[b]),
+                entry(&format!("{n}.s"), Dtype::U8, &[1]),
+            ]
+        };
         let plan = plan_shards(vec![g("a", 40), g("b", 40), g("c", 200), g("d", 10)], 100);
-        let files: Vec<Vec<&str>> =
-            plan.iter().map(|s| s.tensors.iter().map(|t| t.name.as_str()).collect()).collect();
-        assert_eq!(files, vec![vec!["a", "a.s", "b", "b.s"], vec!["c", "c.s"], vec!["d", "d.s"]]);
+        let files: Vec<Vec<&str>> = plan
+            .iter()
+            .map(|s| s.tensors.iter().map(|t| t.name.as_str()).collect())
+            .collect();
+        assert_eq!(
+            files,
+            vec![
+                vec!["a", "a.s", "b", "b.s"],
+                vec!["c", "c.s"],
+                vec!["d", "d.s"]
+            ]
+        );
         assert_eq!(plan[0].file, "model-00001-of-00003.safetensors");
         let idx: Value = serde_json::from_str(&index_json(&plan).unwrap()).unwrap();
         assert_eq!(idx["metadata"]["total_size"], 294);
@@ -473,7 +546,10 @@ mod tests {
         fs::write(s.path().join("f"), b"1").unwrap();
         s.commit().unwrap();
         assert_eq!(fs::read(dest.join("f")).unwrap(), b"1");
-        assert!(matches!(StagedDir::create(&dest, false), Err(WriteError::Exists { .. })));
+        assert!(matches!(
+            StagedDir::create(&dest, false),
+            Err(WriteError::Exists { .. })
+        ));
         let s = StagedDir::create(&dest, true).unwrap();
         fs::write(s.path().join("g"), b"2").unwrap();
         s.commit().unwrap();
@@ -483,7 +559,11 @@ mod tests {
         fs::create_dir(&stale).unwrap();
         drop(StagedDir::create(&root.path().join("out"), true).unwrap());
         assert!(!stale.exists());
-        let left: Vec<_> = fs::read_dir(root.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        let left: Vec<_> = fs::read_dir(root.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(left.len(), 1, "{left:?}");
     }
 }

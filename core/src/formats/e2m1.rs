@@ -26,31 +26,36 @@ pub fn decode(code: u8) -> f32 {
 /// even (0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4), hence the
 /// alternation of `<=` (tie goes down, lower code even) and `<` (tie goes up).
 /// Values past 6 (and +-Inf) saturate to +-6; -0.0 keeps its sign.
+///
+/// Written as a count of the midpoints the magnitude passes (strictly for a
+/// tie that goes up, `>=`; for a tie that goes down, `>`), which compiles to
+/// branch-free compares. [`encode_sat_generic`] is the same function by the
+/// generic minifloat rounding of the FP8 types; the tests hold both to a
+/// brute-force nearest search.
 #[inline]
 pub fn encode_sat(x: f64) -> u8 {
     if x.is_nan() {
         return 0;
     }
+    let a = x.abs();
+    let mag = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
+    (u8::from(x.is_sign_negative()) << 3) | mag
+}
+
+/// [`encode_sat`] through the generic minifloat rounding (1 mantissa bit,
+/// minimum normal exponent 0, largest code 7 = 6.0).
+pub fn encode_sat_generic(x: f64) -> u8 {
+    if x.is_nan() {
+        return 0;
+    }
     let sign = if x.is_sign_negative() { 0x8 } else { 0 };
-    let a = if sign != 0 { -x } else { x };
-    let mag = if a <= 0.25 {
-        0
-    } else if a < 0.75 {
-        1
-    } else if a <= 1.25 {
-        2
-    } else if a < 1.75 {
-        3
-    } else if a <= 2.5 {
-        4
-    } else if a < 3.5 {
-        5
-    } else if a <= 5.0 {
-        6
-    } else {
-        7
-    };
-    sign | mag
+    sign | super::fp8::encode_mag(x.abs(), 1, 0, 7, 6.0)
 }
 
 /// Pack codes two per byte: `byte[j] = code[2j] | code[2j+1] << 4`.

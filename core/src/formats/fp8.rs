@@ -73,9 +73,9 @@ const fn table(e5m2: bool) -> [u32; 256] {
 }
 
 /// f32 bits of every E4M3FN code.
-static E4M3_BITS: [u32; 256] = table(false);
+pub(crate) static E4M3_BITS: [u32; 256] = table(false);
 /// f32 bits of every E5M2 code.
-static E5M2_BITS: [u32; 256] = table(true);
+pub(crate) static E5M2_BITS: [u32; 256] = table(true);
 
 /// Saturating round-to-nearest-even of a magnitude `a` (>= 0, not NaN; may
 /// be +Inf) to a sign-less minifloat code with `mbits` mantissa bits, minimum
@@ -87,26 +87,29 @@ static E5M2_BITS: [u32; 256] = table(true);
 /// is `((e - emin) << mbits) + t`; a carry of t to `2^(mbits+1)` lands on the
 /// next binade's first code, so rounding t is all there is to do. The scaling
 /// by a power of two is exact in f64.
+///
+/// Written with selects rather than early returns so block loops vectorize;
+/// values at or past `max` (incl. +Inf) compute a meaningless code that the
+/// final select replaces by `max_code`.
 #[inline]
 pub(crate) fn encode_mag(a: f64, mbits: u32, emin: i32, max_code: u8, max: f64) -> u8 {
-    if a >= max {
-        return max_code;
-    }
     // floor(log2 a) from the f64 exponent field (f64 subnormals and 0 give
-    // -1023, clamped to emin below: they round to 0 anyway).
+    // -1023, clamped to emin: they round to 0 anyway). The upper clamp only
+    // keeps the power of two below in range for huge a (>= max anyway:
+    // every type here has max < 2^17).
     let fe = ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023;
-    let e = if fe < emin { emin } else { fe };
+    let e = fe.clamp(emin, 17);
     let n = a * super::pow2_f64(mbits as i32 - e);
-    let mut t = n as u64; // n < 2^(mbits+1): truncation is floor
-    let frac = n - t as f64;
-    if frac > 0.5 || (frac == 0.5 && (t & 1) == 1) {
-        t += 1;
-    }
-    let code = (((e - emin) as u64) << mbits) + t;
-    if code > max_code as u64 {
+    // n < 2^(mbits+1). Adding 2^52 leaves no fraction bits in an f64, so
+    // the hardware's own RNE rounds n to an integer, ties to even; the
+    // integer is then the low mantissa bits of the sum.
+    const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
+    let t = (n + MAGIC).to_bits() - MAGIC.to_bits();
+    let code = ((((e - emin) as u64) << mbits).wrapping_add(t)).min(max_code as u64) as u8;
+    if a >= max {
         max_code
     } else {
-        code as u8
+        code
     }
 }
 
@@ -127,11 +130,9 @@ pub mod e4m3 {
     /// past 448 (incl. Inf) -> +-448, NaN -> 0x7F (sign kept), -0 -> 0x80.
     #[inline]
     pub fn encode_sat(x: f64) -> u8 {
-        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
-        if x.is_nan() {
-            return sign | NAN;
-        }
-        sign | super::encode_mag(if sign != 0 { -x } else { x }, 3, -6, MAX_CODE, 448.0)
+        let sign = u8::from(x.is_sign_negative()) << 7;
+        let mag = super::encode_mag(x.abs(), 3, -6, MAX_CODE, 448.0);
+        sign | if x.is_nan() { NAN } else { mag }
     }
 }
 
@@ -152,11 +153,9 @@ pub mod e5m2 {
     /// (0x7E, sign kept), -0 -> 0x80.
     #[inline]
     pub fn encode_sat(x: f64) -> u8 {
-        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
-        if x.is_nan() {
-            return sign | NAN;
-        }
-        sign | super::encode_mag(if sign != 0 { -x } else { x }, 2, -14, MAX_CODE, 57344.0)
+        let sign = u8::from(x.is_sign_negative()) << 7;
+        let mag = super::encode_mag(x.abs(), 2, -14, MAX_CODE, 57344.0);
+        sign | if x.is_nan() { NAN } else { mag }
     }
 }
 

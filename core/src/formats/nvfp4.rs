@@ -45,16 +45,16 @@ pub fn global_scale(x: &[f32]) -> f32 {
 /// bits, so a non-tie quotient differs from it by far more than an f64 ulp),
 /// so the final RNE equals RNE of the exact quotient.
 pub fn quantize_block(vals: &[f32], g: f32, codes: &mut [u8]) -> u8 {
+    // No early exit, so the scan vectorizes; NaN/Inf are caught by `bad`.
     let mut bamax = 0.0f32;
+    let mut bad = false;
     for &v in vals {
-        if !v.is_finite() {
-            codes.fill(0);
-            return e4m3::NAN;
-        }
-        let a = v.abs();
-        if a > bamax {
-            bamax = a;
-        }
+        bad |= !v.is_finite();
+        bamax = bamax.max(v.abs());
+    }
+    if bad {
+        codes.fill(0);
+        return e4m3::NAN;
     }
     let g = g as f64;
     let s = e4m3::encode_sat(bamax as f64 / (6.0 * g));

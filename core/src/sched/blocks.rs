@@ -43,7 +43,9 @@ impl BlockPool {
     /// A pool of `num_blocks` blocks of `block_size` token slots each.
     pub fn new(num_blocks: usize, block_size: usize) -> Result<Self, SchedError> {
         if num_blocks == 0 || block_size == 0 || num_blocks > u32::MAX as usize / block_size {
-            return Err(SchedError::Config("num_blocks and block_size must be > 0 and their product fit in u32"));
+            return Err(SchedError::Config(
+                "num_blocks and block_size must be > 0 and their product fit in u32",
+            ));
         }
         Ok(Self {
             block_size,
@@ -96,7 +98,10 @@ impl BlockPool {
 
     /// Add a reference to an allocated or cached block (prefix sharing).
     pub fn retain(&mut self, b: BlockId) -> Result<(), SchedError> {
-        let rc = self.ref_counts.get_mut(b as usize).ok_or(SchedError::BadBlock(b))?;
+        let rc = self
+            .ref_counts
+            .get_mut(b as usize)
+            .ok_or(SchedError::BadBlock(b))?;
         if *rc == 0 {
             if !self.cache.is_idle(b) {
                 return Err(SchedError::BadBlock(b));
@@ -111,7 +116,10 @@ impl BlockPool {
     /// the idle LRU if it is cached. Releasing an unreferenced block is an
     /// error, never an underflow.
     pub fn release(&mut self, b: BlockId) -> Result<(), SchedError> {
-        let rc = self.ref_counts.get_mut(b as usize).ok_or(SchedError::BadBlock(b))?;
+        let rc = self
+            .ref_counts
+            .get_mut(b as usize)
+            .ok_or(SchedError::BadBlock(b))?;
         if *rc == 0 {
             return Err(SchedError::BadBlock(b));
         }
@@ -135,7 +143,10 @@ impl BlockPool {
     /// returns `b` itself when it already is, otherwise a fresh block and the
     /// copy the backend must perform (the caller's reference moves from `b`
     /// to the copy).
-    pub fn make_writable(&mut self, b: BlockId) -> Result<(BlockId, Option<BlockCopy>), SchedError> {
+    pub fn make_writable(
+        &mut self,
+        b: BlockId,
+    ) -> Result<(BlockId, Option<BlockCopy>), SchedError> {
         if self.ref_count(b) == 0 {
             return Err(SchedError::BadBlock(b));
         }
@@ -215,7 +226,11 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(p.allocate(), Err(SchedError::OutOfBlocks));
         p.release(a).unwrap();
-        assert_eq!(p.release(a), Err(SchedError::BadBlock(a)), "no negative refcount");
+        assert_eq!(
+            p.release(a),
+            Err(SchedError::BadBlock(a)),
+            "no negative refcount"
+        );
         assert_eq!(p.allocate().unwrap(), a, "freed block reusable");
         p.check_invariants().unwrap();
     }

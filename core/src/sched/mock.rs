@@ -38,7 +38,12 @@ pub enum MockError {
     #[error("slot {slot} out of range ({slots} slots)")]
     SlotOutOfRange { slot: usize, slots: usize },
     #[error("request {request}: position {pos} read from slot {slot} holds {found:?}")]
-    StaleSlot { request: RequestId, pos: u32, slot: usize, found: Option<(u32, u32)> },
+    StaleSlot {
+        request: RequestId,
+        pos: u32,
+        slot: usize,
+        found: Option<(u32, u32)>,
+    },
     #[error(transparent)]
     Sched(#[from] SchedError),
     #[error("engine made no progress for {0} steps")]
@@ -58,7 +63,12 @@ pub struct MockBackend {
 
 impl MockBackend {
     pub fn new(num_blocks: usize, block_size: usize, vocab: u32) -> Self {
-        Self { block_size, vocab, cache: vec![None; num_blocks * block_size], rows_computed: 0 }
+        Self {
+            block_size,
+            vocab,
+            cache: vec![None; num_blocks * block_size],
+            rows_computed: 0,
+        }
     }
 
     pub fn vocab(&self) -> u32 {
@@ -73,7 +83,10 @@ impl MockBackend {
         for c in &step.copies {
             let (s, d) = (c.src as usize * bs, c.dst as usize * bs);
             if s + bs > slots || d + bs > slots {
-                return Err(MockError::SlotOutOfRange { slot: s.max(d), slots });
+                return Err(MockError::SlotOutOfRange {
+                    slot: s.max(d),
+                    slots,
+                });
             }
             for k in 0..bs {
                 self.cache[d + k] = self.cache[s + k];
@@ -81,7 +94,10 @@ impl MockBackend {
         }
         for r in &step.rows {
             let slot = r.slot as usize;
-            *self.cache.get_mut(slot).ok_or(MockError::SlotOutOfRange { slot, slots })? = Some((r.token, r.position));
+            *self
+                .cache
+                .get_mut(slot)
+                .ok_or(MockError::SlotOutOfRange { slot, slots })? = Some((r.token, r.position));
         }
         self.rows_computed += step.rows.len() as u64;
         let mut out = Vec::with_capacity(step.logits_rows.len());
@@ -91,12 +107,23 @@ impl MockBackend {
             let seq = &step.seqs[r.seq as usize];
             ctx.clear();
             for j in 0..=r.position {
-                let page = seq.block_table.get(j as usize / bs).copied().unwrap_or(u32::MAX) as usize;
+                let page = seq
+                    .block_table
+                    .get(j as usize / bs)
+                    .copied()
+                    .unwrap_or(u32::MAX) as usize;
                 let slot = page.saturating_mul(bs).saturating_add(j as usize % bs);
                 let found = self.cache.get(slot).copied().flatten();
                 match found {
                     Some((t, p)) if p == j => ctx.push(t),
-                    _ => return Err(MockError::StaleSlot { request: seq.request_id, pos: j, slot, found }),
+                    _ => {
+                        return Err(MockError::StaleSlot {
+                            request: seq.request_id,
+                            pos: j,
+                            slot,
+                            found,
+                        })
+                    }
                 }
             }
             out.push(mock_next(&ctx, self.vocab));
@@ -142,7 +169,12 @@ impl MockEngine {
             let drafts: Vec<(RequestId, Vec<u32>)> = self
                 .sched
                 .decode_ready()
-                .map(|(id, toks)| (id, mock_draft(toks, self.spec_tokens, vocab, self.draft_error_rate)))
+                .map(|(id, toks)| {
+                    (
+                        id,
+                        mock_draft(toks, self.spec_tokens, vocab, self.draft_error_rate),
+                    )
+                })
                 .collect();
             for (id, d) in drafts {
                 self.sched.set_draft(id, d)?;
@@ -153,14 +185,21 @@ impl MockEngine {
         let by_row: BTreeMap<u32, u32> = step.logits_rows.iter().copied().zip(logits).collect();
         let mut results = Vec::new();
         for s in step.seqs.iter().filter(|s| s.needs_logits) {
-            let rows: Vec<u32> = (s.first_row..s.first_row + s.num_rows).filter_map(|r| by_row.get(&r).copied()).collect();
+            let rows: Vec<u32> = (s.first_row..s.first_row + s.num_rows)
+                .filter_map(|r| by_row.get(&r).copied())
+                .collect();
             let tokens = match &s.kind {
                 RowKind::Verify { draft } => {
-                    verify_greedy(draft, &rows).map_err(|_| SchedError::BadResult(s.request_id))?.tokens
+                    verify_greedy(draft, &rows)
+                        .map_err(|_| SchedError::BadResult(s.request_id))?
+                        .tokens
                 }
                 _ => rows.last().copied().into_iter().collect(),
             };
-            results.push(SeqTokens { request_id: s.request_id, tokens });
+            results.push(SeqTokens {
+                request_id: s.request_id,
+                tokens,
+            });
         }
         self.sched.commit(&step, &results)?;
         if self.check_invariants {

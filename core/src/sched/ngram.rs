@@ -20,7 +20,10 @@ pub struct NgramDrafter {
 
 impl Default for NgramDrafter {
     fn default() -> Self {
-        Self { max_ngram: 4, min_ngram: 2 }
+        Self {
+            max_ngram: 4,
+            min_ngram: 2,
+        }
     }
 }
 

@@ -41,8 +41,16 @@ fn lane(mut h: u64, tokens: &[u32], seed: u64) -> u64 {
 
 /// `hash(parent, tokens)`: the key of a full block whose prefix has key `parent`.
 pub fn chain_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
-    let hi = lane((parent >> 64) as u64 ^ (parent as u64).rotate_left(17), tokens, 0x243f_6a88_85a3_08d3);
-    let lo = lane(parent as u64 ^ ((parent >> 64) as u64).rotate_left(41), tokens, 0x1319_8a2e_0370_7344);
+    let hi = lane(
+        (parent >> 64) as u64 ^ (parent as u64).rotate_left(17),
+        tokens,
+        0x243f_6a88_85a3_08d3,
+    );
+    let lo = lane(
+        parent as u64 ^ ((parent >> 64) as u64).rotate_left(41),
+        tokens,
+        0x1319_8a2e_0370_7344,
+    );
     (u128::from(hi) << 64) | u128::from(lo)
 }
 
@@ -81,7 +89,12 @@ pub struct PrefixCache {
 impl PrefixCache {
     /// An empty cache for a pool of `num_blocks` blocks.
     pub fn new(num_blocks: usize) -> Self {
-        Self { by_hash: BTreeMap::new(), entries: vec![None; num_blocks], idle: BTreeMap::new(), tick: 0 }
+        Self {
+            by_hash: BTreeMap::new(),
+            entries: vec![None; num_blocks],
+            idle: BTreeMap::new(),
+            tick: 0,
+        }
     }
 
     /// The cached block holding exactly `tokens` under key `hash`, if any.
@@ -98,7 +111,10 @@ impl PrefixCache {
 
     /// Whether block `b` is cached and idle (evictable).
     pub fn is_idle(&self, b: BlockId) -> bool {
-        self.entries.get(b as usize).and_then(Option::as_ref).is_some_and(|e| e.idle_tick.is_some())
+        self.entries
+            .get(b as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.idle_tick.is_some())
     }
 
     /// Number of idle (evictable) cached blocks.
@@ -120,11 +136,17 @@ impl PrefixCache {
     /// (and changes nothing) when the key is already cached by another block
     /// or `b` is already cached: the first copy wins.
     pub fn insert(&mut self, b: BlockId, hash: BlockHash, tokens: &[u32]) -> bool {
-        let Some(slot) = self.entries.get_mut(b as usize) else { return false };
+        let Some(slot) = self.entries.get_mut(b as usize) else {
+            return false;
+        };
         if slot.is_some() || self.by_hash.contains_key(&hash) {
             return false;
         }
-        *slot = Some(Entry { hash, tokens: tokens.to_vec(), idle_tick: None });
+        *slot = Some(Entry {
+            hash,
+            tokens: tokens.to_vec(),
+            idle_tick: None,
+        });
         self.by_hash.insert(hash, b);
         true
     }

@@ -31,7 +31,14 @@ pub struct Request {
 impl Request {
     /// A greedy request with no EOS and no stop sequences.
     pub fn greedy(id: RequestId, prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Self { id, prompt, max_tokens, eos: Vec::new(), stop: Vec::new(), sampling: SamplingParams::default() }
+        Self {
+            id,
+            prompt,
+            max_tokens,
+            eos: Vec::new(),
+            stop: Vec::new(),
+            sampling: SamplingParams::default(),
+        }
     }
 }
 

@@ -58,7 +58,11 @@ pub fn to_step_batch(step: &ScheduledStep) -> StepBatch {
         seqs: step
             .seqs
             .iter()
-            .map(|s| StepSeq { request_id: s.request_id, block_table: s.block_table.clone(), context_len: s.context_len })
+            .map(|s| StepSeq {
+                request_id: s.request_id,
+                block_table: s.block_table.clone(),
+                context_len: s.context_len,
+            })
             .collect(),
         logits_rows: step.logits_rows.clone(),
     }
@@ -69,7 +73,14 @@ pub fn to_step_batch(step: &ScheduledStep) -> StepBatch {
 pub fn copy_page(cache: &mut KvCache, src: u32, dst: u32) {
     let ps = cache.layout.page_size;
     for layer in &mut cache.layers {
-        for t in [Some(&mut layer.k), Some(&mut layer.v), layer.index_k.as_mut()].into_iter().flatten() {
+        for t in [
+            Some(&mut layer.k),
+            Some(&mut layer.v),
+            layer.index_k.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let n = ps * t.width;
             let (s, d) = (src as usize * n, dst as usize * n);
             match &mut t.data {
@@ -106,7 +117,11 @@ impl<'a> SchedRunner<'a> {
         opts: RunOptions,
     ) -> Result<Self, RunnerError> {
         let sched = Scheduler::new(cfg)?;
-        let layout = KvLayout { page_size: cfg.block_size, num_pages: cfg.num_blocks, dtype };
+        let layout = KvLayout {
+            page_size: cfg.block_size,
+            num_pages: cfg.num_blocks,
+            dtype,
+        };
         Ok(Self {
             backend,
             model,
@@ -124,8 +139,11 @@ impl<'a> SchedRunner<'a> {
     pub fn step(&mut self) -> Result<ScheduledStep, RunnerError> {
         if self.spec_tokens > 0 {
             if let Some(d) = self.drafter.as_mut() {
-                let ready: Vec<(RequestId, Vec<u32>)> =
-                    self.sched.decode_ready().map(|(id, t)| (id, t.to_vec())).collect();
+                let ready: Vec<(RequestId, Vec<u32>)> = self
+                    .sched
+                    .decode_ready()
+                    .map(|(id, t)| (id, t.to_vec()))
+                    .collect();
                 for (id, ctx) in ready {
                     let draft = d.propose(id, &ctx, self.spec_tokens);
                     if !draft.is_empty() {
@@ -143,38 +161,68 @@ impl<'a> SchedRunner<'a> {
         }
         let batch = to_step_batch(&step);
         let path = match step.path {
-            StepPath::Mono if self.backend.supports_mono() && Path::Mono.allows(&batch) => Path::Mono,
+            StepPath::Mono if self.backend.supports_mono() && Path::Mono.allows(&batch) => {
+                Path::Mono
+            }
             _ => Path::Standard,
         };
         match path {
             Path::Mono => self.ran_mono += 1,
             Path::Standard => self.ran_standard += 1,
         }
-        let logits = self.backend.forward(self.model, &mut self.cache, &batch, path, &self.opts, &mut Taps::none())?;
+        let logits = self.backend.forward(
+            self.model,
+            &mut self.cache,
+            &batch,
+            path,
+            &self.opts,
+            &mut Taps::none(),
+        )?;
         let vocab = self.model.config.vocab_size;
         if logits.len() != step.logits_rows.len() * vocab {
-            return Err(RunnerError::Logits { got: logits.len(), expected: step.logits_rows.len() * vocab });
+            return Err(RunnerError::Logits {
+                got: logits.len(),
+                expected: step.logits_rows.len() * vocab,
+            });
         }
-        let row_of: BTreeMap<u32, usize> = step.logits_rows.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+        let row_of: BTreeMap<u32, usize> = step
+            .logits_rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (r, i))
+            .collect();
         let mut results = Vec::new();
         for s in step.seqs.iter().filter(|s| s.needs_logits) {
-            let params = self.sched.request(s.request_id).map(|r| r.sampling).unwrap_or_default();
+            let params = self
+                .sched
+                .request(s.request_id)
+                .map(|r| r.sampling)
+                .unwrap_or_default();
             // The target's token after each row with logits, keyed by the
             // position it will occupy.
             let mut target = Vec::new();
             for r in s.first_row..s.first_row + s.num_rows {
                 if let Some(&i) = row_of.get(&r) {
                     let pos = step.rows[r as usize].position;
-                    target.push(sample(&logits[i * vocab..(i + 1) * vocab], &params, pos + 1));
+                    target.push(sample(
+                        &logits[i * vocab..(i + 1) * vocab],
+                        &params,
+                        pos + 1,
+                    ));
                 }
             }
             let tokens = match &s.kind {
                 RowKind::Verify { draft } => {
-                    verify_greedy(draft, &target).map_err(|_| SchedError::BadResult(s.request_id))?.tokens
+                    verify_greedy(draft, &target)
+                        .map_err(|_| SchedError::BadResult(s.request_id))?
+                        .tokens
                 }
                 _ => target.last().copied().into_iter().collect(),
             };
-            results.push(SeqTokens { request_id: s.request_id, tokens });
+            results.push(SeqTokens {
+                request_id: s.request_id,
+                tokens,
+            });
         }
         self.sched.commit(&step, &results)?;
         Ok(step)
@@ -183,7 +231,10 @@ impl<'a> SchedRunner<'a> {
     /// Step until every queued request has finished; returns the finished
     /// requests in completion order. `on_step` sees each step and the
     /// requests it finished (progress reporting).
-    pub fn run(&mut self, mut on_step: impl FnMut(&ScheduledStep, &[FinishedRequest])) -> Result<Vec<FinishedRequest>, RunnerError> {
+    pub fn run(
+        &mut self,
+        mut on_step: impl FnMut(&ScheduledStep, &[FinishedRequest]),
+    ) -> Result<Vec<FinishedRequest>, RunnerError> {
         let mut done = self.sched.take_finished();
         let mut idle = 0;
         while !self.sched.is_done() {

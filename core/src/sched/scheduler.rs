@@ -117,7 +117,9 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedError> {
         if cfg.max_batch_tokens == 0 || cfg.max_seqs == 0 {
-            return Err(SchedError::Config("max_batch_tokens and max_seqs must be > 0"));
+            return Err(SchedError::Config(
+                "max_batch_tokens and max_seqs must be > 0",
+            ));
         }
         let pool = BlockPool::new(cfg.num_blocks, cfg.block_size)?;
         Ok(Self {
@@ -166,7 +168,11 @@ impl Scheduler {
     /// finished at once as [`FinishReason::Rejected`]; a duplicate live id is
     /// an error.
     pub fn add_request(&mut self, req: Request) -> Result<(), SchedError> {
-        let live = self.waiting.iter().chain(self.running.iter()).any(|s| s.req.id == req.id);
+        let live = self
+            .waiting
+            .iter()
+            .chain(self.running.iter())
+            .any(|s| s.req.id == req.id);
         if live {
             return Err(SchedError::DuplicateRequest(req.id));
         }
@@ -201,7 +207,11 @@ impl Scheduler {
 
     /// The request `id` if it is queued or running.
     pub fn request(&self, id: RequestId) -> Option<&Request> {
-        self.running.iter().chain(self.waiting.iter()).find(|s| s.req.id == id).map(|s| &s.req)
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.req.id == id)
+            .map(|s| &s.req)
     }
 
     /// Running sequences ready for a decode step, with their tokens so far
@@ -217,7 +227,11 @@ impl Scheduler {
     /// `max_draft_tokens`; the planner may shorten it further to fit the
     /// budget and `max_tokens`).
     pub fn set_draft(&mut self, id: RequestId, mut draft: Vec<u32>) -> Result<(), SchedError> {
-        let seq = self.running.iter_mut().find(|s| s.req.id == id).ok_or(SchedError::UnknownRequest(id))?;
+        let seq = self
+            .running
+            .iter_mut()
+            .find(|s| s.req.id == id)
+            .ok_or(SchedError::UnknownRequest(id))?;
         if seq.tokens.len() != seq.num_computed + 1 {
             return Err(SchedError::NotDecoding(id));
         }
@@ -287,7 +301,9 @@ impl Scheduler {
             && b.seqs.len() < self.cfg.max_seqs
             && !self.waiting.is_empty()
         {
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             match self.admit(&mut seq, budget)? {
                 Some((base, n, copies)) => {
                     b.copies.extend(copies);
@@ -351,7 +367,11 @@ impl Scheduler {
 
     /// Record a step's results. `results` holds one entry for every sequence
     /// of the step with `needs_logits` (others may be omitted).
-    pub fn commit(&mut self, step: &ScheduledStep, results: &[SeqTokens]) -> Result<(), SchedError> {
+    pub fn commit(
+        &mut self,
+        step: &ScheduledStep,
+        results: &[SeqTokens],
+    ) -> Result<(), SchedError> {
         if step.is_empty() {
             return Ok(());
         }
@@ -362,16 +382,26 @@ impl Scheduler {
         let mut done: Vec<(RequestId, FinishReason)> = Vec::new();
         for s in &step.seqs {
             let id = s.request_id;
-            let seq = self.running.iter_mut().find(|q| q.req.id == id).ok_or(SchedError::UnknownRequest(id))?;
+            let seq = self
+                .running
+                .iter_mut()
+                .find(|q| q.req.id == id)
+                .ok_or(SchedError::UnknownRequest(id))?;
             if !s.needs_logits {
                 seq.num_computed += s.num_rows as usize;
             } else {
-                let out = &results.iter().find(|r| r.request_id == id).ok_or(SchedError::MissingResult(id))?.tokens;
+                let out = &results
+                    .iter()
+                    .find(|r| r.request_id == id)
+                    .ok_or(SchedError::MissingResult(id))?
+                    .tokens;
                 let draft: &[u32] = match &s.kind {
                     RowKind::Verify { draft } => draft,
                     _ => &[],
                 };
-                let ok = !out.is_empty() && out.len() <= draft.len() + 1 && out[..out.len() - 1] == draft[..out.len() - 1];
+                let ok = !out.is_empty()
+                    && out.len() <= draft.len() + 1
+                    && out[..out.len() - 1] == draft[..out.len() - 1];
                 if !ok {
                     return Err(SchedError::BadResult(id));
                 }
@@ -453,7 +483,11 @@ impl Scheduler {
     /// Try to admit `seq` with at most `budget` rows: prefix-cache lookup,
     /// block reservation. Returns its first chunk `(base, n, copies)`, or
     /// `None` (state unchanged) when the free blocks do not suffice.
-    fn admit(&mut self, seq: &mut Seq, budget: usize) -> Result<Option<(usize, usize, Vec<BlockCopy>)>, SchedError> {
+    fn admit(
+        &mut self,
+        seq: &mut Seq,
+        budget: usize,
+    ) -> Result<Option<(usize, usize, Vec<BlockCopy>)>, SchedError> {
         let bs = self.cfg.block_size;
         let len = seq.tokens.len();
         let mut hits: Vec<(BlockId, BlockHash)> = Vec::new();
@@ -473,7 +507,10 @@ impl Scheduler {
             let computed = if full_hit { len - 1 } else { hits.len() * bs };
             let n = (len - computed).min(budget);
             let need = (computed + n).div_ceil(bs) - hits.len() + usize::from(full_hit);
-            let idle_hits = hits.iter().filter(|(blk, _)| self.pool.ref_count(*blk) == 0).count();
+            let idle_hits = hits
+                .iter()
+                .filter(|(blk, _)| self.pool.ref_count(*blk) == 0)
+                .count();
             if self.pool.num_available() - idle_hits >= need {
                 for &(blk, _) in &hits {
                     self.pool.retain(blk)?;
@@ -511,7 +548,11 @@ impl Scheduler {
                 held[blk as usize] += 1;
             }
         }
-        if self.waiting.iter().any(|s| !s.blocks.is_empty() || s.num_computed != 0) {
+        if self
+            .waiting
+            .iter()
+            .any(|s| !s.blocks.is_empty() || s.num_computed != 0)
+        {
             return Err("a waiting sequence holds blocks");
         }
         for (blk, &h) in held.iter().enumerate() {
@@ -538,10 +579,18 @@ struct StepBuilder {
 /// Make sure `seq` has writable blocks for positions `base .. base + n`:
 /// copy-on-write of existing non-writable blocks in that range and new
 /// blocks past its table. All or nothing: `OutOfBlocks` changes nothing.
-fn reserve(pool: &mut BlockPool, seq: &mut Seq, base: usize, n: usize, bs: usize) -> Result<Vec<BlockCopy>, SchedError> {
+fn reserve(
+    pool: &mut BlockPool,
+    seq: &mut Seq,
+    base: usize,
+    n: usize,
+    bs: usize,
+) -> Result<Vec<BlockCopy>, SchedError> {
     let end_blocks = (base + n).div_ceil(bs);
     let first = base / bs;
-    let cows = (first..seq.blocks.len().min(end_blocks)).filter(|&k| !pool.is_writable(seq.blocks[k])).count();
+    let cows = (first..seq.blocks.len().min(end_blocks))
+        .filter(|&k| !pool.is_writable(seq.blocks[k]))
+        .count();
     let new = end_blocks.saturating_sub(seq.blocks.len());
     if pool.num_available() < cows + new {
         return Err(SchedError::OutOfBlocks);
@@ -564,14 +613,25 @@ fn emit(b: &mut StepBuilder, seq: &mut Seq, base: usize, n: usize, bs: usize) {
     let seq_idx = b.seqs.len() as u32;
     let first_row = b.rows.len() as u32;
     for p in base..base + n {
-        let token = if p < known { seq.tokens[p] } else { seq.draft[p - known] };
+        let token = if p < known {
+            seq.tokens[p]
+        } else {
+            seq.draft[p - known]
+        };
         let slot = seq.blocks[p / bs] as usize * bs + p % bs;
-        b.rows.push(Row { token, position: p as u32, slot: slot as u32, seq: seq_idx });
+        b.rows.push(Row {
+            token,
+            position: p as u32,
+            slot: slot as u32,
+            seq: seq_idx,
+        });
         b.prefill_rows += u64::from(p < seq.prefill_end);
     }
     let needs_logits = base + n >= known;
     let kind = if base + 1 == known && n > 1 {
-        RowKind::Verify { draft: seq.draft[..n - 1].to_vec() }
+        RowKind::Verify {
+            draft: seq.draft[..n - 1].to_vec(),
+        }
     } else if base + 1 == known {
         RowKind::Decode
     } else {

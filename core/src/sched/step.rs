@@ -86,7 +86,11 @@ impl ScheduledStep {
 
     /// Number of rows with a decode or verify kind.
     pub fn decode_rows(&self) -> usize {
-        self.seqs.iter().filter(|s| !matches!(s.kind, RowKind::Prefill)).map(|s| s.num_rows as usize).sum()
+        self.seqs
+            .iter()
+            .filter(|s| !matches!(s.kind, RowKind::Prefill))
+            .map(|s| s.num_rows as usize)
+            .sum()
     }
 }
 
@@ -132,7 +136,8 @@ impl StepCounters {
     /// Mean tokens committed per verify (accepted drafts + the target's own
     /// token), or `None` before any verify.
     pub fn mean_acceptance_length(&self) -> Option<f64> {
-        (self.spec_verifies > 0).then(|| (self.spec_accepted + self.spec_verifies) as f64 / self.spec_verifies as f64)
+        (self.spec_verifies > 0)
+            .then(|| (self.spec_accepted + self.spec_verifies) as f64 / self.spec_verifies as f64)
     }
 }
 
@@ -156,14 +161,26 @@ mod tests {
     #[test]
     fn path_rule() {
         let d = seq(RowKind::Decode, 1);
-        let v = seq(RowKind::Verify { draft: vec![1, 2, 3] }, 4);
+        let v = seq(
+            RowKind::Verify {
+                draft: vec![1, 2, 3],
+            },
+            4,
+        );
         let p = seq(RowKind::Prefill, 3);
         assert_eq!(plan_path(&[d.clone(), v.clone()], 5, 16), StepPath::Mono);
         assert_eq!(plan_path(&[d.clone(), p], 4, 16), StepPath::Standard);
         assert_eq!(plan_path(&vec![d.clone(); 16], 16, 16), StepPath::Mono);
         assert_eq!(plan_path(&vec![d.clone(); 17], 17, 16), StepPath::Standard);
-        assert_eq!(plan_path(&[v.clone(), v.clone(), v.clone(), v.clone(), v], 20, 16), StepPath::Standard);
+        assert_eq!(
+            plan_path(&[v.clone(), v.clone(), v.clone(), v.clone(), v], 20, 16),
+            StepPath::Standard
+        );
         assert_eq!(plan_path(&[], 0, 16), StepPath::Standard);
-        assert_eq!(plan_path(&vec![d; 4], 4, 2), StepPath::Standard, "threshold configurable");
+        assert_eq!(
+            plan_path(&vec![d; 4], 4, 2),
+            StepPath::Standard,
+            "threshold configurable"
+        );
     }
 }

@@ -92,8 +92,13 @@ impl SynthSpec {
     /// Defaults: seed 0, automatic shard size, a tokenizer, and a draft of
     /// 2 layers for the `tiny` preset and 5 otherwise.
     pub fn new(config: ModelConfig, experts: ExpertFormat, dense: DenseFormat) -> Self {
-        let layers = if config.model_type == "tiny" { 2 } else { DsparkConfig::DEFAULT_LAYERS };
-        let draft = DsparkConfig::for_target(&config, layers, tokenizer::mask_token_id(config.vocab_size));
+        let layers = if config.model_type == "tiny" {
+            2
+        } else {
+            DsparkConfig::DEFAULT_LAYERS
+        };
+        let draft =
+            DsparkConfig::for_target(&config, layers, tokenizer::mask_token_id(config.vocab_size));
         SynthSpec {
             config,
             experts,
@@ -155,7 +160,10 @@ pub fn config_json(spec: &SynthSpec) -> Result<String, SynthError> {
         obj.insert("quantization_config".into(), q);
     }
     if spec.tokenizer {
-        obj.insert("eos_token_id".into(), tokenizer::eos_token_id(spec.config.vocab_size).into());
+        obj.insert(
+            "eos_token_id".into(),
+            tokenizer::eos_token_id(spec.config.vocab_size).into(),
+        );
     }
     serde_json::to_string_pretty(&v).map_err(|e| SynthError::Invalid(format!("config.json: {e}")))
 }
@@ -166,12 +174,15 @@ pub fn write_checkpoint_with(
     dir: &Path,
     progress: &mut dyn Progress,
 ) -> Result<SynthReport, SynthError> {
-    spec.config.validate().map_err(|e| SynthError::Invalid(e.to_string()))?;
+    spec.config
+        .validate()
+        .map_err(|e| SynthError::Invalid(e.to_string()))?;
     let units = plan::target_units(&spec.config, spec.experts, spec.dense);
     plan::check_blocks(&units).map_err(SynthError::Invalid)?;
     let draft_units = match &spec.draft {
         Some(d) => {
-            d.validate(Some(&spec.config)).map_err(|e| SynthError::Invalid(e.to_string()))?;
+            d.validate(Some(&spec.config))
+                .map_err(|e| SynthError::Invalid(e.to_string()))?;
             plan::draft_units(d)
         }
         None => Vec::new(),
@@ -192,9 +203,19 @@ pub fn write_checkpoint_with(
     write_shards(&root, &target, &units, spec.seed, |n| n.into(), progress)?;
     if let Some(d) = &spec.draft {
         let ddir = root.join(dspark::DIR);
-        std::fs::create_dir(&ddir).map_err(|source| WriteError::Io { path: ddir.clone(), source })?;
+        std::fs::create_dir(&ddir).map_err(|source| WriteError::Io {
+            path: ddir.clone(),
+            source,
+        })?;
         writer::write_file_atomic(&ddir.join("config.json"), d.to_json().as_bytes())?;
-        write_shards(&ddir, &draft, &draft_units, spec.seed, plan::draft_key, progress)?;
+        write_shards(
+            &ddir,
+            &draft,
+            &draft_units,
+            spec.seed,
+            plan::draft_key,
+            progress,
+        )?;
     }
     stage.commit()?;
     Ok(SynthReport {
@@ -209,7 +230,10 @@ pub fn write_checkpoint_with(
 fn plan_units(units: &[Unit], shard_bytes: Option<u64>) -> Vec<ShardPlan> {
     let groups: Vec<_> = units.iter().map(Unit::entries).collect();
     let total: u64 = groups.iter().flatten().map(|t| t.nbytes()).sum();
-    writer::plan_shards(groups, shard_bytes.unwrap_or_else(|| default_shard_bytes(total)))
+    writer::plan_shards(
+        groups,
+        shard_bytes.unwrap_or_else(|| default_shard_bytes(total)),
+    )
 }
 
 /// Write every shard of `shards` under `dir`, the units in order, then the
@@ -228,16 +252,25 @@ fn write_shards(
         while let Some(t) = w.current() {
             let want = t.name.clone();
             let Some(unit) = next.next() else {
-                return Err(SynthError::Invalid(format!("{}: no unit left for `{want}`", shard.file)));
+                return Err(SynthError::Invalid(format!(
+                    "{}: no unit left for `{want}`",
+                    shard.file
+                )));
             };
             if unit.name != want {
-                return Err(SynthError::Invalid(format!("{}: plan expects `{want}`, unit is `{}`", shard.file, unit.name)));
+                return Err(SynthError::Invalid(format!(
+                    "{}: plan expects `{want}`, unit is `{}`",
+                    shard.file, unit.name
+                )));
             }
             emit_unit(&mut w, unit, Stream::new(seed, &key(&unit.name)), progress)?;
         }
         w.finish()?;
     }
-    writer::write_file_atomic(&dir.join(writer::INDEX_FILE), writer::index_json(shards)?.as_bytes())?;
+    writer::write_file_atomic(
+        &dir.join(writer::INDEX_FILE),
+        writer::index_json(shards)?.as_bytes(),
+    )?;
     Ok(())
 }
 
@@ -253,12 +286,19 @@ pub fn unit_values(unit: &Unit, stream: &Stream, r0: usize, rows: usize) -> Vec<
 /// keys it (`draft`: a `dspark/` tensor). For tests that check stored
 /// tensors against what they should hold.
 pub fn values_of(unit: &Unit, seed: u64, draft: bool) -> Vec<f32> {
-    let key = if draft { plan::draft_key(&unit.name) } else { unit.name.clone() };
+    let key = if draft {
+        plan::draft_key(&unit.name)
+    } else {
+        unit.name.clone()
+    };
     unit_values(unit, &Stream::new(seed, &key), 0, unit.rows())
 }
 
 fn fmt_err(tensor: &str) -> impl FnOnce(FormatError) -> SynthError + '_ {
-    move |source| SynthError::Format { tensor: tensor.into(), source }
+    move |source| SynthError::Format {
+        tensor: tensor.into(),
+        source,
+    }
 }
 
 fn le_bytes_f32(v: &[f32]) -> Vec<u8> {
@@ -268,7 +308,12 @@ fn le_bytes_f32(v: &[f32]) -> Vec<u8> {
 /// Generate one unit and write its tensors, in row chunks where the format
 /// allows (bf16, f32, MX: blocks never cross rows), whole for NVFP4 (its
 /// global scale needs the whole tensor's amax).
-fn emit_unit(w: &mut ShardWriter, unit: &Unit, st: Stream, progress: &mut dyn Progress) -> Result<(), SynthError> {
+fn emit_unit(
+    w: &mut ShardWriter,
+    unit: &Unit,
+    st: Stream,
+    progress: &mut dyn Progress,
+) -> Result<(), SynthError> {
     let (rows, cols) = (unit.rows(), unit.cols());
     let chunk_rows = (CHUNK_ELEMS / cols).max(1);
     let name = unit.name.as_str();
@@ -282,7 +327,9 @@ fn emit_unit(w: &mut ShardWriter, unit: &Unit, st: Stream, progress: &mut dyn Pr
                 let bytes = if unit.storage == Storage::F32 {
                     le_bytes_f32(&v)
                 } else {
-                    v.iter().flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes()).collect()
+                    v.iter()
+                        .flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes())
+                        .collect()
                 };
                 w.write(name, &bytes)?;
                 progress.advance(bytes.len() as u64, name);
@@ -328,4 +375,74 @@ fn emit_unit(w: &mut ShardWriter, unit: &Unit, st: Stream, progress: &mut dyn Pr
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Checkpoint, LoadOptions};
+
+    /// The library entry point other crates' tests use: a tiny checkpoint in
+    /// a tempdir that the loader opens, validates and loads, with the
+    /// draft's config beside it.
+    #[test]
+    fn library_writes_a_loadable_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("tiny");
+        let cfg = ModelConfig::preset("tiny").unwrap().with_layers(2).unwrap();
+        let mut spec = SynthSpec::new(cfg.clone(), ExpertFormat::Mxfp4, DenseFormat::Bf16);
+        spec.shard_bytes = Some(64 << 10);
+        let report = write_checkpoint(&spec, &ckpt).unwrap();
+        assert!(report.shards >= 2, "{report:?}");
+        let ck = Checkpoint::open(&ckpt).unwrap();
+        let w = ck.load(&LoadOptions::default()).unwrap();
+        assert_eq!(w.config, cfg);
+        let d = std::fs::read_to_string(ckpt.join("dspark/config.json")).unwrap();
+        let d = DsparkConfig::from_json_str(&d).unwrap();
+        d.validate(Some(&cfg)).unwrap();
+        assert_eq!(d.n_layers, 2);
+        // Refuses to overwrite; replaces with `force`.
+        assert!(write_checkpoint(&spec, &ckpt).is_err());
+        spec.force = true;
+        spec.draft = None;
+        write_checkpoint(&spec, &ckpt).unwrap();
+        assert!(!ckpt.join("dspark").exists());
+    }
+
+    /// The bytes on disk (data areas of the shards) add up to the planned
+    /// entries' sizes, for every expert format.
+    #[test]
+    fn data_on_disk_matches_the_plan() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        for e in [
+            ExpertFormat::Nvfp4,
+            ExpertFormat::Mxfp4,
+            ExpertFormat::Mxfp8,
+            ExpertFormat::Bf16,
+        ] {
+            let planned: u64 = plan::target_units(&cfg, e, DenseFormat::Mxfp8)
+                .iter()
+                .flat_map(Unit::entries)
+                .map(|t| t.nbytes())
+                .sum();
+            let dir = tempfile::tempdir().unwrap();
+            let mut spec = SynthSpec::new(cfg.clone(), e, DenseFormat::Mxfp8);
+            spec.draft = None;
+            spec.tokenizer = false;
+            let out = dir.path().join("c");
+            let report = write_checkpoint(&spec, &out).unwrap();
+            let mut on_disk = 0u64;
+            for f in std::fs::read_dir(&out).unwrap() {
+                let p = f.unwrap().path();
+                if p.extension().is_some_and(|x| x == "safetensors") {
+                    let b = std::fs::read(&p).unwrap();
+                    let n = u64::from_le_bytes(b[..8].try_into().unwrap());
+                    on_disk += b.len() as u64 - 8 - n;
+                }
+            }
+            assert_eq!(on_disk, planned, "{e:?}");
+            assert_eq!(report.bytes, planned, "{e:?}");
+            assert!(report.shards >= 2, "{e:?}: tiny must have several shards");
+        }
+    }
 }

@@ -86,7 +86,12 @@ pub struct Unit {
 
 impl Unit {
     fn new(name: String, shape: &[usize], std: f64, storage: Storage) -> Self {
-        Unit { name, shape: shape.to_vec(), std, storage }
+        Unit {
+            name,
+            shape: shape.to_vec(),
+            std,
+            storage,
+        }
     }
     /// Rows of the matrix view (1 for a vector).
     pub fn rows(&self) -> usize {
@@ -105,7 +110,11 @@ impl Unit {
         let (r, c) = (self.rows(), self.cols());
         let sib = |s: &str| names::sibling(&self.name, s);
         match self.storage {
-            Storage::Bf16 => vec![TensorEntry::new(self.name.clone(), Dtype::BF16, &self.shape)],
+            Storage::Bf16 => vec![TensorEntry::new(
+                self.name.clone(),
+                Dtype::BF16,
+                &self.shape,
+            )],
             Storage::F32 => vec![TensorEntry::new(self.name.clone(), Dtype::F32, &self.shape)],
             Storage::Mxfp8 => vec![
                 TensorEntry::new(self.name.clone(), Dtype::F8E4M3, &[r, c]),
@@ -154,41 +163,107 @@ pub fn target_units(cfg: &ModelConfig, experts: ExpertFormat, dense: DenseFormat
     let es = Storage::from(experts);
     let qd = cfg.num_attention_heads * cfg.head_dim;
     let kvd = cfg.num_key_value_heads * cfg.head_dim;
-    let mut u = vec![Unit::new(n.embed(), &[cfg.vocab_size, h], 1.0, Storage::Bf16)];
+    let mut u = vec![Unit::new(
+        n.embed(),
+        &[cfg.vocab_size, h],
+        1.0,
+        Storage::Bf16,
+    )];
     for l in 0..cfg.num_hidden_layers {
         let ln = n.layer(l);
-        u.push(Unit::new(ln.input_layernorm(), &[h], NORM_STD, Storage::Bf16));
+        u.push(Unit::new(
+            ln.input_layernorm(),
+            &[h],
+            NORM_STD,
+            Storage::Bf16,
+        ));
         u.push(Unit::new(ln.q_proj(), &[qd, h], inv_sqrt(h), ds));
         u.push(Unit::new(ln.k_proj(), &[kvd, h], inv_sqrt(h), ds));
         u.push(Unit::new(ln.v_proj(), &[kvd, h], inv_sqrt(h), ds));
         u.push(Unit::new(ln.o_proj(), &[h, qd], inv_sqrt(qd) * res, ds));
-        u.push(Unit::new(ln.q_norm(), &[cfg.head_dim], NORM_STD, Storage::Bf16));
-        u.push(Unit::new(ln.k_norm(), &[cfg.head_dim], NORM_STD, Storage::Bf16));
+        u.push(Unit::new(
+            ln.q_norm(),
+            &[cfg.head_dim],
+            NORM_STD,
+            Storage::Bf16,
+        ));
+        u.push(Unit::new(
+            ln.k_norm(),
+            &[cfg.head_dim],
+            NORM_STD,
+            Storage::Bf16,
+        ));
         if cfg.attn_kinds.get(l) == Some(&AttnKind::Sparse) {
             let di = cfg.index_head_dim;
-            u.push(Unit::new(ln.index_q_proj(), &[cfg.index_n_heads * di, h], inv_sqrt(h), ds));
+            u.push(Unit::new(
+                ln.index_q_proj(),
+                &[cfg.index_n_heads * di, h],
+                inv_sqrt(h),
+                ds,
+            ));
             u.push(Unit::new(ln.index_k_proj(), &[di, h], inv_sqrt(h), ds));
             u.push(Unit::new(ln.index_q_norm(), &[di], NORM_STD, Storage::Bf16));
             u.push(Unit::new(ln.index_k_norm(), &[di], NORM_STD, Storage::Bf16));
         }
-        u.push(Unit::new(ln.post_attention_layernorm(), &[h], NORM_STD, Storage::Bf16));
+        u.push(Unit::new(
+            ln.post_attention_layernorm(),
+            &[h],
+            NORM_STD,
+            Storage::Bf16,
+        ));
         match cfg.mlp_kinds.get(l) {
             Some(MlpKind::Moe) => {
                 let e = cfg.num_local_experts;
-                u.push(Unit::new(ln.router(), &[e, h], ROUTER_LOGIT_STD * inv_sqrt(h), Storage::F32));
-                u.push(Unit::new(ln.correction_bias(), &[e], BIAS_STD, Storage::F32));
+                u.push(Unit::new(
+                    ln.router(),
+                    &[e, h],
+                    ROUTER_LOGIT_STD * inv_sqrt(h),
+                    Storage::F32,
+                ));
+                u.push(Unit::new(
+                    ln.correction_bias(),
+                    &[e],
+                    BIAS_STD,
+                    Storage::F32,
+                ));
                 for x in 0..e {
-                    mlp_units(&mut u, ln.expert(x).all(), h, cfg.intermediate_size, res, es);
+                    mlp_units(
+                        &mut u,
+                        ln.expert(x).all(),
+                        h,
+                        cfg.intermediate_size,
+                        res,
+                        es,
+                    );
                 }
                 if cfg.shared_intermediate_size > 0 {
-                    mlp_units(&mut u, ln.shared_expert().all(), h, cfg.shared_intermediate_size, res, ds);
+                    mlp_units(
+                        &mut u,
+                        ln.shared_expert().all(),
+                        h,
+                        cfg.shared_intermediate_size,
+                        res,
+                        ds,
+                    );
                 }
             }
-            _ => mlp_units(&mut u, ln.dense_mlp().all(), h, cfg.dense_intermediate_size, res, ds),
+            _ => mlp_units(
+                &mut u,
+                ln.dense_mlp().all(),
+                h,
+                cfg.dense_intermediate_size,
+                res,
+                ds,
+            ),
         }
     }
     u.push(Unit::new(n.final_norm(), &[h], NORM_STD, Storage::Bf16));
-    u.push(Unit::new(n.lm_head(), &[cfg.vocab_size, h], inv_sqrt(h), Storage::Bf16));
+    u.push(Unit::new(
+        n.lm_head(),
+        &[cfg.vocab_size, h],
+        inv_sqrt(h),
+        Storage::Bf16,
+    ));
     u
 }
 
@@ -213,12 +288,29 @@ pub fn draft_units(d: &DsparkConfig) -> Vec<Unit> {
         u.push(Unit::new(ln.q_norm(), &[d.head_dim], NORM_STD, b));
         u.push(Unit::new(ln.k_norm(), &[d.head_dim], NORM_STD, b));
         u.push(Unit::new(ln.post_attention_layernorm(), &[h], NORM_STD, b));
-        mlp_units(&mut u, [ln.gate_proj(), ln.up_proj(), ln.down_proj()], h, d.ffn_hidden_size, res, b);
+        mlp_units(
+            &mut u,
+            [ln.gate_proj(), ln.up_proj(), ln.down_proj()],
+            h,
+            d.ffn_hidden_size,
+            res,
+            b,
+        );
     }
     u.push(Unit::new(n.final_norm(), &[h], NORM_STD, b));
     // Markov bias E_m[prev] . W_m with std about 0.5 per logit.
-    u.push(Unit::new(n.markov_e(), &[d.vocab_size, d.markov_rank], 1.0, b));
-    u.push(Unit::new(n.markov_w(), &[d.markov_rank, d.vocab_size], 0.5 * inv_sqrt(d.markov_rank), b));
+    u.push(Unit::new(
+        n.markov_e(),
+        &[d.vocab_size, d.markov_rank],
+        1.0,
+        b,
+    ));
+    u.push(Unit::new(
+        n.markov_w(),
+        &[d.markov_rank, d.vocab_size],
+        0.5 * inv_sqrt(d.markov_rank),
+        b,
+    ));
     u
 }
 

@@ -53,7 +53,11 @@ fn fp8_group32() -> Value {
 }
 
 fn excluded(bf16_patterns: &[&str]) -> Vec<Value> {
-    ALWAYS_EXCLUDED.iter().chain(bf16_patterns).map(|p| Value::from(*p)).collect()
+    ALWAYS_EXCLUDED
+        .iter()
+        .chain(bf16_patterns)
+        .map(|p| Value::from(*p))
+        .collect()
 }
 
 /// Quark export: routed experts MXFP4 (fp4, per_group 32, e8m0 scales;
@@ -90,7 +94,10 @@ pub fn quark(mxfp8_patterns: &[&str], bf16_patterns: &[&str]) -> Value {
 /// their tensors say what they are); `bf16_patterns` are excluded.
 pub fn modelopt_nvfp4(bf16_patterns: &[&str]) -> Value {
     let mut layers = serde_json::Map::new();
-    layers.insert(EXPERTS.into(), json!({"quant_algo": "NVFP4", "group_size": 16}));
+    layers.insert(
+        EXPERTS.into(),
+        json!({"quant_algo": "NVFP4", "group_size": 16}),
+    );
     json!({
         "quant_method": "modelopt",
         "quant_algo": "NVFP4",
@@ -145,9 +152,15 @@ mod tests {
         assert_eq!(q["global_quant_config"]["weight"]["group_size"], 32);
         assert_eq!(q["layer_quant_config"][ATTN]["weight"]["dtype"], "fp8_e4m3");
         let q = for_synth(ExpertFormat::Mxfp4, DenseFormat::Bf16).unwrap();
-        assert!(q["exclude"].as_array().unwrap().contains(&Value::from(SHARED)));
+        assert!(q["exclude"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from(SHARED)));
         let m = for_synth(ExpertFormat::Nvfp4, DenseFormat::Mxfp8).unwrap();
-        assert_eq!((m["quant_method"].as_str(), m["quant_algo"].as_str()), (Some("modelopt"), Some("NVFP4")));
+        assert_eq!(
+            (m["quant_method"].as_str(), m["quant_algo"].as_str()),
+            (Some("modelopt"), Some("NVFP4"))
+        );
         let f = for_synth(ExpertFormat::Mxfp8, DenseFormat::Mxfp8).unwrap();
         assert_eq!(f["weight_block_size"], json!([1, 32]));
         assert_eq!(f["scale_fmt"], "ue8m0");

@@ -37,7 +37,9 @@ pub struct Stream {
 impl Stream {
     /// The stream of tensor `name` under `seed`.
     pub fn new(seed: u64, name: &str) -> Self {
-        Stream { key: mix64(mix64(seed ^ GAMMA).wrapping_add(fnv1a64(name.as_bytes()))) }
+        Stream {
+            key: mix64(mix64(seed ^ GAMMA).wrapping_add(fnv1a64(name.as_bytes()))),
+        }
     }
 
     /// The `i`-th 64-bit word of the stream.
@@ -60,7 +62,7 @@ impl Stream {
     /// sine).
     pub fn normal(&self, i: u64) -> f64 {
         let (c, s) = self.normal_pair(i / 2);
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             c
         } else {
             s
@@ -80,7 +82,7 @@ impl Stream {
     /// Box-Muller pair computed once; equal to calling `normal` per element).
     pub fn fill_normal(&self, start: u64, std: f64, out: &mut [f32]) {
         let mut j = 0;
-        if start % 2 == 1 && !out.is_empty() {
+        if !start.is_multiple_of(2) && !out.is_empty() {
             out[0] = (std * self.normal(start)) as f32;
             j = 1;
         }
@@ -132,8 +134,8 @@ const COS_COEF: [f64; SC_TERMS] = {
 };
 
 /// ln 2 split in two parts so `e * LN2_HI` is exact for |e| < 2^11.
-const LN2_HI: f64 = 6.931_471_803_691_238_2e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
 
 /// Natural log of a positive normal f64, from basic operations only:
 /// `x = m 2^e` with `m` in [sqrt(1/2), sqrt(2)), `ln m = 2 atanh(s)`,
@@ -165,7 +167,7 @@ fn sincos_turns(t: f64) -> (f64, f64) {
     let q4 = t * 4.0; // exact
     let quadrant = q4 as u32 & 3; // floor, t >= 0
     let f = q4 - (q4 as u32) as f64; // in [0, 1), exact
-    // Angle within the quadrant: f * pi/2; fold at pi/4 to keep the series short.
+                                     // Angle within the quadrant: f * pi/2; fold at pi/4 to keep the series short.
     let (fold, g) = if f > 0.5 { (true, 1.0 - f) } else { (false, f) };
     let x = g * core::f64::consts::FRAC_PI_2;
     let (mut s, mut c) = sincos_small(x);
@@ -248,7 +250,9 @@ mod tests {
         for (start, len) in [(0u64, 7usize), (3, 6), (5, 1), (4, 0)] {
             let mut v = vec![0.0f32; len];
             st.fill_normal(start, 0.5, &mut v);
-            let want: Vec<f32> = (0..len).map(|j| (0.5 * st.normal(start + j as u64)) as f32).collect();
+            let want: Vec<f32> = (0..len)
+                .map(|j| (0.5 * st.normal(start + j as u64)) as f32)
+                .collect();
             assert_eq!(v, want, "start {start} len {len}");
         }
     }

@@ -35,7 +35,9 @@ pub fn mask_token_id(vocab: usize) -> u32 {
 /// GPT-2's byte-to-unicode map: printable Latin-1 bytes map to themselves,
 /// the others to U+0100 onwards in byte order.
 pub fn byte_char(b: u8) -> char {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     if printable(b) {
         return b as char;
     }
@@ -46,14 +48,18 @@ pub fn byte_char(b: u8) -> char {
 /// The `tokenizer.json` text for a vocabulary of `vocab` ids (at least 258).
 pub fn tokenizer_json(vocab: usize) -> Result<String, String> {
     if vocab < 258 {
-        return Err(format!("tokenizer: vocab_size {vocab} is below 258 (256 bytes + 2 special tokens)"));
+        return Err(format!(
+            "tokenizer: vocab_size {vocab} is below 258 (256 bytes + 2 special tokens)"
+        ));
     }
     let n_merges = vocab - 258;
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
     let mut merges: Vec<Value> = Vec::with_capacity(n_merges);
     let letters: Vec<String> = (b'a'..=b'z').map(|b| (b as char).to_string()).collect();
     // Level-1 starts: a space-prefixed start symbol, then the letters.
-    let mut level: Vec<String> = core::iter::once(byte_char(b' ').to_string()).chain(letters.iter().cloned()).collect();
+    let mut level: Vec<String> = core::iter::once(byte_char(b' ').to_string())
+        .chain(letters.iter().cloned())
+        .collect();
     'outer: while merges.len() < n_merges {
         let mut next = Vec::with_capacity(level.len() * letters.len());
         for t in &level {
@@ -69,9 +75,17 @@ pub fn tokenizer_json(vocab: usize) -> Result<String, String> {
         }
         level = next;
     }
-    let vocab_map: BTreeMap<String, usize> = tokens.into_iter().enumerate().map(|(i, t)| (t, i)).collect();
+    let vocab_map: BTreeMap<String, usize> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t, i))
+        .collect();
     if vocab_map.len() != vocab - 2 {
-        return Err(format!("tokenizer: {} distinct tokens for {} ids", vocab_map.len(), vocab - 2));
+        return Err(format!(
+            "tokenizer: {} distinct tokens for {} ids",
+            vocab_map.len(),
+            vocab - 2
+        ));
     }
     let special = |id: u32, content: &str| {
         json!({"id": id, "content": content, "single_word": false, "lstrip": false,
@@ -120,7 +134,12 @@ mod tests {
     fn vocab_is_exactly_full() {
         for v in [258usize, 300, 512, 4096] {
             let t: Value = serde_json::from_str(&tokenizer_json(v).unwrap()).unwrap();
-            let ids: Vec<u64> = t["model"]["vocab"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).collect();
+            let ids: Vec<u64> = t["model"]["vocab"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
             assert_eq!(ids.len(), v - 2);
             assert_eq!(ids.iter().max().copied(), Some(v as u64 - 3));
             assert_eq!(t["model"]["merges"].as_array().unwrap().len(), v - 258);

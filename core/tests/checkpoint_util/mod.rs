@@ -279,7 +279,7 @@ pub fn safetensors_bytes(ts: &[T]) -> Vec<u8> {
         off += t.data.len();
     }
     let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     raw_file(

@@ -71,20 +71,30 @@ impl CudaGpu {
     pub fn open(ordinal: usize) -> Result<Self> {
         // SAFETY: only tries to dlopen libcuda's candidate names.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(GpuError::NoDriver("libcuda.so not found (no NVIDIA driver on this machine)".to_string()));
+            return Err(GpuError::NoDriver(
+                "libcuda.so not found (no NVIDIA driver on this machine)".to_string(),
+            ));
         }
         let (ctx, cc) = guard_as("CUDA driver", GpuError::NoDriver, || {
-            cudarc::driver::result::init().map_err(|e| GpuError::NoDriver(format!("cuInit: {e}")))?;
+            cudarc::driver::result::init()
+                .map_err(|e| GpuError::NoDriver(format!("cuInit: {e}")))?;
             let n = cudarc::driver::result::device::get_count()
                 .map_err(|e| GpuError::NoDevice(format!("cuDeviceGetCount: {e}")))?;
             if n <= 0 {
-                return Err(GpuError::NoDevice("the driver reports 0 CUDA devices".to_string()));
+                return Err(GpuError::NoDevice(
+                    "the driver reports 0 CUDA devices".to_string(),
+                ));
             }
             if ordinal >= n as usize {
-                return Err(GpuError::NoDevice(format!("device {ordinal} requested, {n} present")));
+                return Err(GpuError::NoDevice(format!(
+                    "device {ordinal} requested, {n} present"
+                )));
             }
-            let ctx = CudaContext::new(ordinal).map_err(|e| GpuError::NoDevice(format!("context on device {ordinal}: {e}")))?;
-            let cc = ctx.compute_capability().map_err(|e| GpuError::driver("cuDeviceGetAttribute", e))?;
+            let ctx = CudaContext::new(ordinal)
+                .map_err(|e| GpuError::NoDevice(format!("context on device {ordinal}: {e}")))?;
+            let cc = ctx
+                .compute_capability()
+                .map_err(|e| GpuError::driver("cuDeviceGetAttribute", e))?;
             Ok((ctx, cc))
         })?;
         let arch = format!("sm_{}{}", cc.0, cc.1);
@@ -169,12 +179,19 @@ impl CudaGpu {
                         tracing::warn!("kernel cache not written: {e}");
                     }
                 }
-                self.ctx.load_module(Ptx::from_binary(bin)).map_err(|e| GpuError::driver("cuModuleLoadData", e))?
+                self.ctx
+                    .load_module(Ptx::from_binary(bin))
+                    .map_err(|e| GpuError::driver("cuModuleLoadData", e))?
             }
         };
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if let Ok(mut l) = self.loads.lock() {
-            l.push(ModuleLoad { name: src.name, from, ms, cubin_bytes: bytes });
+            l.push(ModuleLoad {
+                name: src.name,
+                from,
+                ms,
+                cubin_bytes: bytes,
+            });
         }
         if let Ok(mut m) = self.modules.lock() {
             m.insert(key, module.clone());
@@ -185,11 +202,15 @@ impl CudaGpu {
     /// Kernel `entry` of module `src`.
     pub fn function(&self, src: &KernelSource, entry: &str) -> Result<CudaFunction> {
         let m = self.module(src)?;
-        m.load_function(entry).map_err(|e| GpuError::driver("cuModuleGetFunction", format!("{}::{entry}: {e}", src.name)))
+        m.load_function(entry).map_err(|e| {
+            GpuError::driver("cuModuleGetFunction", format!("{}::{entry}: {e}", src.name))
+        })
     }
 
     /// Wait for the stream and surface any asynchronous launch error.
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
     }
 }

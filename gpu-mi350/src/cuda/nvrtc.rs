@@ -15,7 +15,11 @@ pub(crate) fn guard<T>(what: &'static str, f: impl FnOnce() -> Result<T>) -> Res
 }
 
 /// [`guard`] with the error variant a panic turns into.
-pub(crate) fn guard_as<T>(what: &'static str, mk: fn(String) -> GpuError, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn guard_as<T>(
+    what: &'static str,
+    mk: fn(String) -> GpuError,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -77,10 +81,15 @@ pub fn supported_archs() -> Result<Vec<i32>> {
 /// real `--gpu-architecture=sm_XX`). On failure the error holds NVRTC's log.
 pub fn compile_cubin(name: &str, src: &str, arch: &str, opts: &[String]) -> Result<Vec<u8>> {
     available()?;
-    let csrc = CString::new(src).map_err(|_| GpuError::input("compile", format!("{name}: source holds a NUL byte")))?;
-    let cname = CString::new(format!("{name}.cu")).map_err(|_| GpuError::input("compile", "name holds a NUL byte"))?;
+    let csrc = CString::new(src)
+        .map_err(|_| GpuError::input("compile", format!("{name}: source holds a NUL byte")))?;
+    let cname = CString::new(format!("{name}.cu"))
+        .map_err(|_| GpuError::input("compile", "name holds a NUL byte"))?;
     if let Some(o) = opts.iter().find(|o| o.contains('\0')) {
-        return Err(GpuError::input("compile", format!("option {o:?} holds a NUL byte")));
+        return Err(GpuError::input(
+            "compile",
+            format!("option {o:?} holds a NUL byte"),
+        ));
     }
     guard("nvrtc compile", || {
         let prog = result::create_program(&csrc, Some(&cname))
@@ -93,7 +102,11 @@ pub fn compile_cubin(name: &str, src: &str, arch: &str, opts: &[String]) -> Resu
                 let log = unsafe { result::get_program_log(prog) }
                     .map(|l| c_chars_to_string(&l))
                     .unwrap_or_else(|_| "(no log)".to_string());
-                Err(GpuError::Compile { name: name.to_string(), arch: arch.to_string(), log: format!("{e}: {log}") })
+                Err(GpuError::Compile {
+                    name: name.to_string(),
+                    arch: arch.to_string(),
+                    log: format!("{e}: {log}"),
+                })
             }
         };
         // SAFETY: prog came from create_program and is destroyed once.
@@ -108,18 +121,28 @@ unsafe fn get_cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>> {
     let mut size = 0usize;
     sys::nvrtcGetCUBINSize(prog, &mut size)
         .result()
-        .map_err(|e| GpuError::NoCompiler(format!("nvrtcGetCUBINSize: {e} (was a real sm_XX requested?)")))?;
+        .map_err(|e| {
+            GpuError::NoCompiler(format!(
+                "nvrtcGetCUBINSize: {e} (was a real sm_XX requested?)"
+            ))
+        })?;
     let mut buf = vec![0u8; size];
     sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char)
         .result()
         .map_err(|e| GpuError::NoCompiler(format!("nvrtcGetCUBIN: {e}")))?;
     if buf.is_empty() {
-        return Err(GpuError::NoCompiler("NVRTC returned an empty CUBIN".to_string()));
+        return Err(GpuError::NoCompiler(
+            "NVRTC returned an empty CUBIN".to_string(),
+        ));
     }
     Ok(buf)
 }
 
 fn c_chars_to_string(v: &[c_char]) -> String {
-    let bytes: Vec<u8> = v.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = v
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).trim().to_string()
 }

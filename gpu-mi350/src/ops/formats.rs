@@ -34,9 +34,18 @@ pub struct Quantized {
     pub global: f32,
 }
 
-fn check_blocks(op: &'static str, rows: usize, cols: usize, block: usize, x_len: usize) -> Result<()> {
-    if cols % block != 0 {
-        return Err(GpuError::input(op, format!("last dimension {cols} is not a multiple of the block size {block}")));
+fn check_blocks(
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+    block: usize,
+    x_len: usize,
+) -> Result<()> {
+    if !cols.is_multiple_of(block) {
+        return Err(GpuError::input(
+            op,
+            format!("last dimension {cols} is not a multiple of the block size {block}"),
+        ));
     }
     check_len(op, "x", x_len, rows * cols)
 }
@@ -49,8 +58,16 @@ impl CudaGpu {
         let d = self.upload(codes)?;
         let mut out = self.zeros::<f32>(codes.len())?;
         let e = elem_id(elem);
-        unsafe { self.stream().launch_builder(&f).arg(&e).arg(&d).arg(&mut out).arg(&n).launch(grid_1d("decode_elem", codes.len())?) }
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_decode_elem", e))?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&e)
+                .arg(&d)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid_1d("decode_elem", codes.len())?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_decode_elem", e))?;
         let mut v = self.download(&out)?;
         v.truncate(codes.len());
         Ok(v)
@@ -62,8 +79,15 @@ impl CudaGpu {
         let f = self.function(&FORMATS, "m3_decode_e8m0")?;
         let d = self.upload(codes)?;
         let mut out = self.zeros::<f32>(codes.len())?;
-        unsafe { self.stream().launch_builder(&f).arg(&d).arg(&mut out).arg(&n).launch(grid_1d("decode_e8m0", codes.len())?) }
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_decode_e8m0", e))?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&d)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid_1d("decode_e8m0", codes.len())?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_decode_e8m0", e))?;
         let mut v = self.download(&out)?;
         v.truncate(codes.len());
         Ok(v)
@@ -76,8 +100,16 @@ impl CudaGpu {
         let d = self.upload(x)?;
         let mut out = self.zeros::<u8>(x.len())?;
         let e = elem_id(elem);
-        unsafe { self.stream().launch_builder(&f).arg(&e).arg(&d).arg(&mut out).arg(&n).launch(grid_1d("encode_elem", x.len())?) }
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_encode_elem", e))?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&e)
+                .arg(&d)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid_1d("encode_elem", x.len())?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_encode_elem", e))?;
         let mut v = self.download(&out)?;
         v.truncate(x.len());
         Ok(v)
@@ -89,17 +121,34 @@ impl CudaGpu {
         let f = self.function(&FORMATS, "m3_bf16_round")?;
         let d = self.upload(x)?;
         let mut out = self.zeros::<u16>(x.len())?;
-        unsafe { self.stream().launch_builder(&f).arg(&d).arg(&mut out).arg(&n).launch(grid_1d("bf16_round", x.len())?) }
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_bf16_round", e))?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&d)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid_1d("bf16_round", x.len())?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_bf16_round", e))?;
         let mut v = self.download(&out)?;
         v.truncate(x.len());
         Ok(v)
     }
 
     /// MX quantize a row-major `[rows, cols]` f32 tensor.
-    pub fn mx_quantize(&self, x: &[f32], rows: usize, cols: usize, elem: MxElem, rule: ScaleRule) -> Result<Quantized> {
+    pub fn mx_quantize(
+        &self,
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        elem: MxElem,
+        rule: ScaleRule,
+    ) -> Result<Quantized> {
         check_blocks("mx_quantize", rows, cols, 32, x.len())?;
-        let (r32, c32) = (as_u32("mx_quantize", "rows", rows)?, as_u32("mx_quantize", "cols", cols)?);
+        let (r32, c32) = (
+            as_u32("mx_quantize", "rows", rows)?,
+            as_u32("mx_quantize", "cols", cols)?,
+        );
         let nblocks = rows * cols / 32;
         let ncodes = elem.packed_len(rows * cols);
         let f = self.function(&FORMATS, "m3_mx_quantize")?;
@@ -124,15 +173,34 @@ impl CudaGpu {
         let mut s = self.download(&scales)?;
         c.truncate(ncodes);
         s.truncate(nblocks);
-        Ok(Quantized { codes: c, scales: s, global: 1.0 })
+        Ok(Quantized {
+            codes: c,
+            scales: s,
+            global: 1.0,
+        })
     }
 
     /// MX dequantize to f32.
-    pub fn mx_dequantize(&self, elem: MxElem, codes: &[u8], scales: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
+    pub fn mx_dequantize(
+        &self,
+        elem: MxElem,
+        codes: &[u8],
+        scales: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<f32>> {
         check_blocks("mx_dequantize", rows, cols, 32, rows * cols)?;
-        check_len("mx_dequantize", "codes", codes.len(), elem.packed_len(rows * cols))?;
+        check_len(
+            "mx_dequantize",
+            "codes",
+            codes.len(),
+            elem.packed_len(rows * cols),
+        )?;
         check_len("mx_dequantize", "scales", scales.len(), rows * cols / 32)?;
-        let (r32, c32) = (as_u32("mx_dequantize", "rows", rows)?, as_u32("mx_dequantize", "cols", cols)?);
+        let (r32, c32) = (
+            as_u32("mx_dequantize", "rows", rows)?,
+            as_u32("mx_dequantize", "cols", cols)?,
+        );
         let f = self.function(&FORMATS, "m3_mx_dequantize")?;
         let dc = self.upload(codes)?;
         let ds = self.upload(scales)?;
@@ -158,7 +226,10 @@ impl CudaGpu {
     /// NVFP4 quantize with one global scale computed on the device.
     pub fn nvfp4_quantize(&self, x: &[f32], rows: usize, cols: usize) -> Result<Quantized> {
         check_blocks("nvfp4_quantize", rows, cols, 16, x.len())?;
-        let (r32, c32) = (as_u32("nvfp4_quantize", "rows", rows)?, as_u32("nvfp4_quantize", "cols", cols)?);
+        let (r32, c32) = (
+            as_u32("nvfp4_quantize", "rows", rows)?,
+            as_u32("nvfp4_quantize", "cols", cols)?,
+        );
         let n = x.len();
         let nblocks = n / 16;
         let d = self.upload(x)?;
@@ -174,9 +245,18 @@ impl CudaGpu {
         cfg.grid_dim.0 = cfg.grid_dim.0.min(4096);
         let one = grid_1d("nvfp4_quantize", 1)?;
         unsafe {
-            self.stream().launch_builder(&fa).arg(&d).arg(&mut amax).arg(&n64).launch(cfg)
+            self.stream()
+                .launch_builder(&fa)
+                .arg(&d)
+                .arg(&mut amax)
+                .arg(&n64)
+                .launch(cfg)
                 .map_err(|e| GpuError::driver("cuLaunchKernel m3_nvfp4_amax", e))?;
-            self.stream().launch_builder(&fg).arg(&amax).arg(&mut g).launch(one)
+            self.stream()
+                .launch_builder(&fg)
+                .arg(&amax)
+                .arg(&mut g)
+                .launch(one)
                 .map_err(|e| GpuError::driver("cuLaunchKernel m3_nvfp4_global", e))?;
             self.stream()
                 .launch_builder(&fq)
@@ -194,15 +274,29 @@ impl CudaGpu {
         let gv = self.download(&g)?;
         c.truncate(n / 2);
         s.truncate(nblocks);
-        Ok(Quantized { codes: c, scales: s, global: gv.first().copied().unwrap_or(f32::NAN) })
+        Ok(Quantized {
+            codes: c,
+            scales: s,
+            global: gv.first().copied().unwrap_or(f32::NAN),
+        })
     }
 
     /// NVFP4 dequantize to f32 (f32 rounding of the exact product).
-    pub fn nvfp4_dequantize(&self, codes: &[u8], scales: &[u8], global: f32, rows: usize, cols: usize) -> Result<Vec<f32>> {
+    pub fn nvfp4_dequantize(
+        &self,
+        codes: &[u8],
+        scales: &[u8],
+        global: f32,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<f32>> {
         check_blocks("nvfp4_dequantize", rows, cols, 16, rows * cols)?;
         check_len("nvfp4_dequantize", "codes", codes.len(), rows * cols / 2)?;
         check_len("nvfp4_dequantize", "scales", scales.len(), rows * cols / 16)?;
-        let (r32, c32) = (as_u32("nvfp4_dequantize", "rows", rows)?, as_u32("nvfp4_dequantize", "cols", cols)?);
+        let (r32, c32) = (
+            as_u32("nvfp4_dequantize", "rows", rows)?,
+            as_u32("nvfp4_dequantize", "cols", cols)?,
+        );
         let f = self.function(&FORMATS, "m3_nvfp4_dequantize")?;
         let dc = self.upload(codes)?;
         let ds = self.upload(scales)?;
@@ -237,7 +331,10 @@ impl CudaGpu {
         check_blocks("nvfp4_to_mxfp4", rows, cols, 32, rows * cols)?;
         check_len("nvfp4_to_mxfp4", "codes", codes.len(), rows * cols / 2)?;
         check_len("nvfp4_to_mxfp4", "scales", scales.len(), rows * cols / 16)?;
-        let (r32, c32) = (as_u32("nvfp4_to_mxfp4", "rows", rows)?, as_u32("nvfp4_to_mxfp4", "cols", cols)?);
+        let (r32, c32) = (
+            as_u32("nvfp4_to_mxfp4", "rows", rows)?,
+            as_u32("nvfp4_to_mxfp4", "cols", cols)?,
+        );
         let f = self.function(&FORMATS, "m3_nvfp4_to_mxfp4")?;
         let dc = self.upload(codes)?;
         let ds = self.upload(scales)?;
@@ -263,6 +360,175 @@ impl CudaGpu {
         let mut s = self.download(&os)?;
         c.truncate(rows * cols / 2);
         s.truncate(nblocks);
-        Ok(Quantized { codes: c, scales: s, global: 1.0 })
+        Ok(Quantized {
+            codes: c,
+            scales: s,
+            global: 1.0,
+        })
+    }
+}
+
+impl CudaGpu {
+    /// MXFP8 -> BF16 bits (`RNE(decode(e) * 2^(s-127))`). With `exact`, a
+    /// NaN scale byte or one outside the exact range (3..=246 for E4M3,
+    /// 10..=239 for E5M2) is refused, naming row and block.
+    pub fn mxfp8_to_bf16(
+        &self,
+        elem: MxElem,
+        codes: &[u8],
+        scales: &[u8],
+        rows: usize,
+        cols: usize,
+        exact: bool,
+    ) -> Result<Vec<u16>> {
+        let (lo, hi) = match elem {
+            MxElem::Fp8E4M3 => (3u8, 246u8),
+            MxElem::Fp8E5M2 => (10, 239),
+            MxElem::Fp4E2M1 => {
+                return Err(GpuError::input(
+                    "mxfp8_to_bf16",
+                    "the tensor is MXFP4, not MXFP8",
+                ))
+            }
+        };
+        check_blocks("mxfp8_to_bf16", rows, cols, 32, rows * cols)?;
+        check_len("mxfp8_to_bf16", "codes", codes.len(), rows * cols)?;
+        check_len("mxfp8_to_bf16", "scales", scales.len(), rows * cols / 32)?;
+        if exact {
+            let nb = cols / 32;
+            if let Some((i, &s)) = scales
+                .iter()
+                .enumerate()
+                .find(|(_, &s)| s == 0xff || s < lo || s > hi)
+            {
+                return Err(GpuError::input(
+                    "mxfp8_to_bf16",
+                    format!(
+                        "block (row {}, block {}) cannot be converted losslessly: scale byte {s}",
+                        i / nb,
+                        i % nb
+                    ),
+                ));
+            }
+        }
+        let (r32, c32) = (
+            as_u32("mxfp8_to_bf16", "rows", rows)?,
+            as_u32("mxfp8_to_bf16", "cols", cols)?,
+        );
+        let f = self.function(&FORMATS, "m3_mxfp8_to_bf16")?;
+        let dc = self.upload(codes)?;
+        let ds = self.upload(scales)?;
+        let mut out = self.zeros::<u16>(rows * cols)?;
+        let e = elem_id(elem);
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&e)
+                .arg(&dc)
+                .arg(&ds)
+                .arg(&mut out)
+                .arg(&r32)
+                .arg(&c32)
+                .launch(grid_1d("mxfp8_to_bf16", rows * cols)?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_mxfp8_to_bf16", e))?;
+        let mut v = self.download(&out)?;
+        v.truncate(rows * cols);
+        Ok(v)
+    }
+
+    /// PTPC FP8 (E4M3) quantize per row: (codes, per-row f32 scales).
+    pub fn ptpc_quantize(
+        &self,
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<(Vec<u8>, Vec<f32>)> {
+        check_len("ptpc_quantize", "x", x.len(), rows * cols)?;
+        if rows == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let (r32, c32) = (
+            as_u32("ptpc_quantize", "rows", rows)?,
+            as_u32("ptpc_quantize", "cols", cols)?,
+        );
+        let f = self.function(&FORMATS, "m3_ptpc_quantize")?;
+        let d = self.upload(x)?;
+        let mut codes = self.zeros::<u8>(rows * cols)?;
+        let mut scales = self.zeros::<f32>(rows)?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&d)
+                .arg(&mut codes)
+                .arg(&mut scales)
+                .arg(&r32)
+                .arg(&c32)
+                .launch(grid_1d("ptpc_quantize", rows)?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_ptpc_quantize", e))?;
+        let mut c = self.download(&codes)?;
+        let mut s = self.download(&scales)?;
+        c.truncate(rows * cols);
+        s.truncate(rows);
+        Ok((c, s))
+    }
+
+    /// PTPC dequantize: `e4m3 * scale_row`.
+    pub fn ptpc_dequantize(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<f32>> {
+        check_len("ptpc_dequantize", "codes", codes.len(), rows * cols)?;
+        check_len("ptpc_dequantize", "scales", scales.len(), rows)?;
+        if rows * cols == 0 {
+            return Ok(Vec::new());
+        }
+        let (r32, c32) = (
+            as_u32("ptpc_dequantize", "rows", rows)?,
+            as_u32("ptpc_dequantize", "cols", cols)?,
+        );
+        let f = self.function(&FORMATS, "m3_ptpc_dequantize")?;
+        let dc = self.upload(codes)?;
+        let ds = self.upload(scales)?;
+        let mut out = self.zeros::<f32>(rows * cols)?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&dc)
+                .arg(&ds)
+                .arg(&mut out)
+                .arg(&r32)
+                .arg(&c32)
+                .launch(grid_1d("ptpc_dequantize", rows * cols)?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_ptpc_dequantize", e))?;
+        let mut v = self.download(&out)?;
+        v.truncate(rows * cols);
+        Ok(v)
+    }
+
+    /// FP8 cache store: `encode_sat_e4m3(x / scale)` per value.
+    pub fn cache_cast_e4m3(&self, x: &[f32], scale: f32) -> Result<Vec<u8>> {
+        let n = as_u32("cache_cast_e4m3", "n", x.len())?;
+        let f = self.function(&FORMATS, "m3_cache_cast_e4m3")?;
+        let d = self.upload(x)?;
+        let mut out = self.zeros::<u8>(x.len())?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&d)
+                .arg(&scale)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid_1d("cache_cast_e4m3", x.len())?)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_cache_cast_e4m3", e))?;
+        let mut v = self.download(&out)?;
+        v.truncate(x.len());
+        Ok(v)
     }
 }

@@ -43,15 +43,55 @@ impl WeightFormat {
             _ => n * k / 32,
         }
     }
-    fn entry(self) -> &'static str {
-        match self {
-            WeightFormat::Bf16 => "m3_linear_bf16",
-            WeightFormat::Mxfp8E4M3 => "m3_linear_mxfp8_e4m3",
-            WeightFormat::Mxfp8E5M2 => "m3_linear_mxfp8_e5m2",
-            WeightFormat::Mxfp4 => "m3_linear_mxfp4",
-            WeightFormat::Nvfp4 => "m3_linear_nvfp4",
+    fn entry(self, kernel: LinearKernel) -> &'static str {
+        match (self, kernel) {
+            (WeightFormat::Bf16, LinearKernel::V2) => "m3_linear_bf16",
+            (WeightFormat::Mxfp8E4M3, LinearKernel::V2) => "m3_linear_mxfp8_e4m3",
+            (WeightFormat::Mxfp8E5M2, LinearKernel::V2) => "m3_linear_mxfp8_e5m2",
+            (WeightFormat::Mxfp4, LinearKernel::V2) => "m3_linear_mxfp4",
+            (WeightFormat::Nvfp4, LinearKernel::V2) => "m3_linear_nvfp4",
+            (WeightFormat::Bf16, LinearKernel::V1) => "m3_linear_bf16_v1",
+            (WeightFormat::Mxfp8E4M3, LinearKernel::V1) => "m3_linear_mxfp8_e4m3_v1",
+            (WeightFormat::Mxfp8E5M2, LinearKernel::V1) => "m3_linear_mxfp8_e5m2_v1",
+            (WeightFormat::Mxfp4, LinearKernel::V1) => "m3_linear_mxfp4_v1",
+            (WeightFormat::Nvfp4, LinearKernel::V1) => "m3_linear_nvfp4_v1",
+            (WeightFormat::Bf16, LinearKernel::V3) => "m3_linear_bf16_v3",
+            (WeightFormat::Mxfp8E4M3, LinearKernel::V3) => "m3_linear_mxfp8_e4m3_v3",
+            (WeightFormat::Mxfp8E5M2, LinearKernel::V3) => "m3_linear_mxfp8_e5m2_v3",
+            (WeightFormat::Mxfp4, LinearKernel::V3) => "m3_linear_mxfp4_v3",
+            (WeightFormat::Nvfp4, LinearKernel::V3) => "m3_linear_nvfp4_v3",
         }
     }
+    /// Output rows one warp computes (M3Rows in linear.cu for v2).
+    fn rows_per_warp(self, kernel: LinearKernel) -> u32 {
+        match (self, kernel) {
+            (_, LinearKernel::V1) => 1,
+            (WeightFormat::Mxfp4 | WeightFormat::Nvfp4, LinearKernel::V2) => 2,
+            (_, LinearKernel::V2) => 4,
+            (WeightFormat::Mxfp4 | WeightFormat::Nvfp4, LinearKernel::V3) => 4,
+            (_, LinearKernel::V3) => 8,
+        }
+    }
+    /// Rows of x one launch handles (M3_LIN_MAXM / M3_LIN3_MAXM).
+    fn max_m(kernel: LinearKernel) -> usize {
+        match kernel {
+            LinearKernel::V3 => 2,
+            _ => MAX_M_PER_LAUNCH,
+        }
+    }
+}
+
+/// Which linear kernel generation to launch (v1 is kept to compare against
+/// in the same run, as the bench notes record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LinearKernel {
+    /// One warp per output row, select-chain decoders (session 1 baseline).
+    V1,
+    /// Several rows per warp sharing each x chunk, shift-and-multiply decoders.
+    #[default]
+    V2,
+    /// More rows per warp, weights re-decoded per x row: for M <= 2.
+    V3,
 }
 
 /// A linear weight `[n, k]` on the device.
@@ -83,17 +123,44 @@ impl CudaGpu {
         scales: &[u8],
         global: f32,
     ) -> Result<DeviceLinear> {
-        if k % 32 != 0 || n == 0 {
-            return Err(GpuError::input("upload_linear", format!("shape [{n}, {k}]: k must be a multiple of 32, n > 0")));
+        if !k.is_multiple_of(32) || n == 0 {
+            return Err(GpuError::input(
+                "upload_linear",
+                format!("shape [{n}, {k}]: k must be a multiple of 32, n > 0"),
+            ));
         }
-        check_len("upload_linear", "codes", codes.len(), format.code_bytes(n, k))?;
-        check_len("upload_linear", "scales", scales.len(), format.scale_bytes(n, k))?;
+        check_len(
+            "upload_linear",
+            "codes",
+            codes.len(),
+            format.code_bytes(n, k),
+        )?;
+        check_len(
+            "upload_linear",
+            "scales",
+            scales.len(),
+            format.scale_bytes(n, k),
+        )?;
         if format == WeightFormat::Nvfp4 && !global.is_finite() {
-            return Err(GpuError::input("upload_linear", format!("NVFP4 global scale {global} is not finite")));
+            return Err(GpuError::input(
+                "upload_linear",
+                format!("NVFP4 global scale {global} is not finite"),
+            ));
         }
         let c = self.upload(codes)?;
-        let s = if scales.is_empty() { self.zeros::<u8>(1)? } else { self.upload(scales)? };
-        Ok(DeviceLinear { format, n, k, codes: c, scales: s, global })
+        let s = if scales.is_empty() {
+            self.zeros::<u8>(1)?
+        } else {
+            self.upload(scales)?
+        };
+        Ok(DeviceLinear {
+            format,
+            n,
+            k,
+            codes: c,
+            scales: s,
+            global,
+        })
     }
 
     /// Upload a bf16 weight `[n, k]` given as bf16 bits.
@@ -113,21 +180,52 @@ impl CudaGpu {
 
     /// Upload an NVFP4 tensor as a linear weight.
     pub fn upload_linear_nvfp4(&self, t: &Nvfp4Tensor) -> Result<DeviceLinear> {
-        self.upload_linear(WeightFormat::Nvfp4, t.rows(), t.cols(), t.codes(), t.scales(), t.global())
+        self.upload_linear(
+            WeightFormat::Nvfp4,
+            t.rows(),
+            t.cols(),
+            t.codes(),
+            t.scales(),
+            t.global(),
+        )
     }
 
     /// `y[m, n] = bf16(sum_k x[m, k] W[n, k])` on device buffers: x `[m, k]`
     /// bf16 bits, y `[m, n]`. Launches ceil(m / 8) kernels.
-    pub fn linear_into(&self, w: &DeviceLinear, x: &CudaSlice<u16>, m: usize, y: &mut CudaSlice<u16>) -> Result<()> {
+    pub fn linear_into(
+        &self,
+        w: &DeviceLinear,
+        x: &CudaSlice<u16>,
+        m: usize,
+        y: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        self.linear_into_with(w, x, m, y, LinearKernel::default())
+    }
+
+    /// [`linear_into`](Self::linear_into) with an explicit kernel generation.
+    pub fn linear_into_with(
+        &self,
+        w: &DeviceLinear,
+        x: &CudaSlice<u16>,
+        m: usize,
+        y: &mut CudaSlice<u16>,
+        kernel: LinearKernel,
+    ) -> Result<()> {
         if x.len() < m * w.k || y.len() < m * w.n {
             return Err(GpuError::input(
                 "linear",
-                format!("x holds {} (needs {}), y holds {} (needs {})", x.len(), m * w.k, y.len(), m * w.n),
+                format!(
+                    "x holds {} (needs {}), y holds {} (needs {})",
+                    x.len(),
+                    m * w.k,
+                    y.len(),
+                    m * w.n
+                ),
             ));
         }
-        let f = self.function(&LINEAR, w.format.entry())?;
+        let f = self.function(&LINEAR, w.format.entry(kernel))?;
         let (n32, k32) = (w.n as u32, w.k as u32);
-        let rows_per_block = LIN_THREADS / CUDA_WARP;
+        let rows_per_block = LIN_THREADS / CUDA_WARP * w.format.rows_per_warp(kernel);
         let cfg = LaunchConfig {
             grid_dim: ((w.n as u32).div_ceil(rows_per_block), 1, 1),
             block_dim: (LIN_THREADS, 1, 1),
@@ -135,7 +233,7 @@ impl CudaGpu {
         };
         let mut m0 = 0;
         while m0 < m {
-            let mc = (m - m0).min(MAX_M_PER_LAUNCH);
+            let mc = (m - m0).min(WeightFormat::max_m(kernel));
             let xv = x.slice(m0 * w.k..(m0 + mc) * w.k);
             let mut yv = y.slice_mut(m0 * w.n..(m0 + mc) * w.n);
             let mc32 = mc as u32;
@@ -148,7 +246,8 @@ impl CudaGpu {
                 b.arg(&w.global);
             }
             b.arg(&mut yv).arg(&mc32).arg(&n32).arg(&k32);
-            unsafe { b.launch(cfg) }.map_err(|e| GpuError::driver("cuLaunchKernel m3_linear", e))?;
+            unsafe { b.launch(cfg) }
+                .map_err(|e| GpuError::driver("cuLaunchKernel m3_linear", e))?;
             m0 += mc;
         }
         Ok(())
@@ -156,10 +255,21 @@ impl CudaGpu {
 
     /// Host wrapper of [`linear_into`](Self::linear_into).
     pub fn linear(&self, w: &DeviceLinear, x: &[u16], m: usize) -> Result<Vec<u16>> {
+        self.linear_with(w, x, m, LinearKernel::default())
+    }
+
+    /// [`linear`](Self::linear) with an explicit kernel generation.
+    pub fn linear_with(
+        &self,
+        w: &DeviceLinear,
+        x: &[u16],
+        m: usize,
+        kernel: LinearKernel,
+    ) -> Result<Vec<u16>> {
         check_len("linear", "x", x.len(), m * w.k)?;
         let dx = self.upload(x)?;
         let mut dy = self.zeros::<u16>(m * w.n)?;
-        self.linear_into(w, &dx, m, &mut dy)?;
+        self.linear_into_with(w, &dx, m, &mut dy, kernel)?;
         let mut v = self.download(&dy)?;
         v.truncate(m * w.n);
         Ok(v)

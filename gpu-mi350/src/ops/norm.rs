@@ -10,7 +10,14 @@ use crate::CudaGpu;
 impl CudaGpu {
     /// `y = x / sqrt(mean(x^2) + eps) * (1 + w)` per row of `n`; returns f32
     /// and its bf16 rounding.
-    pub fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32, rows: usize, n: usize) -> Result<(Vec<f32>, Vec<u16>)> {
+    pub fn rmsnorm(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        rows: usize,
+        n: usize,
+    ) -> Result<(Vec<f32>, Vec<u16>)> {
         check_len("rmsnorm", "x", x.len(), rows * n)?;
         check_len("rmsnorm", "w", w.len(), n)?;
         if rows == 0 || n == 0 {
@@ -27,18 +34,39 @@ impl CudaGpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        unsafe { self.stream().launch_builder(&f).arg(&dx).arg(&dw).arg(&eps).arg(&mut y).arg(&mut yb).arg(&n32).launch(cfg) }
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_rmsnorm", e))?;
+        unsafe {
+            self.stream()
+                .launch_builder(&f)
+                .arg(&dx)
+                .arg(&dw)
+                .arg(&eps)
+                .arg(&mut y)
+                .arg(&mut yb)
+                .arg(&n32)
+                .launch(cfg)
+        }
+        .map_err(|e| GpuError::driver("cuLaunchKernel m3_rmsnorm", e))?;
         Ok((self.download(&y)?, self.download(&yb)?))
     }
 
     /// Partial NeoX RoPE over x `[t, heads, d]` with `positions[t]`;
     /// returns bf16 bits.
-    pub fn rope(&self, x: &[f32], positions: &[u32], theta: f64, heads: usize, d: usize, rd: usize) -> Result<Vec<u16>> {
+    pub fn rope(
+        &self,
+        x: &[f32],
+        positions: &[u32],
+        theta: f64,
+        heads: usize,
+        d: usize,
+        rd: usize,
+    ) -> Result<Vec<u16>> {
         let t = positions.len();
         check_len("rope", "x", x.len(), t * heads * d)?;
-        if rd % 2 != 0 || rd > d {
-            return Err(GpuError::input("rope", format!("rotary_dim {rd} must be even and <= head_dim {d}")));
+        if !rd.is_multiple_of(2) || rd > d {
+            return Err(GpuError::input(
+                "rope",
+                format!("rotary_dim {rd} must be even and <= head_dim {d}"),
+            ));
         }
         let items = t * heads * (d - rd / 2);
         if items == 0 {
@@ -48,8 +76,12 @@ impl CudaGpu {
         let dx = self.upload(x)?;
         let dp = self.upload(positions)?;
         let mut out = self.zeros::<u16>(x.len())?;
-        let (h32, d32, rd32, t32) =
-            (as_u32("rope", "heads", heads)?, as_u32("rope", "d", d)?, as_u32("rope", "rd", rd)?, as_u32("rope", "t", t)?);
+        let (h32, d32, rd32, t32) = (
+            as_u32("rope", "heads", heads)?,
+            as_u32("rope", "d", d)?,
+            as_u32("rope", "rd", rd)?,
+            as_u32("rope", "t", t)?,
+        );
         unsafe {
             self.stream()
                 .launch_builder(&f)

@@ -20,8 +20,19 @@ impl Timing {
     /// Summarize samples (empty gives NaNs).
     pub fn from_samples(mut v: Vec<f64>) -> Self {
         v.sort_by(|a, b| a.total_cmp(b));
-        let q = |p: f64| if v.is_empty() { f64::NAN } else { v[((v.len() - 1) as f64 * p).round() as usize] };
-        Timing { median_ms: q(0.5), p10_ms: q(0.1), p90_ms: q(0.9), samples: v.len() }
+        let q = |p: f64| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v[((v.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        Timing {
+            median_ms: q(0.5),
+            p10_ms: q(0.1),
+            p90_ms: q(0.9),
+            samples: v.len(),
+        }
     }
     /// GB/s (1e9 bytes per second) for `bytes` moved in the median time.
     pub fn gbps(&self, bytes: usize) -> f64 {
@@ -32,20 +43,35 @@ impl Timing {
 impl CudaGpu {
     /// Time `f` with device events: `warmup` untimed calls, then `iters`
     /// calls each bracketed by its own event pair.
-    pub fn time(&self, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
+    pub fn time(
+        &self,
+        warmup: usize,
+        iters: usize,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Timing> {
         for _ in 0..warmup {
             f()?;
         }
         self.sync()?;
-        let ev = |c| self.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| GpuError::driver(c, e));
+        let ev = |c| {
+            self.context()
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| GpuError::driver(c, e))
+        };
         let mut samples = Vec::with_capacity(iters);
         for _ in 0..iters {
             let (a, b) = (ev("cuEventCreate")?, ev("cuEventCreate")?);
-            a.record(self.stream()).map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            a.record(self.stream())
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
             f()?;
-            b.record(self.stream()).map_err(|e| GpuError::driver("cuEventRecord", e))?;
-            b.synchronize().map_err(|e| GpuError::driver("cuEventSynchronize", e))?;
-            samples.push(a.elapsed_ms(&b).map_err(|e| GpuError::driver("cuEventElapsedTime", e))? as f64);
+            b.record(self.stream())
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            b.synchronize()
+                .map_err(|e| GpuError::driver("cuEventSynchronize", e))?;
+            samples.push(
+                a.elapsed_ms(&b)
+                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))? as f64,
+            );
         }
         Ok(Timing::from_samples(samples))
     }
@@ -55,7 +81,11 @@ impl CudaGpu {
     pub fn probe_copy(&self, bytes: usize, iters: usize) -> Result<Timing> {
         let src = self.zeros::<u8>(bytes)?;
         let mut dst = self.zeros::<u8>(bytes)?;
-        self.time(3, iters, || self.stream().memcpy_dtod(&src, &mut dst).map_err(|e| GpuError::driver("cuMemcpyDtoD", e)))
+        self.time(3, iters, || {
+            self.stream()
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(|e| GpuError::driver("cuMemcpyDtoD", e))
+        })
     }
 
     /// Streaming read of `bytes` (multiple of 16) with `m3_stream_read`.
@@ -65,11 +95,22 @@ impl CudaGpu {
         let mut sink = self.zeros::<u32>(1)?;
         let f = self.function(&BENCH, "m3_stream_read")?;
         let sms = self.info().sm_count.max(1) as u32;
-        let cfg = LaunchConfig { grid_dim: (sms * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (sms * 8, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         self.time(3, iters, || {
-            unsafe { self.stream().launch_builder(&f).arg(&buf).arg(&n16).arg(&mut sink).launch(cfg) }
-                .map(|_| ())
-                .map_err(|e| GpuError::driver("cuLaunchKernel m3_stream_read", e))
+            unsafe {
+                self.stream()
+                    .launch_builder(&f)
+                    .arg(&buf)
+                    .arg(&n16)
+                    .arg(&mut sink)
+                    .launch(cfg)
+            }
+            .map(|_| ())
+            .map_err(|e| GpuError::driver("cuLaunchKernel m3_stream_read", e))
         })
     }
 }

@@ -8,7 +8,9 @@ use m3_gpu::CudaGpu;
 
 /// Whether the environment demands a GPU.
 pub fn require_gpu() -> bool {
-    std::env::var("REQUIRE_GPU").map(|v| v == "1").unwrap_or(false)
+    std::env::var("REQUIRE_GPU")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// The GPU, or `None` after printing why the test is skipped.
@@ -55,5 +57,7 @@ pub fn first_f32_mismatch(a: &[f32], b: &[f32]) -> Option<usize> {
     if a.len() != b.len() {
         return Some(a.len().min(b.len()));
     }
-    a.iter().zip(b).position(|(x, y)| !(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())))
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| !(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())))
 }

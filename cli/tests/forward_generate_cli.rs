@@ -1,0 +1,209 @@
+//! `m3 forward` and `m3 generate` end to end on a synthetic `tiny`
+//! checkpoint written by `m3 synth`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn m3(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_m3"))
+        .args(args)
+        .output()
+        .expect("run m3")
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn one_line_error(o: &Output, needle: &str) {
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains(needle), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+fn synth(dir: &Path) -> String {
+    let ck = dir.join("tiny");
+    let ck_s = ck.to_str().expect("utf-8 path").to_string();
+    ok(&m3(&[
+        "synth",
+        "--out",
+        &ck_s,
+        "--experts",
+        "mxfp4",
+        "--draft-layers",
+        "0",
+        "-q",
+    ]));
+    ck_s
+}
+
+#[test]
+fn forward_dump_and_teacher_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = synth(dir.path());
+    let toks: Vec<String> = (0..80).map(|i| ((i * 37 + 5) % 500).to_string()).collect();
+    let toks = toks.join(",");
+    let d1 = dir.path().join("d1.safetensors");
+    let d2 = dir.path().join("d2.safetensors");
+    let (d1s, d2s) = (d1.to_str().unwrap(), d2.to_str().unwrap());
+    ok(&m3(&[
+        "forward", "--model", &ck, "--tokens", &toks, "--dump", d1s,
+    ]));
+    let bytes = std::fs::read(&d1).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<&str> = st.names();
+    names.sort();
+    assert_eq!(names.len(), 4 + 4 + 3 + 1, "{names:?}");
+    let r = st.tensor("residual.3").unwrap();
+    assert_eq!(
+        (r.dtype(), r.shape()),
+        (safetensors::Dtype::F32, &[80usize, 128][..])
+    );
+    let s = st.tensor("topk_blocks.0").unwrap();
+    assert_eq!(
+        (s.dtype(), s.shape()),
+        (safetensors::Dtype::I32, &[2usize, 80, 4][..])
+    );
+    assert_eq!(st.tensor("experts.1").unwrap().shape(), &[80, 2]);
+    assert_eq!(st.tensor("logits").unwrap().shape(), &[80, 512]);
+    // Teacher = its own dump, one thread: byte-identical output.
+    ok(&m3(&[
+        "forward",
+        "--model",
+        &ck,
+        "--tokens",
+        &toks,
+        "--dump",
+        d2s,
+        "--teacher",
+        d1s,
+        "--threads",
+        "1",
+    ]));
+    assert_eq!(bytes, std::fs::read(&d2).unwrap());
+    // A different run option changes the dump (the comparison can fail).
+    ok(&m3(&[
+        "forward",
+        "--model",
+        &ck,
+        "--tokens",
+        &toks,
+        "--dump",
+        d2s,
+        "--kv-dtype",
+        "fp8_e4m3",
+    ]));
+    assert_ne!(bytes, std::fs::read(&d2).unwrap());
+    // Bad input: one-line errors, no dump left behind.
+    let d3 = dir.path().join("d3.safetensors");
+    let d3s = d3.to_str().unwrap();
+    one_line_error(
+        &m3(&[
+            "forward", "--model", &ck, "--tokens", "1,2,512", "--dump", d3s,
+        ]),
+        "out of range",
+    );
+    one_line_error(
+        &m3(&[
+            "forward",
+            "--model",
+            "/nonexistent/m3",
+            "--tokens",
+            "1",
+            "--dump",
+            d3s,
+        ]),
+        "does not exist",
+    );
+    one_line_error(
+        &m3(&[
+            "forward",
+            "--model",
+            &ck,
+            "--tokens",
+            "1",
+            "--dump",
+            d3s,
+            "--teacher",
+            d3s,
+        ]),
+        "teacher",
+    );
+    one_line_error(
+        &m3(&[
+            "forward", "--model", &ck, "--tokens", "1", "--dump", d3s, "--act", "fp4",
+        ]),
+        "--act",
+    );
+    assert!(!d3.exists());
+}
+
+#[test]
+fn generate_from_tokens_and_prompt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = synth(dir.path());
+    let a = m3(&[
+        "generate",
+        "--model",
+        &ck,
+        "--tokens",
+        "5,6,7",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+    ]);
+    ok(&a);
+    let b = m3(&[
+        "generate",
+        "--model",
+        &ck,
+        "--tokens",
+        "5,6,7",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--threads",
+        "1",
+    ]);
+    ok(&b);
+    assert_eq!(a.stdout, b.stdout, "greedy output is deterministic");
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(
+        err.contains("backend cpu") && err.contains("tok/s"),
+        "{err}"
+    );
+    ok(&m3(&[
+        "generate",
+        "--model",
+        &ck,
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.9",
+    ]));
+    one_line_error(
+        &m3(&[
+            "generate",
+            "--model",
+            &ck,
+            "--tokens",
+            "1,2",
+            "--max-tokens",
+            "10",
+            "--max-context",
+            "8",
+        ]),
+        "--max-context",
+    );
+}

@@ -5,8 +5,13 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
+
+/// The token the `stop` line stops on (request "a"'s fourth output token,
+/// filled in once known; 0 before).
+static STOP: AtomicU64 = AtomicU64::new(0);
 
 fn m3(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_m3"))
@@ -33,11 +38,17 @@ this is not json
 {"id": 7, "tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 12, "temperature": 0.8, "seed": 3}
 {"id": "bad", "tokens": [99999]}
 {"tokens": [10, 11, 12, 10, 11, 12, 10, 11, 12, 10, 11, 12, 10, 11, 12, 10, 11, 12], "max_tokens": 16}
+{"id": "ten", "tokens": [1, 2], "max_tokens": "ten"}
+{"id": "stop", "tokens": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": 12, "stop": [[STOP]]}
 "#;
 
 fn batch(dir: &Path, model: &Path, name: &str, extra: &[&str]) -> (Vec<Value>, String, String) {
     let input = dir.join("in.jsonl");
-    std::fs::write(&input, INPUT).unwrap();
+    std::fs::write(
+        &input,
+        INPUT.replace("STOP", &STOP.load(Ordering::Relaxed).to_string()),
+    )
+    .unwrap();
     let out = dir.join(name);
     let mut args = vec![
         "batch",
@@ -111,9 +122,23 @@ fn batch_end_to_end() {
         model.to_str().unwrap(),
     ]);
 
+    let (first, _, _) = batch(tmp.path(), &model, "first.jsonl", &[]);
+    STOP.store(tokens(&first[0])[3], Ordering::Relaxed);
     let (recs, stdout, stderr) = batch(tmp.path(), &model, "out.jsonl", &[]);
     // One record per non-empty line, in input order.
-    assert_eq!(recs.len(), 6);
+    assert_eq!(recs.len(), 8);
+    assert!(
+        recs[6]["error"]
+            .as_str()
+            .unwrap()
+            .contains("line 8: `max_tokens` must be"),
+        "{}",
+        recs[6]
+    );
+    let a = tokens(&recs[0]);
+    let cut = a.iter().position(|&t| t == a[3]).unwrap() + 1;
+    assert_eq!(recs[7]["finish_reason"], "stop", "{}", recs[7]);
+    assert_eq!(tokens(&recs[7]), a[..cut]);
     assert_eq!(recs[0]["id"], "a");
     assert_eq!(recs[2]["line"], 3);
     assert!(recs[2]["error"]

@@ -59,11 +59,15 @@ fn requests() -> Vec<Request> {
 
 /// The minimal engine, one request alone.
 fn reference(m: &ModelWeights, r: &Request) -> Vec<u32> {
+    reference_with(m, r, CacheDtype::Bf16)
+}
+
+fn reference_with(m: &ModelWeights, r: &Request, dtype: CacheDtype) -> Vec<u32> {
     let be = CpuBackend::new();
     let layout = KvLayout {
         page_size: 16,
         num_pages: 16,
-        dtype: CacheDtype::Bf16,
+        dtype,
     };
     let mut e = Engine::new(
         &be,
@@ -145,6 +149,16 @@ fn preemption_with_tiny_cache_same_tokens() {
 
 #[test]
 fn prefix_cache_same_tokens_fewer_prefill() {
+    prefix_cache_case(CacheDtype::Bf16);
+}
+
+/// The copy-on-write copies raw fp8 codes: still the same tokens.
+#[test]
+fn prefix_cache_fp8_cache() {
+    prefix_cache_case(CacheDtype::Fp8E4M3);
+}
+
+fn prefix_cache_case(dtype: CacheDtype) {
     let m = model();
     let shared = prompt(9, 48);
     let mut reqs: Vec<Request> = (0..4u64)
@@ -160,14 +174,8 @@ fn prefix_cache_same_tokens_fewer_prefill() {
     let mut per_mode = Vec::new();
     for prefix in [false, true] {
         let be = CpuBackend::new();
-        let mut r = SchedRunner::new(
-            &be,
-            &m,
-            cfg(32, 64, prefix),
-            CacheDtype::Bf16,
-            RunOptions::default(),
-        )
-        .unwrap();
+        let mut r =
+            SchedRunner::new(&be, &m, cfg(32, 64, prefix), dtype, RunOptions::default()).unwrap();
         let mut out = BTreeMap::new();
         // One after the other, so later requests find the shared blocks cached.
         for q in &reqs {
@@ -185,7 +193,7 @@ fn prefix_cache_same_tokens_fewer_prefill() {
     let (on, c_on) = &per_mode[1];
     assert_eq!(off, on);
     for q in &reqs {
-        assert_eq!(on[&q.id], reference(&m, q));
+        assert_eq!(on[&q.id], reference_with(&m, q, dtype));
     }
     // 48 shared tokens = 3 full blocks, hit by requests 1..3, and 47 of
     // them by request 4 (one copy-on-write).

@@ -2,7 +2,9 @@
 //! arrivals, random limits, optional speculation) through the scheduler and
 //! the mock backend.
 //!
-//! Checked after every step: the pool's accounting (each block free, idle
+//! Checked after every step: the backend's `StepBatch::validate` accepts
+//! the step, the Mono/Standard decision matches the backend's rule, and the
+//! pool's accounting (each block free, idle
 //! cached or referenced, exactly once; reference counts equal the number of
 //! holders, so no block is owned twice and none goes negative — a release
 //! below zero is an error that fails the run). At the end: every request
@@ -10,8 +12,10 @@
 //! allocated again. With a cache too big to preempt, prefix hits reduce the
 //! computed prefill tokens by exactly the hit count.
 
+use m3_core::backend::Path;
 use m3_core::sched::mock::{mock_next, MockBackend, MockEngine};
-use m3_core::sched::{FinishReason, Request, Scheduler, SchedulerConfig};
+use m3_core::sched::runner::to_step_batch;
+use m3_core::sched::{FinishReason, Request, RowKind, Scheduler, SchedulerConfig, StepPath};
 use proptest::prelude::*;
 
 const VOCAB: u32 = 13;
@@ -118,8 +122,29 @@ fn run(s: &Stream, num_blocks: usize, prefix_cache: bool) -> Result<Outcome, Tes
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
         }
-        e.step()
+        let step = e
+            .step()
             .map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
+        // The backend's own validator accepts every planned step, and a
+        // planned Mono step without verify rows is one the backend's rule
+        // allows (the converse does not hold: the backend would also take a
+        // one-row prefill chunk per sequence; the planner keeps those on
+        // Standard, as prompt work is not decode).
+        let batch = to_step_batch(&step);
+        batch
+            .validate(s.block_size, num_blocks, VOCAB as usize)
+            .map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
+        let verify = step
+            .seqs
+            .iter()
+            .any(|q| matches!(q.kind, RowKind::Verify { .. }));
+        if step.path == StepPath::Mono && !verify {
+            prop_assert!(
+                Path::Mono.allows(&batch),
+                "step {}: planned Mono, backend refuses",
+                step_no
+            );
+        }
         done.extend(e.sched.take_finished());
         step_no += 1;
         prop_assert!(step_no < 20_000, "no progress");

@@ -13,9 +13,14 @@ use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 fn synthetic_checkpoints_load_and_run_deterministically() {
     let dir = tempfile::tempdir().expect("tempdir");
     let toks = tokens(70, 9);
-    for (i, experts) in [ExpertFormat::Mxfp4, ExpertFormat::Bf16, ExpertFormat::Mxfp8]
-        .into_iter()
-        .enumerate()
+    for (i, experts) in [
+        ExpertFormat::Nvfp4,
+        ExpertFormat::Mxfp4,
+        ExpertFormat::Bf16,
+        ExpertFormat::Mxfp8,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut spec = SynthSpec::new(tiny(), experts, DenseFormat::Mxfp8);
         spec.draft = None;

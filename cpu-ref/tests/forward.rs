@@ -132,7 +132,10 @@ fn sparse_selection_engages_and_changes_the_output() {
                 .fold(f32::INFINITY, f32::min);
             for (b, &sb) in s.iter().enumerate().take(n - 1) {
                 if !row.contains(&(b as i32)) {
-                    assert!(sb <= min_sel, "block {b} score {sb} beats a selected {min_sel}");
+                    assert!(
+                        sb <= min_sel,
+                        "block {b} score {sb} beats a selected {min_sel}"
+                    );
                 }
             }
             unforced_choices.insert(row[..k - 1].to_vec());

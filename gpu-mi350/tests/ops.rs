@@ -88,7 +88,12 @@ fn linear_matches_cpu_for_every_format() {
             let (dw, wf) = weights(&gpu, fmt, n, k, &mut rng);
             for m in [1, 3, 8, 11] {
                 let x = bf16_bits(&mut rng, m * k, 1.0);
-                for kern in [LinearKernel::V1, LinearKernel::V2, LinearKernel::V3] {
+                for kern in [
+                    LinearKernel::V1,
+                    LinearKernel::V2,
+                    LinearKernel::V3,
+                    LinearKernel::Auto,
+                ] {
                     let y = gpu.linear_with(&dw, &x, m, kern).unwrap();
                     let worst = check_linear(
                         &format!("{fmt} {kern:?} n{n} k{k} m{m}"),

@@ -4,7 +4,8 @@
 //!
 //! Input: JSONL, one request per line: `{"id": ..., "prompt": "text"}` (needs
 //! the checkpoint's tokenizer.json) or `{"id": ..., "tokens": [1, 2, 3]}`,
-//! with optional `max_tokens`, `temperature`, `top_k`, `top_p`, `seed`. A
+//! with optional `max_tokens`, `temperature`, `top_k`, `top_p`, `seed` and
+//! `stop` (a list of strings or of token-id lists). A
 //! malformed line is reported with its line number (on stderr and as an
 //! `error` record in the output) and the other lines still run.
 //! Output: JSONL in input order, written to a temporary file in the output's
@@ -171,6 +172,41 @@ fn parse_line(
         let mut req = Request::greedy(line as u64, tokens, max_tokens);
         req.sampling = sampling;
         req.eos = eos.to_vec();
+        // `stop`: a list of stop sequences, each a string (tokenized) or a
+        // list of token ids; generation ends after one is produced.
+        match obj.get("stop") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) => {
+                for s in list {
+                    let seq: Vec<u32> = match s {
+                        Value::String(text) => {
+                            let tk = tokenizer
+                                .ok_or_else(|| anyhow!("a string in `stop` needs the tokenizer"))?;
+                            let enc = tk
+                                .encode(text.as_str(), false)
+                                .map_err(|e| anyhow!("tokenizing `stop`: {e}"))?;
+                            enc.get_ids().to_vec()
+                        }
+                        Value::Array(ids) => ids
+                            .iter()
+                            .map(|t| {
+                                t.as_u64()
+                                    .map(|x| x as u32)
+                                    .ok_or_else(|| anyhow!("`stop`: {t} is not a token id"))
+                            })
+                            .collect::<Result<_>>()?,
+                        other => {
+                            bail!("`stop`: {other} is neither a string nor a list of token ids")
+                        }
+                    };
+                    if seq.is_empty() {
+                        bail!("`stop`: empty stop sequence");
+                    }
+                    req.stop.push(seq);
+                }
+            }
+            Some(_) => bail!("`stop` must be a list"),
+        }
         Ok(req)
     };
     parse().map(|r| (id.clone(), r)).map_err(|e| (id, e))

@@ -90,11 +90,15 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Elements per row chunk when converting and verifying (bounds memory;
+    /// tests make it small to exercise the chunking).
+    #[arg(long, default_value_t = ROW_CHUNK_ELEMS, hide = true)]
+    pub chunk_elems: usize,
 }
 
 /// Bytes per piece when copying a tensor.
 const COPY_CHUNK: usize = 8 << 20;
-/// Elements per row chunk when converting or verifying an expert.
+/// Default elements per row chunk when converting or verifying an expert.
 const ROW_CHUNK_ELEMS: usize = 1 << 20;
 
 /// The one place that reads input tensors: the loader's validated headers
@@ -182,6 +186,8 @@ impl Source {
 struct Job {
     rows: usize,
     cols: usize,
+    /// Elements per row chunk.
+    chunk_elems: usize,
 }
 
 fn global_of(src: &Source, weight: &str) -> anyhow::Result<f32> {
@@ -213,8 +219,8 @@ fn nvfp4_rows(
         .with_context(|| format!("tensor `{weight}`"))
 }
 
-fn chunk_rows(cols: usize) -> usize {
-    (ROW_CHUNK_ELEMS / cols).max(1)
+fn chunk_rows(chunk_elems: usize, cols: usize) -> usize {
+    (chunk_elems / cols).max(1)
 }
 
 /// Convert one expert weight in row chunks, writing the MXFP4 codes, then
@@ -231,7 +237,7 @@ fn convert_one(
     let mut scales = Vec::with_capacity(job.rows * job.cols / 32);
     let mut r0 = 0;
     while r0 < job.rows {
-        let n = chunk_rows(job.cols).min(job.rows - r0);
+        let n = chunk_rows(job.chunk_elems, job.cols).min(job.rows - r0);
         let nv = nvfp4_rows(src, weight, job, global, r0, n)?;
         let mx =
             convert::try_nvfp4_to_mxfp4(&nv, rule).with_context(|| format!("tensor `{weight}`"))?;
@@ -361,7 +367,7 @@ fn verify_one(src: &Source, out: &Source, weight: &str, job: &Job) -> anyhow::Re
     let mut exact = vec![0.0f64; c];
     let mut got = vec![0.0f32; c];
     while r0 < job.rows {
-        let n = chunk_rows(c).min(job.rows - r0);
+        let n = chunk_rows(job.chunk_elems, c).min(job.rows - r0);
         let nv = nvfp4_rows(src, weight, job, global, r0, n)?;
         let codes = out.read(weight, (r0 * c / 2) as u64, n * c / 2)?;
         let scales = out.read(
@@ -460,7 +466,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "tensor `{}`: {cols} columns is not a multiple of 32 (MXFP4 block)",
                     t.name
                 );
-                jobs.insert(t.name.clone(), Job { rows, cols });
+                jobs.insert(
+                    t.name.clone(),
+                    Job {
+                        rows,
+                        cols,
+                        chunk_elems: args.chunk_elems,
+                    },
+                );
             }
         }
     }

@@ -105,11 +105,13 @@ impl Checkpoint {
                 file: "config.json".into(),
                 why: format!("not valid JSON: {e}"),
             })?;
-        let config =
-            ModelConfig::from_json_value(&config_json).map_err(|e| CheckpointError::Config {
+        let config = ModelConfig::from_json_value(&config_json).map_err(|e| {
+            let msg = e.to_string();
+            CheckpointError::Config {
                 file: "config.json".into(),
-                why: e.to_string(),
-            })?;
+                why: msg.strip_prefix("config: ").unwrap_or(&msg).to_string(),
+            }
+        })?;
         let qc = config_json.get("quantization_config").or_else(|| {
             config_json
                 .get("text_config")
@@ -836,9 +838,10 @@ impl Checkpoint {
                 let t = Nvfp4Tensor::from_parts(rows, cols, raw.to_vec(), scales, global)
                     .map_err(|e| self.terr(&g_name, e.to_string()))?;
                 match (role, opts.nvfp4_experts_to_mxfp4) {
-                    (Role::RoutedExpert, Some(rule)) => {
-                        LinearWeight::Mx(convert::nvfp4_to_mxfp4(&t, rule))
-                    }
+                    (Role::RoutedExpert, Some(rule)) => LinearWeight::Mx(
+                        convert::try_nvfp4_to_mxfp4(&t, rule)
+                            .map_err(|e| self.terr(name, format!("NVFP4 -> MXFP4: {e}")))?,
+                    ),
                     _ => LinearWeight::Nvfp4(t),
                 }
             }

@@ -2,16 +2,16 @@
 //! header validation, the shard index, `quantization_config`, and the loader
 //! that turns a checkpoint directory into typed [`crate::weights::ModelWeights`].
 //!
-//! - [`names`]: every tensor name (`TensorNames::new(prefixed).layer(l).q_proj()`),
+//! - [`names`], every tensor name (`TensorNames::new(prefixed).layer(l).q_proj()`),
 //!   scale siblings, and the tensor [`names::Family`] classification.
-//! - [`safetensors_file`]: header parsing + validation, memory-mapped shards.
-//! - [`index`]: `model.safetensors.index.json`.
-//! - [`quant_config`]: the three `quantization_config` shapes, cross-checked
+//! - [`safetensors_file`], header parsing + validation, memory-mapped shards.
+//! - [`index`], the `model.safetensors.index.json` shard map.
+//! - [`quant_config`], the three `quantization_config` shapes, cross-checked
 //!   against the formats the tensors show.
-//! - [`loader`]: [`Checkpoint::open`] / [`Checkpoint::validate`] /
+//! - [`loader`], [`Checkpoint::open`] / [`Checkpoint::validate`] /
 //!   [`Checkpoint::load`], plus the tensor-level API tools stream through
 //!   ([`Checkpoint::tensors`], [`Checkpoint::raw_bytes`], [`Checkpoint::detect_format`]).
-//! - [`writer`]: streamed shard writing for `m3 synth` / `m3 convert`.
+//! - [`writer`], streamed shard writing for `m3 synth` / `m3 convert`.
 
 mod error;
 pub mod index;

@@ -9,10 +9,13 @@
 //! request seed and the position), and drafts are accepted while they match
 //! it ([`verify_greedy`]). Because the sampler's randomness is keyed by
 //! (seed, position), this reproduces plain decoding token for token for
-//! greedy *and* stochastic requests (a lossless verifier that, for
-//! stochastic requests, accepts less often than rejection sampling would;
-//! the rejection and block verifiers of [`crate::spec_decode`] need the
-//! draft's probabilities and are not wired here).
+//! greedy *and* stochastic requests. For a deterministic drafter (a point
+//! mass on its proposal, like prompt lookup) nothing is lost: a draft token
+//! `x` is accepted with probability `p_t(x)`, exactly what rejection sampling
+//! with `p_d = onehot(x)` gives. A drafter that *samples* its proposals
+//! (DSpark) would accept more with the rejection or block verifiers of
+//! [`crate::spec_decode`], which need the draft's probabilities; they are
+//! not wired here yet.
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;

@@ -43,8 +43,23 @@ impl WeightFormat {
             _ => n * k / 32,
         }
     }
+    /// The generation `Auto` picks for `m` rows.
+    fn resolve(self, kernel: LinearKernel, m: usize) -> LinearKernel {
+        match kernel {
+            LinearKernel::Auto => {
+                let fp4 = matches!(self, WeightFormat::Mxfp4 | WeightFormat::Nvfp4);
+                if m <= 1 || (m == 2 && !fp4) {
+                    LinearKernel::V3
+                } else {
+                    LinearKernel::V2
+                }
+            }
+            k => k,
+        }
+    }
     fn entry(self, kernel: LinearKernel) -> &'static str {
         match (self, kernel) {
+            (_, LinearKernel::Auto) => self.entry(LinearKernel::V2),
             (WeightFormat::Bf16, LinearKernel::V2) => "m3_linear_bf16",
             (WeightFormat::Mxfp8E4M3, LinearKernel::V2) => "m3_linear_mxfp8_e4m3",
             (WeightFormat::Mxfp8E5M2, LinearKernel::V2) => "m3_linear_mxfp8_e5m2",
@@ -66,6 +81,7 @@ impl WeightFormat {
     fn rows_per_warp(self, kernel: LinearKernel) -> u32 {
         match (self, kernel) {
             (_, LinearKernel::V1) => 1,
+            (_, LinearKernel::Auto) => self.rows_per_warp(LinearKernel::V2),
             (WeightFormat::Mxfp4 | WeightFormat::Nvfp4, LinearKernel::V2) => 2,
             (_, LinearKernel::V2) => 4,
             (WeightFormat::Mxfp4 | WeightFormat::Nvfp4, LinearKernel::V3) => 4,
@@ -81,14 +97,18 @@ impl WeightFormat {
     }
 }
 
-/// Which linear kernel generation to launch (v1 is kept to compare against
-/// in the same run, as the bench notes record).
+/// Which linear kernel generation to launch (older ones are kept to compare
+/// against in the same run, as bench/NOTES.md records).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum LinearKernel {
+    /// The fastest generation measured on the H200 for this M and format
+    /// (bench/NOTES.md, session 1): v3 for M = 1 (and M = 2 outside FP4),
+    /// else v2.
+    #[default]
+    Auto,
     /// One warp per output row, select-chain decoders (session 1 baseline).
     V1,
     /// Several rows per warp sharing each x chunk, shift-and-multiply decoders.
-    #[default]
     V2,
     /// More rows per warp, weights re-decoded per x row: for M <= 2.
     V3,
@@ -223,6 +243,7 @@ impl CudaGpu {
                 ),
             ));
         }
+        let kernel = w.format.resolve(kernel, m);
         let f = self.function(&LINEAR, w.format.entry(kernel))?;
         let (n32, k32) = (w.n as u32, w.k as u32);
         let rows_per_block = LIN_THREADS / CUDA_WARP * w.format.rows_per_warp(kernel);

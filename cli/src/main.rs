@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod backend_select;
 mod cmd;
 
 /// m3: an inference engine for the MiniMax-M3 / M3.1 family (sparse-attention

@@ -537,12 +537,12 @@ fn near_tie_fraction(
 
 /// The router spread the golden cases rely on: near-ties at the top-k
 /// boundary are rare for the synthetic router, and the same probe on a
-/// router squeezed 1000x finds them everywhere (so the probe can fail).
+/// router squeezed 10^4 times (no bias) finds them (so the probe can fail).
 #[test]
 fn router_scores_are_rarely_near_tied() {
     let root = tempfile::tempdir().unwrap();
     let d = root.path().join("t");
-    synth(&d, "small", "bf16", "bf16", 11);
+    synth(&d, "tiny", "bf16", "bf16", 11);
     let ck = Checkpoint::open(&d).unwrap();
     let cfg = ck.config().clone();
     let l = TensorNames::new(true).layer(cfg.num_hidden_layers - 1);
@@ -561,7 +561,7 @@ fn router_scores_are_rarely_near_tied() {
     let (h, k) = (cfg.hidden_size, cfg.num_experts_per_tok);
     let healthy = near_tie_fraction(&router, &bias, h, k, 1.0, 1e-4);
     assert!(healthy < 0.01, "near-tie fraction {healthy}");
-    let squeezed = near_tie_fraction(&router, &bias, h, k, 1e-3, 1e-4);
+    let squeezed = near_tie_fraction(&router, &vec![0.0; bias.len()], h, k, 1e-4, 1e-4);
     assert!(
         squeezed > 0.2,
         "control: squeezed router near-tie fraction {squeezed}"

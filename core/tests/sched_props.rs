@@ -15,7 +15,7 @@
 use m3_core::backend::Path;
 use m3_core::sched::mock::{mock_next, MockBackend, MockEngine};
 use m3_core::sched::runner::to_step_batch;
-use m3_core::sched::{FinishReason, Request, RowKind, Scheduler, SchedulerConfig, StepPath};
+use m3_core::sched::{FinishReason, Request, Scheduler, SchedulerConfig, StepPath};
 use proptest::prelude::*;
 
 const VOCAB: u32 = 13;
@@ -125,20 +125,21 @@ fn run(s: &Stream, num_blocks: usize, prefix_cache: bool) -> Result<Outcome, Tes
         let step = e
             .step()
             .map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
-        // The backend's own validator accepts every planned step, and a
-        // planned Mono step without verify rows is one the backend's rule
-        // allows (the converse does not hold: the backend would also take a
+        // The backend's own validator accepts every planned step, and every
+        // planned Mono step, verify steps included (the batch carries the
+        // planner's decode-only marker), is one the backend's rule allows
+        // (the converse does not hold: the backend would also take a
         // one-row prefill chunk per sequence; the planner keeps those on
         // Standard, as prompt work is not decode).
         let batch = to_step_batch(&step);
         batch
             .validate(s.block_size, num_blocks, VOCAB as usize)
             .map_err(|err| TestCaseError::fail(format!("step {step_no}: {err}")))?;
-        let verify = step
-            .seqs
-            .iter()
-            .any(|q| matches!(q.kind, RowKind::Verify { .. }));
-        if step.path == StepPath::Mono && !verify {
+        prop_assert_eq!(
+            batch.decode_only,
+            !step.rows.is_empty() && step.decode_rows() == step.rows.len()
+        );
+        if step.path == StepPath::Mono {
             prop_assert!(
                 Path::Mono.allows(&batch),
                 "step {}: planned Mono, backend refuses",

@@ -13,13 +13,17 @@
 //!
 //! Callers try [`CudaGpu::open`]; any error means "use the CPU backend".
 
+pub mod backend;
 pub mod cache;
 pub mod cuda;
 mod error;
 pub mod hip;
 pub mod kernels;
 pub mod ops;
+pub mod standard;
+pub mod benchmodel;
 
+pub use backend::GpuBackend;
 pub use cuda::{CudaGpu, DeviceInfo};
 pub use error::{GpuError, Result};
 pub use ops::formats::Quantized;

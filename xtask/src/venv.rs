@@ -9,8 +9,12 @@ use anyhow::{bail, Context, Result};
 /// Packages every generator may import, pinned loosely.
 const PACKAGES: &[&str] = &["numpy>=1.26", "ml_dtypes>=0.4", "safetensors>=0.4"];
 
-/// The workspace root (the parent of `xtask/`).
+/// The workspace root (the parent of `xtask/`), or `$M3_ROOT` when set (a
+/// carried xtask binary runs from a checkout at another path).
 pub fn workspace_root() -> PathBuf {
+    if let Some(r) = std::env::var_os("M3_ROOT").filter(|v| !v.is_empty()) {
+        return PathBuf::from(r);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")

@@ -20,7 +20,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use m3_core::backend::RunOptions;
 use m3_core::config::ModelConfig;
-use m3_core::sched::ngram::NgramDrafter;
 use m3_core::sched::runner::SchedRunner;
 use m3_core::sched::{FinishReason, FinishedRequest, Request, SamplingParams, SchedulerConfig};
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
@@ -365,13 +364,20 @@ pub fn run(args: Args) -> Result<()> {
         ..SchedulerConfig::default()
     };
     let n_jobs = jobs.len();
+    let draft = if args.spec_tokens > 0 {
+        super::generate::load_draft(&dir, &model)?
+    } else {
+        None
+    };
     let t0 = Instant::now();
     let (finished, counters, ran) = with_threads(args.threads, || -> Result<_> {
         let mut runner = SchedRunner::new(&*be, &model, cfg, dtype, RunOptions { act })
             .map_err(|e| anyhow!("{e}"))?;
         runner.spec_tokens = args.spec_tokens;
         if args.spec_tokens > 0 {
-            runner.drafter = Some(Box::new(NgramDrafter::default()));
+            let (d, name) = super::generate::make_drafter(&*be, &model, draft.as_ref())?;
+            eprintln!("speculative decoding: {} draft tokens, drafter {name}", args.spec_tokens);
+            runner.drafter = Some(d);
         }
         for j in &jobs {
             runner

@@ -55,7 +55,7 @@ pub struct Args {
     /// Also dump the indexer block scores.
     #[arg(long)]
     pub index_scores: bool,
-    /// Backend: cpu.
+    /// Backend: auto, cpu or gpu.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// Threads for the CPU backend (0 = all cores; results do not depend on it).
@@ -104,10 +104,7 @@ pub(crate) fn load_model(dir: &FsPath) -> Result<ModelWeights> {
 
 /// The backend named on the command line.
 pub(crate) fn backend(name: &str) -> Result<Box<dyn Backend + Sync>> {
-    match name {
-        "cpu" => Ok(Box::new(m3_cpu_ref::CpuBackend::new())),
-        other => bail!("--backend: `{other}` is not available here (cpu)"),
-    }
+    crate::backend_select::select(name)
 }
 
 /// Run `f` on a rayon pool of `threads` threads (0 = default).

@@ -37,8 +37,9 @@ pub enum Path {
     #[default]
     Standard,
     /// One persistent kernel per layer: legal only for a pure decode step of
-    /// at most `MONO_MAX_ROWS` rows. A backend without a mono path runs
-    /// `Standard` instead.
+    /// at most `MONO_MAX_ROWS` rows (speculative verify rows included when
+    /// the planner marks the step [`StepBatch::decode_only`]). A backend
+    /// without a mono path runs `Standard` instead.
     Mono,
 }
 

@@ -46,6 +46,12 @@ pub struct StepBatch {
     /// Rows whose logits are computed, ascending (e.g. the last prompt row of
     /// a prefill, every decode row, every verify row).
     pub logits_rows: Vec<u32>,
+    /// Set by the planner when the step is decode-only: every row is a decode
+    /// row or a speculative verify row (the last committed token followed by
+    /// draft tokens at consecutive positions), no prefill chunk. A verify
+    /// step has several rows per sequence, so only this marker (not the row
+    /// shape) tells it apart from a prompt chunk; `Path::Mono` relies on it.
+    pub decode_only: bool,
 }
 
 /// Why a `StepBatch` is malformed (the planner broke a rule).
@@ -104,9 +110,15 @@ impl StepBatch {
         &self.seqs[self.row_seq[row] as usize]
     }
 
-    /// True when every sequence contributes exactly one row (a pure decode
-    /// step, the only shape `Path::Mono` accepts).
+    /// True for a pure decode step, the only kind `Path::Mono` accepts:
+    /// either the planner marked it [`StepBatch::decode_only`] and each
+    /// sequence's rows sit at consecutive positions ending at its
+    /// `context_len - 1` (decode and verify rows always do), or, unmarked,
+    /// every sequence contributes exactly one row.
     pub fn is_pure_decode(&self) -> bool {
+        if self.decode_only {
+            return self.rows_end_each_sequence();
+        }
         let mut seen = alloc::vec![false; self.seqs.len()];
         for &s in &self.row_seq {
             let s = s as usize;
@@ -116,6 +128,27 @@ impl StepBatch {
             seen[s] = true;
         }
         true
+    }
+
+    /// Each sequence's rows are at consecutive ascending positions whose
+    /// last is `context_len - 1` (the shape of decode and verify rows).
+    fn rows_end_each_sequence(&self) -> bool {
+        let n = self.seqs.len();
+        // Next expected position per sequence, None before its first row.
+        let mut next: Vec<Option<u32>> = alloc::vec![None; n];
+        for (t, &s) in self.row_seq.iter().enumerate() {
+            let s = s as usize;
+            let Some(&p) = self.positions.get(t) else {
+                return false;
+            };
+            if s >= n || next[s].is_some_and(|e| e != p) {
+                return false;
+            }
+            next[s] = Some(p + 1);
+        }
+        next.iter()
+            .zip(&self.seqs)
+            .all(|(e, q)| e.is_none_or(|e| e == q.context_len))
     }
 
     /// Check every invariant a backend relies on: per-row array lengths,
@@ -251,6 +284,7 @@ impl StepBatch {
                 context_len: start + n,
             }],
             logits_rows,
+            decode_only: false,
         }
     }
 }
@@ -314,5 +348,27 @@ mod tests {
         }
         assert!(wide.is_pure_decode() && !Path::Mono.allows(&wide));
         wide.validate(4, 17, 2).unwrap();
+    }
+
+    #[test]
+    fn mono_for_marked_verify_steps() {
+        // A verify step: the last committed token at 9 plus 3 drafts.
+        let mut v = StepBatch::contiguous(1, &[5, 6, 7, 8], 9, &[0, 1, 2, 3], 4, true);
+        assert!(!Path::Mono.allows(&v), "unmarked: looks like a prompt chunk");
+        v.decode_only = true;
+        assert!(v.is_pure_decode() && Path::Mono.allows(&v));
+        // Marked but the rows do not end at context_len - 1: refused.
+        let mut gap = v.clone();
+        gap.seqs[0].context_len += 1;
+        assert!(!Path::Mono.allows(&gap));
+        // Marked but non-consecutive positions: refused.
+        let mut hole = v.clone();
+        hole.positions[2] += 1;
+        assert!(!Path::Mono.allows(&hole));
+        // Marked, 17 rows (more than MONO_MAX_ROWS): Standard only.
+        let toks: Vec<u32> = (0..17).collect();
+        let mut big = StepBatch::contiguous(1, &toks, 0, &[0, 1, 2, 3, 4], 4, true);
+        big.decode_only = true;
+        assert!(big.is_pure_decode() && !Path::Mono.allows(&big));
     }
 }

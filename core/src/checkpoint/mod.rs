@@ -14,6 +14,7 @@
 //! - [`writer`], streamed shard writing for `m3 synth` / `m3 convert`.
 
 mod error;
+pub mod dspark_loader;
 pub mod index;
 pub mod loader;
 pub mod names;

@@ -11,18 +11,22 @@
 //! - [`runner`]: the scheduler driving a real backend (block copies, batch
 //!   conversion, sampling, speculative verification).
 //! - [`ngram`]: prompt-lookup drafting (a model-free [`runner::Drafter`]).
+//! - [`dspark_drafter`]: the DSpark draft model as a [`runner::Drafter`].
+//! - [`spec_probs`]: sampling distributions for the speculative verifiers.
 //! - [`mock`]: a deterministic stand-in backend that checks every slot it
 //!   reads, for tests and for running the scheduler without a model.
 //!
 //! Host-only, `no_std + alloc`.
 
 pub mod blocks;
+pub mod dspark_drafter;
 pub mod mock;
 pub mod ngram;
 pub mod prefix;
 pub mod request;
 pub mod runner;
 pub mod scheduler;
+pub mod spec_probs;
 pub mod step;
 
 pub use blocks::{BlockCopy, BlockId, BlockPool};

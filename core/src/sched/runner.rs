@@ -4,38 +4,157 @@
 //!
 //! Speculative decoding: a [`Drafter`] proposes up to `spec_tokens` tokens
 //! for every sequence ready to decode; the verify rows are folded into the
-//! same step as everything else. The target's token for each verify row is
-//! what plain decoding would have produced there (`sample` keyed by the
-//! request seed and the position), and drafts are accepted while they match
-//! it ([`verify_greedy`]). Because the sampler's randomness is keyed by
-//! (seed, position), this reproduces plain decoding token for token for
-//! greedy *and* stochastic requests. For a deterministic drafter (a point
-//! mass on its proposal, like prompt lookup) nothing is lost: a draft token
-//! `x` is accepted with probability `p_t(x)`, exactly what rejection sampling
-//! with `p_d = onehot(x)` gives. A drafter that *samples* its proposals
-//! (DSpark) would accept more with the rejection or block verifiers of
-//! [`crate::spec_decode`], which need the draft's probabilities; they are
-//! not wired here yet.
+//! same step as everything else (ordinary decode rows at consecutive
+//! positions; a step of decode and verify rows only is marked
+//! [`StepBatch::decode_only`], so it may take the Mono path). Verification
+//! ([`VerifyMode`]):
+//! - `Greedy`: the target's token for each verify row is what plain decoding
+//!   would have produced there (`sample` keyed by the request seed and the
+//!   position), and drafts are accepted while they match it
+//!   ([`verify_greedy`]). This reproduces plain decoding token for token for
+//!   greedy *and* stochastic requests. For a deterministic drafter (a point
+//!   mass on its proposal, like prompt lookup) nothing is lost: a draft
+//!   token `x` is accepted with probability `p_t(x)`, exactly what rejection
+//!   sampling with `p_d = onehot(x)` gives.
+//! - `Rejection` / `Block`: for a stochastic request whose drafter *samples*
+//!   its proposals and reports their probabilities (DSpark), per-token
+//!   rejection sampling or block verification ([`crate::spec_decode`])
+//!   against the target's sampling distribution ([`sampling_probs`]); the
+//!   output is distributed as the target's (not token-identical to plain
+//!   decoding). Their uniforms are keyed by (seed, position of the verify's
+//!   first row, draw index). Greedy requests and point-mass proposals always
+//!   verify greedily (the same result, with no randomness).
+//!
+//! After each step the drafter [`Drafter::observe`]s the target's captured
+//! tensors ([`Drafter::taps`]) for the rows that hold committed tokens
+//! (prompt rows, decode rows, a verify's last committed token and accepted
+//! drafts), which is how DSpark gets its context.
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use super::request::{FinishedRequest, RequestId};
+use super::request::{FinishedRequest, RequestId, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqTokens};
 use super::step::{RowKind, ScheduledStep, StepPath};
 use super::SchedError;
-use crate::backend::{Backend, BackendError, Path, RunOptions, StepBatch, StepSeq, Taps};
+use super::spec_probs::sampling_probs;
+use crate::backend::{
+    Backend, BackendError, Path, RunOptions, StepBatch, StepSeq, TapRequest, Taps,
+};
 use crate::kv::{CacheData, CacheDtype, KvCache, KvLayout};
 use crate::sample::sample;
-use crate::spec_decode::verify_greedy;
+use crate::sample::uniform;
+use crate::spec_decode::{verify_block, verify_greedy, verify_rejection, UniformSource};
 use crate::weights::ModelWeights;
 
-/// Proposes draft tokens to verify (e.g. the DSpark draft model).
+/// Draft tokens and, for a drafter that samples them, the distributions
+/// they were drawn from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// `tokens.len()` rows of `vocab`: row `i` is the draft distribution
+    /// `tokens[i]` was drawn from (normalised). `None`: point masses.
+    pub probs: Option<Vec<f32>>,
+}
+
+/// Proposes draft tokens to verify (the DSpark draft model, prompt lookup).
 pub trait Drafter {
     /// Up to `k` tokens likely to follow `context` (the request's prompt and
     /// generated tokens so far).
     fn propose(&mut self, id: RequestId, context: &[u32], k: usize) -> Vec<u32>;
+
+    /// Up to `k` tokens drawn for a request sampled with `params`, with
+    /// their draft probabilities when the drafter has them (needed by the
+    /// rejection and block verifiers). Default: [`Drafter::propose`] as
+    /// point masses.
+    fn propose_sampled(
+        &mut self,
+        id: RequestId,
+        context: &[u32],
+        k: usize,
+        _params: &SamplingParams,
+    ) -> Proposal {
+        Proposal {
+            tokens: self.propose(id, context, k),
+            probs: None,
+        }
+    }
+
+    /// Tensors the drafter wants captured from the target's forward.
+    fn taps(&self) -> TapRequest {
+        TapRequest::default()
+    }
+
+    /// After a step: the rows `rows` (indices into the step, ascending) of
+    /// request `id`, at `positions`, hold committed tokens; `taps` holds what
+    /// [`Drafter::taps`] asked for, for every row of the step.
+    fn observe(&mut self, _id: RequestId, _positions: &[u32], _rows: &[usize], _taps: &Taps) {}
+
+    /// The request finished: drop its state.
+    fn forget(&mut self, _id: RequestId) {}
+}
+
+/// How verify rows are verified (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum VerifyMode {
+    /// Accept drafts while they equal the target's keyed sample.
+    #[default]
+    Greedy,
+    /// Per-token rejection sampling (MODEL.md 6).
+    Rejection,
+    /// Block verification (Sun et al.).
+    Block,
+}
+
+impl VerifyMode {
+    /// Parse the command-line spelling (`greedy`, `rejection`, `block`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "greedy" => Some(VerifyMode::Greedy),
+            "rejection" => Some(VerifyMode::Rejection),
+            "block" => Some(VerifyMode::Block),
+            _ => None,
+        }
+    }
+}
+
+/// Speculation counts of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verify steps.
+    pub verifies: u64,
+    /// Draft tokens verified.
+    pub proposed: u64,
+    /// Draft tokens accepted.
+    pub accepted: u64,
+}
+
+impl SpecStats {
+    /// Mean tokens committed per verify (accepted drafts + the target's own
+    /// token), `None` before any verify.
+    pub fn mean_acceptance_length(&self) -> Option<f64> {
+        (self.verifies > 0)
+            .then(|| (self.accepted + self.verifies) as f64 / self.verifies as f64)
+    }
+}
+
+/// Salt of the verifiers' uniforms (independent of the target's sampler).
+const VERIFY_SALT: u64 = 0x7665_7269_6679_5f73; // "verify_s"
+
+/// Uniforms keyed by (seed, position, draw index): batch-layout independent.
+struct KeyedUniform {
+    seed: u64,
+    position: u32,
+    draws: u64,
+}
+
+impl UniformSource for KeyedUniform {
+    fn next_uniform(&mut self) -> f64 {
+        let key = self.seed ^ VERIFY_SALT ^ self.draws.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.draws += 1;
+        uniform(key, self.position)
+    }
 }
 
 /// Why a runner step failed.
@@ -68,6 +187,11 @@ pub fn to_step_batch(step: &ScheduledStep) -> StepBatch {
             })
             .collect(),
         logits_rows: step.logits_rows.clone(),
+        decode_only: !step.rows.is_empty()
+            && step
+                .seqs
+                .iter()
+                .all(|s| !matches!(s.kind, RowKind::Prefill)),
     }
 }
 
@@ -104,6 +228,12 @@ pub struct SchedRunner<'a> {
     /// Draft tokens per verify (0: no speculation).
     pub spec_tokens: usize,
     pub drafter: Option<Box<dyn Drafter + 'a>>,
+    /// How verify rows are verified.
+    pub verify: VerifyMode,
+    /// Speculation counts per request (finished ones included).
+    pub spec_stats: BTreeMap<RequestId, SpecStats>,
+    /// This step's proposals (tokens and draft probabilities) by request.
+    proposals: BTreeMap<RequestId, Proposal>,
     /// Steps by path actually run (a `Mono` plan runs `Standard` on a backend
     /// without a mono path, or when the backend's own rule refuses it).
     pub ran_mono: u64,
@@ -133,6 +263,9 @@ impl<'a> SchedRunner<'a> {
             opts,
             spec_tokens: 0,
             drafter: None,
+            verify: VerifyMode::Greedy,
+            spec_stats: BTreeMap::new(),
+            proposals: BTreeMap::new(),
             ran_mono: 0,
             ran_standard: 0,
         })
@@ -140,6 +273,7 @@ impl<'a> SchedRunner<'a> {
 
     /// Plan, run and commit one step; returns the step.
     pub fn step(&mut self) -> Result<ScheduledStep, RunnerError> {
+        self.proposals.clear();
         if self.spec_tokens > 0 {
             if let Some(d) = self.drafter.as_mut() {
                 let ready: Vec<(RequestId, Vec<u32>)> = self
@@ -148,9 +282,15 @@ impl<'a> SchedRunner<'a> {
                     .map(|(id, t)| (id, t.to_vec()))
                     .collect();
                 for (id, ctx) in ready {
-                    let draft = d.propose(id, &ctx, self.spec_tokens);
-                    if !draft.is_empty() {
-                        self.sched.set_draft(id, draft)?;
+                    let params = self
+                        .sched
+                        .request(id)
+                        .map(|r| r.sampling)
+                        .unwrap_or_default();
+                    let p = d.propose_sampled(id, &ctx, self.spec_tokens, &params);
+                    if !p.tokens.is_empty() {
+                        self.sched.set_draft(id, p.tokens.clone())?;
+                        self.proposals.insert(id, p);
                     }
                 }
             }
@@ -173,13 +313,17 @@ impl<'a> SchedRunner<'a> {
             Path::Mono => self.ran_mono += 1,
             Path::Standard => self.ran_standard += 1,
         }
+        let mut taps = match (&self.drafter, self.spec_tokens) {
+            (Some(d), k) if k > 0 => Taps::new(d.taps()),
+            _ => Taps::none(),
+        };
         let logits = self.backend.forward(
             self.model,
             &mut self.cache,
             &batch,
             path,
             &self.opts,
-            &mut Taps::none(),
+            &mut taps,
         )?;
         let vocab = self.model.config.vocab_size;
         if logits.len() != step.logits_rows.len() * vocab {
@@ -195,40 +339,108 @@ impl<'a> SchedRunner<'a> {
             .map(|(i, &r)| (r, i))
             .collect();
         let mut results = Vec::new();
-        for s in step.seqs.iter().filter(|s| s.needs_logits) {
+        // Rows of each sequence that hold committed tokens (for the drafter).
+        let mut committed_rows: Vec<(RequestId, usize)> = Vec::new();
+        for s in &step.seqs {
+            if !s.needs_logits {
+                committed_rows.push((s.request_id, s.num_rows as usize));
+                continue;
+            }
             let params = self
                 .sched
                 .request(s.request_id)
                 .map(|r| r.sampling)
                 .unwrap_or_default();
-            // The target's token after each row with logits, keyed by the
-            // position it will occupy.
-            let mut target = Vec::new();
-            for r in s.first_row..s.first_row + s.num_rows {
-                if let Some(&i) = row_of.get(&r) {
-                    let pos = step.rows[r as usize].position;
-                    target.push(sample(
-                        &logits[i * vocab..(i + 1) * vocab],
-                        &params,
-                        pos + 1,
-                    ));
-                }
-            }
+            let rows: Vec<usize> = (s.first_row..s.first_row + s.num_rows)
+                .filter_map(|r| row_of.get(&r).copied())
+                .collect();
             let tokens = match &s.kind {
                 RowKind::Verify { draft } => {
-                    verify_greedy(draft, &target)
-                        .map_err(|_| SchedError::BadResult(s.request_id))?
-                        .tokens
+                    let first_pos = step.rows[s.first_row as usize].position;
+                    let probs = self
+                        .proposals
+                        .get(&s.request_id)
+                        .and_then(|p| p.probs.as_deref())
+                        .filter(|p| p.len() >= draft.len() * vocab);
+                    let v = match (self.verify, probs) {
+                        (VerifyMode::Rejection | VerifyMode::Block, Some(pd))
+                            if !params.is_greedy() =>
+                        {
+                            let pd = &pd[..draft.len() * vocab];
+                            let mut pt = Vec::with_capacity(rows.len() * vocab);
+                            for &i in &rows {
+                                pt.extend(sampling_probs(
+                                    &logits[i * vocab..(i + 1) * vocab],
+                                    &params,
+                                ));
+                            }
+                            let mut rng = KeyedUniform {
+                                seed: params.seed,
+                                position: first_pos,
+                                draws: 0,
+                            };
+                            if self.verify == VerifyMode::Block {
+                                verify_block(draft, pd, &pt, vocab, &mut rng)
+                            } else {
+                                verify_rejection(draft, pd, &pt, vocab, &mut rng)
+                            }
+                        }
+                        _ => {
+                            let target: Vec<u32> = (s.first_row..s.first_row + s.num_rows)
+                                .filter_map(|r| {
+                                    let &i = row_of.get(&r)?;
+                                    let pos = step.rows[r as usize].position;
+                                    Some(sample(
+                                        &logits[i * vocab..(i + 1) * vocab],
+                                        &params,
+                                        pos + 1,
+                                    ))
+                                })
+                                .collect();
+                            verify_greedy(draft, &target)
+                        }
+                    }
+                    .map_err(|_| SchedError::BadResult(s.request_id))?;
+                    let st = self.spec_stats.entry(s.request_id).or_default();
+                    st.verifies += 1;
+                    st.proposed += draft.len() as u64;
+                    st.accepted += v.accepted as u64;
+                    committed_rows.push((s.request_id, 1 + v.accepted));
+                    v.tokens
                 }
-                _ => target.last().copied().into_iter().collect(),
+                _ => {
+                    committed_rows.push((s.request_id, s.num_rows as usize));
+                    let last = (s.first_row..s.first_row + s.num_rows)
+                        .rev()
+                        .find_map(|r| row_of.get(&r).map(|&i| (r, i)));
+                    last.map(|(r, i)| {
+                        let pos = step.rows[r as usize].position;
+                        sample(&logits[i * vocab..(i + 1) * vocab], &params, pos + 1)
+                    })
+                    .into_iter()
+                    .collect()
+                }
             };
             results.push(SeqTokens {
                 request_id: s.request_id,
                 tokens,
             });
         }
+        if let (Some(d), true) = (self.drafter.as_mut(), self.spec_tokens > 0) {
+            for (s, &(id, n)) in step.seqs.iter().zip(&committed_rows) {
+                let rows: Vec<usize> = (s.first_row as usize..s.first_row as usize + n).collect();
+                let positions: Vec<u32> = rows.iter().map(|&r| step.rows[r].position).collect();
+                d.observe(id, &positions, &rows, &taps);
+            }
+        }
         self.sched.commit(&step, &results)?;
         Ok(step)
+    }
+
+    /// Mean acceptance length over every verify so far (the scheduler's
+    /// counters), `None` before any verify.
+    pub fn mean_acceptance_length(&self) -> Option<f64> {
+        self.sched.counters().mean_acceptance_length()
     }
 
     /// Step until every queued request has finished; returns the finished
@@ -243,6 +455,11 @@ impl<'a> SchedRunner<'a> {
         while !self.sched.is_done() {
             let step = self.step()?;
             let fin = self.sched.take_finished();
+            if let Some(d) = self.drafter.as_mut() {
+                for f in &fin {
+                    d.forget(f.id);
+                }
+            }
             on_step(&step, &fin);
             done.extend(fin);
             idle = if step.is_empty() { idle + 1 } else { 0 };

@@ -1,10 +1,14 @@
 //! Operations on a [`CudaGpu`](crate::CudaGpu): host-slice in, host-Vec out
 //! wrappers for tests and tools, plus device-resident linear weights.
 
+pub mod attention;
+pub mod elementwise;
 pub mod formats;
 pub mod linear;
+pub mod moe;
 pub mod norm;
 pub mod probe;
+pub mod sample;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 

@@ -1,0 +1,1236 @@
+//! `GpuBackend`: `m3_core::backend::Backend` on a CUDA device, every `Op`
+//! run by a kernel (ARCHITECTURE.md, "The Backend trait").
+//!
+//! `run_op` takes host slices, so each op uploads its activations, runs its
+//! kernels and downloads its outputs; the KV cache stays a host
+//! `CacheTensor` (uploaded whole for attention, written back row by row).
+//! Weights are uploaded once and kept on the device, keyed by the host
+//! address, length and shape of their buffers plus a content fingerprint:
+//! model weights are immutable for the backend's lifetime (a caller that
+//! frees weights and builds new ones, like a test suite, calls
+//! [`GpuBackend::forget_weights`]).
+//!
+//! Linear layers with bf16 input and bf16 output on a quantized or bf16
+//! weight (K a multiple of 32) run the runtime's GEMV kernels
+//! (`ops::linear`); the router (f32 input), the LM head (f32 output) and f32
+//! weights run `m3_linear_generic`. The default `Backend::forward` composes
+//! these ops (`forward_by_ops`). Stochastic sampling runs on the host
+//! (`m3_core::sample`); greedy rows run on the device.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use m3_core::backend::{
+    ActMode, Backend, BackendError, BlockSelection, LinearInput, Op, StepBatch,
+};
+use m3_core::config::IndexSelection;
+use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
+use m3_core::kv::{CacheData, CacheTensor};
+use m3_core::sample;
+use m3_core::weights::{LinearWeight, MlpWeights, MoeWeights};
+
+use crate::ops::attention::{DeviceCache, DeviceStep, MAX_HEAD_DIM};
+use crate::ops::elementwise::DeviceWeight;
+use crate::{CudaGpu, DeviceLinear};
+
+/// Identity of a host weight buffer: (address, length, rows, cols,
+/// fingerprint of its first/last bytes, scales and global scale).
+type WeightKey = (usize, usize, usize, usize, u64);
+
+/// The GPU backend: one CUDA device and the weights uploaded so far.
+pub struct GpuBackend {
+    gpu: CudaGpu,
+    /// Weights in their stored format (generic kernels, embedding).
+    generic: Mutex<HashMap<WeightKey, Arc<DeviceWeight>>>,
+    /// Weights in the runtime's GEMV layout (`ops::linear`).
+    fast: Mutex<HashMap<WeightKey, Arc<DeviceLinear>>>,
+}
+
+/// GPU errors as backend errors naming the op.
+trait OpCtx<T> {
+    fn op(self, name: &'static str) -> Result<T, BackendError>;
+}
+
+impl<T> OpCtx<T> for crate::Result<T> {
+    fn op(self, name: &'static str) -> Result<T, BackendError> {
+        self.map_err(|e| BackendError::Other(format!("gpu {name}: {e}")))
+    }
+}
+
+fn shape(op: &'static str, what: String) -> BackendError {
+    BackendError::Shape { op, what }
+}
+
+/// FNV-1a over a few byte windows.
+fn fingerprint(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        let head = &p[..p.len().min(64)];
+        let tail = &p[p.len().saturating_sub(64)..];
+        for &b in head.iter().chain(tail) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= p.len() as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn weight_key(w: &LinearWeight) -> WeightKey {
+    let (addr, len, fp) = match w {
+        LinearWeight::Bf16 { data, .. } => (
+            data.as_ptr() as usize,
+            data.len(),
+            fingerprint(&[bytemuck::cast_slice(data)]),
+        ),
+        LinearWeight::F32 { data, .. } => (
+            data.as_ptr() as usize,
+            data.len(),
+            fingerprint(&[bytemuck::cast_slice(data)]),
+        ),
+        LinearWeight::Mx(t) => (
+            t.codes().as_ptr() as usize,
+            t.codes().len(),
+            fingerprint(&[t.codes(), t.scales(), &[t.elem() as u8]]),
+        ),
+        LinearWeight::Nvfp4(t) => (
+            t.codes().as_ptr() as usize,
+            t.codes().len(),
+            fingerprint(&[t.codes(), t.scales(), &t.global().to_le_bytes()]),
+        ),
+    };
+    (addr, len, w.rows(), w.cols(), fp)
+}
+
+/// The bytes of a cache tensor as stored.
+fn cache_bytes(c: &CacheTensor) -> &[u8] {
+    match &c.data {
+        CacheData::Bf16(d) => bytemuck::cast_slice(d),
+        CacheData::Fp8(d) => d,
+    }
+}
+
+/// Every position a row may read (`0..=p`) maps through its sequence's
+/// block table to a slot inside a cache of `slots` slots (the kernels index
+/// without bounds checks, so a malformed step is refused here).
+fn check_step(
+    op: &'static str,
+    step: &StepBatch,
+    page: usize,
+    slots: usize,
+) -> Result<(), BackendError> {
+    let rows = step.rows();
+    if page == 0 || step.positions.len() != rows || step.row_seq.len() != rows {
+        return Err(shape(
+            op,
+            "step arrays do not have one entry per row".into(),
+        ));
+    }
+    for t in 0..rows {
+        let Some(seq) = step.seqs.get(step.row_seq[t] as usize) else {
+            return Err(shape(op, format!("row {t} names a missing sequence")));
+        };
+        let p = step.positions[t] as usize;
+        let pages = p / page + 1;
+        if seq.block_table.len() < pages {
+            return Err(shape(
+                op,
+                format!("row {t} at position {p} is past its block table"),
+            ));
+        }
+        if let Some(&bad) = seq.block_table[..pages]
+            .iter()
+            .find(|&&pg| (pg as usize + 1) * page > slots)
+        {
+            return Err(shape(
+                op,
+                format!("row {t}: page {bad} is outside the cache ({slots} slots)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl GpuBackend {
+    /// Open CUDA device 0. Any error means "no usable GPU here" and says why.
+    pub fn open() -> crate::Result<Self> {
+        Ok(Self::new(CudaGpu::open(0)?))
+    }
+
+    /// Wrap an opened device.
+    pub fn new(gpu: CudaGpu) -> Self {
+        GpuBackend {
+            gpu,
+            generic: Mutex::new(HashMap::new()),
+            fast: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &CudaGpu {
+        &self.gpu
+    }
+
+    /// Drop every cached device weight (call when host weights were freed
+    /// and others may be allocated at the same addresses).
+    pub fn forget_weights(&self) {
+        if let Ok(mut g) = self.generic.lock() {
+            g.clear();
+        }
+        if let Ok(mut f) = self.fast.lock() {
+            f.clear();
+        }
+    }
+
+    /// Device bytes held by cached weights.
+    pub fn weight_bytes(&self) -> usize {
+        let g: usize = self
+            .generic
+            .lock()
+            .map(|m| m.values().map(|w| w.bytes()).sum())
+            .unwrap_or(0);
+        let f: usize = self
+            .fast
+            .lock()
+            .map(|m| m.values().map(|w| w.bytes()).sum())
+            .unwrap_or(0);
+        g + f
+    }
+
+    fn generic(&self, w: &LinearWeight) -> Result<Arc<DeviceWeight>, BackendError> {
+        let key = weight_key(w);
+        if let Some(d) = self.generic.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(d);
+        }
+        let d = Arc::new(self.gpu.upload_weight(w).op("upload weight")?);
+        if let Ok(mut m) = self.generic.lock() {
+            m.insert(key, d.clone());
+        }
+        Ok(d)
+    }
+
+    fn fast(&self, w: &LinearWeight) -> Result<Arc<DeviceLinear>, BackendError> {
+        let key = weight_key(w);
+        if let Some(d) = self.fast.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(d);
+        }
+        let d = match w {
+            LinearWeight::Bf16 { rows, cols, data } => {
+                self.gpu.upload_linear_bf16(*rows, *cols, data)
+            }
+            LinearWeight::Mx(t) => self.gpu.upload_linear_mx(t),
+            LinearWeight::Nvfp4(t) => self.gpu.upload_linear_nvfp4(t),
+            LinearWeight::F32 { .. } => {
+                return Err(shape(
+                    "linear",
+                    "f32 weights take the generic kernel".into(),
+                ))
+            }
+        };
+        let d = Arc::new(d.op("upload weight")?);
+        if let Ok(mut m) = self.fast.lock() {
+            m.insert(key, d.clone());
+        }
+        Ok(d)
+    }
+
+    fn up<T: DeviceRepr + ValidAsZeroBits>(&self, x: &[T]) -> Result<CudaSlice<T>, BackendError> {
+        if x.is_empty() {
+            return self.gpu.zeros::<T>(1).op("upload");
+        }
+        self.gpu.upload(x).op("upload")
+    }
+
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, BackendError> {
+        self.gpu.zeros::<T>(n).op("alloc")
+    }
+
+    /// Download the first `n` elements into `out`.
+    fn down_into<T: DeviceRepr + Copy>(
+        &self,
+        x: &CudaSlice<T>,
+        out: &mut [T],
+    ) -> Result<(), BackendError> {
+        let v = self.gpu.download(x).op("download")?;
+        let n = out.len();
+        if v.len() < n {
+            return Err(BackendError::Other(format!(
+                "gpu download: {} values for {n}",
+                v.len()
+            )));
+        }
+        out.copy_from_slice(&v[..n]);
+        Ok(())
+    }
+
+    fn down<T: DeviceRepr + Copy + Default>(
+        &self,
+        x: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>, BackendError> {
+        let mut v = vec![T::default(); n];
+        self.down_into(x, &mut v)?;
+        Ok(v)
+    }
+
+    /// MXFP4 fake-quantization (`even` rule) of `bf16(x)` in rows of `cols`,
+    /// on the runtime's format kernels.
+    fn act_quant(&self, x: &[f32], cols: usize) -> Result<Vec<f32>, BackendError> {
+        if cols == 0 || !cols.is_multiple_of(32) || !x.len().is_multiple_of(cols) {
+            return Err(shape(
+                "act_quant_mxfp4",
+                format!(
+                    "row width {cols} must be a positive multiple of 32 dividing {}",
+                    x.len()
+                ),
+            ));
+        }
+        if x.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = x.len() / cols;
+        let xb: Vec<f32> = x.iter().map(|&v| bf16::to_f32(bf16::from_f32(v))).collect();
+        let q = self
+            .gpu
+            .mx_quantize(&xb, rows, cols, MxElem::Fp4E2M1, ScaleRule::Even)
+            .op("act_quant_mxfp4")?;
+        self.gpu
+            .mx_dequantize(MxElem::Fp4E2M1, &q.codes, &q.scales, rows, cols)
+            .op("act_quant_mxfp4")
+    }
+
+    /// `y = x W^T` on device rows `x` `[rows, K]` -> `[rows, N]` f32.
+    fn lin(
+        &self,
+        w: &LinearWeight,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        input: LinearInput,
+        round_out: bool,
+    ) -> Result<CudaSlice<f32>, BackendError> {
+        let (n, k) = (w.rows(), w.cols());
+        let quantized;
+        let (x, input) = if input == LinearInput::Mxfp4 {
+            let xh = self.down(x, rows * k)?;
+            quantized = self.up(&self.act_quant(&xh, k)?)?;
+            // MXFP4 values are exact in bf16.
+            (&quantized, LinearInput::Bf16)
+        } else {
+            (x, input)
+        };
+        let mut y = self.zeros::<f32>(rows * n)?;
+        if rows == 0 {
+            return Ok(y);
+        }
+        let fast = input == LinearInput::Bf16
+            && round_out
+            && !matches!(w, LinearWeight::F32 { .. })
+            && k > 0
+            && k.is_multiple_of(32);
+        if fast {
+            let dw = self.fast(w)?;
+            let mut xb = self.zeros::<u16>(rows * k)?;
+            self.gpu.to_bf16_dev(x, &mut xb, rows * k).op("linear")?;
+            let mut yb = self.zeros::<u16>(rows * n)?;
+            self.gpu.linear_into(&dw, &xb, rows, &mut yb).op("linear")?;
+            self.gpu.from_bf16_dev(&yb, &mut y, rows * n).op("linear")?;
+        } else {
+            let dw = self.generic(w)?;
+            self.gpu
+                .linear_generic_dev(&dw, x, rows, input == LinearInput::Bf16, round_out, &mut y)
+                .op("linear")?;
+        }
+        Ok(y)
+    }
+
+    fn check_mlp(w: &MlpWeights) -> Result<usize, BackendError> {
+        let width = w.gate.rows();
+        if w.up.rows() != width || w.down.cols() != width || w.gate.cols() != w.up.cols() {
+            return Err(shape(
+                "mlp",
+                format!(
+                    "gate {}x{}, up {}x{}, down {}x{} do not form an MLP",
+                    w.gate.rows(),
+                    w.gate.cols(),
+                    w.up.rows(),
+                    w.up.cols(),
+                    w.down.rows(),
+                    w.down.cols()
+                ),
+            ));
+        }
+        Ok(width)
+    }
+
+    /// One SwiGLU-OAI MLP on device rows.
+    fn mlp(
+        &self,
+        x: &CudaSlice<f32>,
+        rows: usize,
+        w: &MlpWeights,
+        input: LinearInput,
+        alpha: f32,
+        limit: f32,
+    ) -> Result<CudaSlice<f32>, BackendError> {
+        let width = Self::check_mlp(w)?;
+        let g = self.lin(&w.gate, x, rows, input, true)?;
+        let u = self.lin(&w.up, x, rows, input, true)?;
+        let mut a = self.zeros::<f32>(rows * width)?;
+        self.gpu
+            .swiglu_dev(&g, &u, alpha, limit, &mut a, rows * width)
+            .op("swiglu")?;
+        self.lin(&w.down, &a, rows, input, true)
+    }
+
+    fn device_step(
+        &self,
+        op: &'static str,
+        step: &StepBatch,
+        page: usize,
+        slots: usize,
+    ) -> Result<DeviceStep, BackendError> {
+        check_step(op, step, page, slots)?;
+        let tables: Vec<&[u32]> = step.seqs.iter().map(|s| s.block_table.as_slice()).collect();
+        self.gpu
+            .upload_step(&step.positions, &step.row_seq, &tables, page)
+            .op(op)
+    }
+
+    fn device_cache(&self, c: &CacheTensor) -> Result<DeviceCache, BackendError> {
+        Ok(DeviceCache {
+            data: self.up(cache_bytes(c))?,
+            fp8: matches!(c.data, CacheData::Fp8(_)),
+            scale: c.scale,
+        })
+    }
+
+    fn embed(
+        &self,
+        table: &LinearWeight,
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let (vocab, h) = (table.rows(), table.cols());
+        if out.len() != tokens.len() * h {
+            return Err(shape(
+                "embed",
+                format!(
+                    "out {} values for {} tokens of width {h}",
+                    out.len(),
+                    tokens.len()
+                ),
+            ));
+        }
+        if let Some((t, &tok)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &k)| k as usize >= vocab)
+        {
+            return Err(shape(
+                "embed",
+                format!("token {tok} at row {t} is outside the vocabulary ({vocab})"),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let w = self.generic(table)?;
+        let ids = self.up(tokens)?;
+        let mut y = self.zeros::<f32>(out.len())?;
+        self.gpu
+            .decode_rows_dev(&w, &ids, tokens.len(), &mut y)
+            .op("embed")?;
+        self.down_into(&y, out)
+    }
+
+    fn linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &LinearWeight,
+        input: LinearInput,
+        round_out: bool,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let (n, k) = (w.rows(), w.cols());
+        if x.len() != rows * k || out.len() != rows * n {
+            return Err(shape(
+                "linear",
+                format!(
+                    "x has {} values, out {}; expected [{rows}, {k}] and [{rows}, {n}]",
+                    x.len(),
+                    out.len()
+                ),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let xd = self.up(x)?;
+        let y = self.lin(w, &xd, rows, input, round_out)?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut [f32],
+        heads: usize,
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f64,
+        positions: &[u32],
+        round_out: bool,
+    ) -> Result<(), BackendError> {
+        if !rotary_dim.is_multiple_of(2)
+            || rotary_dim > head_dim
+            || x.len() != positions.len() * heads * head_dim
+        {
+            return Err(shape(
+                "rope",
+                format!(
+                    "x {} values for {} rows of {heads}x{head_dim}, rotary_dim {rotary_dim}",
+                    x.len(),
+                    positions.len()
+                ),
+            ));
+        }
+        if x.is_empty() {
+            return Ok(());
+        }
+        let mut xd = self.up(x)?;
+        let pd = self.up(positions)?;
+        self.gpu
+            .rope_dev(
+                &mut xd,
+                &pd,
+                theta,
+                heads,
+                head_dim,
+                rotary_dim,
+                positions.len(),
+                round_out,
+            )
+            .op("rope")?;
+        self.down_into(&xd, x)
+    }
+
+    fn cache_write(
+        &self,
+        cache: &mut CacheTensor,
+        slots: &[u32],
+        x: &[f32],
+    ) -> Result<(), BackendError> {
+        let w = cache.width;
+        if w == 0 || x.len() != slots.len() * w {
+            return Err(shape(
+                "cache_write",
+                format!("x {} values for {} slots of {w}", x.len(), slots.len()),
+            ));
+        }
+        let n = cache.slots();
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= n) {
+            return Err(shape(
+                "cache_write",
+                format!("slot {s} outside the cache ({n} slots)"),
+            ));
+        }
+        if x.is_empty() {
+            return Ok(());
+        }
+        let fp8 = matches!(cache.data, CacheData::Fp8(_));
+        let xd = self.up(x)?;
+        let mut o16 = self.zeros::<u16>(if fp8 { 1 } else { x.len() })?;
+        let mut o8 = self.zeros::<u8>(if fp8 { x.len() } else { 1 })?;
+        self.gpu
+            .cache_encode_dev(&xd, x.len(), fp8, cache.scale, &mut o16, &mut o8)
+            .op("cache_write")?;
+        match &mut cache.data {
+            CacheData::Bf16(d) => {
+                let v = self.down(&o16, x.len())?;
+                for (t, &s) in slots.iter().enumerate() {
+                    let s = s as usize;
+                    d[s * w..(s + 1) * w].copy_from_slice(&v[t * w..(t + 1) * w]);
+                }
+            }
+            CacheData::Fp8(d) => {
+                let v = self.down(&o8, x.len())?;
+                for (t, &s) in slots.iter().enumerate() {
+                    let s = s as usize;
+                    d[s * w..(s + 1) * w].copy_from_slice(&v[t * w..(t + 1) * w]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn index_scores(
+        &self,
+        q: &[f32],
+        heads: usize,
+        dim: usize,
+        cache: &CacheTensor,
+        step: &StepBatch,
+        page: usize,
+        bs: usize,
+        nb: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let t_rows = step.rows();
+        if q.len() != t_rows * heads * dim
+            || out.len() != heads * t_rows * nb
+            || cache.width != dim
+            || bs == 0
+        {
+            return Err(shape(
+                "index_scores",
+                format!(
+                    "q {} / out {} values for T {t_rows}, heads {heads}, dim {dim}, nb {nb}",
+                    q.len(),
+                    out.len()
+                ),
+            ));
+        }
+        let ds = self.device_step("index_scores", step, page, cache.slots())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let qd = self.up(q)?;
+        let cd = self.device_cache(cache)?;
+        let mut y = self.zeros::<f32>(out.len())?;
+        self.gpu
+            .index_scores_dev(&qd, heads, dim, &cd, &ds, bs, nb, &mut y)
+            .op("index_scores")?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn block_topk(
+        &self,
+        scores: &[f32],
+        heads: usize,
+        nb: usize,
+        positions: &[u32],
+        bs: usize,
+        topk: usize,
+        init: usize,
+        local: usize,
+        selection: IndexSelection,
+        kv_heads: usize,
+        out: &mut [i32],
+    ) -> Result<(), BackendError> {
+        let t_rows = positions.len();
+        if scores.len() != heads * t_rows * nb || out.len() != kv_heads * t_rows * topk || bs == 0 {
+            return Err(shape(
+                "block_topk",
+                format!("scores {} / out {} values", scores.len(), out.len()),
+            ));
+        }
+        if positions.iter().any(|&p| p as usize / bs >= nb) {
+            return Err(shape(
+                "block_topk",
+                format!("a position is past the {nb} scored blocks"),
+            ));
+        }
+        let shared = match selection {
+            IndexSelection::PerKvHead => {
+                if heads != kv_heads {
+                    return Err(shape(
+                        "block_topk",
+                        format!("per-KV-head selection needs index_n_heads ({heads}) == num_key_value_heads ({kv_heads})"),
+                    ));
+                }
+                false
+            }
+            IndexSelection::Shared => true,
+        };
+        if out.is_empty() {
+            return Ok(());
+        }
+        let sd = self.up(scores)?;
+        let pd = self.up(positions)?;
+        let mut y = self.zeros::<i32>(out.len())?;
+        self.gpu
+            .block_topk_dev(
+                &sd, heads, nb, &pd, t_rows, bs, topk, init, local, shared, kv_heads, &mut y,
+            )
+            .op("block_topk")?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &[f32],
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        k: &CacheTensor,
+        v: &CacheTensor,
+        step: &StepBatch,
+        page: usize,
+        blocks: Option<BlockSelection<'_>>,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let t_rows = step.rows();
+        if kv_heads == 0
+            || !heads.is_multiple_of(kv_heads)
+            || q.len() != t_rows * heads * d
+            || out.len() != q.len()
+            || k.width != kv_heads * d
+            || v.width != kv_heads * d
+        {
+            return Err(shape(
+                "attention",
+                format!(
+                    "q {} / out {} values, cache width {}",
+                    q.len(),
+                    out.len(),
+                    k.width
+                ),
+            ));
+        }
+        if let Some(bsel) = &blocks {
+            if bsel.blocks.len() != kv_heads * t_rows * bsel.topk || bsel.block_size == 0 {
+                return Err(shape(
+                    "attention",
+                    format!("block selection has {} ids", bsel.blocks.len()),
+                ));
+            }
+        }
+        if d > MAX_HEAD_DIM || k.dtype() != v.dtype() {
+            return Err(BackendError::Unsupported {
+                op: "attention",
+                backend: "gpu".into(),
+                what: format!(
+                    "head_dim {d} (max {MAX_HEAD_DIM}), K {:?} / V {:?}",
+                    k.dtype(),
+                    v.dtype()
+                ),
+            });
+        }
+        let ds = self.device_step("attention", step, page, k.slots().min(v.slots()))?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let qd = self.up(q)?;
+        let kd = self.device_cache(k)?;
+        let vd = self.device_cache(v)?;
+        let ids = match &blocks {
+            Some(b) => Some((self.up(b.blocks)?, b.topk, b.block_size)),
+            None => None,
+        };
+        let mut y = self.zeros::<f32>(out.len())?;
+        self.gpu
+            .attention_dev(
+                &qd,
+                heads,
+                kv_heads,
+                d,
+                &kd,
+                &vd,
+                &ds,
+                ids.as_ref().map(|(i, k, b)| (i, *k, *b)),
+                &mut y,
+            )
+            .op("attention")?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn router(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &LinearWeight,
+        bias: &[f32],
+        top_k: usize,
+        scaling: f32,
+        ids: &mut [i32],
+        weights: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let ne = w.rows();
+        if bias.len() != ne
+            || top_k == 0
+            || top_k > ne
+            || ids.len() != rows * top_k
+            || weights.len() != rows * top_k
+            || x.len() != rows * w.cols()
+        {
+            return Err(shape(
+                "router",
+                format!(
+                    "{ne} experts, bias {}, top_k {top_k}, ids {} for {rows} rows",
+                    bias.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let xd = self.up(x)?;
+        let z = self.lin(w, &xd, rows, LinearInput::F32, false)?;
+        let bd = self.up(bias)?;
+        let mut di = self.zeros::<i32>(rows * top_k)?;
+        let mut dw = self.zeros::<f32>(rows * top_k)?;
+        self.gpu
+            .router_select_dev(&z, &bd, ne, top_k, scaling, rows, &mut di, &mut dw)
+            .op("router")?;
+        self.down_into(&di, ids)?;
+        self.down_into(&dw, weights)
+    }
+
+    fn swiglu(
+        &self,
+        gate: &[f32],
+        up: &[f32],
+        alpha: f32,
+        limit: f32,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        if gate.len() != up.len() || out.len() != gate.len() {
+            return Err(shape(
+                "swiglu",
+                format!("gate {} up {} out {}", gate.len(), up.len(), out.len()),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (g, u) = (self.up(gate)?, self.up(up)?);
+        let mut y = self.zeros::<f32>(out.len())?;
+        self.gpu
+            .swiglu_dev(&g, &u, alpha, limit, &mut y, out.len())
+            .op("swiglu")?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mlp_op(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &MlpWeights,
+        alpha: f32,
+        limit: f32,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        Self::check_mlp(w)?;
+        if x.len() != rows * w.gate.cols() || out.len() != rows * w.down.rows() {
+            return Err(shape(
+                "mlp",
+                format!("x {} / out {} values for {rows} rows", x.len(), out.len()),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let xd = self.up(x)?;
+        let y = self.mlp(&xd, rows, w, LinearInput::Bf16, alpha, limit)?;
+        self.down_into(&y, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        &self,
+        x: &[f32],
+        rows: usize,
+        moe: &MoeWeights,
+        ids: &[i32],
+        weights: &[f32],
+        top_k: usize,
+        act: ActMode,
+        alpha: f32,
+        limit: f32,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let ne = moe.experts.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        let h = x.len() / rows;
+        if x.len() != rows * h
+            || out.len() != rows * h
+            || ids.len() != rows * top_k
+            || weights.len() != rows * top_k
+        {
+            return Err(shape(
+                "experts",
+                format!(
+                    "x {} out {} ids {} for {rows} rows",
+                    x.len(),
+                    out.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        if let Some(&bad) = ids.iter().find(|&&e| e < 0 || e as usize >= ne) {
+            return Err(shape("experts", format!("expert id {bad} outside 0..{ne}")));
+        }
+        for e in moe.experts.iter().chain(moe.shared.iter()) {
+            Self::check_mlp(e)?;
+            if e.gate.cols() != h || e.down.rows() != h {
+                return Err(shape(
+                    "experts",
+                    format!(
+                        "expert of width {}x{} for hidden size {h}",
+                        e.gate.cols(),
+                        e.down.rows()
+                    ),
+                ));
+            }
+        }
+        let input = match act {
+            ActMode::Bf16 => LinearInput::Bf16,
+            ActMode::Mxfp4 => LinearInput::Mxfp4,
+        };
+        // Rows per expert, ascending; each expert runs once on its rows.
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); ne];
+        for t in 0..rows {
+            for i in 0..top_k {
+                groups[ids[t * top_k + i] as usize].push(t);
+            }
+        }
+        let mut base = vec![0usize; ne];
+        let mut y_all: Vec<f32> = Vec::with_capacity(rows * top_k * h);
+        for (e, rs) in groups.iter().enumerate() {
+            base[e] = y_all.len() / h.max(1);
+            if rs.is_empty() {
+                continue;
+            }
+            let mut xe = Vec::with_capacity(rs.len() * h);
+            for &t in rs {
+                xe.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            let xd = self.up(&xe)?;
+            let yd = self.mlp(&xd, rs.len(), &moe.experts[e], input, alpha, limit)?;
+            y_all.extend(self.down(&yd, rs.len() * h)?);
+        }
+        // Per row: chosen experts ascending, each pointing at its output row.
+        let mut src = vec![0u32; rows * top_k];
+        let mut wts = vec![0.0f32; rows * top_k];
+        let mut cursor = vec![0usize; ne];
+        for t in 0..rows {
+            let mut chosen: Vec<(usize, f32)> = (0..top_k)
+                .map(|i| (ids[t * top_k + i] as usize, weights[t * top_k + i]))
+                .collect();
+            chosen.sort_by_key(|&(e, _)| e);
+            for (i, &(e, we)) in chosen.iter().enumerate() {
+                src[t * top_k + i] = (base[e] + cursor[e]) as u32;
+                cursor[e] += 1;
+                wts[t * top_k + i] = we;
+            }
+        }
+        let xd = self.up(x)?;
+        let shared = match &moe.shared {
+            Some(sw) => Some(self.mlp(&xd, rows, sw, LinearInput::Bf16, alpha, limit)?),
+            None => None,
+        };
+        let (yd, sd, wd) = (self.up(&y_all)?, self.up(&src)?, self.up(&wts)?);
+        let mut od = self.zeros::<f32>(rows * h)?;
+        self.gpu
+            .moe_combine_dev(&yd, &sd, &wd, shared.as_ref(), rows, top_k, h, &mut od)
+            .op("experts")?;
+        self.down_into(&od, out)
+    }
+
+    fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), BackendError> {
+        if acc.len() != x.len() {
+            return Err(shape("add", format!("{} += {} values", acc.len(), x.len())));
+        }
+        if acc.is_empty() {
+            return Ok(());
+        }
+        let mut a = self.up(acc)?;
+        let b = self.up(x)?;
+        self.gpu.add_dev(&mut a, &b, x.len()).op("add")?;
+        self.down_into(&a, acc)
+    }
+
+    fn sample(
+        &self,
+        logits: &[f32],
+        vocab: usize,
+        params: &[sample::SampleParams],
+        positions: &[u32],
+        out: &mut [u32],
+    ) -> Result<(), BackendError> {
+        let rows = out.len();
+        if vocab == 0
+            || logits.len() != rows * vocab
+            || params.len() != rows
+            || positions.len() != rows
+        {
+            return Err(shape(
+                "sample",
+                format!("logits {} values, {rows} rows of {vocab}", logits.len()),
+            ));
+        }
+        if params.iter().any(|p| p.is_greedy()) {
+            let ld = self.up(logits)?;
+            let mut od = self.zeros::<u32>(rows)?;
+            self.gpu
+                .argmax_dev(&ld, rows, vocab, &mut od)
+                .op("sample")?;
+            self.down_into(&od, out)?;
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            if !params[r].is_greedy() {
+                // Stochastic sampling: the host implementation (MODEL.md 4).
+                *o = sample::sample(
+                    &logits[r * vocab..(r + 1) * vocab],
+                    &params[r],
+                    positions[r],
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn dequantize(&self, w: &LinearWeight, out: &mut [f32]) -> Result<(), BackendError> {
+        let (n, k) = (w.rows(), w.cols());
+        if out.len() != n * k {
+            return Err(shape(
+                "dequantize",
+                format!("out has {} values, expected {n} x {k}", out.len()),
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        let dw = self.generic(w)?;
+        let ids: Vec<u32> = (0..n as u32).collect();
+        let idd = self.up(&ids)?;
+        let mut y = self.zeros::<f32>(out.len())?;
+        self.gpu
+            .decode_rows_dev(&dw, &idd, n, &mut y)
+            .op("dequantize")?;
+        self.down_into(&y, out)
+    }
+}
+
+impl Backend for GpuBackend {
+    fn name(&self) -> &str {
+        "gpu"
+    }
+
+    fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        match op {
+            Op::Embed { table, tokens, out } => self.embed(table, tokens, out),
+            Op::Linear {
+                x,
+                rows,
+                w,
+                input,
+                round_out,
+                out,
+            } => self.linear(x, rows, w, input, round_out, out),
+            Op::RmsNorm {
+                x,
+                width,
+                weight,
+                eps,
+                round_out,
+                out,
+            } => {
+                if width == 0
+                    || weight.len() != width
+                    || !x.len().is_multiple_of(width)
+                    || out.len() != x.len()
+                {
+                    return Err(shape(
+                        "rmsnorm",
+                        format!(
+                            "x {} / out {} values, weight {} for width {width}",
+                            x.len(),
+                            out.len(),
+                            weight.len()
+                        ),
+                    ));
+                }
+                let (y, yb) = self
+                    .gpu
+                    .rmsnorm(x, weight, eps, x.len() / width, width)
+                    .op("rmsnorm")?;
+                if round_out {
+                    for (o, &b) in out.iter_mut().zip(&yb) {
+                        *o = bf16::to_f32(b);
+                    }
+                } else {
+                    out.copy_from_slice(&y[..out.len()]);
+                }
+                Ok(())
+            }
+            Op::Rope {
+                x,
+                heads,
+                head_dim,
+                rotary_dim,
+                theta,
+                positions,
+                round_out,
+            } => self.rope(x, heads, head_dim, rotary_dim, theta, positions, round_out),
+            Op::CacheWrite { cache, slots, x } => self.cache_write(cache, slots, x),
+            Op::IndexScores {
+                q,
+                heads,
+                dim,
+                cache,
+                step,
+                page_size,
+                block_size,
+                nb,
+                out,
+            } => self.index_scores(q, heads, dim, cache, step, page_size, block_size, nb, out),
+            Op::BlockTopK {
+                scores,
+                heads,
+                nb,
+                positions,
+                block_size,
+                topk,
+                init_blocks,
+                local_blocks,
+                selection,
+                kv_heads,
+                out,
+            } => self.block_topk(
+                scores,
+                heads,
+                nb,
+                positions,
+                block_size,
+                topk,
+                init_blocks,
+                local_blocks,
+                selection,
+                kv_heads,
+                out,
+            ),
+            Op::Attention {
+                q,
+                heads,
+                kv_heads,
+                head_dim,
+                k,
+                v,
+                step,
+                page_size,
+                blocks,
+                out,
+            } => self.attention(
+                q, heads, kv_heads, head_dim, k, v, step, page_size, blocks, out,
+            ),
+            Op::Router {
+                x,
+                rows,
+                router,
+                bias,
+                top_k,
+                scaling,
+                ids,
+                weights,
+            } => self.router(x, rows, router, bias, top_k, scaling, ids, weights),
+            Op::SwiGlu {
+                gate,
+                up,
+                alpha,
+                limit,
+                out,
+            } => self.swiglu(gate, up, alpha, limit, out),
+            Op::Mlp {
+                x,
+                rows,
+                w,
+                alpha,
+                limit,
+                out,
+            } => self.mlp_op(x, rows, w, alpha, limit, out),
+            Op::Experts {
+                x,
+                rows,
+                moe,
+                ids,
+                weights,
+                top_k,
+                act,
+                alpha,
+                limit,
+                out,
+            } => self.experts(x, rows, moe, ids, weights, top_k, act, alpha, limit, out),
+            Op::Add { acc, x } => self.add(acc, x),
+            Op::Sample {
+                logits,
+                vocab,
+                params,
+                positions,
+                out,
+            } => self.sample(logits, vocab, params, positions, out),
+            Op::QuantizeMx {
+                x,
+                rows,
+                cols,
+                elem,
+                rule,
+                out,
+            } => {
+                let q = self
+                    .gpu
+                    .mx_quantize(x, rows, cols, elem, rule)
+                    .op("quantize_mx")?;
+                *out = Some(MxTensor::from_parts(elem, rows, cols, q.codes, q.scales)?);
+                Ok(())
+            }
+            Op::QuantizeNvfp4 { x, rows, cols, out } => {
+                let q = self
+                    .gpu
+                    .nvfp4_quantize(x, rows, cols)
+                    .op("quantize_nvfp4")?;
+                *out = Some(Nvfp4Tensor::from_parts(
+                    rows, cols, q.codes, q.scales, q.global,
+                )?);
+                Ok(())
+            }
+            Op::Dequantize { w, out } => self.dequantize(w, out),
+            Op::ConvertNvfp4ToMxfp4 { w, rule, out } => {
+                let (rows, cols) = (w.rows(), w.cols());
+                let q = self
+                    .gpu
+                    .nvfp4_to_mxfp4(w.codes(), w.scales(), w.global(), rows, cols, rule)
+                    .op("convert_nvfp4_to_mxfp4")?;
+                *out = Some(MxTensor::from_parts(
+                    MxElem::Fp4E2M1,
+                    rows,
+                    cols,
+                    q.codes,
+                    q.scales,
+                )?);
+                Ok(())
+            }
+            Op::ActQuantMxfp4 { x, out } => {
+                if out.len() != x.len() {
+                    return Err(shape(
+                        "act_quant_mxfp4",
+                        format!("out {} for {} values", out.len(), x.len()),
+                    ));
+                }
+                let cols = if x.len().is_multiple_of(32) { 32 } else { 0 };
+                out.copy_from_slice(&self.act_quant(x, cols)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `GpuBackend` is shared across threads (`Box<dyn Backend + Sync>`).
+const _: fn() = || {
+    fn is_sync<T: Sync + Send>() {}
+    is_sync::<GpuBackend>();
+};

@@ -1,0 +1,308 @@
+//! The bench model (PERF.md "Bench model") generated on the device from a
+//! seed: every code and scale is a counter hash of (seed, tensor id, index),
+//! so no checkpoint is read and nothing crosses PCIe.
+//!
+//! Formats: routed experts MXFP4, attention / indexer / dense MLP / shared
+//! expert MXFP8 (E4M3), router f32, embeddings and LM head bf16
+//! ([`BenchWeights::Mx`]); or everything bf16 but the f32 router
+//! ([`BenchWeights::Bf16`]).
+//!
+//! Scales keep activations finite and O(1): MXFP8 codes have |v| in
+//! [0.5, 1.875] (exponent field 6 or 7), FP4 codes are uniform over all 16
+//! (rms ~2.9), bf16 values have |v| in [1, 4) times a power of two; each
+//! matrix's E8M0 scale (or bf16 exponent) is 2^-round(log2(rms * sqrt(in))),
+//! so a row's dot product with an O(1) input is O(1).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use m3_core::config::{AttnKind, MlpKind, ModelConfig};
+
+use crate::error::{GpuError, Result};
+use crate::standard::model::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
+use crate::standard::{DevBuf, GEN};
+use crate::CudaGpu;
+
+/// Which weight variant to generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchWeights {
+    /// PERF.md's formats (MXFP4 experts, MXFP8 rest, bf16 embeddings/head).
+    Mx,
+    /// bf16 everywhere (f32 router): the like-for-like peer variant.
+    Bf16,
+}
+
+/// Launcher of the generation kernels on a private stream.
+pub struct Gen {
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    bytes: CudaFunction,
+    bf16: CudaFunction,
+    f32: CudaFunction,
+    grid: u32,
+}
+
+impl Gen {
+    pub fn new(gpu: &CudaGpu) -> Result<Self> {
+        let ctx = gpu.context().clone();
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
+        Ok(Gen {
+            stream,
+            ctx,
+            bytes: gpu.function(&GEN, "m3s_gen_bytes")?,
+            bf16: gpu.function(&GEN, "m3s_gen_bf16")?,
+            f32: gpu.function(&GEN, "m3s_gen_f32")?,
+            grid: (gpu.info().sm_count.max(1) as u32) * 8,
+        })
+    }
+
+    fn cfg(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.grid, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Every byte of `b`: `(hash & mask) | orv`.
+    pub fn bytes(&self, b: &DevBuf, seed: u64, tid: u32, mask: u32, orv: u32) -> Result<()> {
+        let (p, n) = (b.ptr(), b.bytes() as u64);
+        let mut l = self.stream.launch_builder(&self.bytes);
+        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&mask).arg(&orv);
+        // SAFETY: writes n bytes of b's allocation.
+        unsafe { l.launch(self.cfg()) }
+            .map(|_| ())
+            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_bytes", e))
+    }
+
+    /// bf16 values of exponent field `e` or `e + 1`, random sign/mantissa.
+    pub fn bf16(&self, b: &DevBuf, seed: u64, tid: u32, e: u32) -> Result<()> {
+        let (p, n) = (b.ptr(), (b.bytes() / 2) as u64);
+        let mut l = self.stream.launch_builder(&self.bf16);
+        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&e);
+        // SAFETY: writes n u16 of b's allocation.
+        unsafe { l.launch(self.cfg()) }
+            .map(|_| ())
+            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_bf16", e))
+    }
+
+    /// f32 uniform in [-amp, amp).
+    pub fn f32(&self, b: &DevBuf, seed: u64, tid: u32, amp: f32) -> Result<()> {
+        let (p, n) = (b.ptr(), (b.bytes() / 4) as u64);
+        let mut l = self.stream.launch_builder(&self.f32);
+        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&amp);
+        // SAFETY: writes n f32 of b's allocation.
+        unsafe { l.launch(self.cfg()) }
+            .map(|_| ())
+            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_f32", e))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// log2 of the rms of one stored code (before its scale).
+fn code_log2_rms(fmt: WFmt) -> f64 {
+    match fmt {
+        WFmt::Mxfp4 => 2.93f64.log2(),
+        WFmt::Mxfp8 => 1.2f64.log2(),
+        WFmt::Bf16 => 2.3f64.log2(),
+        WFmt::F32 => 0.0,
+    }
+}
+
+/// One generated matrix stack.
+fn gen_linear(
+    g: &Gen,
+    fmt: WFmt,
+    rows: usize,
+    cols: usize,
+    count: usize,
+    seed: u64,
+    tid: &mut u32,
+) -> Result<DevLinear> {
+    let w = DevLinear::alloc(g.context(), fmt, rows, cols, count)?;
+    *tid += 1;
+    // 2^-s with s = round(log2(rms * sqrt(cols)))
+    let s = (code_log2_rms(fmt) + 0.5 * (cols as f64).log2()).round() as i32;
+    match fmt {
+        WFmt::Mxfp4 => g.bytes(&w.codes, seed, *tid, 0xff, 0)?,
+        WFmt::Mxfp8 => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
+        WFmt::Bf16 => g.bf16(&w.codes, seed, *tid, (127 - s).max(2) as u32)?,
+        WFmt::F32 => g.f32(&w.codes, seed, *tid, 1.7 / (cols as f32).sqrt())?,
+    }
+    if let Some(sc) = &w.scales {
+        g.bytes(sc, seed, *tid, 0, (127 - s).clamp(1, 254) as u32)?;
+    }
+    Ok(w)
+}
+
+/// Generate the bench model for `c` on the device.
+pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -> Result<DevModel> {
+    let g = Gen::new(gpu)?;
+    let ctx = g.context().clone();
+    let (ef, df) = match kind {
+        BenchWeights::Mx => (WFmt::Mxfp4, WFmt::Mxfp8),
+        BenchWeights::Bf16 => (WFmt::Bf16, WFmt::Bf16),
+    };
+    let h = c.hidden_size;
+    let mut tid = 0u32;
+    let norm = |n: usize, tid: &mut u32| -> Result<DevBuf> {
+        let b = DevBuf::new(&ctx, n * 4)?;
+        *tid += 1;
+        g.f32(&b, seed, *tid, 0.2)?;
+        Ok(b)
+    };
+    let mlp = |fmt: WFmt, width: usize, count: usize, tid: &mut u32| -> Result<DevMlp> {
+        Ok(DevMlp {
+            gate: gen_linear(&g, fmt, width, h, count, seed, tid)?,
+            up: gen_linear(&g, fmt, width, h, count, seed, tid)?,
+            down: gen_linear(&g, fmt, h, width, count, seed, tid)?,
+        })
+    };
+    let embed = DevBuf::new(&ctx, c.vocab_size * h * 2)?;
+    tid += 1;
+    g.bf16(&embed, seed, tid, 126)?;
+    let mut layers = Vec::with_capacity(c.num_hidden_layers);
+    for l in 0..c.num_hidden_layers {
+        let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let sparse = c.attn_kinds.get(l) == Some(&AttnKind::Sparse);
+        let indexer = if sparse {
+            Some(DevIndexer {
+                q: gen_linear(&g, df, c.index_n_heads * c.index_head_dim, h, 1, seed, &mut tid)?,
+                k: gen_linear(&g, df, c.index_head_dim, h, 1, seed, &mut tid)?,
+                q_norm: norm(c.index_head_dim, &mut tid)?,
+                k_norm: norm(c.index_head_dim, &mut tid)?,
+                k_scale: 1.0,
+            })
+        } else {
+            None
+        };
+        let ffn = if c.mlp_kinds.get(l) == Some(&MlpKind::Dense) {
+            DevFfn::Dense(mlp(df, c.dense_intermediate_size, 1, &mut tid)?)
+        } else {
+            let ne = c.num_local_experts;
+            let bias = DevBuf::new(&ctx, ne * 4)?;
+            tid += 1;
+            g.f32(&bias, seed, tid, 0.05)?;
+            DevFfn::Moe {
+                router: gen_linear(&g, WFmt::F32, ne, h, 1, seed, &mut tid)?,
+                bias,
+                experts: mlp(ef, c.intermediate_size, ne, &mut tid)?,
+                shared: if c.shared_intermediate_size > 0 {
+                    Some(mlp(df, c.shared_intermediate_size, 1, &mut tid)?)
+                } else {
+                    None
+                },
+            }
+        };
+        layers.push(DevLayer {
+            input_norm: norm(h, &mut tid)?,
+            post_norm: norm(h, &mut tid)?,
+            q: gen_linear(&g, df, nh * d, h, 1, seed, &mut tid)?,
+            k: gen_linear(&g, df, nkv * d, h, 1, seed, &mut tid)?,
+            v: gen_linear(&g, df, nkv * d, h, 1, seed, &mut tid)?,
+            o: gen_linear(&g, df, h, nh * d, 1, seed, &mut tid)?,
+            q_norm: norm(d, &mut tid)?,
+            k_norm: norm(d, &mut tid)?,
+            indexer,
+            k_scale: 1.0,
+            v_scale: 1.0,
+            ffn,
+        });
+    }
+    let final_norm = norm(h, &mut tid)?;
+    let lm_head = gen_linear(&g, WFmt::Bf16, c.vocab_size, h, 1, seed, &mut tid)?;
+    g.sync()?;
+    Ok(DevModel {
+        config: c.clone(),
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+/// Bytes one step must move (PERF.md "Bytes a step must move"): every
+/// weight tensor the step touches, once (embedding: the rows looked up;
+/// routed experts: the distinct experts chosen per layer), plus the KV bytes
+/// attention reads (the selected blocks' visible keys and values per KV head
+/// and row) and the index-cache bytes the indexer reads (every visible key
+/// per row). Cache elements are fp8 (1 byte). `experts[l]` / `blocks[l]`
+/// come from [`crate::standard::StandardPath::experts_chosen`] /
+/// [`crate::standard::StandardPath::blocks_selected`].
+pub fn step_bytes(
+    m: &DevModel,
+    positions: &[u32],
+    logits_rows: usize,
+    experts: &[Vec<i32>],
+    blocks: &[Vec<i32>],
+) -> u64 {
+    let c = &m.config;
+    let t = positions.len();
+    let (h, d, nkv) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
+    let kb = c.index_topk_blocks;
+    let bs = c.index_block_size;
+    let mut b = (t * h * 2) as u64; // embedding rows
+    if logits_rows > 0 {
+        b += m.lm_head.matrix_bytes() as u64 + (h * 4) as u64;
+    }
+    for (l, lw) in m.layers.iter().enumerate() {
+        b += ((2 * h + 2 * d) * 4) as u64;
+        b += (lw.q.matrix_bytes() + lw.k.matrix_bytes() + lw.v.matrix_bytes() + lw.o.matrix_bytes()) as u64;
+        if let Some(ix) = &lw.indexer {
+            b += (ix.q.matrix_bytes() + ix.k.matrix_bytes() + 2 * c.index_head_dim * 4) as u64;
+            for &p in positions {
+                b += ((p as usize + 1) * c.index_head_dim) as u64;
+            }
+            let sel = blocks.get(l).map(|v| v.as_slice()).unwrap_or(&[]);
+            for g in 0..nkv {
+                for (row, &p) in positions.iter().enumerate() {
+                    let visible = p as usize + 1;
+                    for k in 0..kb {
+                        let Some(&blk) = sel.get((g * t + row) * kb + k) else {
+                            continue;
+                        };
+                        if blk < 0 {
+                            continue;
+                        }
+                        let lo = blk as usize * bs;
+                        let n = (lo + bs).min(visible).saturating_sub(lo);
+                        b += (2 * n * d) as u64;
+                    }
+                }
+            }
+        } else {
+            for &p in positions {
+                b += (2 * (p as usize + 1) * d * nkv) as u64;
+            }
+        }
+        match &lw.ffn {
+            DevFfn::Dense(mlp) => b += mlp.matrix_bytes() as u64,
+            DevFfn::Moe {
+                router,
+                experts: ex,
+                shared,
+                ..
+            } => {
+                b += (router.matrix_bytes() + router.rows * 4) as u64;
+                let ids: std::collections::BTreeSet<i32> = experts
+                    .get(l)
+                    .map(|v| v.iter().copied().collect())
+                    .unwrap_or_default();
+                b += (ids.len() * ex.matrix_bytes()) as u64;
+                b += shared.as_ref().map_or(0, |s| s.matrix_bytes()) as u64;
+            }
+        }
+    }
+    b
+}

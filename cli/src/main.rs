@@ -8,7 +8,7 @@ mod cmd;
 /// m3: an inference engine for the MiniMax-M3 / M3.1 family (sparse-attention
 /// MoE, MXFP4 / NVFP4 / MXFP8 weights).
 #[derive(Parser)]
-#[command(name = "m3", version, about, long_about = None)]
+#[command(name = "m3", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -13,6 +13,10 @@
 //! `config.json` (this [`DsparkConfig`] as JSON) and safetensors shards with
 //! a `model.safetensors.index.json`, tensor names as [`DsparkNames`] spells
 //! them (without the `dspark/` directory in the name). Weights are bf16.
+//!
+//! `checkpoint::dspark_loader::load_dspark` reads it into [`DsparkWeights`];
+//! `sched::dspark_drafter::DsparkDrafter` runs it (and documents the choices
+//! this project makes where MODEL.md 6 leaves the draft open).
 
 use alloc::format;
 use alloc::string::String;

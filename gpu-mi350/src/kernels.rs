@@ -124,4 +124,13 @@ pub const BENCH: KernelSource = KernelSource {
 };
 
 /// Every kernel source, in compile order.
-pub const ALL: &[KernelSource] = &[FORMATS, LINEAR, NORM, BENCH];
+pub const ALL: &[KernelSource] = &[
+    FORMATS,
+    LINEAR,
+    NORM,
+    BENCH,
+    crate::ops::elementwise::ELEMENTWISE,
+    crate::ops::attention::ATTENTION,
+    crate::ops::moe::MOE,
+    crate::ops::sample::SAMPLE,
+];

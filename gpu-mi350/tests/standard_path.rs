@@ -167,3 +167,28 @@ fn planted_weight_error_is_caught() {
     assert!(ok <= REL_L2_TOL, "layers before the planted error still match");
     assert!(e > REL_L2_TOL, "planted error not caught: rel L2 {e:.3e}");
 }
+
+/// The standard path's kernel sources compile with NVRTC for sm_90 and
+/// define every entry point (runs wherever libnvrtc loads, GPU or not).
+#[test]
+fn standard_kernels_compile_for_sm90() {
+    use m3_gpu::cuda::nvrtc;
+    if let Err(e) = nvrtc::available() {
+        if common::require_gpu() {
+            panic!("REQUIRE_GPU=1 but NVRTC is unavailable: {e}");
+        }
+        println!("skipped: no NVRTC: {e}");
+        return;
+    }
+    for k in [m3_gpu::standard::STANDARD, m3_gpu::standard::GEN] {
+        let bin = nvrtc::compile_cubin(k.name, &k.full_source(), "sm_90", &k.nvrtc_options("sm_90"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        for e in k.entries {
+            assert!(
+                bin.windows(e.len()).any(|w| w == e.as_bytes()),
+                "{}: entry {e} missing from the CUBIN",
+                k.name
+            );
+        }
+    }
+}

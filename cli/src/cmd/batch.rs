@@ -54,8 +54,9 @@ pub struct Args {
     /// Default `max_tokens` for lines that do not set it.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// Draft tokens verified per decode step (0 = no speculation; drafts
-    /// come from prompt lookup, at most 7).
+    /// Draft tokens verified per decode step (0 = no speculation; at most
+    /// 7). Drafts come from the checkpoint's DSpark draft (`dspark/`), else
+    /// from prompt lookup; the run says which.
     #[arg(long, default_value_t = 0)]
     pub spec_tokens: usize,
     /// Disable the prefix cache.
@@ -376,7 +377,10 @@ pub fn run(args: Args) -> Result<()> {
         runner.spec_tokens = args.spec_tokens;
         if args.spec_tokens > 0 {
             let (d, name) = super::generate::make_drafter(&*be, &model, draft.as_ref())?;
-            eprintln!("speculative decoding: {} draft tokens, drafter {name}", args.spec_tokens);
+            eprintln!(
+                "speculative decoding: {} draft tokens, drafter {name}",
+                args.spec_tokens
+            );
             runner.drafter = Some(d);
         }
         for j in &jobs {

@@ -1,4 +1,4 @@
-//! `m3 bench --backend cpu`: prefill and decode speed of a backend on a
+//! `m3 bench --backend cpu|gpu`. CPU: prefill and decode speed of a backend on a
 //! preset with in-memory synthetic weights, the bytes a decode step must
 //! move, and a same-run memory-bandwidth probe to compare them with
 //! (PERF.md: ratios within one run, never absolute times across runs).
@@ -20,11 +20,36 @@ use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
 
 use super::forward::{backend, parse_act, parse_kv, with_threads};
 
+#[path = "bench_gpu.rs"]
+mod gpu;
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Backend: cpu.
+    /// Backend: cpu, or gpu (the graph-captured standard path on the bench
+    /// model generated on the device; see `gpu_bench`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// GPU: decode batch sizes (one sequence per row), comma separated.
+    #[arg(long, default_value = "1,2,4,8,16,32,64")]
+    pub batch: String,
+    /// GPU: cached positions before the timed decode row.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// GPU: bench-model weights: mxfp4 (PERF.md formats) or bf16.
+    #[arg(long, default_value = "mxfp4")]
+    pub weights: String,
+    /// GPU: timed replays per case per round.
+    #[arg(long, default_value_t = 200)]
+    pub iters: usize,
+    /// GPU: untimed replays per case after capture.
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    /// GPU: interleaved rounds over all cases.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// GPU: JSON output (default bench/results/<date>-gpu-standard.json).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
     /// Model preset: tiny, small or m3.1.
     #[arg(long, default_value = "small")]
     pub preset: String,
@@ -171,6 +196,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.backend == "gpu" || args.backend == "cuda" {
+        return gpu::run(&args);
+    }
     let be = backend(&args.backend)?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
     if let Some(l) = args.layers {

@@ -20,18 +20,18 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use m3_core::backend::{Backend, RunOptions};
 use m3_core::checkpoint::dspark_loader::load_dspark;
+use m3_core::config::ModelConfig;
 use m3_core::dspark::DsparkWeights;
+use m3_core::engine::{Engine, Request, SimplePlanner};
 use m3_core::kv::CacheDtype;
+use m3_core::kv::{KvCache, KvLayout};
+use m3_core::sample::SampleParams;
 use m3_core::sched::dspark_drafter::DsparkDrafter;
 use m3_core::sched::ngram::NgramDrafter;
 use m3_core::sched::runner::{Drafter, SchedRunner, VerifyMode};
 use m3_core::sched::SchedulerConfig;
-use m3_core::weights::ModelWeights;
-use m3_core::config::ModelConfig;
-use m3_core::engine::{Engine, Request, SimplePlanner};
-use m3_core::kv::{KvCache, KvLayout};
-use m3_core::sample::SampleParams;
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
+use m3_core::weights::ModelWeights;
 
 use super::forward::{backend, load_model, parse_act, parse_kv, parse_tokens, with_threads};
 
@@ -90,8 +90,12 @@ pub struct Args {
 }
 
 /// Load the checkpoint's DSpark draft, if it has one.
-pub(crate) fn load_draft(dir: &std::path::Path, model: &ModelWeights) -> Result<Option<DsparkWeights>> {
-    load_dspark(dir, &model.config).with_context(|| format!("loading the DSpark draft of {}", dir.display()))
+pub(crate) fn load_draft(
+    dir: &std::path::Path,
+    model: &ModelWeights,
+) -> Result<Option<DsparkWeights>> {
+    load_dspark(dir, &model.config)
+        .with_context(|| format!("loading the DSpark draft of {}", dir.display()))
 }
 
 /// The drafter for a run: DSpark when `draft` is given, else prompt lookup;
@@ -106,7 +110,10 @@ pub(crate) fn make_drafter<'a>(
             Box::new(DsparkDrafter::new(be, model, w).map_err(|e| anyhow!("DSpark draft: {e}"))?),
             "dspark",
         ),
-        None => (Box::new(NgramDrafter::default()), "ngram (no dspark/ in the checkpoint)"),
+        None => (
+            Box::new(NgramDrafter::default()),
+            "ngram (no dspark/ in the checkpoint)",
+        ),
     })
 }
 
@@ -346,7 +353,7 @@ fn rate(p: (usize, f64)) -> f64 {
 
 /// What a speculative generation needs.
 struct SpecRun<'a> {
-    be: &'a dyn Backend,
+    be: &'a (dyn Backend + Sync),
     model: &'a ModelWeights,
     draft: Option<&'a DsparkWeights>,
     dtype: CacheDtype,

@@ -354,7 +354,10 @@ mod tests {
     fn mono_for_marked_verify_steps() {
         // A verify step: the last committed token at 9 plus 3 drafts.
         let mut v = StepBatch::contiguous(1, &[5, 6, 7, 8], 9, &[0, 1, 2, 3], 4, true);
-        assert!(!Path::Mono.allows(&v), "unmarked: looks like a prompt chunk");
+        assert!(
+            !Path::Mono.allows(&v),
+            "unmarked: looks like a prompt chunk"
+        );
         v.decode_only = true;
         assert!(v.is_pure_decode() && Path::Mono.allows(&v));
         // Marked but the rows do not end at context_len - 1: refused.

@@ -81,7 +81,12 @@ impl DraftFiles {
         Ok((t.dtype, f.bytes(t).to_vec()))
     }
 
-    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<LinearWeight, CheckpointError> {
+    fn linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<LinearWeight, CheckpointError> {
         Ok(match self.tensor(name, &[rows, cols])? {
             (Dtype::BF16, raw) => LinearWeight::Bf16 {
                 rows,

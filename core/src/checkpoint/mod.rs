@@ -13,8 +13,8 @@
 //!   ([`Checkpoint::tensors`], [`Checkpoint::raw_bytes`], [`Checkpoint::detect_format`]).
 //! - [`writer`], streamed shard writing for `m3 synth` / `m3 convert`.
 
-mod error;
 pub mod dspark_loader;
+mod error;
 pub mod index;
 pub mod loader;
 pub mod names;

@@ -186,7 +186,13 @@ impl<'a> DsparkDrafter<'a> {
         Ok(o)
     }
 
-    fn norm(&self, x: &[f32], width: usize, w: &[f32], round: bool) -> Result<Vec<f32>, BackendError> {
+    fn norm(
+        &self,
+        x: &[f32],
+        width: usize,
+        w: &[f32],
+        round: bool,
+    ) -> Result<Vec<f32>, BackendError> {
         let mut o = vec![0.0f32; x.len()];
         self.backend.run_op(Op::RmsNorm {
             x,
@@ -202,7 +208,12 @@ impl<'a> DsparkDrafter<'a> {
     /// Layer `l`'s K and V rows (K normed, rotated at `positions`, bf16) of
     /// the input rows `x` (`[positions.len(), H]`), normed by the layer's
     /// input norm first unless `hn` is already normed.
-    fn kv(&self, l: usize, hn: &[f32], positions: &[u32]) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+    fn kv(
+        &self,
+        l: usize,
+        hn: &[f32],
+        positions: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         let c = &self.weights.config;
         let lw = &self.weights.layers[l];
         let n = positions.len();
@@ -264,7 +275,12 @@ impl<'a> DsparkDrafter<'a> {
 
     /// The draft forward for `n` query rows after `context` (module docs):
     /// logits `[n, vocab]` before the Markov bias.
-    fn draft_logits(&mut self, id: RequestId, context: &[u32], n: usize) -> Result<Vec<f32>, BackendError> {
+    fn draft_logits(
+        &mut self,
+        id: RequestId,
+        context: &[u32],
+        n: usize,
+    ) -> Result<Vec<f32>, BackendError> {
         let c = self.weights.config.clone();
         let (h, nh, nkv, d) = (
             c.hidden_size,
@@ -349,7 +365,10 @@ impl<'a> DsparkDrafter<'a> {
                     out: &mut o,
                 })?;
                 let ao = self.lin(&o, n, &lw.attn.o, true)?;
-                self.backend.run_op(Op::Add { acc: &mut x, x: &ao })?;
+                self.backend.run_op(Op::Add {
+                    acc: &mut x,
+                    x: &ao,
+                })?;
                 let h2 = self.norm(&x, h, &lw.post_attn_norm, true)?;
                 let mut y = vec![0.0f32; n * h];
                 self.backend.run_op(Op::Mlp {

@@ -36,9 +36,9 @@ use alloc::vec::Vec;
 
 use super::request::{FinishedRequest, RequestId, SamplingParams};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqTokens};
+use super::spec_probs::sampling_probs;
 use super::step::{RowKind, ScheduledStep, StepPath};
 use super::SchedError;
-use super::spec_probs::sampling_probs;
 use crate::backend::{
     Backend, BackendError, Path, RunOptions, StepBatch, StepSeq, TapRequest, Taps,
 };
@@ -134,8 +134,7 @@ impl SpecStats {
     /// Mean tokens committed per verify (accepted drafts + the target's own
     /// token), `None` before any verify.
     pub fn mean_acceptance_length(&self) -> Option<f64> {
-        (self.verifies > 0)
-            .then(|| (self.accepted + self.verifies) as f64 / self.verifies as f64)
+        (self.verifies > 0).then(|| (self.accepted + self.verifies) as f64 / self.verifies as f64)
     }
 }
 

@@ -1,0 +1,278 @@
+//! `m3 bench --backend gpu`: the graph-captured standard path on PERF.md's
+//! bench model (weights generated on the device from a seed), following
+//! PERF.md's GPU protocol:
+//! 1. clocks and throttle reasons recorded (nvidia-smi, before and after);
+//! 2. ceiling measured in the same run (device-to-device copy, bytes read +
+//!    written, and a streaming-read kernel; the larger is quoted);
+//! 3. every case compiled, captured into a graph and warmed up;
+//! 4. correctness is gated separately (gpu-mi350/tests/standard_path.rs on
+//!    `tiny`, which must pass in the same device session);
+//! 5. each case timed over `iters` graph replays, one device event pair
+//!    each: median, p10, p90;
+//! 6. cases interleaved over `rounds` rounds; ratios within a round;
+//! 7. one JSON with the raw samples.
+//!
+//! The context is filled with generated fp8 K/V/index-key codes instead of a
+//! prefill (same bytes read by the decode step; selection and attention see
+//! generated keys). Each case is a pure decode step of `batch` sequences,
+//! one row each at position `context`; replays feed the greedy token back
+//! (argmax on the device) and rewrite the same cache slot.
+
+use std::process::Command;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use m3_core::backend::{StepBatch, StepSeq};
+use m3_core::config::ModelConfig;
+use m3_gpu::benchmodel::{self, BenchWeights};
+use m3_gpu::standard::{Capacity, StandardPath};
+use m3_gpu::CudaGpu;
+use serde_json::json;
+
+use super::Args;
+
+fn nvidia_smi() -> String {
+    Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,clocks_event_reasons.active,power.draw,temperature.gpu",
+            "--format=csv,noheader",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "nvidia-smi not available (clocks not recorded)".to_string())
+}
+
+/// (median, p10, p90) of `v`.
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let q = |p: f64| s[((s.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.1), q(0.9))
+}
+
+/// UTC date `YYYY-MM-DD` (civil-from-days).
+fn today() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// A pure decode step: `batch` sequences, one row each at position `ctx`.
+fn decode_step(batch: usize, ctx: usize, page: usize, pps: usize, vocab: usize) -> StepBatch {
+    let mut s = StepBatch::default();
+    for b in 0..batch {
+        let table: Vec<u32> = (0..pps).map(|i| (b * pps + i) as u32).collect();
+        let slot = table[ctx / page] * page as u32 + (ctx % page) as u32;
+        s.tokens.push(((b * 7919 + 13) % vocab) as u32);
+        s.positions.push(ctx as u32);
+        s.slot_mapping.push(slot);
+        s.row_seq.push(b as u32);
+        s.logits_rows.push(b as u32);
+        s.seqs.push(StepSeq {
+            request_id: b as u64,
+            block_table: table,
+            context_len: ctx as u32 + 1,
+        });
+    }
+    s
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let kind = match args.weights.as_str() {
+        "mxfp4" | "mx" => BenchWeights::Mx,
+        "bf16" => BenchWeights::Bf16,
+        o => bail!("--weights `{o}` is not one of mxfp4, bf16"),
+    };
+    let batches: Vec<usize> = args
+        .batch
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| anyhow!("--batch `{}`: {e}", args.batch))?;
+    if batches.is_empty() || batches.contains(&0) {
+        bail!("--batch needs positive sizes");
+    }
+    if args.iters == 0 || args.rounds == 0 {
+        bail!("--iters and --rounds must be at least 1");
+    }
+    let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
+    if let Some(l) = args.layers {
+        cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
+    }
+    let smi_before = nvidia_smi();
+    println!("clocks before: {smi_before}");
+    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
+    let info = gpu.info().clone();
+    println!(
+        "device: {} ({}, {} SMs, {:.1} GiB)",
+        info.name,
+        info.arch,
+        info.sm_count,
+        info.total_mem_bytes as f64 / (1u64 << 30) as f64
+    );
+
+    // 2. ceiling
+    let copy_bytes = 2usize << 30;
+    let read_bytes = 4usize << 30;
+    let tc = gpu.probe_copy(copy_bytes, 20).context("copy probe")?;
+    let tr = gpu.probe_read(read_bytes, 20).context("read probe")?;
+    let copy_gbs = 2.0 * copy_bytes as f64 / (tc.median_ms * 1e-3) / 1e9;
+    let read_gbs = read_bytes as f64 / (tr.median_ms * 1e-3) / 1e9;
+    let ceiling = copy_gbs.max(read_gbs);
+    println!(
+        "ceiling: copy {copy_gbs:.0} GB/s (read+write of 2 GiB), stream read {read_gbs:.0} GB/s (4 GiB) -> {ceiling:.0} GB/s"
+    );
+
+    // 3. model, cache, graphs
+    let t0 = Instant::now();
+    let model = benchmodel::generate(&gpu, &cfg, kind, 0x5eed).context("generating the bench model")?;
+    let gen_s = t0.elapsed().as_secs_f64();
+    let page = cfg.index_block_size.max(1);
+    let max_b = *batches.iter().max().unwrap_or(&1);
+    let max_context = args.context + 1;
+    let pps = max_context.div_ceil(page);
+    let mut sp = StandardPath::new(
+        &gpu,
+        model,
+        Capacity {
+            max_rows: max_b,
+            page_size: page,
+            num_pages: max_b * pps,
+            max_context,
+            record_residuals: false,
+        },
+    )
+    .context("standard path")?;
+    sp.fill_cache(&gpu, 0xcafe).context("filling the cache")?;
+    println!(
+        "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {} pages of {page}",
+        args.preset,
+        cfg.num_hidden_layers,
+        kind,
+        max_b * pps
+    );
+    let steps: Vec<StepBatch> = batches
+        .iter()
+        .map(|&b| decode_step(b, args.context, page, pps, cfg.vocab_size))
+        .collect();
+    let t0 = Instant::now();
+    for s in &steps {
+        sp.upload_step(s).context("upload")?;
+        sp.run(true).context("capture")?;
+        for _ in 0..args.warmup {
+            sp.run(true).context("warm-up")?;
+        }
+        sp.stream().synchronize().context("warm-up sync")?;
+    }
+    let capture_s = t0.elapsed().as_secs_f64();
+    println!(
+        "{} graphs captured + {} warm-up replays each in {capture_s:.2} s",
+        sp.graph_count(),
+        args.warmup
+    );
+
+    // 5-6. interleaved timed rounds
+    let n = batches.len();
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
+    let mut bytes: Vec<Vec<u64>> = vec![Vec::new(); n];
+    for _round in 0..args.rounds {
+        for (i, s) in steps.iter().enumerate() {
+            sp.upload_step(s).context("upload")?;
+            let v = sp.time_replays(args.iters).context("timing")?;
+            let ex = sp.experts_chosen(s.rows()).context("experts")?;
+            let bl = sp.blocks_selected(s.rows()).context("blocks")?;
+            bytes[i].push(benchmodel::step_bytes(
+                &sp.model,
+                &s.positions,
+                s.logits_rows.len(),
+                &ex,
+                &bl,
+            ));
+            samples[i].push(v);
+        }
+    }
+    let smi_after = nvidia_smi();
+    println!("clocks after: {smi_after}");
+
+    println!(
+        "\nstandard path, {} --layers {}, weights {:?}, context {}, fp8 KV/index cache, {} rounds x {} replays",
+        args.preset, cfg.num_hidden_layers, kind, args.context, args.rounds, args.iters
+    );
+    println!("| batch | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut cases = Vec::new();
+    for (i, &b) in batches.iter().enumerate() {
+        let all: Vec<f64> = samples[i].iter().flatten().copied().collect();
+        let (med, p10, p90) = stats(&all);
+        let mut bs = bytes[i].clone();
+        bs.sort_unstable();
+        let by = bs[bs.len() / 2] as f64;
+        let gbs = by / (med * 1e-3) / 1e9;
+        let ratios: Vec<f64> = (0..args.rounds)
+            .map(|r| stats(&samples[i][r]).0 / stats(&samples[0][r]).0.max(1e-12))
+            .collect();
+        println!(
+            "| {b} | {med:.3} | {p10:.3} | {p90:.3} | {:.1} | {gbs:.0} | {:.1}% | {:.0} | {} |",
+            by / 1e6,
+            100.0 * gbs / ceiling,
+            b as f64 / (med * 1e-3),
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        );
+        cases.push(json!({
+            "batch": b,
+            "median_ms": med, "p10_ms": p10, "p90_ms": p90,
+            "bytes_per_step": bs,
+            "gb_per_s": gbs,
+            "pct_of_ceiling": 100.0 * gbs / ceiling,
+            "ratio_to_first_case_per_round": ratios,
+            "samples_ms_per_round": samples[i],
+        }));
+    }
+    let doc = json!({
+        "what": "m3 bench --backend gpu: graph-captured standard path, pure decode",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "device": {"name": info.name, "arch": info.arch, "sm_count": info.sm_count,
+                    "total_mem_bytes": info.total_mem_bytes, "nvrtc": [info.nvrtc.0, info.nvrtc.1]},
+        "clocks_before": smi_before, "clocks_after": smi_after,
+        "ceiling": {"copy_gb_per_s": copy_gbs, "read_gb_per_s": read_gbs, "quoted_gb_per_s": ceiling,
+                     "copy_samples_ms": [tc.median_ms, tc.p10_ms, tc.p90_ms],
+                     "read_samples_ms": [tr.median_ms, tr.p10_ms, tr.p90_ms]},
+        "model": {"preset": args.preset, "layers": cfg.num_hidden_layers, "weights": format!("{kind:?}"),
+                   "seed": "0x5eed", "cache": "fp8_e4m3, generated codes (no prefill)", "context": args.context},
+        "protocol": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
+                      "generate_s": gen_s, "capture_and_warmup_s": capture_s},
+        "cases": cases,
+    });
+    let out = args.out.clone().unwrap_or_else(|| {
+        std::path::PathBuf::from(format!("bench/results/{}-gpu-standard.json", today()))
+    });
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = out.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &out).with_context(|| format!("renaming to {}", out.display()))?;
+    println!("\nwrote {}", out.display());
+    Ok(())
+}

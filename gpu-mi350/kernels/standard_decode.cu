@@ -9,6 +9,7 @@
 #define S_FMT_FP4 2
 #define S_FMT_F32 3
 #define S_MAXG 8
+#define S_INF __int_as_float(0x7f800000)
 
 M3_DEV float s_e8m0(u32 s) { return s == 0xffu ? m3_nan() : (s == 0u ? m3_f32(0x00400000u) : m3_f32(s << 23)); }
 
@@ -246,7 +247,7 @@ M3_KERNEL void m3s_index_select(const u16* __restrict__ iq, u32 nih, u32 di, con
   const u32 warp = threadIdx.x / M3_WARP, lane = threadIdx.x % M3_WARP, nw = blockDim.x / M3_WARP;
   if (nb > K) {
     for (u32 b = warp; b < nb; b += nw) {
-      float m = -INFINITY;
+      float m = -S_INF;
       for (u32 o = lane; o < B; o += M3_WARP) {
         u32 j = b * B + o;
         if (j > p) break;
@@ -267,7 +268,7 @@ M3_KERNEL void m3s_index_select(const u16* __restrict__ iq, u32 nih, u32 di, con
     __syncthreads();
     // forced blocks
     for (u32 b = threadIdx.x; b < nb; b += blockDim.x)
-      if (b < init_b || b + local_b >= nb) sc[b] = INFINITY;  // taken first, then marked
+      if (b < init_b || b + local_b >= nb) sc[b] = S_INF;  // taken first, then marked
     __syncthreads();
   }
   u32 nsel = 0;
@@ -277,7 +278,7 @@ M3_KERNEL void m3s_index_select(const u16* __restrict__ iq, u32 nih, u32 di, con
     nsel = nb;
   } else {
     for (u32 k = 0; k < K; ++k) {
-      float best = -INFINITY;
+      float best = -S_INF;
       int besti = -1;
       for (u32 b = threadIdx.x; b < nb; b += blockDim.x) {
         float v = sc[b];
@@ -340,7 +341,7 @@ M3_KERNEL void m3s_attention(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, 
     acc[k] = 0.0f;
   }
   const float scale = 1.0f / sqrtf((float)d);
-  float m = -INFINITY, l = 0.0f;
+  float m = -S_INF, l = 0.0f;
   const int* selr = sel ? sel + ((u64)g * T + t) * K : nullptr;
   const u32 nkeys = sel ? K * B : p + 1u;
   for (u32 kk = warp; kk < nkeys; kk += nw) {
@@ -367,13 +368,13 @@ M3_KERNEL void m3s_attention(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, 
   for (u32 k = 0; k < dpl; ++k) wacc[warp][lane * dpl + k] = acc[k];
   __syncthreads();
   if (warp == 0) {
-    float M = -INFINITY;
+    float M = -S_INF;
     for (u32 w2 = 0; w2 < nw; ++w2) M = wm[w2] > M ? wm[w2] : M;
     float L = 0.0f;
     float o[8];
     for (u32 k = 0; k < dpl; ++k) o[k] = 0.0f;
     for (u32 w2 = 0; w2 < nw; ++w2) {
-      if (wm[w2] == -INFINITY) continue;
+      if (wm[w2] == -S_INF) continue;
       float c = expf(wm[w2] - M);
       L += wl[w2] * c;
       for (u32 k = 0; k < dpl; ++k) o[k] += wacc[w2][lane * dpl + k] * c;
@@ -418,7 +419,7 @@ M3_KERNEL void m3s_router(const float* __restrict__ z, const float* __restrict__
       if (used) continue;
       float s = 1.0f / (1.0f + expf(-zr[e]));
       float v = s + bias[e];
-      if (v != v) v = -INFINITY;
+      if (v != v) v = -S_INF;
       if (best < 0 || v > bv) { best = (int)e; bv = v; }
     }
     ch[c] = best;
@@ -454,7 +455,7 @@ M3_KERNEL void m3s_argmax(const float* __restrict__ logits, u32 vocab, u32* __re
   __shared__ float bv[32];
   __shared__ u32 bi[32];
   const float* l = logits + (u64)blockIdx.x * vocab;
-  float best = -INFINITY;
+  float best = -S_INF;
   u32 besti = 0xffffffffu;
   for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) {
     float v = l[i];

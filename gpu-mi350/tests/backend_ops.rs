@@ -746,17 +746,25 @@ fn cases() -> Vec<Case> {
     v
 }
 
-#[test]
-fn every_op_matches_cpu_ref() {
-    let gpu = match GpuBackend::open() {
-        Ok(g) => g,
+/// The backend, or `None` after printing why the test is skipped (a panic
+/// under `REQUIRE_GPU=1`).
+fn gpu_or_skip(test: &str) -> Option<GpuBackend> {
+    match GpuBackend::open() {
+        Ok(g) => Some(g),
         Err(e) => {
             if common::require_gpu() {
-                panic!("REQUIRE_GPU=1 but no usable GPU: {e}");
+                panic!("{test}: REQUIRE_GPU=1 but no usable GPU: {e}");
             }
-            println!("skipped: every_op_matches_cpu_ref: {e}");
-            return;
+            println!("skipped: {test}: {e}");
+            None
         }
+    }
+}
+
+#[test]
+fn every_op_matches_cpu_ref() {
+    let Some(gpu) = gpu_or_skip("every_op_matches_cpu_ref") else {
+        return;
     };
     let cpu = CpuBackend::new();
     let all = cases();
@@ -821,4 +829,33 @@ fn comparison_catches_planted_errors() {
             Out::Bits(v) => !v.is_empty(),
         }));
     }
+}
+
+/// A weight is uploaded on first use and reused after (same host buffer).
+#[test]
+fn weights_are_uploaded_once() {
+    let Some(gpu) = gpu_or_skip("weights_are_uploaded_once") else {
+        return;
+    };
+    let w = weight("mxfp4", "once", 64, 128, 0.1);
+    let x = uniform(1, "x", 128, 1.0);
+    let mut out = vec![0.0; 64];
+    let mut run = || {
+        gpu.run_op(Op::Linear {
+            x: &x,
+            rows: 1,
+            w: &w,
+            input: LinearInput::Bf16,
+            round_out: true,
+            out: &mut out,
+        })
+        .unwrap_or_else(|e| panic!("linear: {e}"));
+    };
+    run();
+    let first = gpu.weight_bytes();
+    assert!(first > 0, "nothing cached after the first call");
+    run();
+    assert_eq!(gpu.weight_bytes(), first, "the second call uploaded again");
+    gpu.forget_weights();
+    assert_eq!(gpu.weight_bytes(), 0);
 }

@@ -210,8 +210,8 @@ M3_KERNEL void m3s_cache_write(const u16* __restrict__ x, u32 width, const u32* 
                                u8* __restrict__ cache) {
   const u64 dst = (u64)slots[blockIdx.x] * width;
   for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
-    float a = m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / scale;
-    cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, (double)a);
+    double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)scale;
+    cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
   }
 }
 

@@ -95,19 +95,36 @@ fn standard_path_matches_cpu_ref_on_tiny() {
         .forward(&m, &mut cache, &step, Path::Standard, &opts, &mut taps)
         .expect("cpu prefill");
     let got = sp.forward(&step, false).expect("gpu prefill");
+    // every number is printed before any assertion, so one device run shows
+    // the whole picture
+    let mut failures: Vec<String> = Vec::new();
     let res = sp.residuals(PROMPT).expect("residuals");
+    let ex = sp.experts_chosen(PROMPT).expect("experts");
+    let bl = sp.blocks_selected(PROMPT).expect("blocks");
     for (l, r) in res.iter().enumerate() {
         let w = taps.f32(&format!("residual.{l}")).expect("cpu residual tap");
         let e = rel_l2(r, w);
-        println!("prefill residual.{l}: rel L2 {e:.2e}");
-        assert!(e <= REL_L2_TOL, "residual.{l}: rel L2 {e:.3e} > {REL_L2_TOL}");
+        let ed = taps
+            .i32(&format!("experts.{l}"))
+            .map_or(0, |c| c.iter().zip(&ex[l]).filter(|(a, b)| a != b).count());
+        let bd = taps
+            .i32(&format!("topk_blocks.{l}"))
+            .map_or(0, |c| c.iter().zip(&bl[l]).filter(|(a, b)| a != b).count());
+        println!("prefill residual.{l}: rel L2 {e:.2e}; expert ids differing {ed}, block ids differing {bd}");
+        if e > REL_L2_TOL {
+            failures.push(format!("residual.{l}: rel L2 {e:.3e} > {REL_L2_TOL}"));
+        }
     }
     let e = rel_l2(&got, &want);
     println!("prefill logits: rel L2 {e:.2e}");
-    assert!(e <= REL_L2_TOL, "prefill logits: rel L2 {e:.3e}");
+    if e > REL_L2_TOL {
+        failures.push(format!("prefill logits: rel L2 {e:.3e}"));
+    }
     let (mut tc, mut tg) = (argmax(&want), argmax(&got));
-    assert_eq!(tc, tg, "first greedy token");
-    let mut toks = vec![tc];
+    if tc != tg {
+        failures.push(format!("prefill: greedy token cpu {tc} gpu {tg}"));
+    }
+    let mut toks = vec![(tc, tg)];
     for i in 0..16 {
         let p = (PROMPT + i) as u32;
         let sc = StepBatch::contiguous(0, &[tc], p, &table, PAGE, true);
@@ -119,22 +136,34 @@ fn standard_path_matches_cpu_ref_on_tiny() {
         // identical bits (the K/V rewrite of the same slot is idempotent)
         let direct = sp.forward(&sg, false).expect("gpu decode (direct)");
         let got = sp.forward(&sg, true).expect("gpu decode (graph)");
-        assert!(
-            direct.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "step {i}: graph replay differs from direct launches"
-        );
+        let same = direct.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
         let dev_tok = sp.greedy(1).expect("device argmax")[0];
         let e = rel_l2(&got, &want);
-        println!("decode step {i}: logits rel L2 {e:.2e}");
-        assert!(e <= REL_L2_TOL, "decode step {i}: logits rel L2 {e:.3e}");
         tc = argmax(&want);
         tg = argmax(&got);
-        assert_eq!(dev_tok, tg, "step {i}: device argmax vs host argmax");
-        assert_eq!(tc, tg, "step {i}: greedy token (cpu {tc}, gpu {tg})");
-        toks.push(tc);
+        let mut sorted = want.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        println!(
+            "decode step {i}: logits rel L2 {e:.2e}, graph == direct {same}, tokens cpu {tc} gpu {tg} (device argmax {dev_tok}), cpu top-2 gap {:.3e}",
+            sorted[0] - sorted[1]
+        );
+        if !same {
+            failures.push(format!("step {i}: graph replay differs from direct launches"));
+        }
+        if e > REL_L2_TOL {
+            failures.push(format!("decode step {i}: logits rel L2 {e:.3e}"));
+        }
+        if dev_tok != tg {
+            failures.push(format!("step {i}: device argmax {dev_tok} vs host argmax {tg}"));
+        }
+        if tc != tg {
+            failures.push(format!("step {i}: greedy token cpu {tc} gpu {tg}"));
+        }
+        toks.push((tc, tg));
     }
+    println!("greedy tokens (cpu, gpu): {toks:?}");
+    assert!(failures.is_empty(), "{} failures: {failures:#?}", failures.len());
     assert_eq!(sp.graph_count(), 1, "one graph for (1 row, 1 logits row)");
-    println!("greedy tokens (identical on both): {toks:?}");
 }
 
 /// The comparison above can fail: a planted error in one layer's weights

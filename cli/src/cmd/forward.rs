@@ -24,6 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use m3_core::backend::{ActMode, Backend, Path, RunOptions, StepBatch, TapData, TapRequest, Taps};
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::IndexSelection;
+use m3_core::formats::ScaleRule;
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::weights::ModelWeights;
 use safetensors::tensor::TensorView;
@@ -52,6 +53,13 @@ pub struct Args {
     /// Output safetensors file for the taps.
     #[arg(long)]
     pub dump: PathBuf,
+    /// Convert NVFP4 routed experts to MXFP4 at load (lossy; FORMATS.md
+    /// Conversions), with the rule of `--scale-rule`.
+    #[arg(long)]
+    pub nvfp4_to_mxfp4: bool,
+    /// MX scale rule of `--nvfp4-to-mxfp4`: even, floor or rceil.
+    #[arg(long, default_value = "even")]
+    pub scale_rule: String,
     /// Also dump the indexer block scores.
     #[arg(long)]
     pub index_scores: bool,
@@ -87,18 +95,33 @@ pub(crate) fn parse_kv(s: &str) -> Result<CacheDtype> {
     CacheDtype::parse(s).ok_or_else(|| anyhow!("--kv-dtype: `{s}` is not one of bf16, fp8_e4m3"))
 }
 
+pub(crate) fn parse_scale_rule(s: &str) -> Result<ScaleRule> {
+    match s {
+        "even" => Ok(ScaleRule::Even),
+        "floor" => Ok(ScaleRule::Floor),
+        "rceil" => Ok(ScaleRule::Rceil),
+        _ => bail!("--scale-rule: `{s}` is not one of even, floor, rceil"),
+    }
+}
+
 pub(crate) fn parse_act(s: &str) -> Result<ActMode> {
     ActMode::parse(s).ok_or_else(|| anyhow!("--act: `{s}` is not one of bf16, mxfp4"))
 }
 
 /// Load a checkpoint directory into typed weights.
 pub(crate) fn load_model(dir: &FsPath) -> Result<ModelWeights> {
+    load_model_with(dir, &LoadOptions::default())
+}
+
+/// Load a checkpoint directory with explicit loader options (e.g. NVFP4
+/// routed experts converted to MXFP4 at load).
+pub(crate) fn load_model_with(dir: &FsPath, opts: &LoadOptions) -> Result<ModelWeights> {
     if !dir.is_dir() {
         bail!("model directory {} does not exist", dir.display());
     }
     let ck =
         Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
-    ck.load(&LoadOptions::default())
+    ck.load(opts)
         .with_context(|| format!("loading checkpoint {}", dir.display()))
 }
 
@@ -194,7 +217,15 @@ pub fn run(args: Args) -> Result<()> {
     let dtype = parse_kv(&args.kv_dtype)?;
     let act = parse_act(&args.act)?;
     let be = backend(&args.backend)?;
-    let mut model = load_model(&args.model)?;
+    let load_opts = LoadOptions {
+        nvfp4_experts_to_mxfp4: if args.nvfp4_to_mxfp4 {
+            Some(parse_scale_rule(&args.scale_rule)?)
+        } else {
+            None
+        },
+        ..LoadOptions::default()
+    };
+    let mut model = load_model_with(&args.model, &load_opts)?;
     if let Some(s) = &args.selection {
         model.config.index_selection = match s.as_str() {
             "per_kv_head" => IndexSelection::PerKvHead,

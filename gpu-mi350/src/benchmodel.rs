@@ -178,7 +178,15 @@ pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -
         let sparse = c.attn_kinds.get(l) == Some(&AttnKind::Sparse);
         let indexer = if sparse {
             Some(DevIndexer {
-                q: gen_linear(&g, df, c.index_n_heads * c.index_head_dim, h, 1, seed, &mut tid)?,
+                q: gen_linear(
+                    &g,
+                    df,
+                    c.index_n_heads * c.index_head_dim,
+                    h,
+                    1,
+                    seed,
+                    &mut tid,
+                )?,
                 k: gen_linear(&g, df, c.index_head_dim, h, 1, seed, &mut tid)?,
                 q_norm: norm(c.index_head_dim, &mut tid)?,
                 k_norm: norm(c.index_head_dim, &mut tid)?,
@@ -258,7 +266,8 @@ pub fn step_bytes(
     }
     for (l, lw) in m.layers.iter().enumerate() {
         b += ((2 * h + 2 * d) * 4) as u64;
-        b += (lw.q.matrix_bytes() + lw.k.matrix_bytes() + lw.v.matrix_bytes() + lw.o.matrix_bytes()) as u64;
+        b += (lw.q.matrix_bytes() + lw.k.matrix_bytes() + lw.v.matrix_bytes() + lw.o.matrix_bytes())
+            as u64;
         if let Some(ix) = &lw.indexer {
             b += (ix.q.matrix_bytes() + ix.k.matrix_bytes() + 2 * c.index_head_dim * 4) as u64;
             for &p in positions {

@@ -14,6 +14,7 @@
 //! Callers try [`CudaGpu::open`]; any error means "use the CPU backend".
 
 pub mod backend;
+pub mod benchmodel;
 pub mod cache;
 pub mod cuda;
 mod error;
@@ -21,7 +22,6 @@ pub mod hip;
 pub mod kernels;
 pub mod ops;
 pub mod standard;
-pub mod benchmodel;
 
 pub use backend::GpuBackend;
 pub use cuda::{CudaGpu, DeviceInfo};

@@ -75,7 +75,9 @@ fn layout() -> KvLayout {
 }
 
 fn prompt(vocab: usize) -> Vec<u32> {
-    (0..PROMPT as u32).map(|i| (i * 7919 + 13) % vocab as u32).collect()
+    (0..PROMPT as u32)
+        .map(|i| (i * 7919 + 13) % vocab as u32)
+        .collect()
 }
 
 #[test]
@@ -102,7 +104,9 @@ fn standard_path_matches_cpu_ref_on_tiny() {
     let ex = sp.experts_chosen(PROMPT).expect("experts");
     let bl = sp.blocks_selected(PROMPT).expect("blocks");
     for (l, r) in res.iter().enumerate() {
-        let w = taps.f32(&format!("residual.{l}")).expect("cpu residual tap");
+        let w = taps
+            .f32(&format!("residual.{l}"))
+            .expect("cpu residual tap");
         let e = rel_l2(r, w);
         let ed = taps
             .i32(&format!("experts.{l}"))
@@ -129,15 +133,41 @@ fn standard_path_matches_cpu_ref_on_tiny() {
         let p = (PROMPT + i) as u32;
         let sc = StepBatch::contiguous(0, &[tc], p, &table, PAGE, true);
         let sg = StepBatch::contiguous(0, &[tg], p, &table, PAGE, true);
+        let mut dtaps = Taps::new(TapRequest::STANDARD);
         let want = cpu
-            .forward(&m, &mut cache, &sc, Path::Standard, &opts, &mut Taps::none())
+            .forward(&m, &mut cache, &sc, Path::Standard, &opts, &mut dtaps)
             .expect("cpu decode");
         // direct launches, then the captured graph on the same inputs:
         // identical bits (the K/V rewrite of the same slot is idempotent)
         let direct = sp.forward(&sg, false).expect("gpu decode (direct)");
         let got = sp.forward(&sg, true).expect("gpu decode (graph)");
-        let same = direct.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = direct
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
         let dev_tok = sp.greedy(1).expect("device argmax")[0];
+        // discrete choices of this step vs the reference (a flip at a near
+        // tie explains a logits outlier; it is printed, not hidden)
+        let (ex, bl) = (
+            sp.experts_chosen(1).expect("experts"),
+            sp.blocks_selected(1).expect("blocks"),
+        );
+        let mut flips = Vec::new();
+        for l in 0..ex.len() {
+            if let Some(c) = dtaps.i32(&format!("experts.{l}")) {
+                if c != ex[l].as_slice() {
+                    flips.push(format!("experts.{l} cpu {c:?} gpu {:?}", ex[l]));
+                }
+            }
+            if let Some(c) = dtaps.i32(&format!("topk_blocks.{l}")) {
+                if c != bl[l].as_slice() {
+                    flips.push(format!("blocks.{l} cpu {c:?} gpu {:?}", bl[l]));
+                }
+            }
+        }
+        if !flips.is_empty() {
+            println!("decode step {i}: discrete choices differ: {flips:?}");
+        }
         let e = rel_l2(&got, &want);
         tc = argmax(&want);
         tg = argmax(&got);
@@ -148,13 +178,17 @@ fn standard_path_matches_cpu_ref_on_tiny() {
             sorted[0] - sorted[1]
         );
         if !same {
-            failures.push(format!("step {i}: graph replay differs from direct launches"));
+            failures.push(format!(
+                "step {i}: graph replay differs from direct launches"
+            ));
         }
         if e > REL_L2_TOL {
             failures.push(format!("decode step {i}: logits rel L2 {e:.3e}"));
         }
         if dev_tok != tg {
-            failures.push(format!("step {i}: device argmax {dev_tok} vs host argmax {tg}"));
+            failures.push(format!(
+                "step {i}: device argmax {dev_tok} vs host argmax {tg}"
+            ));
         }
         if tc != tg {
             failures.push(format!("step {i}: greedy token cpu {tc} gpu {tg}"));
@@ -162,7 +196,11 @@ fn standard_path_matches_cpu_ref_on_tiny() {
         toks.push((tc, tg));
     }
     println!("greedy tokens (cpu, gpu): {toks:?}");
-    assert!(failures.is_empty(), "{} failures: {failures:#?}", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} failures: {failures:#?}",
+        failures.len()
+    );
     assert_eq!(sp.graph_count(), 1, "one graph for (1 row, 1 logits row)");
 }
 
@@ -185,15 +223,34 @@ fn planted_weight_error_is_caught() {
     let step = StepBatch::contiguous(0, &prompt(cfg.vocab_size), 0, &table, PAGE, false);
     let mut taps = Taps::new(TapRequest::STANDARD);
     CpuBackend::new()
-        .forward(&m, &mut cache, &step, Path::Standard, &RunOptions::default(), &mut taps)
+        .forward(
+            &m,
+            &mut cache,
+            &step,
+            Path::Standard,
+            &RunOptions::default(),
+            &mut taps,
+        )
         .expect("cpu prefill");
     let mut sp = path(&gpu, &bad);
     sp.forward(&step, false).expect("gpu prefill");
     let res = sp.residuals(PROMPT).expect("residuals");
-    let ok = rel_l2(&res[last - 1], taps.f32(&format!("residual.{}", last - 1)).expect("tap"));
-    let e = rel_l2(&res[last], taps.f32(&format!("residual.{last}")).expect("tap"));
-    println!("planted: residual.{} rel L2 {ok:.2e} (untouched), residual.{last} {e:.2e}", last - 1);
-    assert!(ok <= REL_L2_TOL, "layers before the planted error still match");
+    let ok = rel_l2(
+        &res[last - 1],
+        taps.f32(&format!("residual.{}", last - 1)).expect("tap"),
+    );
+    let e = rel_l2(
+        &res[last],
+        taps.f32(&format!("residual.{last}")).expect("tap"),
+    );
+    println!(
+        "planted: residual.{} rel L2 {ok:.2e} (untouched), residual.{last} {e:.2e}",
+        last - 1
+    );
+    assert!(
+        ok <= REL_L2_TOL,
+        "layers before the planted error still match"
+    );
     assert!(e > REL_L2_TOL, "planted error not caught: rel L2 {e:.3e}");
 }
 
@@ -210,8 +267,9 @@ fn standard_kernels_compile_for_sm90() {
         return;
     }
     for k in [m3_gpu::standard::STANDARD, m3_gpu::standard::GEN] {
-        let bin = nvrtc::compile_cubin(k.name, &k.full_source(), "sm_90", &k.nvrtc_options("sm_90"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let bin =
+            nvrtc::compile_cubin(k.name, &k.full_source(), "sm_90", &k.nvrtc_options("sm_90"))
+                .unwrap_or_else(|e| panic!("{e}"));
         for e in k.entries {
             assert!(
                 bin.windows(e.len()).any(|w| w == e.as_bytes()),

@@ -105,7 +105,7 @@ impl FormatOps for CpuOps {
     }
 
     fn nvfp4_to_mxfp4(&self, t: &Nvfp4Parts, rule: ScaleRule) -> Result<MxParts, OpError> {
-        if t.cols % MxElem::BLOCK != 0 {
+        if !t.cols.is_multiple_of(MxElem::BLOCK) {
             return Err(OpError::Failed(format!(
                 "NVFP4 -> MXFP4: cols {} is not a multiple of 32",
                 t.cols

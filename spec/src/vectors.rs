@@ -285,7 +285,7 @@ fn rule(g: &ManifestGroup) -> Result<ScaleRule, SpecError> {
 
 /// Shape checks that keep later indexing in bounds.
 fn check_shape(g: &ManifestGroup, c: &ManifestCase, block: usize) -> Result<(), SpecError> {
-    if c.rows == 0 || c.cols == 0 || c.cols % block != 0 {
+    if c.rows == 0 || c.cols == 0 || !c.cols.is_multiple_of(block) {
         return Err(group_err(
             g,
             format!(

@@ -141,7 +141,8 @@ pub fn run(args: &Args) -> Result<()> {
 
     // 3. model, cache, graphs
     let t0 = Instant::now();
-    let model = benchmodel::generate(&gpu, &cfg, kind, 0x5eed).context("generating the bench model")?;
+    let model =
+        benchmodel::generate(&gpu, &cfg, kind, 0x5eed).context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
     let max_b = *batches.iter().max().unwrap_or(&1);
@@ -208,6 +209,15 @@ pub fn run(args: &Args) -> Result<()> {
                 &ex,
                 &bl,
             ));
+            // printed as it goes: a run cut short still leaves its numbers
+            let (med, p10, p90) = stats(&v);
+            let by = *bytes[i].last().unwrap_or(&0) as f64;
+            println!(
+                "round {_round} batch {}: median {med:.3} ms (p10 {p10:.3}, p90 {p90:.3}), {:.1} MB/step, {:.1}% of ceiling",
+                s.rows(),
+                by / 1e6,
+                100.0 * by / (med * 1e-3) / 1e9 / ceiling
+            );
             samples[i].push(v);
         }
     }

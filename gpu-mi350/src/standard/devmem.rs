@@ -24,9 +24,8 @@ impl DevBuf {
         ctx.bind_to_thread()
             .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
         // SAFETY: a plain allocation; the pointer is freed exactly once in Drop.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
-            GpuError::driver("cuMemAlloc", format!("{bytes} bytes: {e}"))
-        })?;
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| GpuError::driver("cuMemAlloc", format!("{bytes} bytes: {e}")))?;
         Ok(DevBuf {
             ptr,
             bytes,
@@ -80,7 +79,11 @@ impl DevBuf {
         if off + bytes.len() > self.bytes {
             return Err(GpuError::input(
                 "device write",
-                format!("{} bytes at {off} past a buffer of {}", bytes.len(), self.bytes),
+                format!(
+                    "{} bytes at {off} past a buffer of {}",
+                    bytes.len(),
+                    self.bytes
+                ),
             ));
         }
         if bytes.is_empty() {
@@ -92,12 +95,21 @@ impl DevBuf {
     }
 
     /// Copy `out.len()` elements from byte offset `off` (waits for `stream`).
-    pub fn read<T: bytemuck::Pod>(&self, stream: &CudaStream, off: usize, out: &mut [T]) -> Result<()> {
+    pub fn read<T: bytemuck::Pod>(
+        &self,
+        stream: &CudaStream,
+        off: usize,
+        out: &mut [T],
+    ) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         if off + bytes.len() > self.bytes {
             return Err(GpuError::input(
                 "device read",
-                format!("{} bytes at {off} past a buffer of {}", bytes.len(), self.bytes),
+                format!(
+                    "{} bytes at {off} past a buffer of {}",
+                    bytes.len(),
+                    self.bytes
+                ),
             ));
         }
         stream

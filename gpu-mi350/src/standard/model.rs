@@ -71,7 +71,7 @@ impl DevLinear {
         cols: usize,
         count: usize,
     ) -> Result<Self> {
-        if cols % 32 != 0 || rows == 0 {
+        if !cols.is_multiple_of(32) || rows == 0 {
             return Err(GpuError::input(
                 "standard path weights",
                 format!("[{rows}, {cols}]: in-dimension must be a multiple of 32"),
@@ -112,25 +112,26 @@ impl DevLinear {
         let bad = |why: String| GpuError::input("standard path weights", format!("{name}: {why}"));
         let first = ws.first().ok_or_else(|| bad("no matrices".into()))?;
         let (rows, cols) = (first.rows(), first.cols());
-        let fmt_of = |w: &LinearWeight| -> Result<WFmt> {
-            Ok(match w {
-                LinearWeight::Bf16 { .. } => WFmt::Bf16,
-                LinearWeight::F32 { .. } => WFmt::F32,
-                LinearWeight::Mx(t) => match t.elem() {
-                    MxElem::Fp4E2M1 => WFmt::Mxfp4,
-                    MxElem::Fp8E4M3 => WFmt::Mxfp8,
-                    MxElem::Fp8E5M2 => {
-                        return Err(bad("MXFP8 E5M2 is not supported by the standard path".into()))
-                    }
-                },
-                LinearWeight::Nvfp4(_) => {
-                    return Err(bad(
+        let fmt_of =
+            |w: &LinearWeight| -> Result<WFmt> {
+                Ok(match w {
+                    LinearWeight::Bf16 { .. } => WFmt::Bf16,
+                    LinearWeight::F32 { .. } => WFmt::F32,
+                    LinearWeight::Mx(t) => match t.elem() {
+                        MxElem::Fp4E2M1 => WFmt::Mxfp4,
+                        MxElem::Fp8E4M3 => WFmt::Mxfp8,
+                        MxElem::Fp8E5M2 => {
+                            return Err(bad(
+                                "MXFP8 E5M2 is not supported by the standard path".into()
+                            ))
+                        }
+                    },
+                    LinearWeight::Nvfp4(_) => return Err(bad(
                         "NVFP4 is not supported by the standard path (convert to MXFP4 at load)"
                             .into(),
-                    ))
-                }
-            })
-        };
+                    )),
+                })
+            };
         let fmt = fmt_of(first)?;
         let mut codes: Vec<u8> = Vec::with_capacity(fmt.code_bytes(rows, cols) * ws.len());
         let mut scales: Vec<u8> = Vec::with_capacity(fmt.scale_bytes(rows, cols) * ws.len());
@@ -139,8 +140,12 @@ impl DevLinear {
                 return Err(bad("stacked matrices differ in format or shape".into()));
             }
             match w {
-                LinearWeight::Bf16 { data, .. } => codes.extend_from_slice(bytemuck::cast_slice(data)),
-                LinearWeight::F32 { data, .. } => codes.extend_from_slice(bytemuck::cast_slice(data)),
+                LinearWeight::Bf16 { data, .. } => {
+                    codes.extend_from_slice(bytemuck::cast_slice(data))
+                }
+                LinearWeight::F32 { data, .. } => {
+                    codes.extend_from_slice(bytemuck::cast_slice(data))
+                }
                 LinearWeight::Mx(t) => {
                     codes.extend_from_slice(t.codes());
                     scales.extend_from_slice(t.scales());
@@ -198,6 +203,8 @@ pub struct DevIndexer {
     pub k_scale: f32,
 }
 
+/// Size difference between the variants is irrelevant: one per layer.
+#[allow(clippy::large_enum_variant)]
 pub enum DevFfn {
     Dense(DevMlp),
     Moe {
@@ -269,7 +276,9 @@ impl DevModel {
                 None => None,
             };
             let ffn = match &lw.ffn {
-                FfnWeights::Dense(d) => DevFfn::Dense(DevMlp::upload(ctx, &format!("{p}.mlp"), &[d])?),
+                FfnWeights::Dense(d) => {
+                    DevFfn::Dense(DevMlp::upload(ctx, &format!("{p}.mlp"), &[d])?)
+                }
                 FfnWeights::Moe(moe) => {
                     let ex: Vec<&MlpWeights> = moe.experts.iter().collect();
                     DevFfn::Moe {

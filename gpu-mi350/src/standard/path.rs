@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
+};
 use m3_core::backend::{Path, StepBatch};
 use m3_core::config::{AttnKind, IndexSelection};
 
@@ -134,20 +136,32 @@ impl StandardPath {
         if cap.max_rows == 0 || cap.page_size == 0 || cap.num_pages == 0 {
             return Err(bad(format!("empty capacity {cap:?}")));
         }
-        if c.head_dim % 32 != 0 || c.head_dim > 256 || c.index_head_dim % 32 != 0 || c.index_head_dim > 256 {
+        if !c.head_dim.is_multiple_of(32)
+            || c.head_dim > 256
+            || !c.index_head_dim.is_multiple_of(32)
+            || c.index_head_dim > 256
+        {
             return Err(bad(format!(
                 "head_dim {} / index_head_dim {} must be multiples of 32 up to 256",
                 c.head_dim, c.index_head_dim
             )));
         }
         if c.num_experts_per_tok > 16 || c.index_topk_blocks > 64 {
-            return Err(bad("top-k experts <= 16 and top-k blocks <= 64 required".into()));
+            return Err(bad(
+                "top-k experts <= 16 and top-k blocks <= 64 required".into()
+            ));
         }
         if c.index_selection == IndexSelection::Shared && c.index_n_heads > 4 {
-            return Err(bad("shared index selection supports at most 4 index heads".into()));
+            return Err(bad(
+                "shared index selection supports at most 4 index heads".into()
+            ));
         }
-        if c.index_selection == IndexSelection::PerKvHead && c.index_n_heads != c.num_key_value_heads {
-            return Err(bad("per-KV-head selection needs index heads == KV heads".into()));
+        if c.index_selection == IndexSelection::PerKvHead
+            && c.index_n_heads != c.num_key_value_heads
+        {
+            return Err(bad(
+                "per-KV-head selection needs index heads == KV heads".into()
+            ));
         }
         let ctx = gpu.context().clone();
         let stream = ctx
@@ -302,11 +316,17 @@ impl StandardPath {
             bt.extend_from_slice(&s.block_table);
         }
         if bt.len() * 4 > self.acts.bt.bytes() {
-            return Err(bad(format!("block tables of {} pages exceed capacity", bt.len())));
+            return Err(bad(format!(
+                "block tables of {} pages exceed capacity",
+                bt.len()
+            )));
         }
         if let Some(&p) = step.positions.iter().max() {
             if p as usize >= self.cap.max_context {
-                return Err(bad(format!("position {p} past max_context {}", self.cap.max_context)));
+                return Err(bad(format!(
+                    "position {p} past max_context {}",
+                    self.cap.max_context
+                )));
             }
         }
         let s = &*self.stream;
@@ -543,7 +563,17 @@ impl StandardPath {
         self.launch(f, ((n as u32).div_ceil(256).max(1), 1, 1), 256, args)
     }
 
-    fn headnorm_rope(&self, x: u64, heads: usize, d: usize, w: u64, rd: usize, out: u64, t: usize) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn headnorm_rope(
+        &self,
+        x: u64,
+        heads: usize,
+        d: usize,
+        w: u64,
+        rd: usize,
+        out: u64,
+        t: usize,
+    ) -> Result<()> {
         let c = &self.model.config;
         self.launch(
             &self.kern.headnorm_rope,
@@ -599,14 +629,26 @@ impl StandardPath {
             &self.kern.embed,
             (t as u32, 1, 1),
             256,
-            &[Arg::U64(a.tokens.ptr()), Arg::U64(self.model.embed.ptr()), Arg::U32(h as u32), Arg::U64(a.r.ptr())],
+            &[
+                Arg::U64(a.tokens.ptr()),
+                Arg::U64(self.model.embed.ptr()),
+                Arg::U32(h as u32),
+                Arg::U64(a.r.ptr()),
+            ],
         )?;
         let rms = |x: u64, rows: u64, w: u64, n: usize, out: u64, nrows: usize| {
             self.launch(
                 &self.kern.rmsnorm,
                 (nrows as u32, 1, 1),
                 256,
-                &[Arg::U64(x), Arg::U64(rows), Arg::U64(w), Arg::F32(eps), Arg::U32(n as u32), Arg::U64(out)],
+                &[
+                    Arg::U64(x),
+                    Arg::U64(rows),
+                    Arg::U64(w),
+                    Arg::F32(eps),
+                    Arg::U32(n as u32),
+                    Arg::U64(out),
+                ],
             )
         };
         for (l, lw) in self.model.layers.iter().enumerate() {
@@ -615,14 +657,36 @@ impl StandardPath {
             self.linear(&lw.q, a.hn.ptr(), t, 0, 1, a.q0.ptr(), 0)?;
             self.linear(&lw.k, a.hn.ptr(), t, 0, 1, a.k0.ptr(), 0)?;
             self.linear(&lw.v, a.hn.ptr(), t, 0, 1, a.v.ptr(), 0)?;
-            self.headnorm_rope(a.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, a.q.ptr(), t)?;
-            self.headnorm_rope(a.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, a.k.ptr(), t)?;
+            self.headnorm_rope(
+                a.q0.ptr(),
+                nh,
+                d,
+                lw.q_norm.ptr(),
+                c.rotary_dim,
+                a.q.ptr(),
+                t,
+            )?;
+            self.headnorm_rope(
+                a.k0.ptr(),
+                nkv,
+                d,
+                lw.k_norm.ptr(),
+                c.rotary_dim,
+                a.k.ptr(),
+                t,
+            )?;
             let cw = |x: u64, width: usize, scale: f32, cache: u64| {
                 self.launch(
                     &self.kern.cache_write,
                     (t as u32, 1, 1),
                     128,
-                    &[Arg::U64(x), Arg::U32(width as u32), Arg::U64(a.slots.ptr()), Arg::F32(scale), Arg::U64(cache)],
+                    &[
+                        Arg::U64(x),
+                        Arg::U32(width as u32),
+                        Arg::U64(a.slots.ptr()),
+                        Arg::F32(scale),
+                        Arg::U64(cache),
+                    ],
                 )
             };
             cw(a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr())?;
@@ -703,7 +767,11 @@ impl StandardPath {
             self.elementwise(
                 &self.kern.add_bf16,
                 t * h,
-                &[Arg::U64(a.r.ptr()), Arg::U64(a.ao.ptr()), Arg::U32((t * h) as u32)],
+                &[
+                    Arg::U64(a.r.ptr()),
+                    Arg::U64(a.ao.ptr()),
+                    Arg::U32((t * h) as u32),
+                ],
             )?;
             rms(a.r.ptr(), 0, lw.post_norm.ptr(), h, a.h2.ptr(), t)?;
             match &lw.ffn {
@@ -712,7 +780,11 @@ impl StandardPath {
                     self.elementwise(
                         &self.kern.add_bf16,
                         t * h,
-                        &[Arg::U64(a.r.ptr()), Arg::U64(a.yd.ptr()), Arg::U32((t * h) as u32)],
+                        &[
+                            Arg::U64(a.r.ptr()),
+                            Arg::U64(a.yd.ptr()),
+                            Arg::U32((t * h) as u32),
+                        ],
                     )?;
                 }
                 DevFfn::Moe {
@@ -790,13 +862,24 @@ impl StandardPath {
             }
         }
         if nl > 0 {
-            rms(a.r.ptr(), a.lrows.ptr(), self.model.final_norm.ptr(), h, a.xn.ptr(), nl)?;
+            rms(
+                a.r.ptr(),
+                a.lrows.ptr(),
+                self.model.final_norm.ptr(),
+                h,
+                a.xn.ptr(),
+                nl,
+            )?;
             self.linear(&self.model.lm_head, a.xn.ptr(), nl, 0, 1, 0, a.logits.ptr())?;
             self.launch(
                 &self.kern.argmax,
                 (nl as u32, 1, 1),
                 256,
-                &[Arg::U64(a.logits.ptr()), Arg::U32(c.vocab_size as u32), Arg::U64(a.tok_out.ptr())],
+                &[
+                    Arg::U64(a.logits.ptr()),
+                    Arg::U32(c.vocab_size as u32),
+                    Arg::U64(a.tok_out.ptr()),
+                ],
             )?;
             if nl == t {
                 // decode: feed the greedy tokens back as the next step's input

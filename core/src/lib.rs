@@ -7,17 +7,17 @@
 
 extern crate alloc;
 
-pub mod formats;
-pub mod config;
-pub mod weights;
+pub mod backend;
 #[cfg(feature = "std")]
 pub mod checkpoint;
-pub mod backend;
+pub mod config;
+pub mod dspark;
 pub mod engine;
+pub mod formats;
 pub mod kv;
 pub mod sample;
 pub mod sched;
-pub mod dspark;
+pub mod spec_decode;
 #[cfg(feature = "std")]
 pub mod synth;
-pub mod spec_decode;
+pub mod weights;

@@ -11,9 +11,17 @@ use crate::formats::{MxTensor, Nvfp4Tensor};
 #[derive(Clone, Debug, PartialEq)]
 pub enum LinearWeight {
     /// bf16 bits, row-major.
-    Bf16 { rows: usize, cols: usize, data: Vec<u16> },
+    Bf16 {
+        rows: usize,
+        cols: usize,
+        data: Vec<u16>,
+    },
     /// f32, row-major (router weights).
-    F32 { rows: usize, cols: usize, data: Vec<f32> },
+    F32 {
+        rows: usize,
+        cols: usize,
+        data: Vec<f32>,
+    },
     /// MXFP4 or MXFP8 (E4M3 / E5M2).
     Mx(MxTensor),
     /// NVFP4 with its global scale.

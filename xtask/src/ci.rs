@@ -44,7 +44,14 @@ fn cargo(args: &[&str]) -> Result<()> {
 pub fn ci(args: CiArgs) -> Result<()> {
     let start = Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     // The core must stay no_std + alloc.
     cargo(&["check", "-p", "m3-core", "--no-default-features"])?;
     cargo(&["test", "--workspace"])?;

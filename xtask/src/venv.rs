@@ -45,7 +45,13 @@ pub fn python(extra: &[&str]) -> Result<PathBuf> {
     if !stamp.exists() {
         eprintln!("xtask: installing {} into .venv", want.join(" "));
         let status = Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(&want)
             .status()
             .context("running pip in .venv")?;

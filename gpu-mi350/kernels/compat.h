@@ -13,10 +13,13 @@
 // CDNA (gfx9) runs 64-wide wavefronts.
 #define M3_WARP 64
 #define M3_SHFL_XOR(v, m) __shfl_xor((v), (m), M3_WARP)
+// A wavefront runs in lockstep; the barrier orders its LDS accesses.
+#define M3_SYNC_WARP() __builtin_amdgcn_wave_barrier()
 #else
 #define M3_CUDA 1
 #define M3_WARP 32
 #define M3_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), M3_WARP)
+#define M3_SYNC_WARP() __syncwarp()
 #endif
 
 #define M3_KERNEL extern "C" __global__

@@ -184,9 +184,9 @@ M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, co
   }
   s = m3_warp_sum(s);
   float r = sqrtf(s / (float)d + eps);
-  __syncwarp();
+  M3_SYNC_WARP();
   for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + w[i]);
-  __syncwarp();
+  M3_SYNC_WARP();
   const u32 half = rd / 2u;
   const double p = (double)pos[blockIdx.y];
   for (u32 j = lane; j < d; j += M3_WARP) {

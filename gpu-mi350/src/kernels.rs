@@ -133,4 +133,6 @@ pub const ALL: &[KernelSource] = &[
     crate::ops::attention::ATTENTION,
     crate::ops::moe::MOE,
     crate::ops::sample::SAMPLE,
+    crate::standard::STANDARD,
+    crate::standard::GEN,
 ];

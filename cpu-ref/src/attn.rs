@@ -9,55 +9,11 @@ use rayon::prelude::*;
 
 use crate::numerics::{bf16_round, dot};
 
-fn shape(op: &'static str, what: String) -> BackendError {
-    BackendError::Shape { op, what }
-}
-
 /// Slot of position `j` of the sequence of row `t`.
 #[inline]
 fn slot(step: &StepBatch, t: usize, j: usize, page: usize) -> usize {
     let bt = &step.seq_of(t).block_table;
     bt[j / page] as usize * page + j % page
-}
-
-/// Check that every position a row may read (`0..=p`) maps through its
-/// sequence's block table to a slot inside a cache of `slots` slots, so
-/// the op never indexes out of bounds on a malformed step.
-fn check_step(
-    op: &'static str,
-    step: &StepBatch,
-    page: usize,
-    slots: usize,
-) -> Result<(), BackendError> {
-    if page == 0 || step.positions.len() != step.rows() || step.row_seq.len() != step.rows() {
-        return Err(shape(
-            op,
-            "step arrays do not have one entry per row".into(),
-        ));
-    }
-    for t in 0..step.rows() {
-        let Some(seq) = step.seqs.get(step.row_seq[t] as usize) else {
-            return Err(shape(op, format!("row {t} names a missing sequence")));
-        };
-        let p = step.positions[t] as usize;
-        let pages = p / page + 1;
-        if seq.block_table.len() < pages {
-            return Err(shape(
-                op,
-                format!("row {t} at position {p} is past its block table"),
-            ));
-        }
-        if let Some(&bad) = seq.block_table[..pages]
-            .iter()
-            .find(|&&pg| (pg as usize + 1) * page > slots)
-        {
-            return Err(shape(
-                op,
-                format!("row {t}: page {bad} is outside the cache ({slots} slots)"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Block scores `[heads, T, nb]`: `max_{j in b, j <= p} q[t,g] . k_j`, -inf
@@ -75,21 +31,6 @@ pub fn index_scores(
     out: &mut [f32],
 ) -> Result<(), BackendError> {
     let t_rows = step.rows();
-    if q.len() != t_rows * heads * dim
-        || out.len() != heads * t_rows * nb
-        || cache.width != dim
-        || bs == 0
-    {
-        return Err(shape(
-            "index_scores",
-            format!(
-                "q {} / out {} values for T {t_rows}, heads {heads}, dim {dim}, nb {nb}",
-                q.len(),
-                out.len()
-            ),
-        ));
-    }
-    check_step("index_scores", step, page, cache.slots())?;
     let per_row: Vec<Vec<f32>> = (0..t_rows)
         .into_par_iter()
         .map(|t| {
@@ -193,26 +134,8 @@ pub fn block_topk(
     out: &mut [i32],
 ) -> Result<(), BackendError> {
     let t_rows = positions.len();
-    if scores.len() != heads * t_rows * nb || out.len() != kv_heads * t_rows * topk || bs == 0 {
-        return Err(shape(
-            "block_topk",
-            format!("scores {} / out {} values", scores.len(), out.len()),
-        ));
-    }
-    if positions.iter().any(|&p| p as usize / bs >= nb) {
-        return Err(shape(
-            "block_topk",
-            format!("a position is past the {nb} scored blocks"),
-        ));
-    }
     match selection {
         IndexSelection::PerKvHead => {
-            if heads != kv_heads {
-                return Err(shape(
-                    "block_topk",
-                    format!("per-KV-head selection needs index_n_heads ({heads}) == num_key_value_heads ({kv_heads})"),
-                ));
-            }
             out.par_chunks_mut(topk).enumerate().for_each(|(i, o)| {
                 let t = i % t_rows;
                 select_blocks(
@@ -263,32 +186,6 @@ pub fn attention(
     out: &mut [f32],
 ) -> Result<(), BackendError> {
     let t_rows = step.rows();
-    if kv_heads == 0
-        || !heads.is_multiple_of(kv_heads)
-        || q.len() != t_rows * heads * d
-        || out.len() != q.len()
-        || k.width != kv_heads * d
-        || v.width != kv_heads * d
-    {
-        return Err(shape(
-            "attention",
-            format!(
-                "q {} / out {} values, cache width {}",
-                q.len(),
-                out.len(),
-                k.width
-            ),
-        ));
-    }
-    if let Some(bsel) = &blocks {
-        if bsel.blocks.len() != kv_heads * t_rows * bsel.topk || bsel.block_size == 0 {
-            return Err(shape(
-                "attention",
-                format!("block selection has {} ids", bsel.blocks.len()),
-            ));
-        }
-    }
-    check_step("attention", step, page, k.slots().min(v.slots()))?;
     let group = heads / kv_heads;
     let scale = (d as f32).sqrt();
     out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {

@@ -30,29 +30,9 @@ impl CpuBackend {
     }
 }
 
-fn shape(op: &'static str, what: String) -> BackendError {
-    BackendError::Shape { op, what }
-}
-
 fn embed(table: &LinearWeight, tokens: &[u32], out: &mut [f32]) -> Result<(), BackendError> {
-    let (vocab, h) = (table.rows(), table.cols());
-    if out.len() != tokens.len() * h {
-        return Err(shape(
-            "embed",
-            format!(
-                "out {} values for {} tokens of width {h}",
-                out.len(),
-                tokens.len()
-            ),
-        ));
-    }
+    let h = table.cols();
     for (t, &tok) in tokens.iter().enumerate() {
-        if tok as usize >= vocab {
-            return Err(shape(
-                "embed",
-                format!("token {tok} at row {t} is outside the vocabulary ({vocab})"),
-            ));
-        }
         let o = &mut out[t * h..(t + 1) * h];
         for lo in (0..h).step_by(numerics::BLOCK) {
             let hi = (lo + numerics::BLOCK).min(h);
@@ -68,6 +48,7 @@ impl Backend for CpuBackend {
     }
 
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        op.check()?;
         match op {
             Op::Embed { table, tokens, out } => embed(table, tokens, out),
             Op::Linear {
@@ -97,19 +78,6 @@ impl Backend for CpuBackend {
             } => norm::rope(x, heads, head_dim, rotary_dim, theta, positions, round_out),
             Op::CacheWrite { cache, slots, x } => {
                 let w = cache.width;
-                if w == 0 || x.len() != slots.len() * w {
-                    return Err(shape(
-                        "cache_write",
-                        format!("x {} values for {} slots of {w}", x.len(), slots.len()),
-                    ));
-                }
-                let n = cache.slots();
-                if let Some(&s) = slots.iter().find(|&&s| s as usize >= n) {
-                    return Err(shape(
-                        "cache_write",
-                        format!("slot {s} outside the cache ({n} slots)"),
-                    ));
-                }
                 for (t, &s) in slots.iter().enumerate() {
                     cache.write(s as usize, &x[t * w..(t + 1) * w]);
                 }
@@ -203,9 +171,6 @@ impl Backend for CpuBackend {
                 out,
             } => moe::experts(x, rows, moe, ids, weights, top_k, act, alpha, limit, out),
             Op::Add { acc, x } => {
-                if acc.len() != x.len() {
-                    return Err(shape("add", format!("{} += {} values", acc.len(), x.len())));
-                }
                 for (a, &b) in acc.iter_mut().zip(x) {
                     *a += b;
                 }
@@ -218,17 +183,6 @@ impl Backend for CpuBackend {
                 positions,
                 out,
             } => {
-                let rows = out.len();
-                if vocab == 0
-                    || logits.len() != rows * vocab
-                    || params.len() != rows
-                    || positions.len() != rows
-                {
-                    return Err(shape(
-                        "sample",
-                        format!("logits {} values, {rows} rows of {vocab}", logits.len()),
-                    ));
-                }
                 for (r, o) in out.iter_mut().enumerate() {
                     *o = sample::sample(
                         &logits[r * vocab..(r + 1) * vocab],
@@ -259,12 +213,6 @@ impl Backend for CpuBackend {
                 Ok(())
             }
             Op::ActQuantMxfp4 { x, out } => {
-                if out.len() != x.len() {
-                    return Err(shape(
-                        "act_quant_mxfp4",
-                        format!("out {} for {} values", out.len(), x.len()),
-                    ));
-                }
                 let cols = if x.len() % 32 == 0 { 32 } else { 0 };
                 let bf: Vec<f32> = x.iter().map(|&v| numerics::bf16_round(v)).collect();
                 out.copy_from_slice(&linear::act_quant_mxfp4(&bf, cols)?);

@@ -8,10 +8,6 @@ use rayon::prelude::*;
 use crate::linear::linear;
 use crate::numerics::{bf16_round, sigmoid};
 
-fn shape(op: &'static str, what: String) -> BackendError {
-    BackendError::Shape { op, what }
-}
-
 /// SwiGLU-OAI of one element: `((u' + 1) * g') * sigmoid(alpha * g')`,
 /// `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then bf16.
 #[inline]
@@ -28,12 +24,6 @@ pub fn swiglu(
     limit: f32,
     out: &mut [f32],
 ) -> Result<(), BackendError> {
-    if gate.len() != up.len() || out.len() != gate.len() {
-        return Err(shape(
-            "swiglu",
-            format!("gate {} up {} out {}", gate.len(), up.len(), out.len()),
-        ));
-    }
     out.par_iter_mut()
         .zip(gate.par_iter().zip(up.par_iter()))
         .for_each(|(o, (&g, &u))| {
@@ -54,20 +44,6 @@ pub fn mlp(
     out: &mut [f32],
 ) -> Result<(), BackendError> {
     let width = w.gate.rows();
-    if w.up.rows() != width || w.down.cols() != width || w.gate.cols() != w.up.cols() {
-        return Err(shape(
-            "mlp",
-            format!(
-                "gate {}x{}, up {}x{}, down {}x{} do not form an MLP",
-                w.gate.rows(),
-                w.gate.cols(),
-                w.up.rows(),
-                w.up.cols(),
-                w.down.rows(),
-                w.down.cols()
-            ),
-        ));
-    }
     let mut g = vec![0.0f32; rows * width];
     let mut u = vec![0.0f32; rows * width];
     linear(x, rows, &w.gate, input, true, &mut g)?;
@@ -91,21 +67,6 @@ pub fn router(
     weights: &mut [f32],
 ) -> Result<(), BackendError> {
     let ne = w.rows();
-    if bias.len() != ne
-        || top_k == 0
-        || top_k > ne
-        || ids.len() != rows * top_k
-        || weights.len() != rows * top_k
-    {
-        return Err(shape(
-            "router",
-            format!(
-                "{ne} experts, bias {}, top_k {top_k}, ids {} for {rows} rows",
-                bias.len(),
-                ids.len()
-            ),
-        ));
-    }
     let mut z = vec![0.0f32; rows * ne];
     linear(x, rows, w, LinearInput::F32, false, &mut z)?;
     for t in 0..rows {
@@ -162,24 +123,6 @@ pub fn experts(
         return Ok(());
     }
     let h = x.len() / rows;
-    if x.len() != rows * h
-        || out.len() != rows * h
-        || ids.len() != rows * top_k
-        || weights.len() != rows * top_k
-    {
-        return Err(shape(
-            "experts",
-            format!(
-                "x {} out {} ids {} for {rows} rows",
-                x.len(),
-                out.len(),
-                ids.len()
-            ),
-        ));
-    }
-    if let Some(&bad) = ids.iter().find(|&&e| e < 0 || e as usize >= ne) {
-        return Err(shape("experts", format!("expert id {bad} outside 0..{ne}")));
-    }
     let input = match act {
         ActMode::Bf16 => LinearInput::Bf16,
         ActMode::Mxfp4 => LinearInput::Mxfp4,

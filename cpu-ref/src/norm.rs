@@ -15,17 +15,6 @@ pub fn rmsnorm(
     round_out: bool,
     out: &mut [f32],
 ) -> Result<(), BackendError> {
-    if width == 0 || w.len() != width || !x.len().is_multiple_of(width) || out.len() != x.len() {
-        return Err(BackendError::Shape {
-            op: "rmsnorm",
-            what: format!(
-                "x {} / out {} values, weight {} for width {width}",
-                x.len(),
-                out.len(),
-                w.len()
-            ),
-        });
-    }
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
         .for_each(|(o, xr)| {
@@ -59,16 +48,6 @@ pub fn rope(
     round_out: bool,
 ) -> Result<(), BackendError> {
     let row = heads * head_dim;
-    if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim || x.len() != positions.len() * row {
-        return Err(BackendError::Shape {
-            op: "rope",
-            what: format!(
-                "x {} values for {} rows of {heads}x{head_dim}, rotary_dim {rotary_dim}",
-                x.len(),
-                positions.len()
-            ),
-        });
-    }
     let half = rotary_dim / 2;
     x.par_chunks_mut(row.max(1))
         .zip(positions.par_iter())

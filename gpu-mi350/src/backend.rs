@@ -112,47 +112,6 @@ fn cache_bytes(c: &CacheTensor) -> &[u8] {
     }
 }
 
-/// Every position a row may read (`0..=p`) maps through its sequence's
-/// block table to a slot inside a cache of `slots` slots (the kernels index
-/// without bounds checks, so a malformed step is refused here).
-fn check_step(
-    op: &'static str,
-    step: &StepBatch,
-    page: usize,
-    slots: usize,
-) -> Result<(), BackendError> {
-    let rows = step.rows();
-    if page == 0 || step.positions.len() != rows || step.row_seq.len() != rows {
-        return Err(shape(
-            op,
-            "step arrays do not have one entry per row".into(),
-        ));
-    }
-    for t in 0..rows {
-        let Some(seq) = step.seqs.get(step.row_seq[t] as usize) else {
-            return Err(shape(op, format!("row {t} names a missing sequence")));
-        };
-        let p = step.positions[t] as usize;
-        let pages = p / page + 1;
-        if seq.block_table.len() < pages {
-            return Err(shape(
-                op,
-                format!("row {t} at position {p} is past its block table"),
-            ));
-        }
-        if let Some(&bad) = seq.block_table[..pages]
-            .iter()
-            .find(|&&pg| (pg as usize + 1) * page > slots)
-        {
-            return Err(shape(
-                op,
-                format!("row {t}: page {bad} is outside the cache ({slots} slots)"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl GpuBackend {
     /// Open CUDA device 0. Any error means "no usable GPU here" and says why.
     pub fn open() -> crate::Result<Self> {
@@ -348,25 +307,6 @@ impl GpuBackend {
         Ok(y)
     }
 
-    fn check_mlp(w: &MlpWeights) -> Result<usize, BackendError> {
-        let width = w.gate.rows();
-        if w.up.rows() != width || w.down.cols() != width || w.gate.cols() != w.up.cols() {
-            return Err(shape(
-                "mlp",
-                format!(
-                    "gate {}x{}, up {}x{}, down {}x{} do not form an MLP",
-                    w.gate.rows(),
-                    w.gate.cols(),
-                    w.up.rows(),
-                    w.up.cols(),
-                    w.down.rows(),
-                    w.down.cols()
-                ),
-            ));
-        }
-        Ok(width)
-    }
-
     /// One SwiGLU-OAI MLP on device rows.
     fn mlp(
         &self,
@@ -377,7 +317,7 @@ impl GpuBackend {
         alpha: f32,
         limit: f32,
     ) -> Result<CudaSlice<f32>, BackendError> {
-        let width = Self::check_mlp(w)?;
+        let width = w.gate.rows();
         let g = self.lin(&w.gate, x, rows, input, true)?;
         let u = self.lin(&w.up, x, rows, input, true)?;
         let mut a = self.zeros::<f32>(rows * width)?;
@@ -387,14 +327,14 @@ impl GpuBackend {
         self.lin(&w.down, &a, rows, input, true)
     }
 
+    /// Upload the step's tables. The kernels index without bounds checks:
+    /// `Op::check` (run first in `run_op`) has refused malformed steps.
     fn device_step(
         &self,
         op: &'static str,
         step: &StepBatch,
         page: usize,
-        slots: usize,
     ) -> Result<DeviceStep, BackendError> {
-        check_step(op, step, page, slots)?;
         let tables: Vec<&[u32]> = step.seqs.iter().map(|s| s.block_table.as_slice()).collect();
         self.gpu
             .upload_step(&step.positions, &step.row_seq, &tables, page)
@@ -415,27 +355,6 @@ impl GpuBackend {
         tokens: &[u32],
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        let (vocab, h) = (table.rows(), table.cols());
-        if out.len() != tokens.len() * h {
-            return Err(shape(
-                "embed",
-                format!(
-                    "out {} values for {} tokens of width {h}",
-                    out.len(),
-                    tokens.len()
-                ),
-            ));
-        }
-        if let Some((t, &tok)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &k)| k as usize >= vocab)
-        {
-            return Err(shape(
-                "embed",
-                format!("token {tok} at row {t} is outside the vocabulary ({vocab})"),
-            ));
-        }
         if out.is_empty() {
             return Ok(());
         }
@@ -457,17 +376,6 @@ impl GpuBackend {
         round_out: bool,
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        let (n, k) = (w.rows(), w.cols());
-        if x.len() != rows * k || out.len() != rows * n {
-            return Err(shape(
-                "linear",
-                format!(
-                    "x has {} values, out {}; expected [{rows}, {k}] and [{rows}, {n}]",
-                    x.len(),
-                    out.len()
-                ),
-            ));
-        }
         if out.is_empty() {
             return Ok(());
         }
@@ -487,19 +395,6 @@ impl GpuBackend {
         positions: &[u32],
         round_out: bool,
     ) -> Result<(), BackendError> {
-        if !rotary_dim.is_multiple_of(2)
-            || rotary_dim > head_dim
-            || x.len() != positions.len() * heads * head_dim
-        {
-            return Err(shape(
-                "rope",
-                format!(
-                    "x {} values for {} rows of {heads}x{head_dim}, rotary_dim {rotary_dim}",
-                    x.len(),
-                    positions.len()
-                ),
-            ));
-        }
         if x.is_empty() {
             return Ok(());
         }
@@ -527,19 +422,6 @@ impl GpuBackend {
         x: &[f32],
     ) -> Result<(), BackendError> {
         let w = cache.width;
-        if w == 0 || x.len() != slots.len() * w {
-            return Err(shape(
-                "cache_write",
-                format!("x {} values for {} slots of {w}", x.len(), slots.len()),
-            ));
-        }
-        let n = cache.slots();
-        if let Some(&s) = slots.iter().find(|&&s| s as usize >= n) {
-            return Err(shape(
-                "cache_write",
-                format!("slot {s} outside the cache ({n} slots)"),
-            ));
-        }
         if x.is_empty() {
             return Ok(());
         }
@@ -582,22 +464,7 @@ impl GpuBackend {
         nb: usize,
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        let t_rows = step.rows();
-        if q.len() != t_rows * heads * dim
-            || out.len() != heads * t_rows * nb
-            || cache.width != dim
-            || bs == 0
-        {
-            return Err(shape(
-                "index_scores",
-                format!(
-                    "q {} / out {} values for T {t_rows}, heads {heads}, dim {dim}, nb {nb}",
-                    q.len(),
-                    out.len()
-                ),
-            ));
-        }
-        let ds = self.device_step("index_scores", step, page, cache.slots())?;
+        let ds = self.device_step("index_scores", step, page)?;
         if out.is_empty() {
             return Ok(());
         }
@@ -626,30 +493,7 @@ impl GpuBackend {
         out: &mut [i32],
     ) -> Result<(), BackendError> {
         let t_rows = positions.len();
-        if scores.len() != heads * t_rows * nb || out.len() != kv_heads * t_rows * topk || bs == 0 {
-            return Err(shape(
-                "block_topk",
-                format!("scores {} / out {} values", scores.len(), out.len()),
-            ));
-        }
-        if positions.iter().any(|&p| p as usize / bs >= nb) {
-            return Err(shape(
-                "block_topk",
-                format!("a position is past the {nb} scored blocks"),
-            ));
-        }
-        let shared = match selection {
-            IndexSelection::PerKvHead => {
-                if heads != kv_heads {
-                    return Err(shape(
-                        "block_topk",
-                        format!("per-KV-head selection needs index_n_heads ({heads}) == num_key_value_heads ({kv_heads})"),
-                    ));
-                }
-                false
-            }
-            IndexSelection::Shared => true,
-        };
+        let shared = selection == IndexSelection::Shared;
         if out.is_empty() {
             return Ok(());
         }
@@ -678,32 +522,6 @@ impl GpuBackend {
         blocks: Option<BlockSelection<'_>>,
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        let t_rows = step.rows();
-        if kv_heads == 0
-            || !heads.is_multiple_of(kv_heads)
-            || q.len() != t_rows * heads * d
-            || out.len() != q.len()
-            || k.width != kv_heads * d
-            || v.width != kv_heads * d
-        {
-            return Err(shape(
-                "attention",
-                format!(
-                    "q {} / out {} values, cache width {}",
-                    q.len(),
-                    out.len(),
-                    k.width
-                ),
-            ));
-        }
-        if let Some(bsel) = &blocks {
-            if bsel.blocks.len() != kv_heads * t_rows * bsel.topk || bsel.block_size == 0 {
-                return Err(shape(
-                    "attention",
-                    format!("block selection has {} ids", bsel.blocks.len()),
-                ));
-            }
-        }
         if d > MAX_HEAD_DIM || k.dtype() != v.dtype() {
             return Err(BackendError::Unsupported {
                 op: "attention",
@@ -715,7 +533,7 @@ impl GpuBackend {
                 ),
             });
         }
-        let ds = self.device_step("attention", step, page, k.slots().min(v.slots()))?;
+        let ds = self.device_step("attention", step, page)?;
         if out.is_empty() {
             return Ok(());
         }
@@ -756,22 +574,6 @@ impl GpuBackend {
         weights: &mut [f32],
     ) -> Result<(), BackendError> {
         let ne = w.rows();
-        if bias.len() != ne
-            || top_k == 0
-            || top_k > ne
-            || ids.len() != rows * top_k
-            || weights.len() != rows * top_k
-            || x.len() != rows * w.cols()
-        {
-            return Err(shape(
-                "router",
-                format!(
-                    "{ne} experts, bias {}, top_k {top_k}, ids {} for {rows} rows",
-                    bias.len(),
-                    ids.len()
-                ),
-            ));
-        }
         if rows == 0 {
             return Ok(());
         }
@@ -795,12 +597,6 @@ impl GpuBackend {
         limit: f32,
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        if gate.len() != up.len() || out.len() != gate.len() {
-            return Err(shape(
-                "swiglu",
-                format!("gate {} up {} out {}", gate.len(), up.len(), out.len()),
-            ));
-        }
         if out.is_empty() {
             return Ok(());
         }
@@ -822,13 +618,6 @@ impl GpuBackend {
         limit: f32,
         out: &mut [f32],
     ) -> Result<(), BackendError> {
-        Self::check_mlp(w)?;
-        if x.len() != rows * w.gate.cols() || out.len() != rows * w.down.rows() {
-            return Err(shape(
-                "mlp",
-                format!("x {} / out {} values for {rows} rows", x.len(), out.len()),
-            ));
-        }
         if out.is_empty() {
             return Ok(());
         }
@@ -856,37 +645,6 @@ impl GpuBackend {
             return Ok(());
         }
         let h = x.len() / rows;
-        if x.len() != rows * h
-            || out.len() != rows * h
-            || ids.len() != rows * top_k
-            || weights.len() != rows * top_k
-        {
-            return Err(shape(
-                "experts",
-                format!(
-                    "x {} out {} ids {} for {rows} rows",
-                    x.len(),
-                    out.len(),
-                    ids.len()
-                ),
-            ));
-        }
-        if let Some(&bad) = ids.iter().find(|&&e| e < 0 || e as usize >= ne) {
-            return Err(shape("experts", format!("expert id {bad} outside 0..{ne}")));
-        }
-        for e in moe.experts.iter().chain(moe.shared.iter()) {
-            Self::check_mlp(e)?;
-            if e.gate.cols() != h || e.down.rows() != h {
-                return Err(shape(
-                    "experts",
-                    format!(
-                        "expert of width {}x{} for hidden size {h}",
-                        e.gate.cols(),
-                        e.down.rows()
-                    ),
-                ));
-            }
-        }
         let input = match act {
             ActMode::Bf16 => LinearInput::Bf16,
             ActMode::Mxfp4 => LinearInput::Mxfp4,
@@ -942,9 +700,6 @@ impl GpuBackend {
     }
 
     fn add(&self, acc: &mut [f32], x: &[f32]) -> Result<(), BackendError> {
-        if acc.len() != x.len() {
-            return Err(shape("add", format!("{} += {} values", acc.len(), x.len())));
-        }
         if acc.is_empty() {
             return Ok(());
         }
@@ -963,16 +718,6 @@ impl GpuBackend {
         out: &mut [u32],
     ) -> Result<(), BackendError> {
         let rows = out.len();
-        if vocab == 0
-            || logits.len() != rows * vocab
-            || params.len() != rows
-            || positions.len() != rows
-        {
-            return Err(shape(
-                "sample",
-                format!("logits {} values, {rows} rows of {vocab}", logits.len()),
-            ));
-        }
         if params.iter().any(|p| p.is_greedy()) {
             let ld = self.up(logits)?;
             let mut od = self.zeros::<u32>(rows)?;
@@ -995,13 +740,7 @@ impl GpuBackend {
     }
 
     fn dequantize(&self, w: &LinearWeight, out: &mut [f32]) -> Result<(), BackendError> {
-        let (n, k) = (w.rows(), w.cols());
-        if out.len() != n * k {
-            return Err(shape(
-                "dequantize",
-                format!("out has {} values, expected {n} x {k}", out.len()),
-            ));
-        }
+        let n = w.rows();
         if out.is_empty() {
             return Ok(());
         }
@@ -1022,6 +761,7 @@ impl Backend for GpuBackend {
     }
 
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        op.check()?;
         match op {
             Op::Embed { table, tokens, out } => self.embed(table, tokens, out),
             Op::Linear {
@@ -1040,21 +780,6 @@ impl Backend for GpuBackend {
                 round_out,
                 out,
             } => {
-                if width == 0
-                    || weight.len() != width
-                    || !x.len().is_multiple_of(width)
-                    || out.len() != x.len()
-                {
-                    return Err(shape(
-                        "rmsnorm",
-                        format!(
-                            "x {} / out {} values, weight {} for width {width}",
-                            x.len(),
-                            out.len(),
-                            weight.len()
-                        ),
-                    ));
-                }
                 let (y, yb) = self
                     .gpu
                     .rmsnorm(x, weight, eps, x.len() / width, width)
@@ -1215,12 +940,6 @@ impl Backend for GpuBackend {
                 Ok(())
             }
             Op::ActQuantMxfp4 { x, out } => {
-                if out.len() != x.len() {
-                    return Err(shape(
-                        "act_quant_mxfp4",
-                        format!("out {} for {} values", out.len(), x.len()),
-                    ));
-                }
                 let cols = if x.len().is_multiple_of(32) { 32 } else { 0 };
                 out.copy_from_slice(&self.act_quant(x, cols)?);
                 Ok(())

@@ -10,6 +10,7 @@
 //!
 //! The core decides what runs (rows, path); the backend decides how.
 
+mod check;
 mod forward;
 mod op;
 mod step;

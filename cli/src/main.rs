@@ -34,6 +34,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Offline batch generation through the scheduler (JSONL in, JSONL out).
     Batch(cmd::batch::Args),
+    /// Greedy parity of two backends (identical / near-tie / MISMATCH).
+    Parity(cmd::parity::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Batch(a) => cmd::batch::run(a),
+        Command::Parity(a) => cmd::parity::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -206,3 +206,51 @@ M3_DEV float m3_e4m3_fast(u32 c) {
   if (e == 0u) return m3_f32(m3_bits((float)m * 0.001953125f) | s);
   return m3_f32(s | ((e + 120u) << 23) | (m << 20));
 }
+
+// ---- tensor-core tile product (bf16 in, f32 accumulate) --------------------
+// The m16n8k16 tile product as PTX `mma.sync` defines it, over a group of 32
+// threads (the mma's own geometry, not the hardware warp size): with
+// g = lane32 / 4 and t = lane32 % 4, a0..a3 hold A[g][2t..2t+1],
+// A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9]; b0, b1 hold
+// B[2t..2t+1][g], B[2t+8..2t+9][g]; c0..c3 are D[g][2t], D[g][2t+1],
+// D[g+8][2t], D[g+8][2t+1]. Lower column / row index in the low half.
+#if defined(M3_CUDA)
+M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/// Two f32 to bf16x2 (round to nearest even; `hi` in the upper half).
+M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#else
+// HIP: the same tile product from lane shuffles within each 32-thread group
+// (correct, not fast: the MFMA version for gfx950 is still to be written).
+M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+  const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+    for (int tp = 0; tp < 4; ++tp) {
+      u32 ag = __shfl(hi ? a[2] : a[0], g * 4 + tp, 32);
+      u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);
+      u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);
+      u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);
+      float al = m3_f32(ag << 16), ah = m3_f32(ag & 0xffff0000u);
+      float a8l = m3_f32(ag8 << 16), a8h = m3_f32(ag8 & 0xffff0000u);
+      float b0l = m3_f32(bn0 << 16), b0h = m3_f32(bn0 & 0xffff0000u);
+      float b1l = m3_f32(bn1 << 16), b1h = m3_f32(bn1 & 0xffff0000u);
+      c[0] += al * b0l + ah * b0h;
+      c[1] += al * b1l + ah * b1h;
+      c[2] += a8l * b0l + a8h * b0h;
+      c[3] += a8l * b1l + a8h * b1h;
+    }
+  }
+}
+M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
+  return (u32)m3_bf16_from_f32(lo) | ((u32)m3_bf16_from_f32(hi) << 16);
+}
+#endif

@@ -140,6 +140,291 @@ S_LINEAR(m3s_linear_e4m3, S_FMT_E4M3)
 S_LINEAR(m3s_linear_fp4, S_FMT_FP4)
 S_LINEAR(m3s_linear_f32, S_FMT_F32)
 
+// ---- tensor-core linear -----------------------------------------------------
+// y = x W^T with W in bf16, MXFP8 E4M3 or MXFP4, for any number of x rows.
+// A CTA owns 16 output features (one m16n8k16 tile of W rows) and up to 64
+// x rows (8 tiles of 8); its S_MMA_WARPS warps split K and add their
+// partial sums through shared memory at the end. The K dimension is walked
+// in super-chunks of 128: lane (g, t) of a warp (g = lane / 4, t = lane % 4)
+// reads the 32 contiguous values [32t, 32t+32) of W rows g and g+8 (one MX
+// block: one scale per row) and of x row g, and feeds them to 8 tile
+// products as logical columns (2t, 2t+1, 2t+8, 2t+9): the same permutation
+// of K on both sides, so the dot products are unchanged. Weights are
+// dequantized exactly into bf16 (every E2M1 / E4M3 value times a power-of-two
+// scale fits bf16 unless the f32 product itself overflows or underflows);
+// products are exact in f32 and summed in f32 by the tensor cores.
+// Expert mode: blockIdx.y is a slot of the device-built route (see
+// m3s_route): the rows are the (row, expert) pairs that chose that slot's
+// expert, so each chosen expert is read once per step.
+
+#define S_MMA_WARPS 8
+#define S_MMA_MAXBT 8
+
+/// Bytes of one row's 32-value segment.
+template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F == S_FMT_E4M3 ? 32u : 16u); };
+/// Super-chunks whose loads one warp issues together (2 KB of W in flight
+/// per warp in every format).
+template <int F> struct SUnroll { static const u32 U = F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u); };
+
+/// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
+/// E2M1, value * 2^-120 for E4M3) into value * 2^(s-127); split in two
+/// when one f32 cannot hold it (scales far outside real weights).
+template <int F> M3_DEV void s_scale_factor(u32 s, float& f1, float& f2) {
+  const int bias = F == S_FMT_FP4 ? 126 : 120;
+  int e = (int)s - 127 + bias;  // exponent of the combined factor
+  if (s == 0xffu) { f1 = m3_nan(); f2 = 1.0f; return; }
+  if (e <= 127) { f1 = m3_f32((u32)(e + 127) << 23); f2 = 1.0f; return; }
+  f1 = m3_f32((u32)(bias + 127) << 23);
+  f2 = s == 0u ? m3_f32(0x00400000u) : m3_f32(s << 23);
+}
+
+/// s_seg_frag for scales whose factor needs two multiplies (rare).
+template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u32* out) {
+  if (F == S_FMT_FP4) {
+    const u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const u32 x = v[i / 4] >> (8 * (i % 4));
+      float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
+      float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
+      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
+    }
+  } else {
+    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const u32 x = v[i / 2] >> (16 * (i % 2));
+      float lo = m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
+      float hi = m3_f32(((x & 0x7f00u) << 12) | ((x & 0x8000u) << 16));
+      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
+    }
+  }
+}
+
+/// One row's 32-value segment as 16 bf16x2 words (word w = values 2w, 2w+1).
+template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
+  if (F == S_FMT_BF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[4 * i] = raw[i].x; out[4 * i + 1] = raw[i].y; out[4 * i + 2] = raw[i].z; out[4 * i + 3] = raw[i].w;
+    }
+    return;
+  }
+  float f1, f2;
+  s_scale_factor<F>(s, f1, f2);
+  if (f2 != 1.0f) {
+    s_seg_frag2<F>(raw, f1, f2, out);
+    return;
+  }
+  if (F == S_FMT_FP4) {
+    u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 w = v[i];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        // byte b: low nibble (value 2b), high nibble (value 2b+1)
+        const u32 x = w >> (8 * b);
+        float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
+        float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
+        out[4 * i + b] = m3_pack_bf16x2(lo * f1, hi * f1);
+      }
+    }
+  } else {
+    u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const u32 w = v[i];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 x = w >> (16 * h);
+        float lo = m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
+        float hi = m3_f32(((x & 0x7f00u) << 12) | ((x & 0x8000u) << 16));
+        out[2 * i + h] = m3_pack_bf16x2(lo * f1, hi * f1);
+      }
+    }
+  }
+}
+
+template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
+  const u32 n = SSeg<F>::B / 16u;
+#pragma unroll
+  for (u32 i = 0; i < n; ++i) raw[i] = ok ? reinterpret_cast<const uint4*>(p)[i] : make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <int F>
+M3_DEV void s_mma_linear(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K,
+                         u32 M, const int* __restrict__ route, u32 ne, u64 w_es, u64 ws_es, u32 xdiv,
+                         u16* __restrict__ yb, float* __restrict__ yf) {
+  __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
+  __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
+  __shared__ u32 cnt_s;
+  const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
+  const u32 g = lane / 4u, t = lane % 4u;
+  const u32 n0 = blockIdx.x * 16u;
+  const u8* W = w;
+  const u8* S = ws;
+  if (threadIdx.x == 0) {
+    u32 cnt;
+    if (route) {
+      // route: [0] distinct experts, [1..1+ne) expert of each slot,
+      // [1+ne..2+2ne) row offsets of each slot, then the pair list
+      const u32 slot = blockIdx.y;
+      const u32 nd = (u32)route[0];
+      cnt = 0u;
+      if (slot < nd) {
+        const int o0 = route[1 + ne + slot], o1 = route[2 + ne + slot];
+        cnt = (u32)(o1 - o0);
+        if (cnt > S_MMA_MAXBT * 8u) cnt = S_MMA_MAXBT * 8u;  // checked on the host: rows <= 64
+        for (u32 i = 0; i < cnt; ++i) {
+          u32 pr = (u32)route[2 + 2 * ne + o0 + i];
+          xrow[i] = pr / xdiv;
+          yrow[i] = pr;
+        }
+      }
+    } else {
+      const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
+      cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+      for (u32 i = 0; i < cnt; ++i) { xrow[i] = m0 + i; yrow[i] = m0 + i; }
+    }
+    cnt_s = cnt;
+  }
+  __syncthreads();
+  const u32 cnt = cnt_s;
+  if (cnt == 0u) return;
+  if (route) {
+    const u32 e = (u32)route[1 + blockIdx.y];
+    W += (u64)e * w_es;
+    if (S) S += (u64)e * ws_es;
+  }
+  const u32 nbt = (cnt + 7u) / 8u;
+  const u64 rb = F == S_FMT_BF16 ? 2ull * K : (F == S_FMT_E4M3 ? (u64)K : K / 2ull);
+  const u32 ra = n0 + g, rc = n0 + g + 8u;
+  const bool oka = ra < N, okc = rc < N;
+  const u8* wa = W + (u64)(oka ? ra : 0u) * rb;
+  const u8* wc = W + (u64)(okc ? rc : 0u) * rb;
+  const u8* sa = S ? S + (u64)(oka ? ra : 0u) * (K / 32u) : nullptr;
+  const u8* sc = S ? S + (u64)(okc ? rc : 0u) * (K / 32u) : nullptr;
+  float acc[S_MMA_MAXBT][4];
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
+  // super-chunk q of 128 K values; warp w takes q = w + nwarp * j, U of
+  // them per iteration with every load issued before any is used
+  const u32 nsc = (K + 127u) / 128u;
+  const u32 U = SUnroll<F>::U, RW = SSeg<F>::B / 16u;
+  for (u32 it = 0; warp + nwarp * U * it < nsc; ++it) {
+    uint4 raw[U][2][SSeg<F>::B / 16u];
+    u32 sca[U][2];
+#pragma unroll
+    for (u32 u = 0; u < U; ++u) {
+      const u32 q = warp + nwarp * (U * it + u);
+      const u32 k0 = q * 128u + 32u * t;
+      const bool in = q < nsc && k0 < K;
+      s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
+      s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
+      sca[u][0] = S && in && oka ? sa[k0 / 32u] : 0u;
+      sca[u][1] = S && in && okc ? sc[k0 / 32u] : 0u;
+    }
+    (void)RW;
+#pragma unroll
+    for (u32 u = 0; u < U; ++u) {
+      const u32 q = warp + nwarp * (U * it + u);
+      if (q >= nsc) break;
+      const u32 k0 = q * 128u + 32u * t;
+      const bool in = k0 < K;
+      u32 fa[16], fc[16];
+      s_seg_frag<F>(raw[u][0], sca[u][0], fa);
+      s_seg_frag<F>(raw[u][1], sca[u][1], fc);
+#pragma unroll
+      for (int b = 0; b < S_MMA_MAXBT; ++b) {
+        if ((u32)b >= nbt) break;
+        const u32 m = (u32)b * 8u + g;
+        uint4 xr[4];
+        const bool okx = in && m < cnt;
+        const u16* xp = x + (u64)(okx ? xrow[m] : 0u) * K + (in ? k0 : 0u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xr[i] = okx ? reinterpret_cast<const uint4*>(xp)[i] : make_uint4(0u, 0u, 0u, 0u);
+        const u32 xw[16] = {xr[0].x, xr[0].y, xr[0].z, xr[0].w, xr[1].x, xr[1].y, xr[1].z, xr[1].w,
+                            xr[2].x, xr[2].y, xr[2].z, xr[2].w, xr[3].x, xr[3].y, xr[3].z, xr[3].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const u32 a[4] = {fa[2 * j], fc[2 * j], fa[2 * j + 1], fc[2 * j + 1]};
+          m3_mma_bf16_16816(acc[b], a, xw[2 * j], xw[2 * j + 1]);
+        }
+      }
+    }
+  }
+  // split-K reduction over the CTA's warps
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) {
+    if ((u32)b >= nbt) break;
+    red[warp][b * 8 + 2 * t][g] = acc[b][0];
+    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
+    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
+    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
+  }
+  __syncthreads();
+  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
+    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
+    if (n >= N) continue;
+    float v = 0.0f;
+    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    const u64 o = (u64)yrow[m] * N + n;
+    if (yf) yf[o] = v;
+    else yb[o] = m3_bf16_from_f32(v);
+  }
+}
+
+#define S_MMA_LINEAR(name, F)                                                                                   \
+  M3_KERNEL void __launch_bounds__(256, 2)                                                                     \
+      name(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K,       \
+           u32 M, const int* __restrict__ route, u32 ne, u64 w_es, u64 ws_es, u32 xdiv,               \
+                      u16* __restrict__ yb, float* __restrict__ yf) {                                           \
+    s_mma_linear<F>(x, w, ws, N, K, M, route, ne, w_es, ws_es, xdiv, yb, yf);                                   \
+  }
+S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16)
+S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3)
+S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4)
+
+/// Group the step's (row, expert) pairs by expert for the expert-mode
+/// linear: out[0] = distinct experts D; out[1 + s] = expert of slot s
+/// (ascending ids); out[1 + ne + s] = first pair of slot s (out[1 + ne + D]
+/// = pairs); out[2 + 2 ne + i] = pair ids (t * k + c), ascending within a
+/// slot. Negative ids (none chosen) are skipped. One CTA, ne <= 1024.
+M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, int* __restrict__ out) {
+  __shared__ int cnt[1024];
+  __shared__ int off[1025];
+  for (u32 e = threadIdx.x; e < ne; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
+    int e = ids[p];
+    if (e >= 0 && (u32)e < ne) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int d = 0, o = 0;
+    for (u32 e = 0; e < ne; ++e) {
+      off[e] = o;
+      if (cnt[e] > 0) {
+        out[1 + d] = (int)e;
+        out[1 + ne + d] = o;
+        ++d;
+      }
+      o += cnt[e];
+    }
+    out[1 + ne + d] = o;
+    out[0] = d;
+  }
+  __syncthreads();
+  // each expert's pairs in ascending pair order
+  for (u32 e = threadIdx.x; e < ne; e += blockDim.x) {
+    if (cnt[e] == 0) continue;
+    int o = off[e];
+    for (u32 p = 0; p < pairs; ++p)
+      if (ids[p] == (int)e) out[2 + 2 * ne + o++] = (int)p;
+  }
+}
+
 /// r[t] = f32(embed[tok[t]]). Grid T.
 M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ table, u32 H, float* __restrict__ r) {
   const u16* src = table + (u64)tok[blockIdx.x] * H;
@@ -221,169 +506,6 @@ M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u3
   return (u64)bt[bt_off[seq] + j / page] * page + j % page;
 }
 
-/// Indexer: block scores (max over visible keys of iq . ik) and the top-K
-/// block selection (forced init/local blocks, ties to the lower id),
-/// ascending ids, -1 padding. Grid (sel_heads, T), block 256; sel_heads =
-/// kv heads (per-KV-head: index head g selects for KV head g) or 1 (shared:
-/// max over index heads, copied to every KV head). scratch: [T*sel_heads, maxnb].
-M3_KERNEL void m3s_index_select(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
-                                const u32* __restrict__ pos, const u32* __restrict__ row_seq,
-                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 B, u32 K,
-                                u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, u32 T, float* __restrict__ scratch,
-                                u32 maxnb, int* __restrict__ sel) {
-  __shared__ float qs[4][256];
-  __shared__ float bv[8];
-  __shared__ int bi[8];
-  __shared__ int chosen[64];
-  const u32 t = blockIdx.y, gsel = blockIdx.x;
-  const u32 p = pos[t], seq = row_seq[t];
-  const u32 nb = p / B + 1u;
-  float* sc = scratch + ((u64)t * gridDim.x + gsel) * maxnb;
-  const u32 g0 = shared_sel ? 0u : gsel, g1 = shared_sel ? nih : gsel + 1u;
-  const u32 ng = g1 - g0;  // <= 4 when shared (checked on the host)
-  for (u32 i = threadIdx.x; i < ng * di; i += blockDim.x)
-    qs[i / di][i % di] = m3_bf16_to_f32(iq[((u64)t * nih + g0 + i / di) * di + i % di]);
-  __syncthreads();
-  const u32 warp = threadIdx.x / M3_WARP, lane = threadIdx.x % M3_WARP, nw = blockDim.x / M3_WARP;
-  if (nb > K) {
-    for (u32 b = warp; b < nb; b += nw) {
-      float m = -S_INF;
-      for (u32 o = lane; o < B; o += M3_WARP) {
-        u32 j = b * B + o;
-        if (j > p) break;
-        const u8* kr = icache + s_slot(bt, bt_off, seq, page, j) * di;
-        for (u32 g = 0; g < ng; ++g) {
-          float s = 0.0f;
-          for (u32 i = 0; i < di; ++i) s += qs[g][i] * (s_e4m3(kr[i]) * iscale);
-          m = s > m ? s : m;  // NaN never wins
-        }
-      }
-#pragma unroll
-      for (int o = M3_WARP / 2; o > 0; o >>= 1) {
-        float u = M3_SHFL_XOR(m, o);
-        m = u > m ? u : m;
-      }
-      if (lane == 0) sc[b] = m;
-    }
-    __syncthreads();
-    // forced blocks
-    for (u32 b = threadIdx.x; b < nb; b += blockDim.x)
-      if (b < init_b || b + local_b >= nb) sc[b] = S_INF;  // taken first, then marked
-    __syncthreads();
-  }
-  u32 nsel = 0;
-  if (nb <= K) {
-    if (threadIdx.x == 0)
-      for (u32 b = 0; b < nb; ++b) chosen[b] = (int)b;
-    nsel = nb;
-  } else {
-    for (u32 k = 0; k < K; ++k) {
-      float best = -S_INF;
-      int besti = -1;
-      for (u32 b = threadIdx.x; b < nb; b += blockDim.x) {
-        float v = sc[b];
-        if (v != v) continue;  // NaN marks a block already taken
-        if (besti < 0 || v > best) { best = v; besti = (int)b; }
-      }
-      for (int o = M3_WARP / 2; o > 0; o >>= 1) {
-        float ov = M3_SHFL_XOR(best, o);
-        int oi = M3_SHFL_XOR(besti, o);
-        if (oi >= 0 && (besti < 0 || ov > best || (ov == best && oi < besti))) { best = ov; besti = oi; }
-      }
-      if (lane == 0) { bv[warp] = best; bi[warp] = besti; }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float b0 = bv[0];
-        int i0 = bi[0];
-        for (u32 w2 = 1; w2 < nw; ++w2)
-          if (bi[w2] >= 0 && (i0 < 0 || bv[w2] > b0 || (bv[w2] == b0 && bi[w2] < i0))) { b0 = bv[w2]; i0 = bi[w2]; }
-        chosen[k] = i0;
-        if (i0 >= 0) sc[i0] = m3_nan();  // taken: NaN marks "used" (excluded below)
-      }
-      __syncthreads();
-    }
-    nsel = K;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // ascending insertion sort
-    for (u32 a = 1; a < nsel; ++a) {
-      int v = chosen[a];
-      int b = (int)a - 1;
-      while (b >= 0 && chosen[b] > v) { chosen[b + 1] = chosen[b]; --b; }
-      chosen[b + 1] = v;
-    }
-  }
-  __syncthreads();
-  const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
-  for (u32 h = h0; h < h1; ++h)
-    for (u32 k = threadIdx.x; k < K; k += blockDim.x) sel[((u64)h * T + t) * K + k] = k < nsel ? chosen[k] : -1;
-}
-
-/// Attention of q head i over the cached keys of KV head g = i / (nh/nkv):
-/// the selected blocks (sel != 0) or every position <= p. Online softmax per
-/// warp, merged across the block's warps. Grid (nh, T), block 128; d <= 256.
-M3_KERNEL void m3s_attention(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
-                             const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
-                             const u32* __restrict__ row_seq, const u32* __restrict__ bt,
-                             const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B, u32 T,
-                             u16* __restrict__ out) {
-  __shared__ float wm[8], wl[8];
-  __shared__ float wacc[8][256];
-  const u32 i = blockIdx.x, t = blockIdx.y;
-  const u32 g = i / (nh / nkv);
-  const u32 p = pos[t], seq = row_seq[t];
-  const u32 warp = threadIdx.x / M3_WARP, lane = threadIdx.x % M3_WARP, nw = blockDim.x / M3_WARP;
-  const u32 dpl = d / M3_WARP;  // dims per lane (d % 32 == 0)
-  float qv[8], acc[8];
-  for (u32 k = 0; k < dpl; ++k) {
-    qv[k] = m3_bf16_to_f32(q[((u64)t * nh + i) * d + lane * dpl + k]);
-    acc[k] = 0.0f;
-  }
-  const float scale = 1.0f / sqrtf((float)d);
-  float m = -S_INF, l = 0.0f;
-  const int* selr = sel ? sel + ((u64)g * T + t) * K : nullptr;
-  const u32 nkeys = sel ? K * B : p + 1u;
-  for (u32 kk = warp; kk < nkeys; kk += nw) {
-    u32 j;
-    if (sel) {
-      int b = selr[kk / B];
-      if (b < 0) continue;
-      j = (u32)b * B + kk % B;
-      if (j > p) continue;
-    } else {
-      j = kk;
-    }
-    const u64 off = (s_slot(bt, bt_off, seq, page, j) * nkv + g) * d + lane * dpl;
-    float s = 0.0f;
-    for (u32 k = 0; k < dpl; ++k) s += qv[k] * (s_e4m3(kc[off + k]) * ks);
-    s = m3_warp_sum(s) * scale;
-    float mn = s > m ? s : m;
-    float corr = expf(m - mn), e = expf(s - mn);
-    l = l * corr + e;
-    for (u32 k = 0; k < dpl; ++k) acc[k] = acc[k] * corr + e * (s_e4m3(vc[off + k]) * vs);
-    m = mn;
-  }
-  if (lane == 0) { wm[warp] = m; wl[warp] = l; }
-  for (u32 k = 0; k < dpl; ++k) wacc[warp][lane * dpl + k] = acc[k];
-  __syncthreads();
-  if (warp == 0) {
-    float M = -S_INF;
-    for (u32 w2 = 0; w2 < nw; ++w2) M = wm[w2] > M ? wm[w2] : M;
-    float L = 0.0f;
-    float o[8];
-    for (u32 k = 0; k < dpl; ++k) o[k] = 0.0f;
-    for (u32 w2 = 0; w2 < nw; ++w2) {
-      if (wm[w2] == -S_INF) continue;
-      float c = expf(wm[w2] - M);
-      L += wl[w2] * c;
-      for (u32 k = 0; k < dpl; ++k) o[k] += wacc[w2][lane * dpl + k] * c;
-    }
-    for (u32 k = 0; k < dpl; ++k)
-      out[((u64)t * nh + i) * d + lane * dpl + k] = m3_bf16_from_f32(L > 0.0f ? o[k] / L : 0.0f);
-  }
-}
-
 /// SwiGLU-OAI: a = bf16(((u'+1) g') sigmoid(alpha g')). g, u bf16.
 M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up, float alpha, float limit,
                           u16* __restrict__ a, u32 n) {
@@ -402,42 +524,6 @@ M3_KERNEL void m3s_add_bf16(float* __restrict__ r, const u16* __restrict__ x, u3
   if (i < n) r[i] += m3_bf16_to_f32(x[i]);
 }
 
-/// Router: s = sigmoid(z); top-k by s + bias (ties: lower id; NaN last);
-/// ids ascending, w = s / sum(s chosen, ascending id) * scaling. One thread per row.
-M3_KERNEL void m3s_router(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k, float scaling,
-                          int* __restrict__ ids, float* __restrict__ wts, u32 T) {
-  u32 t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= T) return;
-  const float* zr = z + (u64)t * ne;
-  int ch[16];
-  for (u32 c = 0; c < k; ++c) {
-    int best = -1;
-    float bv = 0.0f;
-    for (u32 e = 0; e < ne; ++e) {
-      bool used = false;
-      for (u32 u = 0; u < c; ++u) used |= ch[u] == (int)e;
-      if (used) continue;
-      float s = 1.0f / (1.0f + expf(-zr[e]));
-      float v = s + bias[e];
-      if (v != v) v = -S_INF;
-      if (best < 0 || v > bv) { best = (int)e; bv = v; }
-    }
-    ch[c] = best;
-  }
-  for (u32 a = 1; a < k; ++a) {
-    int v = ch[a];
-    int b = (int)a - 1;
-    while (b >= 0 && ch[b] > v) { ch[b + 1] = ch[b]; --b; }
-    ch[b + 1] = v;
-  }
-  float sum = 0.0f;
-  for (u32 c = 0; c < k; ++c) sum += 1.0f / (1.0f + expf(-zr[ch[c]]));
-  for (u32 c = 0; c < k; ++c) {
-    ids[t * k + c] = ch[c];
-    wts[t * k + c] = (1.0f / (1.0f + expf(-zr[ch[c]]))) / sum * scaling;
-  }
-}
-
 /// r[t] += sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) + f32(shared[t]).
 M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye, const float* __restrict__ w, u32 k,
                                const u16* __restrict__ shared, u32 H) {
@@ -450,14 +536,78 @@ M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye
   }
 }
 
-/// Greedy: tok[i] = argmax(logits[i]) (lowest id on ties, NaN never wins). Grid nl, block 256.
-M3_KERNEL void m3s_argmax(const float* __restrict__ logits, u32 vocab, u32* __restrict__ tok) {
+/// Router, one warp per row (cpu-ref's arithmetic and tie rules):
+/// s = sigmoid(z); top-k by s + bias (ties: lower id; NaN counts as -inf);
+/// ids ascending; w = s / sum(s chosen, ascending id) * scaling.
+/// Grid T, block M3_WARP; ne <= 32 * M3_WARP, k <= 16.
+M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
+                               float scaling, int* __restrict__ ids, float* __restrict__ wts) {
+  const u32 t = blockIdx.x, lane = threadIdx.x;
+  const float* zr = z + (u64)t * ne;
+  float v[32];
+  u32 used = 0u;  // bit i: expert lane + i * M3_WARP already chosen
+#pragma unroll
+  for (u32 i = 0; i < 32; ++i) {
+    u32 e = lane + i * M3_WARP;
+    float x = -S_INF;
+    if (e < ne) {
+      float s = 1.0f / (1.0f + expf(-zr[e]));
+      x = s + bias[e];
+      if (x != x) x = -S_INF;
+    }
+    v[i] = x;
+  }
+  __shared__ int ch[16];
+  for (u32 c = 0; c < k; ++c) {
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll
+    for (u32 i = 0; i < 32; ++i) {
+      u32 e = lane + i * M3_WARP;
+      if (e >= ne || (used >> i) & 1u) continue;
+      if (bi < 0 || v[i] > bv) { bv = v[i]; bi = (int)e; }
+    }
+    for (int o = M3_WARP / 2; o > 0; o >>= 1) {
+      float ov = M3_SHFL_XOR(bv, o);
+      int oi = M3_SHFL_XOR(bi, o);
+      if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+    }
+    if (bi >= 0 && (u32)bi % M3_WARP == lane) used |= 1u << ((u32)bi / M3_WARP);
+    if (lane == 0) ch[c] = bi;
+  }
+  M3_SYNC_WARP();
+  if (lane == 0) {
+    int s[16];
+    for (u32 c = 0; c < k; ++c) s[c] = ch[c];
+    for (u32 a = 1; a < k; ++a) {
+      int x = s[a];
+      int b = (int)a - 1;
+      while (b >= 0 && s[b] > x) { s[b + 1] = s[b]; --b; }
+      s[b + 1] = x;
+    }
+    float sum = 0.0f;
+    for (u32 c = 0; c < k; ++c) sum += 1.0f / (1.0f + expf(-zr[s[c]]));
+    for (u32 c = 0; c < k; ++c) {
+      ids[t * k + c] = s[c];
+      wts[t * k + c] = (1.0f / (1.0f + expf(-zr[s[c]]))) / sum * scaling;
+    }
+  }
+}
+
+/// Greedy, phase 1: the best (value, id) of slice blockIdx.y of row
+/// blockIdx.x (lowest id on ties, NaN never wins; id 0xffffffff = none).
+/// Grid (nl, parts), block 256.
+M3_KERNEL void m3s_argmax_part(const float* __restrict__ logits, u32 vocab, float* __restrict__ pv,
+                               u32* __restrict__ pi) {
   __shared__ float bv[32];
   __shared__ u32 bi[32];
+  const u32 parts = gridDim.y, part = blockIdx.y;
+  const u32 per = (vocab + parts - 1u) / parts;
+  const u32 lo = part * per, hi = min(vocab, lo + per);
   const float* l = logits + (u64)blockIdx.x * vocab;
   float best = -S_INF;
   u32 besti = 0xffffffffu;
-  for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) {
+  for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     float v = l[i];
     if (v == v && (besti == 0xffffffffu || v > best)) { best = v; besti = i; }
   }
@@ -471,6 +621,21 @@ M3_KERNEL void m3s_argmax(const float* __restrict__ logits, u32 vocab, u32* __re
   if (threadIdx.x == 0) {
     for (u32 w = 1; w < blockDim.x / M3_WARP; ++w)
       if (bi[w] != 0xffffffffu && (besti == 0xffffffffu || bv[w] > best || (bv[w] == best && bi[w] < besti))) { best = bv[w]; besti = bi[w]; }
-    tok[blockIdx.x] = besti == 0xffffffffu ? 0u : besti;
+    pv[blockIdx.x * parts + part] = best;
+    pi[blockIdx.x * parts + part] = besti;
   }
+}
+
+/// Greedy, phase 2: tok[row] = the best of the row's `parts` partials (0 if
+/// every logit is NaN). Grid nl, block 1 (parts is small).
+M3_KERNEL void m3s_argmax_final(const float* __restrict__ pv, const u32* __restrict__ pi, u32 parts,
+                                u32* __restrict__ tok) {
+  float best = -S_INF;
+  u32 besti = 0xffffffffu;
+  for (u32 p = 0; p < parts; ++p) {
+    float v = pv[blockIdx.x * parts + p];
+    u32 i = pi[blockIdx.x * parts + p];
+    if (i != 0xffffffffu && (besti == 0xffffffffu || v > best || (v == best && i < besti))) { best = v; besti = i; }
+  }
+  tok[blockIdx.x] = besti == 0xffffffffu ? 0u : besti;
 }

@@ -240,26 +240,36 @@ pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -
     })
 }
 
-/// Bytes one step must move (PERF.md "Bytes a step must move"): every
-/// weight tensor the step touches, once (embedding: the rows looked up;
-/// routed experts: the distinct experts chosen per layer), plus the KV bytes
-/// attention reads (the selected blocks' visible keys and values per KV head
-/// and row) and the index-cache bytes the indexer reads (every visible key
-/// per row). Cache elements are fp8 (1 byte). `experts[l]` / `blocks[l]`
-/// come from [`crate::standard::StandardPath::experts_chosen`] /
+/// The bytes a step must move (PERF.md's floor): every weight tensor the
+/// step touches once (routed experts: the distinct experts chosen), the
+/// embedding rows, and the cache bytes attention and the indexer read,
+/// counted per sequence as the union over its rows (a verify step's rows
+/// share one cache): index keys of every visible position, and K + V of the
+/// selected blocks (sparse layers) or of every visible position (full).
+/// `experts` / `blocks` come from
+/// [`crate::standard::StandardPath::experts_chosen`] /
 /// [`crate::standard::StandardPath::blocks_selected`].
 pub fn step_bytes(
     m: &DevModel,
     positions: &[u32],
+    row_seq: &[u32],
     logits_rows: usize,
     experts: &[Vec<i32>],
     blocks: &[Vec<i32>],
 ) -> u64 {
+    use std::collections::{BTreeMap, BTreeSet};
     let c = &m.config;
     let t = positions.len();
     let (h, d, nkv) = (c.hidden_size, c.head_dim, c.num_key_value_heads);
     let kb = c.index_topk_blocks;
-    let bs = c.index_block_size;
+    let bs = c.index_block_size.max(1);
+    // visible positions of each sequence: its furthest row sees the most
+    let mut visible: BTreeMap<u32, usize> = BTreeMap::new();
+    for (row, &p) in positions.iter().enumerate() {
+        let s = row_seq.get(row).copied().unwrap_or(row as u32);
+        let v = visible.entry(s).or_insert(0);
+        *v = (*v).max(p as usize + 1);
+    }
     let mut b = (t * h * 2) as u64; // embedding rows
     if logits_rows > 0 {
         b += m.lm_head.matrix_bytes() as u64 + (h * 4) as u64;
@@ -270,30 +280,39 @@ pub fn step_bytes(
             as u64;
         if let Some(ix) = &lw.indexer {
             b += (ix.q.matrix_bytes() + ix.k.matrix_bytes() + 2 * c.index_head_dim * 4) as u64;
-            for &p in positions {
-                b += ((p as usize + 1) * c.index_head_dim) as u64;
-            }
+            b += visible
+                .values()
+                .map(|&v| (v * c.index_head_dim) as u64)
+                .sum::<u64>();
             let sel = blocks.get(l).map(|v| v.as_slice()).unwrap_or(&[]);
+            // (sequence, kv head) -> distinct blocks selected by any of its rows
+            let mut read: BTreeMap<(u32, usize), BTreeSet<i32>> = BTreeMap::new();
             for g in 0..nkv {
-                for (row, &p) in positions.iter().enumerate() {
-                    let visible = p as usize + 1;
+                for row in 0..t {
+                    let s = row_seq.get(row).copied().unwrap_or(row as u32);
+                    let set = read.entry((s, g)).or_default();
                     for k in 0..kb {
-                        let Some(&blk) = sel.get((g * t + row) * kb + k) else {
-                            continue;
-                        };
-                        if blk < 0 {
-                            continue;
+                        if let Some(&blk) = sel.get((g * t + row) * kb + k) {
+                            if blk >= 0 {
+                                set.insert(blk);
+                            }
                         }
-                        let lo = blk as usize * bs;
-                        let n = (lo + bs).min(visible).saturating_sub(lo);
-                        b += (2 * n * d) as u64;
                     }
                 }
             }
-        } else {
-            for &p in positions {
-                b += (2 * (p as usize + 1) * d * nkv) as u64;
+            for ((s, _), set) in &read {
+                let vis = visible.get(s).copied().unwrap_or(0);
+                for &blk in set {
+                    let lo = blk as usize * bs;
+                    let n = (lo + bs).min(vis).saturating_sub(lo);
+                    b += (2 * n * d) as u64;
+                }
             }
+        } else {
+            b += visible
+                .values()
+                .map(|&v| (2 * v * d * nkv) as u64)
+                .sum::<u64>();
         }
         match &lw.ffn {
             DevFfn::Dense(mlp) => b += mlp.matrix_bytes() as u64,
@@ -304,9 +323,9 @@ pub fn step_bytes(
                 ..
             } => {
                 b += (router.matrix_bytes() + router.rows * 4) as u64;
-                let ids: std::collections::BTreeSet<i32> = experts
+                let ids: BTreeSet<i32> = experts
                     .get(l)
-                    .map(|v| v.iter().copied().collect())
+                    .map(|v| v.iter().copied().filter(|&e| e >= 0).collect())
                     .unwrap_or_default();
                 b += (ids.len() * ex.matrix_bytes()) as u64;
                 b += shared.as_ref().map_or(0, |s| s.matrix_bytes()) as u64;

@@ -47,6 +47,18 @@ pub struct Args {
     /// GPU: interleaved rounds over all cases.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// GPU: also time one sequence at this context (e.g. 131072; 0 = no
+    /// long-context case).
+    #[arg(long, default_value_t = 0)]
+    pub long_context: usize,
+    /// GPU: also time a speculative verify step: one sequence, K + 1 rows
+    /// at --context (0 = none).
+    #[arg(long, default_value_t = 0)]
+    pub verify_k: usize,
+    /// GPU: print a per-kernel profile of every case (direct launches, one
+    /// event per launch; also written to the JSON).
+    #[arg(long)]
+    pub profile: bool,
     /// GPU: JSON output (default bench/results/<date>-gpu-standard.json).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,

@@ -44,6 +44,33 @@ fn nvidia_smi() -> String {
         .unwrap_or_else(|| "nvidia-smi not available (clocks not recorded)".to_string())
 }
 
+/// Per-kernel profile of one case: time per launch label (summed over the
+/// step's launches of that label), largest first.
+fn print_profile(case: &str, prof: &[(&'static str, f64)]) {
+    let mut by: Vec<(&str, f64, usize)> = Vec::new();
+    for &(l, ms) in prof {
+        match by.iter_mut().find(|e| e.0 == l) {
+            Some(e) => {
+                e.1 += ms;
+                e.2 += 1;
+            }
+            None => by.push((l, ms, 1)),
+        }
+    }
+    by.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = by.iter().map(|e| e.1).sum();
+    println!(
+        "profile {case}: {} launches, {total:.3} ms (direct launches, gaps included)",
+        prof.len()
+    );
+    for (l, ms, n) in by {
+        println!(
+            "  {l:>18} {ms:8.3} ms {:5.1}%  x{n}",
+            100.0 * ms / total.max(1e-12)
+        );
+    }
+}
+
 /// (median, p10, p90) of `v`.
 fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
@@ -73,24 +100,49 @@ fn today() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// A pure decode step: `batch` sequences, one row each at position `ctx`.
-fn decode_step(batch: usize, ctx: usize, page: usize, pps: usize, vocab: usize) -> StepBatch {
-    let mut s = StepBatch::default();
+/// One timed case: `batch` sequences, each with `rows` rows (1 = decode,
+/// K + 1 = a verify step) at positions `ctx..ctx + rows`, pages taken from
+/// `first_page` on.
+struct Case {
+    label: String,
+    batch: usize,
+    context: usize,
+    step: StepBatch,
+}
+
+fn case_step(
+    batch: usize,
+    rows: usize,
+    ctx: usize,
+    page: usize,
+    first_page: usize,
+    vocab: usize,
+) -> (StepBatch, usize) {
+    let pps = (ctx + rows).div_ceil(page);
+    let mut s = StepBatch {
+        decode_only: true,
+        ..StepBatch::default()
+    };
     for b in 0..batch {
-        let table: Vec<u32> = (0..pps).map(|i| (b * pps + i) as u32).collect();
-        let slot = table[ctx / page] * page as u32 + (ctx % page) as u32;
-        s.tokens.push(((b * 7919 + 13) % vocab) as u32);
-        s.positions.push(ctx as u32);
-        s.slot_mapping.push(slot);
-        s.row_seq.push(b as u32);
-        s.logits_rows.push(b as u32);
+        let table: Vec<u32> = (0..pps)
+            .map(|i| (first_page + b * pps + i) as u32)
+            .collect();
+        for r in 0..rows {
+            let p = ctx + r;
+            s.tokens.push(((b * 7919 + r * 31 + 13) % vocab) as u32);
+            s.positions.push(p as u32);
+            s.slot_mapping
+                .push(table[p / page] * page as u32 + (p % page) as u32);
+            s.row_seq.push(b as u32);
+            s.logits_rows.push(s.logits_rows.len() as u32);
+        }
         s.seqs.push(StepSeq {
             request_id: b as u64,
             block_table: table,
-            context_len: ctx as u32 + 1,
+            context_len: (ctx + rows) as u32,
         });
     }
-    s
+    (s, batch * pps)
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -145,16 +197,57 @@ pub fn run(args: &Args) -> Result<()> {
         benchmodel::generate(&gpu, &cfg, kind, 0x5eed).context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
-    let max_b = *batches.iter().max().unwrap_or(&1);
-    let max_context = args.context + 1;
-    let pps = max_context.div_ceil(page);
+    // cases: every batch at --context, then the long-context and verify
+    // cases; each sequence gets its own pages
+    let mut cases: Vec<Case> = Vec::new();
+    let mut pages = 0usize;
+    let mut add = |label: String, batch: usize, rows: usize, ctx: usize| {
+        let (step, used) = case_step(batch, rows, ctx, page, pages, cfg.vocab_size);
+        pages += used;
+        cases.push(Case {
+            label,
+            batch,
+            context: ctx,
+            step,
+        });
+    };
+    for &b in &batches {
+        add(
+            format!("decode b{b} ctx{}", args.context),
+            b,
+            1,
+            args.context,
+        );
+    }
+    if args.long_context > 0 {
+        add(
+            format!("decode b1 ctx{}", args.long_context),
+            1,
+            1,
+            args.long_context,
+        );
+    }
+    if args.verify_k > 0 {
+        add(
+            format!("verify K={} ctx{}", args.verify_k, args.context),
+            1,
+            args.verify_k + 1,
+            args.context,
+        );
+    }
+    let max_rows = cases.iter().map(|c| c.step.rows()).max().unwrap_or(1);
+    let max_context = cases
+        .iter()
+        .map(|c| c.context + c.step.rows() / c.batch.max(1))
+        .max()
+        .unwrap_or(1);
     let mut sp = StandardPath::new(
         &gpu,
         model,
         Capacity {
-            max_rows: max_b,
+            max_rows,
             page_size: page,
-            num_pages: max_b * pps,
+            num_pages: pages,
             max_context,
             record_residuals: false,
         },
@@ -162,22 +255,26 @@ pub fn run(args: &Args) -> Result<()> {
     .context("standard path")?;
     sp.fill_cache(&gpu, 0xcafe).context("filling the cache")?;
     println!(
-        "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {} pages of {page}",
-        args.preset,
-        cfg.num_hidden_layers,
-        kind,
-        max_b * pps
+        "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {pages} pages of {page}",
+        args.preset, cfg.num_hidden_layers, kind,
     );
-    let steps: Vec<StepBatch> = batches
-        .iter()
-        .map(|&b| decode_step(b, args.context, page, pps, cfg.vocab_size))
-        .collect();
     let t0 = Instant::now();
-    for s in &steps {
+    let mut profiles = Vec::new();
+    for c in &cases {
+        let s = &c.step;
         sp.upload_step(s).context("upload")?;
         // one direct step first: every kernel loaded before the capture
         sp.run(false).context("direct step")?;
         sp.stream().synchronize().context("direct step sync")?;
+        if args.profile {
+            sp.upload_step(s).context("upload")?;
+            let prof = sp.profile().context("profile")?;
+            print_profile(&c.label, &prof);
+            profiles.push(json!({"case": c.label, "launches": prof
+                .iter()
+                .map(|(l, ms)| json!([l, ms]))
+                .collect::<Vec<_>>()}));
+        }
         sp.upload_step(s).context("upload")?;
         sp.run(true).context("capture")?;
         for _ in 0..args.warmup {
@@ -193,11 +290,12 @@ pub fn run(args: &Args) -> Result<()> {
     );
 
     // 5-6. interleaved timed rounds
-    let n = batches.len();
+    let n = cases.len();
     let mut samples: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
     let mut bytes: Vec<Vec<u64>> = vec![Vec::new(); n];
     for _round in 0..args.rounds {
-        for (i, s) in steps.iter().enumerate() {
+        for (i, c) in cases.iter().enumerate() {
+            let s = &c.step;
             sp.upload_step(s).context("upload")?;
             let v = sp.time_replays(args.iters).context("timing")?;
             let ex = sp.experts_chosen(s.rows()).context("experts")?;
@@ -205,6 +303,7 @@ pub fn run(args: &Args) -> Result<()> {
             bytes[i].push(benchmodel::step_bytes(
                 &sp.model,
                 &s.positions,
+                &s.row_seq,
                 s.logits_rows.len(),
                 &ex,
                 &bl,
@@ -213,8 +312,8 @@ pub fn run(args: &Args) -> Result<()> {
             let (med, p10, p90) = stats(&v);
             let by = *bytes[i].last().unwrap_or(&0) as f64;
             println!(
-                "round {_round} batch {}: median {med:.3} ms (p10 {p10:.3}, p90 {p90:.3}), {:.1} MB/step, {:.1}% of ceiling",
-                s.rows(),
+                "round {_round} {}: median {med:.3} ms (p10 {p10:.3}, p90 {p90:.3}), {:.1} MB/step, {:.1}% of ceiling",
+                c.label,
                 by / 1e6,
                 100.0 * by / (med * 1e-3) / 1e9 / ceiling
             );
@@ -225,13 +324,14 @@ pub fn run(args: &Args) -> Result<()> {
     println!("clocks after: {smi_after}");
 
     println!(
-        "\nstandard path, {} --layers {}, weights {:?}, context {}, fp8 KV/index cache, {} rounds x {} replays",
-        args.preset, cfg.num_hidden_layers, kind, args.context, args.rounds, args.iters
+        "\nstandard path, {} --layers {}, weights {:?}, fp8 KV/index cache, {} rounds x {} replays",
+        args.preset, cfg.num_hidden_layers, kind, args.rounds, args.iters
     );
-    println!("| batch | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
+    println!("| case | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let mut cases = Vec::new();
-    for (i, &b) in batches.iter().enumerate() {
+    let mut out_cases = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let b = c.batch;
         let all: Vec<f64> = samples[i].iter().flatten().copied().collect();
         let (med, p10, p90) = stats(&all);
         let mut bs = bytes[i].clone();
@@ -242,7 +342,8 @@ pub fn run(args: &Args) -> Result<()> {
             .map(|r| stats(&samples[i][r]).0 / stats(&samples[0][r]).0.max(1e-12))
             .collect();
         println!(
-            "| {b} | {med:.3} | {p10:.3} | {p90:.3} | {:.1} | {gbs:.0} | {:.1}% | {:.0} | {} |",
+            "| {} | {med:.3} | {p10:.3} | {p90:.3} | {:.1} | {gbs:.0} | {:.1}% | {:.0} | {} |",
+            c.label,
             by / 1e6,
             100.0 * gbs / ceiling,
             b as f64 / (med * 1e-3),
@@ -252,8 +353,11 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" / ")
         );
-        cases.push(json!({
+        out_cases.push(json!({
+            "case": c.label,
             "batch": b,
+            "rows": c.step.rows(),
+            "context": c.context,
             "median_ms": med, "p10_ms": p10, "p90_ms": p90,
             "bytes_per_step": bs,
             "gb_per_s": gbs,
@@ -275,7 +379,8 @@ pub fn run(args: &Args) -> Result<()> {
                    "seed": "0x5eed", "cache": "fp8_e4m3, generated codes (no prefill)", "context": args.context},
         "protocol": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
                       "generate_s": gen_s, "capture_and_warmup_s": capture_s},
-        "cases": cases,
+        "cases": out_cases,
+        "profiles": profiles,
     });
     let out = args.out.clone().unwrap_or_else(|| {
         std::path::PathBuf::from(format!("bench/results/{}-gpu-standard.json", today()))

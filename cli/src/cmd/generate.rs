@@ -133,7 +133,7 @@ fn cache_dir() -> Result<PathBuf> {
 }
 
 /// The default synthetic checkpoint, made on first use.
-fn default_model() -> Result<PathBuf> {
+pub(crate) fn default_model() -> Result<PathBuf> {
     let dir = cache_dir()?.join("synthetic-tiny-mxfp4-v1");
     if dir.join("config.json").is_file() {
         return Ok(dir);

@@ -5,5 +5,6 @@ pub mod convert;
 pub mod forward;
 pub mod generate;
 pub mod inspect;
+pub mod parity;
 pub mod quant;
 pub mod synth;

@@ -10,6 +10,7 @@
 //! routed experts computed per (row, expert) pair, one GEMV each (no
 //! grouping of rows that share an expert); bf16 expert activations only.
 
+mod attn;
 pub mod devmem;
 pub mod model;
 pub mod path;
@@ -23,7 +24,12 @@ use crate::kernels::KernelSource;
 /// The standard path's kernels (`kernels/standard_decode.cu`).
 pub const STANDARD: KernelSource = KernelSource {
     name: "standard_decode",
-    body: include_str!("../../kernels/standard_decode.cu"),
+    // one translation unit: the per-op kernels, then attention + indexer
+    body: concat!(
+        include_str!("../../kernels/standard_decode.cu"),
+        "\n",
+        include_str!("../../kernels/standard_attention.cu")
+    ),
     exact: false,
     entries: &[
         "m3s_linear_bf16",
@@ -34,13 +40,16 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_rmsnorm",
         "m3s_headnorm_rope",
         "m3s_cache_write",
-        "m3s_index_select",
-        "m3s_attention",
         "m3s_swiglu",
         "m3s_add_bf16",
-        "m3s_router",
         "m3s_moe_combine",
-        "m3s_argmax",
+        "m3s_mma_bf16",
+        "m3s_mma_e4m3",
+        "m3s_mma_fp4",
+        "m3s_route",
+        "m3s_router_warp",
+        "m3s_argmax_part",
+        "m3s_argmax_final",
     ],
 };
 

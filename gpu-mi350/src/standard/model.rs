@@ -40,7 +40,16 @@ impl WFmt {
             _ => 0,
         }
     }
-    /// The kernel entry point.
+    /// The tensor-core kernel entry point, where the format has one.
+    pub fn mma_kernel(self) -> Option<&'static str> {
+        match self {
+            WFmt::Bf16 => Some("m3s_mma_bf16"),
+            WFmt::Mxfp8 => Some("m3s_mma_e4m3"),
+            WFmt::Mxfp4 => Some("m3s_mma_fp4"),
+            WFmt::F32 => None,
+        }
+    }
+    /// The one-warp-per-feature kernel entry point.
     pub fn kernel(self) -> &'static str {
         match self {
             WFmt::Bf16 => "m3s_linear_bf16",

@@ -5,12 +5,13 @@
 //! the host inside a step. Steps of the same shape (rows, logits rows) are
 //! captured once into a CUDA graph and replayed.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
 };
 use m3_core::backend::{Path, StepBatch};
 use m3_core::config::{AttnKind, IndexSelection};
@@ -25,6 +26,14 @@ use crate::CudaGpu;
 const LIN_BLOCK: u32 = 256;
 /// Rows of x one linear launch block handles (S_MAXG in the kernel).
 const LIN_G: usize = 8;
+/// Threads per block of the tensor-core linear (S_MMA_WARPS warps).
+const MMA_BLOCK: u32 = 256;
+/// Output features per tensor-core linear block (one m16n8k16 tile).
+const MMA_N: u32 = 16;
+/// Most x rows one tensor-core linear block takes (S_MMA_MAXBT * 8).
+const MMA_ROWS: usize = 64;
+/// Slices of the vocabulary in the first greedy phase.
+const ARGMAX_PARTS: usize = 64;
 
 /// Capacities fixed at construction (buffers are never reallocated, so a
 /// captured graph's addresses stay valid).
@@ -44,18 +53,23 @@ pub struct Capacity {
 }
 
 struct Kernels {
+    /// One-warp-per-feature kernels (f32 weights, and routed experts when a
+    /// step has more rows than the tensor-core kernel's 64).
     lin: HashMap<&'static str, CudaFunction>,
+    /// Tensor-core kernels for bf16 / MXFP8 / MXFP4 weights.
+    mma: HashMap<&'static str, CudaFunction>,
+    route: CudaFunction,
+    router_warp: CudaFunction,
+    argmax_part: CudaFunction,
+    argmax_final: CudaFunction,
+    attn: super::attn::AttnKernels,
     embed: CudaFunction,
     rmsnorm: CudaFunction,
     headnorm_rope: CudaFunction,
     cache_write: CudaFunction,
-    index_select: CudaFunction,
-    attention: CudaFunction,
     swiglu: CudaFunction,
     add_bf16: CudaFunction,
-    router: CudaFunction,
     moe_combine: CudaFunction,
-    argmax: CudaFunction,
 }
 
 /// Per-layer cache tensors (fp8 E4M3 codes).
@@ -78,6 +92,8 @@ struct Acts {
     iq: DevBuf,
     ik: DevBuf,
     scratch: DevBuf,
+    /// Attention partials per (row, KV head, chunk, head) (see attn.rs).
+    ascratch: DevBuf,
     o: DevBuf,
     ao: DevBuf,
     h2: DevBuf,
@@ -102,6 +118,11 @@ struct Acts {
     bt: DevBuf,
     bt_off: DevBuf,
     lrows: DevBuf,
+    /// Expert route of the current layer (see `m3s_route`).
+    route: DevBuf,
+    /// Greedy partials: best value / id per (logits row, slice).
+    amax_v: DevBuf,
+    amax_i: DevBuf,
     // per-layer records (bytes accounting, taps)
     ids: DevBuf,
     sel: DevBuf,
@@ -118,9 +139,13 @@ pub struct StandardPath {
     caches: Vec<LayerCache>,
     acts: Acts,
     maxnb: usize,
+    /// Attention chunks per (row, KV head) of a full layer (attn.rs).
+    full_chunks: usize,
     graphs: HashMap<(usize, usize, Path), CudaGraph>,
     /// Shape of the uploaded step (rows, logits rows).
     cur: Option<(usize, usize)>,
+    /// Events recorded after each launch while [`StandardPath::profile`] runs.
+    prof: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
 }
 
 fn bytes_of(n: usize, elem: usize) -> usize {
@@ -146,6 +171,12 @@ impl StandardPath {
                 c.head_dim, c.index_head_dim
             )));
         }
+        if c.num_local_experts > 1024 {
+            return Err(bad(format!(
+                "{} routed experts: the device route and router take at most 1024",
+                c.num_local_experts
+            )));
+        }
         if c.num_experts_per_tok > 16 || c.index_topk_blocks > 64 {
             return Err(bad(
                 "top-k experts <= 16 and top-k blocks <= 64 required".into()
@@ -169,22 +200,28 @@ impl StandardPath {
             .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
         let f = |n: &str| gpu.function(&STANDARD, n);
         let mut lin = HashMap::new();
+        let mut mma = HashMap::new();
         for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4, WFmt::F32] {
             lin.insert(fm.kernel(), f(fm.kernel())?);
+            if let Some(n) = fm.mma_kernel() {
+                mma.insert(n, f(n)?);
+            }
         }
         let kern = Kernels {
             lin,
+            mma,
+            route: f("m3s_route")?,
+            router_warp: f("m3s_router_warp")?,
+            argmax_part: f("m3s_argmax_part")?,
+            argmax_final: f("m3s_argmax_final")?,
+            attn: super::attn::AttnKernels::load(gpu)?,
             embed: f("m3s_embed")?,
             rmsnorm: f("m3s_rmsnorm")?,
             headnorm_rope: f("m3s_headnorm_rope")?,
             cache_write: f("m3s_cache_write")?,
-            index_select: f("m3s_index_select")?,
-            attention: f("m3s_attention")?,
             swiglu: f("m3s_swiglu")?,
             add_bf16: f("m3s_add_bf16")?,
-            router: f("m3s_router")?,
             moe_combine: f("m3s_moe_combine")?,
-            argmax: f("m3s_argmax")?,
         };
         let slots = cap.page_size * cap.num_pages;
         let (nkv, d, di) = (c.num_key_value_heads, c.head_dim, c.index_head_dim);
@@ -210,6 +247,7 @@ impl StandardPath {
             .max(c.shared_intermediate_size)
             .max(c.intermediate_size);
         let maxnb = cap.max_context.div_ceil(c.index_block_size.max(1)).max(1);
+        let full_chunks = super::attn::attn_max_chunks(cap.max_context, c.index_topk_blocks);
         let pages_per_seq = cap.max_context.div_ceil(cap.page_size);
         let nl = c.num_hidden_layers;
         let z = |n: usize| DevBuf::zeroed(&ctx, n);
@@ -225,7 +263,14 @@ impl StandardPath {
             ik0: z(bytes_of(t * di, 2))?,
             iq: z(bytes_of(t * nih * di, 2))?,
             ik: z(bytes_of(t * di, 2))?,
-            scratch: z(bytes_of(t * nkv.max(1) * maxnb, 4))?,
+            scratch: z(super::attn::index_scratch_bytes(t, nkv, maxnb))?,
+            ascratch: z(super::attn::attn_scratch_bytes(
+                t,
+                nkv,
+                full_chunks,
+                nh / nkv.max(1),
+                d,
+            ))?,
             o: z(bytes_of(t * nh * d, 2))?,
             ao: z(bytes_of(t * h, 2))?,
             h2: z(bytes_of(t * h, 2))?,
@@ -249,6 +294,9 @@ impl StandardPath {
             bt: z(bytes_of(t * pages_per_seq, 4))?,
             bt_off: z(bytes_of(t, 4))?,
             lrows: z(bytes_of(t, 4))?,
+            route: z(bytes_of(2 + 2 * c.num_local_experts + t * k.max(1), 4))?,
+            amax_v: z(bytes_of(t * ARGMAX_PARTS, 4))?,
+            amax_i: z(bytes_of(t * ARGMAX_PARTS, 4))?,
             ids: z(bytes_of(nl * t * k.max(1), 4))?,
             sel: z(bytes_of(nl * nkv * t * c.index_topk_blocks.max(1), 4))?,
             res: if cap.record_residuals {
@@ -266,8 +314,10 @@ impl StandardPath {
             caches,
             acts,
             maxnb,
+            full_chunks,
             graphs: HashMap::new(),
             cur: None,
+            prof: RefCell::new(None),
         })
     }
 
@@ -491,11 +541,16 @@ impl StandardPath {
             .collect()
     }
 
-    fn launch(
+    /// Launch `f` on the path's stream. `label` names the launch in a
+    /// profile ([`StandardPath::profile`]); `smem` is dynamic shared memory
+    /// in bytes.
+    pub(super) fn launch(
         &self,
+        label: &'static str,
         f: &CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         args: &[Arg],
     ) -> Result<()> {
         let mut b = self.stream.launch_builder(f);
@@ -510,17 +565,65 @@ impl StandardPath {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: every pointer argument is a live DevBuf address sized for
         // the capacity checked in upload_step; scalars match the kernel's
         // parameter list (see standard_decode.cu).
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel (standard path)", e))
+            .map_err(|e| GpuError::driver("cuLaunchKernel (standard path)", e))?;
+        self.mark(label)
     }
 
-    /// y = x W^T for `m` rows (plain) or `m` expert pairs (`ids` != 0).
+    /// In a profiled run, record an event after the launch just made.
+    fn mark(&self, label: &'static str) -> Result<()> {
+        let mut prof = self.prof.borrow_mut();
+        if let Some(marks) = prof.as_mut() {
+            let ev = self
+                .ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| GpuError::driver("cuEventCreate", e))?;
+            ev.record(&self.stream)
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            marks.push((label, ev));
+        }
+        Ok(())
+    }
+
+    /// Run the uploaded step once with direct launches and an event after
+    /// every launch: (label, ms) per launch in order. The gaps between
+    /// launches (launch latency, not hidden here as in a graph) are included
+    /// in each launch's time, so the sum exceeds a graph replay's time.
+    pub fn profile(&mut self) -> Result<Vec<(&'static str, f64)>> {
+        let (t, nl) = self
+            .cur
+            .ok_or_else(|| GpuError::input("standard path", "profile before upload_step"))?;
+        // warm: the first direct run may page in code and data
+        self.enqueue(t, nl)?;
+        *self.prof.borrow_mut() = Some(Vec::new());
+        let r = self.mark("start").and_then(|_| self.enqueue(t, nl));
+        let marks = self.prof.borrow_mut().take().unwrap_or_default();
+        r?;
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+        marks
+            .windows(2)
+            .map(|w| {
+                w[0].1
+                    .elapsed_ms(&w[1].1)
+                    .map(|v| (w[1].0, v as f64))
+                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+            })
+            .collect()
+    }
+
+    /// y = x W^T for `m` rows (plain, `ids` == 0) or `m` expert pairs
+    /// (`ids` = the layer's chosen ids, `m` = rows * top_k; x row of pair p
+    /// = p / `xdiv`). bf16 / MXFP8 / MXFP4 weights run on the tensor-core
+    /// kernel (experts grouped by the route built from `ids`, when the step
+    /// has at most 64 rows); f32 weights on the one-warp-per-feature kernel.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -532,15 +635,50 @@ impl StandardPath {
         yb: u64,
         yf: u64,
     ) -> Result<()> {
+        let (ws, ss) = w.strides();
+        let t_rows = m / xdiv.max(1);
+        let grouped = ids != 0 && t_rows <= MMA_ROWS;
+        if let (Some(name), true) = (w.fmt.mma_kernel(), ids == 0 || grouped) {
+            let f = &self.kern.mma[name];
+            let ne = self.model.config.num_local_experts;
+            let gy = if ids != 0 {
+                m.min(ne)
+            } else {
+                m.div_ceil(MMA_ROWS)
+            } as u32;
+            return self.launch(
+                name,
+                f,
+                ((w.rows as u32).div_ceil(MMA_N), gy, 1),
+                MMA_BLOCK,
+                0,
+                &[
+                    Arg::U64(x),
+                    Arg::U64(w.codes.ptr()),
+                    Arg::U64(w.scales.as_ref().map_or(0, |s| s.ptr())),
+                    Arg::U32(w.rows as u32),
+                    Arg::U32(w.cols as u32),
+                    Arg::U32(m as u32),
+                    Arg::U64(if ids != 0 { self.acts.route.ptr() } else { 0 }),
+                    Arg::U32(ne as u32),
+                    Arg::U64(ws),
+                    Arg::U64(ss),
+                    Arg::U32(xdiv.max(1) as u32),
+                    Arg::U64(yb),
+                    Arg::U64(yf),
+                ],
+            );
+        }
         let f = &self.kern.lin[w.fmt.kernel()];
         let warps = LIN_BLOCK / 32;
         let gx = (w.rows as u32).div_ceil(warps);
         let gy = if ids != 0 { m } else { m.div_ceil(LIN_G) } as u32;
-        let (ws, ss) = w.strides();
         self.launch(
+            w.fmt.kernel(),
             f,
             (gx, gy, 1),
             LIN_BLOCK,
+            0,
             &[
                 Arg::U64(x),
                 Arg::U64(w.codes.ptr()),
@@ -559,8 +697,21 @@ impl StandardPath {
         )
     }
 
-    fn elementwise(&self, f: &CudaFunction, n: usize, args: &[Arg]) -> Result<()> {
-        self.launch(f, ((n as u32).div_ceil(256).max(1), 1, 1), 256, args)
+    fn elementwise(
+        &self,
+        label: &'static str,
+        f: &CudaFunction,
+        n: usize,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch(
+            label,
+            f,
+            ((n as u32).div_ceil(256).max(1), 1, 1),
+            256,
+            0,
+            args,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -576,9 +727,11 @@ impl StandardPath {
     ) -> Result<()> {
         let c = &self.model.config;
         self.launch(
+            "headnorm_rope",
             &self.kern.headnorm_rope,
             (heads as u32, t as u32, 1),
             32,
+            0,
             &[
                 Arg::U64(x),
                 Arg::U32(heads as u32),
@@ -600,6 +753,7 @@ impl StandardPath {
         self.linear(&m.gate, x, t, 0, 1, a.g.ptr(), 0)?;
         self.linear(&m.up, x, t, 0, 1, a.u.ptr(), 0)?;
         self.elementwise(
+            "swiglu",
             &self.kern.swiglu,
             t * w,
             &[
@@ -626,9 +780,11 @@ impl StandardPath {
         let k = c.num_experts_per_tok;
         let kb = c.index_topk_blocks;
         self.launch(
+            "embed",
             &self.kern.embed,
             (t as u32, 1, 1),
             256,
+            0,
             &[
                 Arg::U64(a.tokens.ptr()),
                 Arg::U64(self.model.embed.ptr()),
@@ -638,9 +794,11 @@ impl StandardPath {
         )?;
         let rms = |x: u64, rows: u64, w: u64, n: usize, out: u64, nrows: usize| {
             self.launch(
+                "rmsnorm",
                 &self.kern.rmsnorm,
                 (nrows as u32, 1, 1),
                 256,
+                0,
                 &[
                     Arg::U64(x),
                     Arg::U64(rows),
@@ -677,9 +835,11 @@ impl StandardPath {
             )?;
             let cw = |x: u64, width: usize, scale: f32, cache: u64| {
                 self.launch(
+                    "cache_write",
                     &self.kern.cache_write,
                     (t as u32, 1, 1),
                     128,
+                    0,
                     &[
                         Arg::U64(x),
                         Arg::U32(width as u32),
@@ -708,63 +868,63 @@ impl StandardPath {
                 self.headnorm_rope(a.ik0.ptr(), 1, di, ix.k_norm.ptr(), rd, a.ik.ptr(), t)?;
                 cw(a.ik.ptr(), di, ix.k_scale, icache.ptr())?;
                 let shared = c.index_selection == IndexSelection::Shared;
-                let selh = if shared { 1 } else { nkv };
-                self.launch(
-                    &self.kern.index_select,
-                    (selh as u32, t as u32, 1),
-                    256,
-                    &[
-                        Arg::U64(a.iq.ptr()),
-                        Arg::U32(nih as u32),
-                        Arg::U32(di as u32),
-                        Arg::U64(icache.ptr()),
-                        Arg::F32(ix.k_scale),
-                        Arg::U64(a.pos.ptr()),
-                        Arg::U64(a.row_seq.ptr()),
-                        Arg::U64(a.bt.ptr()),
-                        Arg::U64(a.bt_off.ptr()),
-                        Arg::U32(self.cap.page_size as u32),
-                        Arg::U32(c.index_block_size as u32),
-                        Arg::U32(kb as u32),
-                        Arg::U32(c.index_init_blocks as u32),
-                        Arg::U32(c.index_local_blocks as u32),
-                        Arg::U32(shared as u32),
-                        Arg::U32(nkv as u32),
-                        Arg::U32(t as u32),
-                        Arg::U64(a.scratch.ptr()),
-                        Arg::U32(self.maxnb as u32),
-                        Arg::U64(sel_l),
-                    ],
+                super::attn::index_select(
+                    self,
+                    &self.kern.attn,
+                    &super::attn::IndexArgs {
+                        iq: a.iq.ptr(),
+                        nih,
+                        di,
+                        icache: icache.ptr(),
+                        iscale: ix.k_scale,
+                        pos: a.pos.ptr(),
+                        row_seq: a.row_seq.ptr(),
+                        bt: a.bt.ptr(),
+                        bt_off: a.bt_off.ptr(),
+                        page: self.cap.page_size,
+                        block: c.index_block_size,
+                        topk: kb,
+                        init_b: c.index_init_blocks,
+                        local_b: c.index_local_blocks,
+                        shared,
+                        nkv,
+                        t,
+                        scratch: a.scratch.ptr(),
+                        maxnb: self.maxnb,
+                        sel: sel_l,
+                    },
                 )?;
                 sel_ptr = sel_l;
             }
-            self.launch(
-                &self.kern.attention,
-                (nh as u32, t as u32, 1),
-                128,
-                &[
-                    Arg::U64(a.q.ptr()),
-                    Arg::U32(nh as u32),
-                    Arg::U32(nkv as u32),
-                    Arg::U32(d as u32),
-                    Arg::U64(lc.k.ptr()),
-                    Arg::U64(lc.v.ptr()),
-                    Arg::F32(lw.k_scale),
-                    Arg::F32(lw.v_scale),
-                    Arg::U64(a.pos.ptr()),
-                    Arg::U64(a.row_seq.ptr()),
-                    Arg::U64(a.bt.ptr()),
-                    Arg::U64(a.bt_off.ptr()),
-                    Arg::U32(self.cap.page_size as u32),
-                    Arg::U64(sel_ptr),
-                    Arg::U32(kb as u32),
-                    Arg::U32(c.index_block_size as u32),
-                    Arg::U32(t as u32),
-                    Arg::U64(a.o.ptr()),
-                ],
+            super::attn::attention(
+                self,
+                &self.kern.attn,
+                &super::attn::AttnArgs {
+                    q: a.q.ptr(),
+                    nh,
+                    nkv,
+                    d,
+                    kc: lc.k.ptr(),
+                    vc: lc.v.ptr(),
+                    ks: lw.k_scale,
+                    vs: lw.v_scale,
+                    pos: a.pos.ptr(),
+                    row_seq: a.row_seq.ptr(),
+                    bt: a.bt.ptr(),
+                    bt_off: a.bt_off.ptr(),
+                    page: self.cap.page_size,
+                    sel: sel_ptr,
+                    topk: kb,
+                    block: c.index_block_size,
+                    t,
+                    out: a.o.ptr(),
+                    scratch: a.ascratch.ptr(),
+                    max_chunks: if sparse { kb } else { self.full_chunks },
+                },
             )?;
             self.linear(&lw.o, a.o.ptr(), t, 0, 1, a.ao.ptr(), 0)?;
             self.elementwise(
+                "add_bf16",
                 &self.kern.add_bf16,
                 t * h,
                 &[
@@ -778,6 +938,7 @@ impl StandardPath {
                 DevFfn::Dense(m) => {
                     self.mlp_dense(m, a.h2.ptr(), t, a.yd.ptr())?;
                     self.elementwise(
+                        "add_bf16",
                         &self.kern.add_bf16,
                         t * h,
                         &[
@@ -797,9 +958,11 @@ impl StandardPath {
                     let ids_l = a.ids.at(l * cap_t * k * 4);
                     self.linear(router, a.h2.ptr(), t, 0, 1, 0, a.z.ptr())?;
                     self.launch(
-                        &self.kern.router,
-                        ((t as u32).div_ceil(64), 1, 1),
-                        64,
+                        "router",
+                        &self.kern.router_warp,
+                        (t as u32, 1, 1),
+                        32,
+                        0,
                         &[
                             Arg::U64(a.z.ptr()),
                             Arg::U64(bias.ptr()),
@@ -808,14 +971,31 @@ impl StandardPath {
                             Arg::F32(c.routed_scaling_factor),
                             Arg::U64(ids_l),
                             Arg::U64(a.wts.ptr()),
-                            Arg::U32(t as u32),
                         ],
                     )?;
+                    if t <= MMA_ROWS {
+                        // group the (row, expert) pairs by expert: each
+                        // chosen expert is then read once
+                        self.launch(
+                            "route",
+                            &self.kern.route,
+                            (1, 1, 1),
+                            256,
+                            0,
+                            &[
+                                Arg::U64(ids_l),
+                                Arg::U32((t * k) as u32),
+                                Arg::U32(ne as u32),
+                                Arg::U64(a.route.ptr()),
+                            ],
+                        )?;
+                    }
                     let pairs = t * k;
                     let wi = experts.gate.rows;
                     self.linear(&experts.gate, a.h2.ptr(), pairs, ids_l, k, a.eg.ptr(), 0)?;
                     self.linear(&experts.up, a.h2.ptr(), pairs, ids_l, k, a.eu.ptr(), 0)?;
                     self.elementwise(
+                        "swiglu",
                         &self.kern.swiglu,
                         pairs * wi,
                         &[
@@ -834,9 +1014,11 @@ impl StandardPath {
                         sh = a.yd.ptr();
                     }
                     self.launch(
+                        "moe_combine",
                         &self.kern.moe_combine,
                         (t as u32, 1, 1),
                         256,
+                        0,
                         &[
                             Arg::U64(a.r.ptr()),
                             Arg::U64(a.ye.ptr()),
@@ -872,12 +1054,28 @@ impl StandardPath {
             )?;
             self.linear(&self.model.lm_head, a.xn.ptr(), nl, 0, 1, 0, a.logits.ptr())?;
             self.launch(
-                &self.kern.argmax,
-                (nl as u32, 1, 1),
+                "argmax_part",
+                &self.kern.argmax_part,
+                (nl as u32, ARGMAX_PARTS as u32, 1),
                 256,
+                0,
                 &[
                     Arg::U64(a.logits.ptr()),
                     Arg::U32(c.vocab_size as u32),
+                    Arg::U64(a.amax_v.ptr()),
+                    Arg::U64(a.amax_i.ptr()),
+                ],
+            )?;
+            self.launch(
+                "argmax_final",
+                &self.kern.argmax_final,
+                (nl as u32, 1, 1),
+                1,
+                0,
+                &[
+                    Arg::U64(a.amax_v.ptr()),
+                    Arg::U64(a.amax_i.ptr()),
+                    Arg::U32(ARGMAX_PARTS as u32),
                     Arg::U64(a.tok_out.ptr()),
                 ],
             )?;
@@ -901,7 +1099,7 @@ impl StandardPath {
 }
 
 /// A kernel argument by value.
-enum Arg {
+pub(super) enum Arg {
     U64(u64),
     U32(u32),
     F32(f32),

@@ -1,0 +1,587 @@
+//! Attention and indexer launches of the standard path (kernels in
+//! `kernels/standard_attention.cu`).
+//!
+//! The indexer is two launches: `m3s_index_scores` (one CTA per (key block,
+//! row), one key per thread) writes the block scores, `m3s_index_topk` (one
+//! CTA per (selection head, row)) picks the top-K blocks. Attention is
+//! flash-decoding: `m3s_attn_partial` (one CTA per (chunk, KV head, row),
+//! all q heads of the KV group share each K/V load) writes per-chunk
+//! softmax partials, `m3s_attn_combine` (one CTA per (q head, row)) merges
+//! them. Every grid is fixed by capacity, so the launches are graph-capturable.
+
+// wired by path.rs
+
+use cudarc::driver::CudaFunction;
+
+use super::path::{Arg, StandardPath};
+use crate::error::{GpuError, Result};
+
+/// Threads of `m3s_index_scores` (SI_THREADS in the kernel).
+const INDEX_SCORES_BLOCK: u32 = 128;
+/// Threads of `m3s_index_topk` (SK_THREADS).
+const INDEX_TOPK_BLOCK: u32 = 256;
+/// Threads of `m3s_attn_partial` (SA_THREADS).
+const ATTN_PARTIAL_BLOCK: u32 = 256;
+/// Threads of `m3s_attn_combine` (SC_THREADS).
+const ATTN_COMBINE_BLOCK: u32 = 128;
+
+/// Index q heads the scores kernel holds in shared memory (SI_MAXH).
+pub(super) const MAX_INDEX_HEADS: usize = 8;
+/// Largest head dim / index head dim (SI_MAXD, SA_MAXD): bounds shared memory.
+pub(super) const MAX_HEAD_DIM: usize = 256;
+/// Most q heads per KV head (SA_MAXHG): one CTA holds all of them.
+pub(super) const MAX_GROUP: usize = 16;
+/// Most selected blocks (SK_MAXK).
+pub(super) const MAX_TOPK: usize = 64;
+/// Keys of one attention score tile (SA_TILE); full-layer chunks are whole
+/// tiles.
+pub(super) const ATTN_TILE: usize = 128;
+/// Default cap on full-layer chunks per (row, KV head): past
+/// `ATTN_TILE * FULL_CHUNK_CAP` keys (32k) the chunks grow by whole tiles
+/// instead of multiplying, which bounds the partials' scratch.
+pub(super) const FULL_CHUNK_CAP: usize = 256;
+/// Largest grid y / z dimension (rows, KV heads).
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The four kernels of this module.
+pub(super) struct AttnKernels {
+    index_scores: CudaFunction,
+    index_topk: CudaFunction,
+    attn_partial: CudaFunction,
+    attn_combine: CudaFunction,
+}
+
+impl AttnKernels {
+    /// Load the kernels from the standard path's module.
+    pub(super) fn load(gpu: &crate::CudaGpu) -> Result<Self> {
+        let f = |n: &str| gpu.function(&super::STANDARD, n);
+        Ok(AttnKernels {
+            index_scores: f("m3s_index_scores")?,
+            index_topk: f("m3s_index_topk")?,
+            attn_partial: f("m3s_attn_partial")?,
+            attn_combine: f("m3s_attn_combine")?,
+        })
+    }
+}
+
+/// Chunks per (row, KV head) the attention scratch must hold: the `topk`
+/// selected blocks of a sparse layer, or the full-layer chunks of a
+/// `max_context`-position row (one [`ATTN_TILE`]-key chunk each, at most
+/// [`FULL_CHUNK_CAP`]; longer rows use longer chunks). Pass the result as
+/// [`AttnArgs::max_chunks`] for every layer.
+pub(super) fn attn_max_chunks(max_context: usize, topk: usize) -> usize {
+    max_context
+        .div_ceil(ATTN_TILE)
+        .clamp(1, FULL_CHUNK_CAP)
+        .max(topk)
+}
+
+/// Bytes of the attention partials: [max_rows][nkv][max_chunks][hg] records
+/// of (m, l, 2 pad, o[d]) f32.
+pub(super) fn attn_scratch_bytes(
+    max_rows: usize,
+    nkv: usize,
+    max_chunks: usize,
+    hg: usize,
+    d: usize,
+) -> usize {
+    max_rows * nkv * max_chunks * hg * (d + 4) * 4
+}
+
+/// Bytes of the indexer block scores: [max_rows][selh][maxnb] f32, selh =
+/// `nkv` (per-KV-head selection) or 1 (shared).
+pub(super) fn index_scratch_bytes(max_rows: usize, selh: usize, maxnb: usize) -> usize {
+    max_rows * selh.max(1) * maxnb * 4
+}
+
+/// Arguments of the indexer launches (device pointers as u64).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct IndexArgs {
+    /// Index queries [t][nih][di] bf16.
+    pub iq: u64,
+    /// Index heads.
+    pub nih: usize,
+    /// Index head dim (multiple of 32, <= 256).
+    pub di: usize,
+    /// Index key cache [slot][di] E4M3 codes.
+    pub icache: u64,
+    /// Dequantisation scale of the index key cache.
+    pub iscale: f32,
+    /// Positions [t] u32 (the row's last visible key).
+    pub pos: u64,
+    /// Sequence of each row [t] u32.
+    pub row_seq: u64,
+    /// Block tables (pages) of all sequences, u32.
+    pub bt: u64,
+    /// Start of each sequence's block table in `bt`, u32.
+    pub bt_off: u64,
+    /// Positions per cache page.
+    pub page: usize,
+    /// Keys per index block (`index_block_size`).
+    pub block: usize,
+    /// Blocks to select (`index_topk_blocks`, <= 64).
+    pub topk: usize,
+    /// Forced leading blocks.
+    pub init_b: usize,
+    /// Forced trailing (local) blocks.
+    pub local_b: usize,
+    /// Shared selection (max over index heads, one choice for every KV head).
+    pub shared: bool,
+    /// KV heads.
+    pub nkv: usize,
+    /// Rows of the step.
+    pub t: usize,
+    /// Block scores, [`index_scratch_bytes`] for `t` rows.
+    pub scratch: u64,
+    /// Blocks of the longest context (`max_context / block`, rounded up).
+    pub maxnb: usize,
+    /// Output selection [nkv][t][topk] i32 (this layer's slice).
+    pub sel: u64,
+}
+
+/// Arguments of the attention launches (device pointers as u64).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AttnArgs {
+    /// Queries [t][nh][d] bf16.
+    pub q: u64,
+    /// Q heads.
+    pub nh: usize,
+    /// KV heads (divides `nh`, nh/nkv <= 16).
+    pub nkv: usize,
+    /// Head dim (multiple of 32, <= 256).
+    pub d: usize,
+    /// K cache [slot][nkv][d] E4M3 codes.
+    pub kc: u64,
+    /// V cache [slot][nkv][d] E4M3 codes.
+    pub vc: u64,
+    /// K dequantisation scale.
+    pub ks: f32,
+    /// V dequantisation scale.
+    pub vs: f32,
+    /// Positions [t] u32.
+    pub pos: u64,
+    /// Sequence of each row [t] u32.
+    pub row_seq: u64,
+    /// Block tables, u32.
+    pub bt: u64,
+    /// Block table offsets, u32.
+    pub bt_off: u64,
+    /// Positions per cache page.
+    pub page: usize,
+    /// Selected blocks [nkv][t][topk] i32, or 0 for a full layer.
+    pub sel: u64,
+    /// Selected blocks per row (sparse layers).
+    pub topk: usize,
+    /// Keys per index block (sparse layers).
+    pub block: usize,
+    /// Rows of the step.
+    pub t: usize,
+    /// Output [t][nh][d] bf16.
+    pub out: u64,
+    /// Partials, [`attn_scratch_bytes`] for `t` rows and `max_chunks`.
+    pub scratch: u64,
+    /// Chunks per (row, KV head) of the scratch ([`attn_max_chunks`]).
+    pub max_chunks: usize,
+}
+
+fn bad(why: String) -> GpuError {
+    GpuError::input("standard attention", why)
+}
+
+fn u32_of(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| bad(format!("{what} {v} does not fit in u32")))
+}
+
+/// Check what the indexer kernels assume.
+pub(super) fn check_index(a: &IndexArgs) -> Result<()> {
+    if a.t == 0 || a.t > MAX_GRID_YZ {
+        return Err(bad(format!("rows {} must be in 1..={MAX_GRID_YZ}", a.t)));
+    }
+    if a.di == 0 || !a.di.is_multiple_of(32) || a.di > MAX_HEAD_DIM {
+        return Err(bad(format!(
+            "index head dim {} must be a multiple of 32 up to {MAX_HEAD_DIM}",
+            a.di
+        )));
+    }
+    if a.nih == 0 || a.nih > MAX_INDEX_HEADS {
+        return Err(bad(format!(
+            "index heads {} must be in 1..={MAX_INDEX_HEADS}",
+            a.nih
+        )));
+    }
+    if a.nkv == 0 || a.nkv > MAX_GRID_YZ {
+        return Err(bad(format!("KV heads {} out of range", a.nkv)));
+    }
+    if !a.shared && a.nih != a.nkv {
+        return Err(bad(format!(
+            "per-KV-head selection needs index heads {} == KV heads {}",
+            a.nih, a.nkv
+        )));
+    }
+    if a.topk == 0 || a.topk > MAX_TOPK {
+        return Err(bad(format!(
+            "top-k blocks {} must be in 1..={MAX_TOPK}",
+            a.topk
+        )));
+    }
+    if a.block == 0 || a.page == 0 || a.maxnb == 0 {
+        return Err(bad(format!(
+            "index block {} / page {} / maxnb {} must be positive",
+            a.block, a.page, a.maxnb
+        )));
+    }
+    u32_of(a.maxnb, "maxnb")?;
+    u32_of(a.init_b, "forced init blocks")?;
+    u32_of(a.local_b, "forced local blocks")?;
+    u32_of(a.block, "index block")?;
+    u32_of(a.page, "page")?;
+    Ok(())
+}
+
+/// Check what the attention kernels assume.
+pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
+    if a.t == 0 || a.t > MAX_GRID_YZ {
+        return Err(bad(format!("rows {} must be in 1..={MAX_GRID_YZ}", a.t)));
+    }
+    if a.nkv == 0 || a.nh == 0 || !a.nh.is_multiple_of(a.nkv) {
+        return Err(bad(format!(
+            "q heads {} must be a positive multiple of KV heads {}",
+            a.nh, a.nkv
+        )));
+    }
+    let hg = a.nh / a.nkv;
+    if hg > MAX_GROUP {
+        return Err(bad(format!(
+            "{hg} q heads per KV head; at most {MAX_GROUP} supported"
+        )));
+    }
+    if a.d == 0 || !a.d.is_multiple_of(32) || a.d > MAX_HEAD_DIM {
+        return Err(bad(format!(
+            "head dim {} must be a multiple of 32 up to {MAX_HEAD_DIM}",
+            a.d
+        )));
+    }
+    if a.page == 0 || a.max_chunks == 0 {
+        return Err(bad(format!(
+            "page {} / max_chunks {} must be positive",
+            a.page, a.max_chunks
+        )));
+    }
+    if a.sel != 0 {
+        if a.topk == 0 || a.topk > MAX_TOPK || a.topk > a.max_chunks {
+            return Err(bad(format!(
+                "top-k blocks {} must be in 1..={MAX_TOPK} and <= max_chunks {}",
+                a.topk, a.max_chunks
+            )));
+        }
+        if a.block == 0 {
+            return Err(bad("index block size must be positive".into()));
+        }
+    }
+    u32_of(a.max_chunks, "max_chunks")?;
+    u32_of(a.block, "index block")?;
+    u32_of(a.page, "page")?;
+    Ok(())
+}
+
+/// Indexer: block scores then top-K selection into `a.sel`.
+pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) -> Result<()> {
+    check_index(a)?;
+    let selh = if a.shared { 1 } else { a.nkv };
+    let (t, maxnb) = (a.t as u32, a.maxnb as u32);
+    let (b, kb) = (a.block as u32, a.topk as u32);
+    let sargs = [
+        Arg::U64(a.iq),
+        Arg::U32(a.nih as u32),
+        Arg::U32(a.di as u32),
+        Arg::U64(a.icache),
+        Arg::F32(a.iscale),
+        Arg::U64(a.pos),
+        Arg::U64(a.row_seq),
+        Arg::U64(a.bt),
+        Arg::U64(a.bt_off),
+        Arg::U32(a.page as u32),
+        Arg::U32(b),
+        Arg::U32(kb),
+        Arg::U32(a.init_b as u32),
+        Arg::U32(a.local_b as u32),
+        Arg::U32(a.shared as u32),
+        Arg::U32(a.nkv as u32),
+        Arg::U64(a.scratch),
+        Arg::U32(maxnb),
+    ];
+    sp.launch(
+        "index_scores",
+        &k.index_scores,
+        (maxnb, t, 1),
+        INDEX_SCORES_BLOCK,
+        0,
+        &sargs,
+    )?;
+    let targs = [
+        Arg::U64(a.scratch),
+        Arg::U64(a.pos),
+        Arg::U32(b),
+        Arg::U32(kb),
+        Arg::U32(a.shared as u32),
+        Arg::U32(a.nkv as u32),
+        Arg::U32(t),
+        Arg::U32(maxnb),
+        Arg::U64(a.sel),
+    ];
+    sp.launch(
+        "index_topk",
+        &k.index_topk,
+        (selh as u32, t, 1),
+        INDEX_TOPK_BLOCK,
+        0,
+        &targs,
+    )
+}
+
+/// Attention: per-chunk partials, then the merge into `a.out`.
+pub(super) fn attention(sp: &StandardPath, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
+    check_attn(a)?;
+    let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
+    let mc = a.max_chunks as u32;
+    sp.launch(
+        "attn_partial",
+        &k.attn_partial,
+        (mc, nkv, t),
+        ATTN_PARTIAL_BLOCK,
+        0,
+        &[
+            Arg::U64(a.q),
+            Arg::U32(nh),
+            Arg::U32(nkv),
+            Arg::U32(d),
+            Arg::U64(a.kc),
+            Arg::U64(a.vc),
+            Arg::F32(a.ks),
+            Arg::F32(a.vs),
+            Arg::U64(a.pos),
+            Arg::U64(a.row_seq),
+            Arg::U64(a.bt),
+            Arg::U64(a.bt_off),
+            Arg::U32(a.page as u32),
+            Arg::U64(a.sel),
+            Arg::U32(a.topk as u32),
+            Arg::U32(a.block as u32),
+            Arg::U32(t),
+            Arg::U64(a.scratch),
+            Arg::U32(mc),
+        ],
+    )?;
+    sp.launch(
+        "attn_combine",
+        &k.attn_combine,
+        (nh, t, 1),
+        ATTN_COMBINE_BLOCK,
+        0,
+        &[
+            Arg::U64(a.scratch),
+            Arg::U32(nh),
+            Arg::U32(nkv),
+            Arg::U32(d),
+            Arg::U64(a.pos),
+            Arg::U32((a.sel != 0) as u32),
+            Arg::U32(a.topk as u32),
+            Arg::U32(mc),
+            Arg::U64(a.out),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
+    fn attn_m31() -> AttnArgs {
+        AttnArgs {
+            q: 1,
+            nh: 64,
+            nkv: 4,
+            d: 128,
+            kc: 1,
+            vc: 1,
+            ks: 1.0,
+            vs: 1.0,
+            pos: 1,
+            row_seq: 1,
+            bt: 1,
+            bt_off: 1,
+            page: 64,
+            sel: 1,
+            topk: 16,
+            block: 128,
+            t: 1,
+            out: 1,
+            scratch: 1,
+            max_chunks: attn_max_chunks(131_072, 16),
+        }
+    }
+
+    fn index_m31() -> IndexArgs {
+        IndexArgs {
+            iq: 1,
+            nih: 4,
+            di: 128,
+            icache: 1,
+            iscale: 1.0,
+            pos: 1,
+            row_seq: 1,
+            bt: 1,
+            bt_off: 1,
+            page: 64,
+            block: 128,
+            topk: 16,
+            init_b: 0,
+            local_b: 1,
+            shared: false,
+            nkv: 4,
+            t: 64,
+            scratch: 1,
+            maxnb: 1025,
+            sel: 1,
+        }
+    }
+
+    #[test]
+    fn chunking_and_scratch() {
+        // short contexts: one tile per chunk, never fewer chunks than top-k
+        assert_eq!(attn_max_chunks(1, 16), 16);
+        assert_eq!(attn_max_chunks(4096, 16), 32);
+        assert_eq!(attn_max_chunks(4096, 64), 64);
+        // long contexts: capped
+        assert_eq!(attn_max_chunks(131_072, 16), FULL_CHUNK_CAP);
+        // m3.1, 64 rows, 256 chunks: 64*4*256*16*132*4 bytes
+        assert_eq!(
+            attn_scratch_bytes(64, 4, 256, 16, 128),
+            64 * 4 * 256 * 16 * 132 * 4
+        );
+        assert_eq!(index_scratch_bytes(64, 4, 1025), 64 * 4 * 1025 * 4);
+        assert_eq!(index_scratch_bytes(2, 0, 3), 2 * 3 * 4);
+    }
+
+    #[test]
+    fn attn_validation() {
+        assert!(check_attn(&attn_m31()).is_ok());
+        // tiny preset: 8 heads over 2 KV heads, d 32, B 16, K 4
+        let tiny = AttnArgs {
+            nh: 8,
+            nkv: 2,
+            d: 32,
+            block: 16,
+            topk: 4,
+            max_chunks: attn_max_chunks(512, 4),
+            ..attn_m31()
+        };
+        assert!(check_attn(&tiny).is_ok());
+        assert!(check_attn(&AttnArgs { sel: 0, ..tiny }).is_ok());
+        let bad_cases = [
+            AttnArgs {
+                nh: 68,
+                ..attn_m31()
+            }, // not a multiple of nkv
+            AttnArgs {
+                nh: 128,
+                ..attn_m31()
+            }, // hg 32
+            AttnArgs {
+                d: 48,
+                ..attn_m31()
+            }, // not a multiple of 32
+            AttnArgs {
+                d: 288,
+                ..attn_m31()
+            }, // too wide
+            AttnArgs {
+                topk: 65,
+                ..attn_m31()
+            }, // too many blocks
+            AttnArgs {
+                topk: 17,
+                max_chunks: 16,
+                ..attn_m31()
+            },
+            AttnArgs {
+                block: 0,
+                ..attn_m31()
+            },
+            AttnArgs { t: 0, ..attn_m31() },
+            AttnArgs {
+                nkv: 0,
+                ..attn_m31()
+            },
+            AttnArgs {
+                max_chunks: 0,
+                ..attn_m31()
+            },
+        ];
+        for (i, a) in bad_cases.iter().enumerate() {
+            assert!(check_attn(a).is_err(), "case {i} accepted");
+        }
+        // full layers ignore top-k and block
+        assert!(check_attn(&AttnArgs {
+            sel: 0,
+            topk: 0,
+            block: 0,
+            ..attn_m31()
+        })
+        .is_ok());
+    }
+
+    #[test]
+    fn index_validation() {
+        assert!(check_index(&index_m31()).is_ok());
+        assert!(check_index(&IndexArgs {
+            shared: true,
+            nih: 2,
+            ..index_m31()
+        })
+        .is_ok());
+        let bad_cases = [
+            IndexArgs {
+                nih: 2,
+                ..index_m31()
+            }, // per-KV-head needs nih == nkv
+            IndexArgs {
+                nih: 9,
+                nkv: 9,
+                ..index_m31()
+            },
+            IndexArgs {
+                di: 96 + 1,
+                ..index_m31()
+            },
+            IndexArgs {
+                di: 512,
+                ..index_m31()
+            },
+            IndexArgs {
+                topk: 0,
+                ..index_m31()
+            },
+            IndexArgs {
+                topk: 65,
+                ..index_m31()
+            },
+            IndexArgs {
+                block: 0,
+                ..index_m31()
+            },
+            IndexArgs {
+                maxnb: 0,
+                ..index_m31()
+            },
+            IndexArgs {
+                t: 70_000,
+                ..index_m31()
+            },
+        ];
+        for (i, a) in bad_cases.iter().enumerate() {
+            assert!(check_index(a).is_err(), "case {i} accepted");
+        }
+    }
+}

@@ -179,9 +179,36 @@ fn a_planted_difference_is_a_mismatch() {
     let gap = d["ref_gap"].as_f64().expect("gap");
     assert!(gap >= 1e-3, "{d}");
     assert!(d["rel_l2"].as_f64().expect("rel_l2") > 0.0, "{d}");
+    // a MISMATCH is diagnosed: per-layer residual rel L2 of the
+    // teacher-forced prefill, and the upstream rule's reasoning
+    assert!(
+        out.contains("  diagnosis: teacher-forced prefill of"),
+        "{out}"
+    );
+    assert!(out.contains("  upstream: "), "{out}");
+    let g = &r["diagnosis"];
+    assert_eq!(g["rows"], 4 + agreed as u64, "{g}");
+    let layers = g["layers"].as_array().expect("layers");
+    assert!(!layers.is_empty(), "{g}");
+    for (l, x) in layers.iter().enumerate() {
+        assert_eq!(x["layer"], l as u64, "{x}");
+        assert!(
+            x["residual_rel_l2_last"].as_f64().expect("rel L2") >= 0.0,
+            "{x}"
+        );
+        assert!(x["ffn_out_rel_l2_last"].is_f64(), "{x}");
+    }
+    let last = layers.last().expect("a layer")["residual_rel_l2_last"].as_f64();
+    assert!(last.expect("rel L2") > 0.0, "{g}");
+    assert!(g["upstream"]["near_tie"].is_boolean(), "{g}");
+    assert_eq!(
+        g["discrete"].as_array().expect("discrete").len() as u64,
+        g["discrete_differences"].as_u64().expect("count").min(64),
+        "{g}"
+    );
 
     // every gap here is far below 100: the same divergence is a near-tie
-    let a = args("100");
+    let mut a = args("100");
     let o = m3(&a.iter().map(String::as_str).collect::<Vec<_>>());
     ok(&o);
     assert!(
@@ -189,7 +216,18 @@ fn a_planted_difference_is_a_mismatch() {
         "{}",
         stdout(&o)
     );
-    assert_eq!(read_json(&js)["results"][0]["verdict"], "near-tie");
+    let r = &read_json(&js)["results"][0];
+    assert_eq!(r["verdict"], "near-tie");
+    assert!(
+        r["diagnosis"].is_null(),
+        "a near-tie is diagnosed on request only"
+    );
+    a.push("--diagnose".into());
+    let o = m3(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    ok(&o);
+    let r = &read_json(&js)["results"][0];
+    assert_eq!(r["verdict"], "near-tie");
+    assert!(r["diagnosis"]["layers"].is_array(), "{r}");
 }
 
 #[test]
@@ -209,6 +247,8 @@ fn bad_arguments_are_one_line_errors() {
     one_line_error(&with(&["--tokens", "1,512"]), "out of range");
     one_line_error(&with(&["--reference", "tpu"]), "tpu");
     one_line_error(&with(&["--backend-kv-dtype", "fp4"]), "fp4");
+    one_line_error(&with(&["--router-margin=-1"]), "--router-margin");
+    one_line_error(&with(&["--topk-margin", "inf"]), "--topk-margin");
     one_line_error(
         &m3(&["parity", "--model", "/nonexistent/m3", "--backend", "cpu"]),
         "does not exist",
@@ -216,7 +256,7 @@ fn bad_arguments_are_one_line_errors() {
     let help = m3(&["parity", "--help"]);
     ok(&help);
     let h = stdout(&help);
-    for v in ["identical", "near-tie", "MISMATCH"] {
+    for v in ["identical", "near-tie", "near-tie-upstream", "MISMATCH"] {
         assert!(h.contains(v), "--help does not explain {v}: {h}");
     }
 }

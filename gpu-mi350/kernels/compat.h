@@ -254,3 +254,17 @@ M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
   return (u32)m3_bf16_from_f32(lo) | ((u32)m3_bf16_from_f32(hi) << 16);
 }
 #endif
+
+// ---- programmatic dependent launch ------------------------------------------
+// A kernel launched with programmatic stream serialization may start while
+// the previous kernel drains: M3_PDL_WAIT blocks until that kernel has
+// finished and its writes are visible (nothing a step writes may be read or
+// written before it); M3_PDL_TRIGGER lets the next kernel be scheduled early.
+// Both are no-ops where the hardware has no such launch (HIP, before sm_90).
+#if defined(M3_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define M3_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define M3_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" :::)
+#else
+#define M3_PDL_WAIT() ((void)0)
+#define M3_PDL_TRIGGER() ((void)0)
+#endif

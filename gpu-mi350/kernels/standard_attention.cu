@@ -6,7 +6,9 @@
 // capacity (CTAs past a row's work exit early), so a step stays capturable.
 
 // ---- indexer ---------------------------------------------------------------
-#define SI_THREADS 128   // m3s_index_scores block size (one key per thread)
+#define SI_THREADS 256   // m3s_index_scores block size (4 threads per key)
+#define SI_KPT 2         // keys per thread per pass (SI_THREADS / 4 * SI_KPT keys a pass)
+#define SI_CPT (SI_MAXD / 64)  // 16-byte chunks of a key per thread, at most
 #define SI_MAXH 8        // index q heads held in shared memory
 #define SI_MAXD 256      // index head dim
 #define SK_THREADS 256   // m3s_index_topk block size
@@ -21,7 +23,9 @@ M3_DEV float si_max(float m, float s) { return s > m ? s : m; }
 /// per selection head h (per-KV-head: index head h for KV head h; shared: max
 /// over all nih index heads too). Forced blocks (b < init_b or among the
 /// local_b last blocks of the row) are +INF. Rows with nb <= K blocks need no
-/// scores (every block is taken) and blocks past nb exit at once.
+/// scores (every block is taken) and blocks past nb exit at once. Four
+/// threads per key (16-byte chunks sub, sub + 4, ...: all of a thread's
+/// loads are issued together), the four partial dots summed by shuffles.
 /// scores: [T][selh][maxnb] f32, selh = 1 (shared) or nkv.
 M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
                                 float iscale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
@@ -41,43 +45,84 @@ M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, con
     for (u32 h = tid; h < selh; h += blockDim.x) out[(u64)h * maxnb] = S_INF;
     return;
   }
-  for (u32 i = tid; i < nih * di; i += blockDim.x) qs[i] = m3_bf16_to_f32(iq[(u64)t * nih * di + i]);
+  // q as f32, 8 bf16 per 16-byte load (di is a multiple of 32)
+  for (u32 i = tid; i < nih * di / 8u; i += blockDim.x) {
+    const uint4 v = reinterpret_cast<const uint4*>(iq + (u64)t * nih * di)[i];
+    const u32 w4[4] = {v.x, v.y, v.z, v.w};
+    float4 lo, hi;
+    lo.x = m3_f32(w4[0] << 16);
+    lo.y = m3_f32(w4[0] & 0xffff0000u);
+    lo.z = m3_f32(w4[1] << 16);
+    lo.w = m3_f32(w4[1] & 0xffff0000u);
+    hi.x = m3_f32(w4[2] << 16);
+    hi.y = m3_f32(w4[2] & 0xffff0000u);
+    hi.z = m3_f32(w4[3] << 16);
+    hi.w = m3_f32(w4[3] & 0xffff0000u);
+    qs4[2u * i] = lo;
+    qs4[2u * i + 1u] = hi;
+  }
   __syncthreads();
   float m[SI_MAXH];
 #pragma unroll
   for (int h = 0; h < SI_MAXH; ++h) m[h] = -S_INF;
-  const u32 nc = di / 16u;
-  for (u32 o = tid; o < B; o += blockDim.x) {
-    const u32 j = b * B + o;
-    if (j > p) break;
-    const u8* kr = icache + s_slot(bt, bt_off, seq, page, j) * di;
-    float dot[SI_MAXH];
+  const u32 nc = di / 16u, sub = tid % 4u, kq = tid / 4u;
+  const u32 kpass = SI_THREADS / 4u * SI_KPT;
+  const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
+  for (u32 o0 = 0; jb + o0 <= jlast; o0 += kpass) {
+    uint4 raw[SI_KPT][SI_CPT];
+    bool ok[SI_KPT];
 #pragma unroll
-    for (int h = 0; h < SI_MAXH; ++h) dot[h] = 0.0f;
-    for (u32 c = 0; c < nc; ++c) {
-      uint4 raw = *reinterpret_cast<const uint4*>(kr + 16u * c);
-      u32 w4[4] = {raw.x, raw.y, raw.z, raw.w};
-      float kv[16];
+    for (int r = 0; r < SI_KPT; ++r) {
+      const u32 j = jb + o0 + kq + (u32)r * (SI_THREADS / 4u);
+      ok[r] = j <= jlast;
+      const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di;
 #pragma unroll
-      for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
-#pragma unroll
-      for (int h = 0; h < SI_MAXH; ++h) {
-        if ((u32)h >= nih) break;
-        const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + 16u * c);
-        float s = dot[h];
-#pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4) {
-          float4 qq = qv[e4];
-          s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
-        }
-        dot[h] = s;
+      for (int x = 0; x < SI_CPT; ++x) {
+        const u32 cc = sub + 4u * (u32)x;
+        uint4 z;
+        z.x = z.y = z.z = z.w = 0u;
+        raw[r][x] = (ok[r] && cc < nc) ? *reinterpret_cast<const uint4*>(kr + 16u * cc) : z;
       }
     }
 #pragma unroll
-    for (int h = 0; h < SI_MAXH; ++h) {
-      if ((u32)h >= nih) break;
-      if (shared_sel) m[0] = si_max(m[0], dot[h]);
-      else m[h] = si_max(m[h], dot[h]);
+    for (int r = 0; r < SI_KPT; ++r) {
+      float dot[SI_MAXH];
+#pragma unroll
+      for (int h = 0; h < SI_MAXH; ++h) dot[h] = 0.0f;
+#pragma unroll
+      for (int x = 0; x < SI_CPT; ++x) {
+        const u32 cc = sub + 4u * (u32)x;
+        if (4u * (u32)x >= nc) break;  // uniform
+        if (cc < nc) {
+          u32 w4[4] = {raw[r][x].x, raw[r][x].y, raw[r][x].z, raw[r][x].w};
+          float kv[16];
+#pragma unroll
+          for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+#pragma unroll
+          for (int h = 0; h < SI_MAXH; ++h) {
+            if ((u32)h >= nih) break;
+            const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + 16u * cc);
+            float s = dot[h];
+#pragma unroll
+            for (int e4 = 0; e4 < 4; ++e4) {
+              float4 qq = qv[e4];
+              s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+            }
+            dot[h] = s;
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < SI_MAXH; ++h) {
+        if ((u32)h >= nih) break;
+        float v = dot[h];
+        v += M3_SHFL_XOR(v, 1);
+        v += M3_SHFL_XOR(v, 2);
+        if (ok[r]) {
+          if (shared_sel) m[0] = si_max(m[0], v);
+          else m[h] = si_max(m[h], v);
+        }
+      }
     }
   }
   const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
@@ -104,8 +149,8 @@ M3_DEV bool sk_better(float v, int i, float bv, int bi) {
 }
 
 /// Top-K block selection of one (selection head, row). Grid (selh, T),
-/// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; else K
-/// rounds of argmax over the scores of m3s_index_scores (ties to the lower
+/// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; nb <=
+/// SK_THREADS ranks every block in one pass; else K rounds of argmax over the scores of m3s_index_scores (ties to the lower
 /// id, taken blocks excluded). Each thread keeps the best of its own strided
 /// blocks and rescans only when one of them is taken, so a round is one
 /// warp reduction and one barrier. Ids ascending, -1 padding, written to
@@ -122,6 +167,41 @@ M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict_
   const u32 nb = p / B + 1u;
   const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
   u32 nsel;
+  if (nb > K && nb <= SK_THREADS) {
+    // one block per thread: its rank in (score desc, id asc) over the
+    // non-NaN scores; ranks < K are the picks (the same as K rounds of
+    // argmax). No barrier per round.
+    const float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
+    const float v = tid < nb ? gsc[tid] : m3_nan();
+    ssc[tid] = v;
+    if (tid < K) chosen[tid] = -1;
+    __syncthreads();
+    if (v == v) {
+      u32 rank = 0;
+      for (u32 j = 0; j < nb; ++j) {
+        const float s = ssc[j];
+        rank += (s > v || (s == v && j < tid)) ? 1u : 0u;
+      }
+      if (rank < K) chosen[rank] = (int)tid;
+    }
+    __syncthreads();
+    // picks 0..n-1 by rank (-1 past the valid blocks); the output is the
+    // K - n padding -1 first, then the picks ascending (what sorting the
+    // rounds' choices gives)
+    if (tid < K) {
+      const int id = chosen[tid];
+      u32 n = 0, below = 0;
+      for (u32 k = 0; k < K; ++k) {
+        const int o = chosen[k];
+        n += o >= 0 ? 1u : 0u;
+        below += (o >= 0 && o < id) ? 1u : 0u;
+      }
+      const u32 slot = id >= 0 ? K - n + below : tid - n;
+      const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
+      for (u32 h = h0; h < h1; ++h) sel[((u64)h * T + t) * K + slot] = id;
+    }
+    return;
+  }
   if (nb <= K) {
     for (u32 b = tid; b < nb; b += blockDim.x) chosen[b] = (int)b;
     nsel = nb;
@@ -188,14 +268,15 @@ M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict_
 }
 
 // ---- attention (flash-decoding split over keys) ----------------------------
-#define SA_THREADS 256   // m3s_attn_partial block size
-#define SA_TILE 128      // keys per score tile (SA_THREADS / SA_TILE threads per key)
-#define SA_HSPLIT (SA_THREADS / SA_TILE)
-#define SA_MAXHG 16      // q heads per KV head
+#define SA_THREADS 128   // m3s_attn_partial block size: 4 mma groups of 32 threads
+#define SA_TILE 128      // keys per tile (32 per mma group)
+#define SA_MAXHG 16      // q heads per KV head (the mma's M = 16)
 #define SA_MAXD 256      // head dim
-#define SA_QBUF (SA_MAXHG * SA_MAXD)              // floats of q (and of a V tile)
-#define SA_QUADS (SA_QBUF / 4 / SA_THREADS)       // output quads o[h][i..i+3] per thread
-#define SA_REC(d) ((d) + 4u)                      // floats per partial: m, l, 2 pad, o[d] (16-byte aligned)
+#define SA_QS (SA_MAXD / 2 + 4)   // u32 (bf16 pairs) per q row in shared memory
+#define SA_PS (SA_TILE + 8)       // floats per score row in shared memory
+#define SA_KB 4                   // 32-wide d groups whose K codes are loaded at once
+#define SA_VG ((SA_MAXD / 32 + 3) / 4)  // 32-wide output d groups per mma group
+#define SA_REC(d) ((d) + 4u)      // floats per partial: m, l, 2 pad, o[d] (16-byte aligned)
 
 /// Score tiles (of SA_TILE keys) per chunk of a full layer: chunks stay
 /// SA_TILE keys until the row would need more than max_chunks of them, then
@@ -211,21 +292,31 @@ M3_DEV u32 sa_chunks(u32 p, u32 sparse, u32 K, u32 max_chunks) {
   return (nt + tpc - 1u) / tpc;
 }
 
-/// Decode 16 E4M3 codes of one 16-byte load, times a scale.
-M3_DEV void sa_dec16(uint4 raw, float sc, float* o) {
-  u32 w4[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int e = 0; e < 16; ++e) o[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * sc;
+/// Two E4M3 codes (bits 0-7 of lo, of hi) as exact bf16 values packed in a
+/// u32 (lo in the low half): every E4M3 value is a bf16 value.
+M3_DEV u32 sa_e4m3x2_bf16(u32 lo, u32 hi) {
+  return (m3_bits(m3_e4m3_fast(lo & 0xffu)) >> 16) | (m3_bits(m3_e4m3_fast(hi & 0xffu)) & 0xffff0000u);
+}
+/// f32 pair as three bf16 pairs: x = hi + mid + lo to ~2^-25 relative (f32
+/// grade), so P V on bf16 tensor cores keeps f32 weights.
+M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
+  hi = m3_pack_bf16x2(x0, x1);
+  const float r0 = x0 - m3_f32(hi << 16), r1 = x1 - m3_f32(hi & 0xffff0000u);
+  mid = m3_pack_bf16x2(r0, r1);
+  lo = m3_pack_bf16x2(r0 - m3_f32(mid << 16), r1 - m3_f32(mid & 0xffff0000u));
 }
 
 /// Partial attention of all hg = nh/nkv q heads of KV head g over one chunk
 /// of keys. Grid (max_chunks, nkv, T), block SA_THREADS. Chunk c: selected
 /// block sel[g][t][c] (keys b*B .. b*B+B-1, sel != 0) or keys
 /// [c*CK, c*CK+CK) with CK = SA_TILE * sa_tiles_per_chunk (full layers),
-/// clipped to j <= p. K and V of the chunk are read once per CTA (16-byte
-/// loads, decoded once) and shared by the hg heads; tiles of SA_TILE keys
-/// merge with an online softmax. Writes per head the chunk max m, the sum l
-/// of exp(s - m) and the unnormalised o[d] to
+/// clipped to j <= p. Tiles of SA_TILE keys; per tile: S = Q K^T on tensor
+/// cores (m16n8k16 bf16, q heads as M, exact: q is bf16 and every E4M3 code
+/// is a bf16 value; the scales multiply the f32 results), one mma group of
+/// 32 threads per 32 keys; an online softmax per head in f32; O += P V on
+/// tensor cores with P split into bf16 hi + mid + lo (three products,
+/// ~2^-25 relative), one mma group per 32-wide d group. Writes per head the chunk
+/// max m, the sum l of exp(s - m) and the unnormalised o[d] to
 /// part [T][nkv][max_chunks][hg][d + 4] (m, l, pad, pad, o); an empty chunk
 /// writes m = -INF, l = 0 (o untouched: the combine skips it).
 M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
@@ -233,11 +324,10 @@ M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 
                                 const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                                 const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B,
                                 u32 T, float* __restrict__ part, u32 max_chunks) {
-  __shared__ float4 qs4[SA_QBUF / 4];  // q [hg][d] f32 (float4: 16-byte aligned)
-  __shared__ float4 vt4[SA_QBUF / 4];  // decoded V tile [tv][d]
-  float* qs = reinterpret_cast<float*>(qs4);
-  float* vt = reinterpret_cast<float*>(vt4);
-  __shared__ float sp[SA_MAXHG][SA_TILE];        // scores, then exp(s - m)
+  __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4];  // q [16][d] as bf16 pairs, rows >= hg zero
+  u32* qs = reinterpret_cast<u32*>(qs4);
+  __shared__ float sp[SA_MAXHG * SA_PS];      // scores, then exp(s - m) (0 past the tile's keys)
+  __shared__ u64 roff[SA_TILE];               // byte offset of each key's K / V row
   __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];
   const u32 c = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
   const u32 hg = nh / nkv;
@@ -267,140 +357,213 @@ M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 
     }
     return;
   }
-  const u32 nq = hg * d;
-  const u16* qr = q + ((u64)t * nh + (u64)g * hg) * d;
-  for (u32 i = tid; i < nq; i += blockDim.x) qs[i] = m3_bf16_to_f32(qr[i]);
-  for (u32 h = tid; h < hg; h += blockDim.x) { hm[h] = -S_INF; hl[h] = 0.0f; }
-  // the outputs this thread owns: quads o[h][i..i+3], 4*(tid + r*SA_THREADS) = h*d + i
-  const u32 nquad = nq / 4u;
-  u32 oh[SA_QUADS], oi[SA_QUADS];
-  float4 acc[SA_QUADS];
+  // q rows of the group as bf16 pairs (exact), zero rows past hg
+  // (16-byte loads, all issued together: d is a multiple of 32)
+  {
+    const u32 d8 = d / 8u;
+    const uint4* qr = reinterpret_cast<const uint4*>(q + ((u64)t * nh + (u64)g * hg) * d);
 #pragma unroll
-  for (int r = 0; r < SA_QUADS; ++r) {
-    const u32 idx = 4u * (tid + (u32)r * SA_THREADS);
-    oh[r] = idx / d;
-    oi[r] = idx % d;
-    acc[r].x = acc[r].y = acc[r].z = acc[r].w = 0.0f;
+    for (int r = 0; r < SA_MAXHG * SA_MAXD / 8 / SA_THREADS; ++r) {
+      const u32 i = tid + (u32)r * SA_THREADS;
+      const u32 h = i / d8, x = i % d8;
+      if (h < SA_MAXHG) {
+        uint4 v;
+        v.x = v.y = v.z = v.w = 0u;
+        if (h < hg) v = qr[i];
+        *reinterpret_cast<uint4*>(qs + h * SA_QS + 4u * x) = v;
+      }
+    }
   }
-  __syncthreads();
-  const float scale = 1.0f / sqrtf((float)d);
-  const u32 nc = d / 16u;
-  const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
-  const u32 tv = SA_QBUF / d;  // keys per V tile
-  const u32 kk = tid % SA_TILE, hpart = tid / SA_TILE;
+  if (tid < SA_MAXHG) { hm[tid] = -S_INF; hl[tid] = 0.0f; }
+  const u32 grp = tid / 32u, l32 = tid % 32u, lg = l32 / 4u, lt = l32 % 4u;
+  const u32 ng = d / 32u;  // 32-wide d groups
+  const float sscale = ks / sqrtf((float)d);
+  float o[SA_VG][4][4];  // [d group][n-tile][c0..c3] of O rows lg, lg + 8
+#pragma unroll
+  for (int v = 0; v < SA_VG; ++v)
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[v][n][e] = 0.0f;
   for (u64 jt = j0; jt < jend; jt += SA_TILE) {
     const u32 nk = jend - jt < (u64)SA_TILE ? (u32)(jend - jt) : (u32)SA_TILE;
-    // 1. scores s[h][kk] = (q_h . k_j) * scale, one key per thread (heads split
-    //    SA_HSPLIT ways), the K row read in 16-byte loads
-    if (kk < nk) {
-      const u8* kr = kc + (s_slot(bt, bt_off, seq, page, (u32)(jt + kk)) * nkv + g) * d;
-      float dot[SA_MAXHG / SA_HSPLIT];
+    if (jt != j0) __syncthreads();  // the previous tile's P and rows are read
+    if (tid < nk) roff[tid] = (s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d;
+    __syncthreads();
+    // V codes of the first d group: keys 16s + 2lt, +1, +8, +9, bytes 32G + 4lg
+    const u32 nsteps = (nk + 15u) / 16u;
+    u32 vraw[SA_TILE / 16][4];
+    {
+      const u32 G = grp;
 #pragma unroll
-      for (int r = 0; r < SA_MAXHG / SA_HSPLIT; ++r) dot[r] = 0.0f;
-      for (u32 cc = 0; cc < nc; ++cc) {
-        float kv[16];
-        sa_dec16(*reinterpret_cast<const uint4*>(kr + 16u * cc), ks, kv);
+      for (int s = 0; s < SA_TILE / 16; ++s)
 #pragma unroll
-        for (int r = 0; r < SA_MAXHG / SA_HSPLIT; ++r) {
-          const u32 h = hpart + (u32)r * SA_HSPLIT;
-          if (h >= hg) break;
-          const float4* qv = reinterpret_cast<const float4*>(qs + h * d + 16u * cc);
-          float s = dot[r];
+        for (int r = 0; r < 4; ++r) {
+          const u32 key = 16u * (u32)s + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
+          vraw[s][r] = (G < ng && key < nk) ? *reinterpret_cast<const u32*>(vc + roff[key] + 32u * G + 4u * lg) : 0u;
+        }
+    }
+    // 1. S = Q K^T: this group's keys 32 grp + 8 n + col; lane (lg, lt) loads
+    //    key col = lg, d bytes 32G + 8lt .. +7 (k-step kk uses bytes 4kk..4kk+3:
+    //    slots 2lt, 2lt+1 <- bytes 0,1 and 2lt+8, 2lt+9 <- bytes 2,3; the q
+    //    fragments use the same d order)
+    float sacc[4][4];
 #pragma unroll
-          for (int e4 = 0; e4 < 4; ++e4) {
-            float4 qq = qv[e4];
-            s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
-          }
-          dot[r] = s;
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
+    for (u32 G0 = 0; G0 < ng; G0 += SA_KB) {
+      uint2 kraw[4][SA_KB];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const u32 key = 32u * grp + 8u * (u32)n + lg;
+#pragma unroll
+        for (int gi = 0; gi < SA_KB; ++gi) {
+          const u32 G = G0 + (u32)gi;
+          uint2 z;
+          z.x = z.y = 0u;
+          kraw[n][gi] = (G < ng && key < nk) ? *reinterpret_cast<const uint2*>(kc + roff[key] + 32u * G + 8u * lt) : z;
         }
       }
 #pragma unroll
-      for (int r = 0; r < SA_MAXHG / SA_HSPLIT; ++r) {
-        const u32 h = hpart + (u32)r * SA_HSPLIT;
-        if (h >= hg) break;
-        sp[h][kk] = dot[r] * scale;
+      for (int gi = 0; gi < SA_KB; ++gi) {
+        const u32 G = G0 + (u32)gi;
+        if (G >= ng) break;  // uniform over the CTA
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const u32 qi = 16u * G + 4u * lt + 2u * (u32)kk;
+          u32 a[4];
+          a[0] = qs[lg * SA_QS + qi];
+          a[2] = qs[lg * SA_QS + qi + 1u];
+          a[1] = qs[(lg + 8u) * SA_QS + qi];
+          a[3] = qs[(lg + 8u) * SA_QS + qi + 1u];
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            const u32 w = kk ? kraw[n][gi].y : kraw[n][gi].x;
+            m3_mma_bf16_16816(sacc[n], a, sa_e4m3x2_bf16(w, w >> 8), sa_e4m3x2_bf16(w >> 16, w >> 24));
+          }
+        }
       }
     }
-    __syncthreads();
-    // 2. online softmax per head (one warp per head)
-    for (u32 h = warp; h < hg; h += nw) {
-      float mt = -S_INF;
-      for (u32 k2 = lane; k2 < nk; k2 += M3_WARP) mt = si_max(mt, sp[h][k2]);
 #pragma unroll
-      for (int o = M3_WARP / 2; o > 0; o >>= 1) mt = si_max(mt, M3_SHFL_XOR(mt, o));
+    for (int n = 0; n < 4; ++n) {
+      const u32 col = 32u * grp + 8u * (u32)n + 2u * lt;
+      sp[lg * SA_PS + col] = sacc[n][0] * sscale;
+      sp[lg * SA_PS + col + 1u] = sacc[n][1] * sscale;
+      sp[(lg + 8u) * SA_PS + col] = sacc[n][2] * sscale;
+      sp[(lg + 8u) * SA_PS + col + 1u] = sacc[n][3] * sscale;
+    }
+    __syncthreads();
+    // 2. online softmax: 8 threads per head, keys sub + 8i (every thread
+    //    takes part in the shuffles; rows past hg get P = 0)
+    {
+      const u32 h = tid / 8u, sub = tid % 8u;
+      const bool live = h < hg;
+      float* row = sp + h * SA_PS;
+      float mt = -S_INF;
+      if (live)
+        for (u32 k2 = sub; k2 < nk; k2 += 8u) mt = si_max(mt, row[k2]);
+      mt = si_max(mt, M3_SHFL_XOR(mt, 1));
+      mt = si_max(mt, M3_SHFL_XOR(mt, 2));
+      mt = si_max(mt, M3_SHFL_XOR(mt, 4));
       const float mo = hm[h];
       const float mn = si_max(mo, mt);
       // all scores -INF so far: nothing to weigh (keeps exp(-INF - -INF) out)
-      const bool none = mn == -S_INF;
+      const bool none = !live || mn == -S_INF;
       const float corr = none ? 1.0f : expf(mo - mn);
       float ls = 0.0f;
-      for (u32 k2 = lane; k2 < nk; k2 += M3_WARP) {
-        const float e = none ? 0.0f : expf(sp[h][k2] - mn);
-        sp[h][k2] = e;
+      for (u32 k2 = sub; k2 < SA_TILE; k2 += 8u) {
+        const float e = (none || k2 >= nk) ? 0.0f : expf(row[k2] - mn);
+        row[k2] = e;
         ls += e;
       }
-      ls = m3_warp_sum(ls);
-      if (lane == 0) {
-        hm[h] = mn;
-        hl[h] = hl[h] * corr + ls;
+      ls += M3_SHFL_XOR(ls, 1);
+      ls += M3_SHFL_XOR(ls, 2);
+      ls += M3_SHFL_XOR(ls, 4);
+      if (sub == 0u) {
+        if (live) {
+          hm[h] = mn;
+          hl[h] = hl[h] * corr + ls;
+        }
         hc[h] = corr;
       }
     }
     __syncthreads();
+    // 3. O += P V: group grp owns d groups grp, grp + 4, ...; n-tile nt of d
+    //    group G has columns 32G + 4 col + nt, so lane (lg, lt) reads bytes
+    //    32G + 4lg .. +3 of its four key rows (one per n-tile)
+    const float c0 = hc[lg], c1 = hc[lg + 8u];
 #pragma unroll
-    for (int r = 0; r < SA_QUADS; ++r) {
-      if (tid + (u32)r * SA_THREADS < nquad) {
-        const float cr = hc[oh[r]];
-        acc[r].x *= cr;
-        acc[r].y *= cr;
-        acc[r].z *= cr;
-        acc[r].w *= cr;
+    for (int v = 0; v < SA_VG; ++v)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        o[v][n][0] *= c0;
+        o[v][n][1] *= c0;
+        o[v][n][2] *= c1;
+        o[v][n][3] *= c1;
       }
-    }
-    // 3. o[h][i] += sum_j e[h][j] * v_j[i], V decoded once into a shared tile
-    for (u32 v0 = 0; v0 < nk; v0 += tv) {
-      const u32 nvk = nk - v0 < tv ? nk - v0 : tv;
-      for (u32 vi = tid; vi < nvk * nc; vi += blockDim.x) {
-        const u32 key = vi / nc, cc = vi % nc;
-        const u8* vr = vc + (s_slot(bt, bt_off, seq, page, (u32)(jt + v0 + key)) * nkv + g) * d;
-        float vv[16];
-        sa_dec16(*reinterpret_cast<const uint4*>(vr + 16u * cc), vs, vv);
-        float4* dst = reinterpret_cast<float4*>(vt + key * d + 16u * cc);
 #pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4) {
-          float4 f;
-          f.x = vv[4 * e4];
-          f.y = vv[4 * e4 + 1];
-          f.z = vv[4 * e4 + 2];
-          f.w = vv[4 * e4 + 3];
-          dst[e4] = f;
-        }
-      }
-      __syncthreads();
-      for (u32 k2 = 0; k2 < nvk; ++k2) {
-        const float* vrow = vt + k2 * d;
+    for (int v = 0; v < SA_VG; ++v) {
+      const u32 G = grp + 4u * (u32)v;
+      if (4u * (u32)v >= ng) break;  // uniform over the CTA
+      if (v > 0) {
 #pragma unroll
-        for (int r = 0; r < SA_QUADS; ++r) {
-          if (tid + (u32)r * SA_THREADS < nquad) {
-            const float e = sp[oh[r]][v0 + k2];
-            const float4 vv = *reinterpret_cast<const float4*>(vrow + oi[r]);
-            acc[r].x += e * vv.x;
-            acc[r].y += e * vv.y;
-            acc[r].z += e * vv.z;
-            acc[r].w += e * vv.w;
+        for (int s = 0; s < SA_TILE / 16; ++s)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const u32 key = 16u * (u32)s + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
+            vraw[s][r] = (G < ng && key < nk) ? *reinterpret_cast<const u32*>(vc + roff[key] + 32u * G + 4u * lg) : 0u;
           }
+      }
+#pragma unroll
+      for (int s = 0; s < SA_TILE / 16; ++s) {
+        if ((u32)s >= nsteps) break;  // uniform over the CTA
+        const u32 k0 = 16u * (u32)s + 2u * lt;
+        u32 ahi[4], amid[4], alo[4];
+        sa_split_bf16(sp[lg * SA_PS + k0], sp[lg * SA_PS + k0 + 1u], ahi[0], amid[0], alo[0]);
+        sa_split_bf16(sp[(lg + 8u) * SA_PS + k0], sp[(lg + 8u) * SA_PS + k0 + 1u], ahi[1], amid[1], alo[1]);
+        sa_split_bf16(sp[lg * SA_PS + k0 + 8u], sp[lg * SA_PS + k0 + 9u], ahi[2], amid[2], alo[2]);
+        sa_split_bf16(sp[(lg + 8u) * SA_PS + k0 + 8u], sp[(lg + 8u) * SA_PS + k0 + 9u], ahi[3], amid[3], alo[3]);
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const u32 sh = 8u * (u32)n;
+          const u32 b0 = sa_e4m3x2_bf16(vraw[s][0] >> sh, vraw[s][1] >> sh);
+          const u32 b1 = sa_e4m3x2_bf16(vraw[s][2] >> sh, vraw[s][3] >> sh);
+          m3_mma_bf16_16816(o[v][n], ahi, b0, b1);
+          m3_mma_bf16_16816(o[v][n], amid, b0, b1);
+          m3_mma_bf16_16816(o[v][n], alo, b0, b1);
         }
       }
-      __syncthreads();
     }
   }
+  __syncthreads();
   for (u32 h = tid; h < hg; h += blockDim.x) {
     rec[(u64)h * R] = hm[h];
     rec[(u64)h * R + 1u] = hl[h];
   }
+  // o columns 32G + 8lt + nt (c0 / c2) and 32G + 8lt + 4 + nt (c1 / c3)
 #pragma unroll
-  for (int r = 0; r < SA_QUADS; ++r)
-    if (tid + (u32)r * SA_THREADS < nquad) *reinterpret_cast<float4*>(rec + (u64)oh[r] * R + 4u + oi[r]) = acc[r];
+  for (int v = 0; v < SA_VG; ++v) {
+    const u32 G = grp + 4u * (u32)v;
+    if (G >= ng) break;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const u32 h = lg + 8u * (u32)half;
+      if (h >= hg) continue;
+      float* dst = rec + (u64)h * R + 4u + 32u * G + 8u * lt;
+      float4 lo4, hi4;
+      lo4.x = o[v][0][2 * half] * vs;
+      lo4.y = o[v][1][2 * half] * vs;
+      lo4.z = o[v][2][2 * half] * vs;
+      lo4.w = o[v][3][2 * half] * vs;
+      hi4.x = o[v][0][2 * half + 1] * vs;
+      hi4.y = o[v][1][2 * half + 1] * vs;
+      hi4.z = o[v][2][2 * half + 1] * vs;
+      hi4.w = o[v][3][2 * half + 1] * vs;
+      *reinterpret_cast<float4*>(dst) = lo4;
+      *reinterpret_cast<float4*>(dst + 4) = hi4;
+    }
+  }
 }
 
 #define SC_THREADS 128  // m3s_attn_combine block size
@@ -408,36 +571,81 @@ M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 
 /// Merge the chunk partials of q head i (KV head g = i / hg) of row t:
 /// M = max m_c, out = sum exp(m_c - M) o_c / sum exp(m_c - M) l_c, 0 when
 /// the row saw no key. Grid (nh, T), block SC_THREADS; out [T][nh][d] bf16.
+/// The chunk weights go through shared memory, SC_THREADS chunks at a time,
+/// so the o loads of all chunks are independent.
 M3_KERNEL void m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv, u32 d, const u32* __restrict__ pos,
                                 u32 sparse, u32 K, u32 max_chunks, u16* __restrict__ out) {
   __shared__ float red[SC_THREADS / M3_WARP];
+  __shared__ float wsm[SC_THREADS];
   const u32 i = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const u32 hg = nh / nkv, g = i / hg, h = i % hg;
   const u32 nch = sa_chunks(pos[t], sparse, K, max_chunks);
   const u32 R = SA_REC(d);
   const u64 cs = (u64)hg * R;  // floats between chunks
   const float* base = part + (((u64)t * nkv + g) * max_chunks * hg + h) * R;
+  const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = SC_THREADS / M3_WARP;
   float M = -S_INF;
-  for (u32 c = tid; c < nch; c += blockDim.x) M = si_max(M, base[c * cs]);
+  for (u32 c = tid; c < nch; c += SC_THREADS) M = si_max(M, base[c * cs]);
 #pragma unroll
   for (int o = M3_WARP / 2; o > 0; o >>= 1) M = si_max(M, M3_SHFL_XOR(M, o));
-  if (tid % M3_WARP == 0) red[tid / M3_WARP] = M;
+  if (lane == 0) red[warp] = M;
   __syncthreads();
   M = -S_INF;
-  for (u32 w = 0; w < blockDim.x / M3_WARP; ++w) M = si_max(M, red[w]);
-  u16* orow = out + ((u64)t * nh + i) * d;
-  for (u32 x = tid; x < d; x += blockDim.x) {
-    float L = 0.0f, o = 0.0f;
-    if (M != -S_INF) {
-      for (u32 c = 0; c < nch; ++c) {
-        const float* rc = base + c * cs;
-        const float mc = rc[0];
-        if (mc == -S_INF) continue;
-        const float w = expf(mc - M);
-        L += w * rc[1];
-        o += w * rc[4u + x];
+  for (u32 w = 0; w < nw; ++w) M = si_max(M, red[w]);
+  __syncthreads();  // red is reused for L
+  float Lt = 0.0f;                      // this thread's chunks' weighted l
+  float acc[SA_MAXD / SC_THREADS];      // o[x], x = tid + r * SC_THREADS
+#pragma unroll
+  for (int r = 0; r < SA_MAXD / SC_THREADS; ++r) acc[r] = 0.0f;
+  for (u32 c0 = 0; c0 < nch; c0 += SC_THREADS) {
+    const u32 c = c0 + tid;
+    float w = 0.0f;
+    if (c < nch && M != -S_INF) {
+      const float mc = base[c * cs];
+      if (mc != -S_INF) {
+        w = expf(mc - M);
+        Lt += w * base[c * cs + 1u];
       }
     }
-    orow[x] = m3_bf16_from_f32(L > 0.0f ? o / L : 0.0f);
+    wsm[tid] = w;
+    __syncthreads();
+    const u32 n = nch - c0 < SC_THREADS ? nch - c0 : SC_THREADS;
+#pragma unroll
+    for (int r = 0; r < SA_MAXD / SC_THREADS; ++r) {
+      const u32 x = tid + (u32)r * SC_THREADS;
+      if (x < d) {
+        const float* ox = base + (u64)c0 * cs + 4u + x;
+        float a = acc[r];
+        u32 cc = 0;
+        for (; cc + 4u <= n; cc += 4u) {
+          float v0 = ox[(u64)cc * cs], v1 = ox[(u64)(cc + 1u) * cs];
+          float v2 = ox[(u64)(cc + 2u) * cs], v3 = ox[(u64)(cc + 3u) * cs];
+          const float w0 = wsm[cc], w1 = wsm[cc + 1u], w2 = wsm[cc + 2u], w3 = wsm[cc + 3u];
+          // a skipped chunk's o is not written: weigh it by nothing
+          a += w0 != 0.0f ? w0 * v0 : 0.0f;
+          a += w1 != 0.0f ? w1 * v1 : 0.0f;
+          a += w2 != 0.0f ? w2 * v2 : 0.0f;
+          a += w3 != 0.0f ? w3 * v3 : 0.0f;
+        }
+        for (; cc < n; ++cc) {
+          const float w0 = wsm[cc];
+          const float v0 = ox[(u64)cc * cs];
+          a += w0 != 0.0f ? w0 * v0 : 0.0f;
+        }
+        acc[r] = a;
+      }
+    }
+    __syncthreads();
+  }
+  Lt = m3_warp_sum(Lt);
+  if (lane == 0) red[warp] = Lt;
+  __syncthreads();
+  float L = 0.0f;
+  for (u32 w = 0; w < nw; ++w) L += red[w];
+  u16* orow = out + ((u64)t * nh + i) * d;
+#pragma unroll
+  for (int r = 0; r < SA_MAXD / SC_THREADS; ++r) {
+    const u32 x = tid + (u32)r * SC_THREADS;
+    if (x < d) orow[x] = m3_bf16_from_f32(L > 0.0f ? acc[r] / L : 0.0f);
   }
 }

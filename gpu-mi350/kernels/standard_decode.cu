@@ -133,6 +133,8 @@ M3_DEV void s_linear(const u16* __restrict__ x, const u8* __restrict__ w, const 
   M3_KERNEL void name(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K, \
                       u32 M, u32 G, const int* __restrict__ ids, u64 w_es, u64 ws_es, u32 xdiv, u16* __restrict__ yb, \
                       float* __restrict__ yf) {                                                               \
+    M3_PDL_TRIGGER();                                                                                         \
+    M3_PDL_WAIT();                                                                                            \
     s_linear<F>(x, w, ws, N, K, M, G, ids, w_es, ws_es, xdiv, yb, yf);                                        \
   }
 S_LINEAR(m3s_linear_bf16, S_FMT_BF16)
@@ -157,14 +159,24 @@ S_LINEAR(m3s_linear_f32, S_FMT_F32)
 // m3s_route): the rows are the (row, expert) pairs that chose that slot's
 // expert, so each chosen expert is read once per step.
 
+// Tunables (a bench variant may predefine them, see StandardPath::add_variant):
+// warps per CTA (they split K) and a multiplier of the super-chunks whose
+// loads a warp issues together.
+#ifndef S_MMA_WARPS
 #define S_MMA_WARPS 8
+#endif
+#ifndef S_UNROLL_MUL
+#define S_UNROLL_MUL 1
+#endif
 #define S_MMA_MAXBT 8
 
 /// Bytes of one row's 32-value segment.
 template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F == S_FMT_E4M3 ? 32u : 16u); };
 /// Super-chunks whose loads one warp issues together (2 KB of W in flight
 /// per warp in every format).
-template <int F> struct SUnroll { static const u32 U = F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u); };
+template <int F> struct SUnroll {
+  static const u32 U = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL;
+};
 
 /// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
 /// E2M1, value * 2^-120 for E4M3) into value * 2^(s-127); split in two
@@ -252,80 +264,119 @@ template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
   for (u32 i = 0; i < n; ++i) raw[i] = ok ? reinterpret_cast<const uint4*>(p)[i] : make_uint4(0u, 0u, 0u, 0u);
 }
 
+/// One weight matrix of a fused launch (kernel parameter, by value): its
+/// CTAs are blockIdx.x in [tile0, tile0 + ceil(n / 16)). mode: 0 = bf16
+/// store to yb, 1 = f32 store to yf, 2 = yf += f32(bf16(y)) (the residual
+/// add of MODEL.md, fused).
+struct SSeg1 {
+  u64 w, ws, yb, yf, w_es, ws_es;
+  u32 n, tile0, mode, pad;
+};
+#define S_MAX_SEGS 5
+struct SSegs {
+  SSeg1 s[S_MAX_SEGS];
+  u32 nseg, pad;
+};
+
+/// Route record of expert slot s (written by m3s_route): [expert, rows,
+/// pair ids of those rows ascending, ...], S_ROUTE_STRIDE(max_rows) ints.
+#define S_ROUTE_STRIDE(mr) (2u + (mr))
+
+/// Issue the loads of iteration `it` of a warp's super-chunk walk: U
+/// super-chunks (q = warp + nwarp * (U * it + u)) of W rows a and c, and
+/// their scale bytes.
 template <int F>
-M3_DEV void s_mma_linear(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K,
-                         u32 M, const int* __restrict__ route, u32 ne, u64 w_es, u64 ws_es, u32 xdiv,
-                         u16* __restrict__ yb, float* __restrict__ yf) {
+M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, const u8* wa, const u8* wc,
+                        const u8* sa, const u8* sc, bool oka, bool okc,
+                        uint4 (&raw)[SUnroll<F>::U][2][SSeg<F>::B / 16u], u32 (&sca)[SUnroll<F>::U][2]) {
+  const u32 U = SUnroll<F>::U;
+#pragma unroll
+  for (u32 u = 0; u < U; ++u) {
+    const u32 q = warp + nwarp * (U * it + u);
+    const u32 k0 = q * 128u + 32u * t;
+    const bool in = q < nsc && k0 < K;
+    s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
+    s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
+    sca[u][0] = sa && in && oka ? sa[k0 / 32u] : 0u;
+    sca[u][1] = sc && in && okc ? sc[k0 / 32u] : 0u;
+  }
+}
+
+template <int F>
+M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
+                         u32 max_rows, u32 xdiv) {
   __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
   __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
-  __shared__ u32 cnt_s;
+  __shared__ int head[2];
+  M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  const u32 n0 = blockIdx.x * 16u;
-  const u8* W = w;
-  const u8* S = ws;
-  if (threadIdx.x == 0) {
-    u32 cnt;
-    if (route) {
-      // route: [0] distinct experts, [1..1+ne) expert of each slot,
-      // [1+ne..2+2ne) row offsets of each slot, then the pair list
-      const u32 slot = blockIdx.y;
-      const u32 nd = (u32)route[0];
-      cnt = 0u;
-      if (slot < nd) {
-        const int o0 = route[1 + ne + slot], o1 = route[2 + ne + slot];
-        cnt = (u32)(o1 - o0);
-        if (cnt > S_MMA_MAXBT * 8u) cnt = S_MMA_MAXBT * 8u;  // checked on the host: rows <= 64
-        for (u32 i = 0; i < cnt; ++i) {
-          u32 pr = (u32)route[2 + 2 * ne + o0 + i];
-          xrow[i] = pr / xdiv;
-          yrow[i] = pr;
-        }
-      }
-    } else {
-      const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
-      cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-      for (u32 i = 0; i < cnt; ++i) { xrow[i] = m0 + i; yrow[i] = m0 + i; }
-    }
-    cnt_s = cnt;
-  }
-  __syncthreads();
-  const u32 cnt = cnt_s;
-  if (cnt == 0u) return;
-  if (route) {
-    const u32 e = (u32)route[1 + blockIdx.y];
-    W += (u64)e * w_es;
-    if (S) S += (u64)e * ws_es;
-  }
-  const u32 nbt = (cnt + 7u) / 8u;
+  // this CTA's matrix (constant indices only: the table stays in the
+  // parameter bank)
+  SSeg1 sg = segs.s[0];
+#pragma unroll
+  for (int i = 1; i < S_MAX_SEGS; ++i)
+    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+  const u32 N = sg.n;
+  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
+  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
+  const u32 U = SUnroll<F>::U;
+  const u32 nsc = (K + 127u) / 128u;
   const u64 rb = F == S_FMT_BF16 ? 2ull * K : (F == S_FMT_E4M3 ? (u64)K : K / 2ull);
   const u32 ra = n0 + g, rc = n0 + g + 8u;
   const bool oka = ra < N, okc = rc < N;
-  const u8* wa = W + (u64)(oka ? ra : 0u) * rb;
-  const u8* wc = W + (u64)(okc ? rc : 0u) * rb;
-  const u8* sa = S ? S + (u64)(oka ? ra : 0u) * (K / 32u) : nullptr;
-  const u8* sc = S ? S + (u64)(okc ? rc : 0u) * (K / 32u) : nullptr;
+  const u8* W = reinterpret_cast<const u8*>(sg.w);
+  const u8* S = reinterpret_cast<const u8*>(sg.ws);
+  uint4 raw[SUnroll<F>::U][2][SSeg<F>::B / 16u];
+  u32 sca[SUnroll<F>::U][2];
+  const u8 *wa = nullptr, *wc = nullptr, *sa = nullptr, *sc = nullptr;
+  auto rows_at = [&]() {
+    wa = W + (u64)(oka ? ra : 0u) * rb;
+    wc = W + (u64)(okc ? rc : 0u) * rb;
+    sa = S ? S + (u64)(oka ? ra : 0u) * (K / 32u) : nullptr;
+    sc = S ? S + (u64)(okc ? rc : 0u) * (K / 32u) : nullptr;
+  };
+  u32 cnt;
+  if (!route) {
+    // plain mode: the weights are known before the previous kernel ends,
+    // so the first loads go out before the dependency wait
+    rows_at();
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+  }
+  M3_PDL_WAIT();
+  if (route) {
+    // one round trip: every thread reads its word of the slot's record
+    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
+    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
+    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
+      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
+      xrow[threadIdx.x] = pr / xdiv;
+      yrow[threadIdx.x] = pr;
+    }
+    __syncthreads();
+    const int rows = head[1];
+    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
+    if (cnt == 0u) return;
+    const u32 e = (u32)head[0];
+    W += (u64)e * sg.w_es;
+    if (S) S += (u64)e * sg.ws_es;
+    rows_at();
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+  } else {
+    const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
+    cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+    if (cnt == 0u) return;
+    if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
+    __syncthreads();
+  }
+  const u32 nbt = (cnt + 7u) / 8u;
   float acc[S_MMA_MAXBT][4];
 #pragma unroll
   for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
   // super-chunk q of 128 K values; warp w takes q = w + nwarp * j, U of
   // them per iteration with every load issued before any is used
-  const u32 nsc = (K + 127u) / 128u;
-  const u32 U = SUnroll<F>::U, RW = SSeg<F>::B / 16u;
   for (u32 it = 0; warp + nwarp * U * it < nsc; ++it) {
-    uint4 raw[U][2][SSeg<F>::B / 16u];
-    u32 sca[U][2];
-#pragma unroll
-    for (u32 u = 0; u < U; ++u) {
-      const u32 q = warp + nwarp * (U * it + u);
-      const u32 k0 = q * 128u + 32u * t;
-      const bool in = q < nsc && k0 < K;
-      s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
-      s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
-      sca[u][0] = S && in && oka ? sa[k0 / 32u] : 0u;
-      sca[u][1] = S && in && okc ? sc[k0 / 32u] : 0u;
-    }
-    (void)RW;
+    if (it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
 #pragma unroll
     for (u32 u = 0; u < U; ++u) {
       const u32 q = warp + nwarp * (U * it + u);
@@ -364,36 +415,40 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const u8* __restrict__ w, co
     red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
   }
   __syncthreads();
+  u16* yb = reinterpret_cast<u16*>(sg.yb);
+  float* yf = reinterpret_cast<float*>(sg.yf);
   for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
     const u32 m = i / 16u, r = i % 16u, n = n0 + r;
     if (n >= N) continue;
     float v = 0.0f;
     for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
     const u64 o = (u64)yrow[m] * N + n;
-    if (yf) yf[o] = v;
-    else yb[o] = m3_bf16_from_f32(v);
+    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
+    else if (sg.mode == 1u) yf[o] = v;
+    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
   }
 }
 
 #define S_MMA_LINEAR(name, F)                                                                                   \
-  M3_KERNEL void __launch_bounds__(256, 2)                                                                     \
-      name(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K,       \
-           u32 M, const int* __restrict__ route, u32 ne, u64 w_es, u64 ws_es, u32 xdiv,               \
-                      u16* __restrict__ yb, float* __restrict__ yf) {                                           \
-    s_mma_linear<F>(x, w, ws, N, K, M, route, ne, w_es, ws_es, xdiv, yb, yf);                                   \
+  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, 16 / S_MMA_WARPS)                                         \
+      name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
+           u32 max_rows, u32 xdiv) {                                                                             \
+    s_mma_linear<F>(x, segs, K, M, route, max_rows, xdiv);                                                      \
   }
 S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16)
 S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3)
 S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4)
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
-/// linear: out[0] = distinct experts D; out[1 + s] = expert of slot s
-/// (ascending ids); out[1 + ne + s] = first pair of slot s (out[1 + ne + D]
-/// = pairs); out[2 + 2 ne + i] = pair ids (t * k + c), ascending within a
-/// slot. Negative ids (none chosen) are skipped. One CTA, ne <= 1024.
-M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, int* __restrict__ out) {
+/// linear: slot s < D (D = distinct experts, ascending ids) gets the record
+/// [expert, rows, pair ids (t * k + c) ascending]; slots D..nslots get rows
+/// 0. Negative ids (none chosen) are skipped. One CTA, ne <= 1024.
+M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, u32 nslots, u32 max_rows,
+                         int* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   __shared__ int cnt[1024];
-  __shared__ int off[1025];
+  __shared__ int slot[1024];
   for (u32 e = threadIdx.x; e < ne; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -402,31 +457,34 @@ M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, int* __
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int d = 0, o = 0;
-    for (u32 e = 0; e < ne; ++e) {
-      off[e] = o;
-      if (cnt[e] > 0) {
-        out[1 + d] = (int)e;
-        out[1 + ne + d] = o;
-        ++d;
-      }
-      o += cnt[e];
-    }
-    out[1 + ne + d] = o;
-    out[0] = d;
+    int d = 0;
+    for (u32 e = 0; e < ne; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
   }
   __syncthreads();
-  // each expert's pairs in ascending pair order
+  const u32 stride = S_ROUTE_STRIDE(max_rows);
+  // each chosen expert's record, pairs in ascending order
   for (u32 e = threadIdx.x; e < ne; e += blockDim.x) {
-    if (cnt[e] == 0) continue;
-    int o = off[e];
+    const int s = slot[e];
+    if (s < 0 || (u32)s >= nslots) continue;
+    int* rec = out + (u64)s * stride;
+    rec[0] = (int)e;
+    rec[1] = cnt[e];
+    int o = 0;
     for (u32 p = 0; p < pairs; ++p)
-      if (ids[p] == (int)e) out[2 + 2 * ne + o++] = (int)p;
+      if (ids[p] == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
+  }
+  // slots past the distinct experts: no rows
+  for (u32 s = threadIdx.x; s < nslots; s += blockDim.x) {
+    bool used = false;
+    for (u32 e = 0; e < ne; ++e) used |= slot[e] == (int)s;
+    if (!used) { out[(u64)s * stride] = 0; out[(u64)s * stride + 1] = 0; }
   }
 }
 
 /// r[t] = f32(embed[tok[t]]). Grid T.
 M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ table, u32 H, float* __restrict__ r) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   const u16* src = table + (u64)tok[blockIdx.x] * H;
   for (u32 i = threadIdx.x; i < H; i += blockDim.x) r[(u64)blockIdx.x * H + i] = m3_bf16_to_f32(src[i]);
 }
@@ -434,6 +492,8 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
 /// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])). Grid = output rows, block 256.
 M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w,
                            float eps, u32 n, u16* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   __shared__ float part[32];
   __shared__ float total;
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
@@ -458,6 +518,8 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
 /// x [T, heads, d] bf16; one warp per (t, head); d <= 256. Grid (heads, T), block 32.
 M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, const float* __restrict__ w, float eps,
                                  const u32* __restrict__ pos, double theta, u32 rd, u16* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   __shared__ float v[256];
   const u32 lane = threadIdx.x;
   const u64 base = ((u64)blockIdx.y * heads + blockIdx.x) * d;
@@ -493,6 +555,8 @@ M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, co
 /// cache[slot[t], :] = e4m3(x[t, :] / scale) (saturating RNE). Grid T.
 M3_KERNEL void m3s_cache_write(const u16* __restrict__ x, u32 width, const u32* __restrict__ slots, float scale,
                                u8* __restrict__ cache) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   const u64 dst = (u64)slots[blockIdx.x] * width;
   for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
     double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)scale;
@@ -509,6 +573,8 @@ M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u3
 /// SwiGLU-OAI: a = bf16(((u'+1) g') sigmoid(alpha g')). g, u bf16.
 M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up, float alpha, float limit,
                           u16* __restrict__ a, u32 n) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float g = m3_bf16_to_f32(gt[i]), u = m3_bf16_to_f32(up[i]);
@@ -518,15 +584,11 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   a[i] = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
 }
 
-/// r += f32(x) (bf16 x). n elements.
-M3_KERNEL void m3s_add_bf16(float* __restrict__ r, const u16* __restrict__ x, u32 n) {
-  u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) r[i] += m3_bf16_to_f32(x[i]);
-}
-
 /// r[t] += sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) + f32(shared[t]).
 M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye, const float* __restrict__ w, u32 k,
                                const u16* __restrict__ shared, u32 H) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   const u32 t = blockIdx.x;
   for (u32 i = threadIdx.x; i < H; i += blockDim.x) {
     float o = 0.0f;
@@ -542,6 +604,8 @@ M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye
 /// Grid T, block M3_WARP; ne <= 32 * M3_WARP, k <= 16.
 M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
                                float scaling, int* __restrict__ ids, float* __restrict__ wts) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   const u32 t = blockIdx.x, lane = threadIdx.x;
   const float* zr = z + (u64)t * ne;
   float v[32];
@@ -599,6 +663,8 @@ M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restr
 /// Grid (nl, parts), block 256.
 M3_KERNEL void m3s_argmax_part(const float* __restrict__ logits, u32 vocab, float* __restrict__ pv,
                                u32* __restrict__ pi) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   __shared__ float bv[32];
   __shared__ u32 bi[32];
   const u32 parts = gridDim.y, part = blockIdx.y;
@@ -630,6 +696,8 @@ M3_KERNEL void m3s_argmax_part(const float* __restrict__ logits, u32 vocab, floa
 /// every logit is NaN). Grid nl, block 1 (parts is small).
 M3_KERNEL void m3s_argmax_final(const float* __restrict__ pv, const u32* __restrict__ pi, u32 parts,
                                 u32* __restrict__ tok) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
   float best = -S_INF;
   u32 besti = 0xffffffffu;
   for (u32 p = 0; p < parts; ++p) {

@@ -59,6 +59,11 @@ pub struct Args {
     /// event per launch; also written to the JSON).
     #[arg(long)]
     pub profile: bool,
+    /// GPU: tensor-core linear variants to time against the defaults,
+    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8|16,
+    /// S_UNROLL_MUL=1..4), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
+    #[arg(long, default_value = "")]
+    pub variants: String,
     /// GPU: JSON output (default bench/results/<date>-gpu-standard.json).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,

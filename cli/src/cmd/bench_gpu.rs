@@ -258,9 +258,33 @@ pub fn run(args: &Args) -> Result<()> {
         "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {pages} pages of {page}",
         args.preset, cfg.num_hidden_layers, kind,
     );
+    // kernel variants (tensor-core linear tunables), each run on every case
+    let mut vlabels = vec!["default".to_string()];
+    for v in args
+        .variants
+        .split(';')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        sp.add_variant(&gpu, v)
+            .with_context(|| format!("--variants: compiling `{v}`"))?;
+        vlabels.push(v.to_string());
+    }
+    let runs: Vec<(usize, usize)> = (0..vlabels.len())
+        .flat_map(|v| (0..cases.len()).map(move |c| (v, c)))
+        .collect();
+    let run_label = |v: usize, c: &Case| {
+        if vlabels.len() > 1 {
+            format!("[{}] {}", vlabels[v], c.label)
+        } else {
+            c.label.clone()
+        }
+    };
     let t0 = Instant::now();
     let mut profiles = Vec::new();
-    for c in &cases {
+    for &(v, ci) in &runs {
+        sp.set_variant(v).context("variant")?;
+        let c = &cases[ci];
         let s = &c.step;
         sp.upload_step(s).context("upload")?;
         // one direct step first: every kernel loaded before the capture
@@ -269,8 +293,8 @@ pub fn run(args: &Args) -> Result<()> {
         if args.profile {
             sp.upload_step(s).context("upload")?;
             let prof = sp.profile().context("profile")?;
-            print_profile(&c.label, &prof);
-            profiles.push(json!({"case": c.label, "launches": prof
+            print_profile(&run_label(v, c), &prof);
+            profiles.push(json!({"case": run_label(v, c), "launches": prof
                 .iter()
                 .map(|(l, ms)| json!([l, ms]))
                 .collect::<Vec<_>>()}));
@@ -290,11 +314,13 @@ pub fn run(args: &Args) -> Result<()> {
     );
 
     // 5-6. interleaved timed rounds
-    let n = cases.len();
+    let n = runs.len();
     let mut samples: Vec<Vec<Vec<f64>>> = vec![Vec::new(); n];
     let mut bytes: Vec<Vec<u64>> = vec![Vec::new(); n];
     for _round in 0..args.rounds {
-        for (i, c) in cases.iter().enumerate() {
+        for (i, &(vi, ci)) in runs.iter().enumerate() {
+            sp.set_variant(vi).context("variant")?;
+            let c = &cases[ci];
             let s = &c.step;
             sp.upload_step(s).context("upload")?;
             let v = sp.time_replays(args.iters).context("timing")?;
@@ -313,7 +339,7 @@ pub fn run(args: &Args) -> Result<()> {
             let by = *bytes[i].last().unwrap_or(&0) as f64;
             println!(
                 "round {_round} {}: median {med:.3} ms (p10 {p10:.3}, p90 {p90:.3}), {:.1} MB/step, {:.1}% of ceiling",
-                c.label,
+                run_label(vi, c),
                 by / 1e6,
                 100.0 * by / (med * 1e-3) / 1e9 / ceiling
             );
@@ -330,7 +356,8 @@ pub fn run(args: &Args) -> Result<()> {
     println!("| case | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut out_cases = Vec::new();
-    for (i, c) in cases.iter().enumerate() {
+    for (i, &(vi, ci)) in runs.iter().enumerate() {
+        let c = &cases[ci];
         let b = c.batch;
         let all: Vec<f64> = samples[i].iter().flatten().copied().collect();
         let (med, p10, p90) = stats(&all);
@@ -343,7 +370,7 @@ pub fn run(args: &Args) -> Result<()> {
             .collect();
         println!(
             "| {} | {med:.3} | {p10:.3} | {p90:.3} | {:.1} | {gbs:.0} | {:.1}% | {:.0} | {} |",
-            c.label,
+            run_label(vi, c),
             by / 1e6,
             100.0 * gbs / ceiling,
             b as f64 / (med * 1e-3),
@@ -355,6 +382,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
         out_cases.push(json!({
             "case": c.label,
+            "variant": vlabels[vi],
             "batch": b,
             "rows": c.step.rows(),
             "context": c.context,

@@ -23,17 +23,41 @@
 //!    each side's logit of the other's token, and the max-abs and
 //!    relative-L2 difference of the two rows.
 //!
+//! 4. diagnosis (on a `MISMATCH`, or at every divergence with
+//!    `--diagnose`): the same teacher-forced prefill is run on both backends
+//!    with taps (`residual.{l}`, `experts.{l}`, `topk_blocks.{l}`,
+//!    `index_scores.{l}`), plus one more run of each through
+//!    [`forward_by_ops`] behind a recording wrapper ([`Recorder`]) for what
+//!    the taps do not hold: each layer's attention output (after `o_proj`),
+//!    FFN output and router input. Per layer: the residual's rel L2 on the
+//!    last row and on its worst row, the attention/FFN outputs' rel L2 on
+//!    the last row, and every discrete choice that differs (expert sets per
+//!    row, block selections per KV head and row) with the reference's own
+//!    score gap between the choices that differ (router: biased sigmoid
+//!    scores, recomputed from the reference's router input with the
+//!    reference's own `Linear`; indexer: `index_scores`). [`judge_upstream`]
+//!    then turns a logits `MISMATCH` into `near-tie-upstream` when the first
+//!    discrete difference is a near tie of the reference (below
+//!    `--router-margin` / `--topk-margin`, golden's margins) and every
+//!    residual before its layer is within `RESIDUAL_JUMP`.
+//!
 //! Any `MISMATCH` makes the command exit non-zero (after printing every
-//! prompt's line and writing `--json`).
+//! prompt's line and writing `--json`); `near-tie-upstream` does not.
 
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use m3_core::backend::{Backend, Path as RunPath, RunOptions, StepBatch, Taps};
+use m3_core::backend::{
+    forward_by_ops, Backend, BackendError, LinearInput, Op, Path as RunPath, RunOptions, StepBatch,
+    TapRequest, Taps,
+};
+use m3_core::config::IndexSelection;
 use m3_core::engine::{Engine, Request, SimplePlanner};
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::sample::SampleParams;
-use m3_core::weights::ModelWeights;
+use m3_core::weights::{FfnWeights, ModelWeights};
 use serde::Serialize;
 
 use super::forward::{backend, load_model, parse_act, parse_kv, parse_tokens, with_threads};
@@ -42,6 +66,13 @@ use super::forward::{backend, load_model, parse_act, parse_kv, parse_tokens, wit
 /// given (the same as `m3 generate`'s).
 const DEFAULT_PROMPT: [u32; 4] = [1, 2, 3, 4];
 
+/// Residual rel L2 (reference vs backend) above which a layer counts as
+/// the jump: below it, two backends differ by summation order only.
+const RESIDUAL_JUMP: f64 = 1e-2;
+
+/// Most discrete differences listed per prompt (the count is always whole).
+const MAX_LISTED: usize = 64;
+
 #[derive(clap::Args)]
 #[command(after_help = "Verdicts (per prompt):
   identical  both backends generated the same greedy tokens.
@@ -49,7 +80,19 @@ const DEFAULT_PROMPT: [u32; 4] = [1, 2, 3, 4];
              prefix, ref[ref_tok] - ref[be_tok] < MARGIN and
              be[be_tok] - be[ref_tok] < MARGIN: a swap of two logits within
              rounding of each other (accepted, reported).
-  MISMATCH   anything else, including non-finite logits: exit status 1.")]
+  near-tie-upstream
+             a logits MISMATCH whose diagnosis finds, upstream, that the
+             first differing discrete choice (router experts or indexer
+             blocks, teacher-forced prefill of the common prefix) is a near
+             tie of the reference (its score gap below --router-margin /
+             --topk-margin) and every residual before that layer is within
+             rel L2 1e-2 (accepted, reported).
+  MISMATCH   anything else, including non-finite logits: exit status 1.
+
+Diagnosis (on MISMATCH; at every divergence with --diagnose): per layer the
+residual rel L2 (last row, worst row), attention/FFN output rel L2, the
+experts and blocks that differ with the reference's score gap, the first
+layer whose residual rel L2 exceeds 1e-2 and the first discrete difference.")]
 pub struct Args {
     /// Checkpoint directory (default: the synthetic `tiny` checkpoint in the
     /// cache dir, as for `m3 generate`).
@@ -100,6 +143,15 @@ pub struct Args {
     /// Also write the report as JSON here (temp file + rename).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Diagnose every divergence (near-tie too), not only a MISMATCH.
+    #[arg(long)]
+    pub diagnose: bool,
+    /// Router near-tie margin (biased sigmoid score units; golden's floor).
+    #[arg(long, default_value_t = 1e-3)]
+    pub router_margin: f64,
+    /// Indexer near-tie margin (block score units; golden's floor).
+    #[arg(long, default_value_t = 2e-2)]
+    pub topk_margin: f64,
 }
 
 /// The judgement of one prompt.
@@ -109,6 +161,8 @@ pub(crate) enum Verdict {
     Identical,
     #[serde(rename = "near-tie")]
     NearTie,
+    #[serde(rename = "near-tie-upstream")]
+    NearTieUpstream,
     #[serde(rename = "MISMATCH")]
     Mismatch,
 }
@@ -118,6 +172,7 @@ impl Verdict {
         match self {
             Verdict::Identical => "identical",
             Verdict::NearTie => "near-tie",
+            Verdict::NearTieUpstream => "near-tie-upstream",
             Verdict::Mismatch => "MISMATCH",
         }
     }
@@ -266,8 +321,15 @@ struct PromptReport {
     /// difference.
     agreed: usize,
     verdict: Verdict,
-    /// The judgement at the first divergence (absent when identical).
+    /// The judgement at the first divergence (absent when identical); its
+    /// `verdict` is the logits' own, before the upstream rule.
     divergence: Option<Judgement>,
+    /// The per-layer diagnosis of the divergence (when one ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diagnosis: Option<Diagnosis>,
+    /// Why the diagnosis could not run (the verdict then stands as judged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diagnosis_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -275,6 +337,7 @@ struct Summary {
     prompts: usize,
     identical: usize,
     near_tie: usize,
+    near_tie_upstream: usize,
     mismatch: usize,
     min_agreed: usize,
 }
@@ -285,6 +348,9 @@ struct Report {
     backend: String,
     model: String,
     margin: f64,
+    router_margin: f64,
+    topk_margin: f64,
+    residual_jump: f64,
     max_tokens: usize,
     kv_dtype: String,
     act: String,
@@ -334,8 +400,9 @@ impl Ctx<'_> {
     }
 
     /// Logits of the last row of `tokens`, run as one prefill step on a
-    /// fresh cache (teacher forcing on the common prefix).
-    fn last_logits(&self, be: &dyn Backend, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// fresh cache (teacher forcing on the common prefix), capturing what
+    /// `taps` asks for.
+    fn last_logits(&self, be: &dyn Backend, tokens: &[u32], taps: &mut Taps) -> Result<Vec<f32>> {
         let mut cache = self.cache(tokens.len());
         let page = cache.layout.page_size;
         let table: Vec<u32> = (0..cache.layout.num_pages as u32).collect();
@@ -347,7 +414,7 @@ impl Ctx<'_> {
                 &step,
                 RunPath::Standard,
                 &self.opts,
-                &mut Taps::none(),
+                taps,
             )
             .map_err(|e| anyhow!("teacher-forced step on {}: {e}", be.name()))?;
         let vocab = self.model.config.vocab_size;
@@ -360,6 +427,737 @@ impl Ctx<'_> {
         }
         Ok(logits)
     }
+
+    /// The same teacher-forced step through [`forward_by_ops`] behind a
+    /// [`Recorder`]: the per-layer tensors the taps do not hold.
+    fn recorded(&self, be: &dyn Backend, tokens: &[u32]) -> Result<Recorded> {
+        let mut cache = self.cache(tokens.len());
+        let page = cache.layout.page_size;
+        let table: Vec<u32> = (0..cache.layout.num_pages as u32).collect();
+        let step = StepBatch::contiguous(0, tokens, 0, &table, page, false);
+        let rec = Recorder {
+            inner: be,
+            model: self.model,
+            rec: RefCell::new(Recorded::default()),
+        };
+        forward_by_ops(
+            &rec,
+            self.model,
+            &mut cache,
+            &step,
+            RunPath::Standard,
+            &self.opts,
+            &mut Taps::none(),
+        )
+        .map_err(|e| anyhow!("recorded teacher-forced step on {}: {e}", be.name()))?;
+        Ok(rec.rec.into_inner())
+    }
+}
+
+/// Per-layer tensors of a [`forward_by_ops`] step that the taps do not hold
+/// (`[T, H]` each, by layer).
+#[derive(Debug, Default)]
+struct Recorded {
+    /// Attention output after `o_proj` (before the residual add).
+    attn_out: BTreeMap<usize, Vec<f32>>,
+    /// FFN output (dense MLP, or routed experts + shared).
+    ffn_out: BTreeMap<usize, Vec<f32>>,
+    /// The router's input `h2` (MoE layers).
+    router_in: BTreeMap<usize, Vec<f32>>,
+}
+
+/// A backend that runs every op on `inner` and records, by layer, the
+/// outputs of `o_proj`, of the FFN and the router's input. Layers are told
+/// apart by the weights an op names (pointer identity with `model`'s), so
+/// it relies on nothing but the op stream of [`forward_by_ops`].
+struct Recorder<'a> {
+    inner: &'a dyn Backend,
+    model: &'a ModelWeights,
+    rec: RefCell<Recorded>,
+}
+
+impl Recorder<'_> {
+    fn layer_where(&self, f: impl Fn(&m3_core::weights::LayerWeights) -> bool) -> Option<usize> {
+        self.model.layers.iter().position(f)
+    }
+}
+
+impl Backend for Recorder<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        match op {
+            Op::Linear {
+                x,
+                rows,
+                w,
+                input,
+                round_out,
+                out,
+            } => {
+                let l = self.layer_where(|lw| std::ptr::eq(&lw.attn.o, w));
+                self.inner.run_op(Op::Linear {
+                    x,
+                    rows,
+                    w,
+                    input,
+                    round_out,
+                    out: &mut *out,
+                })?;
+                if let Some(l) = l {
+                    self.rec.borrow_mut().attn_out.insert(l, out.to_vec());
+                }
+                Ok(())
+            }
+            Op::Mlp {
+                x,
+                rows,
+                w,
+                alpha,
+                limit,
+                out,
+            } => {
+                let l = self.layer_where(
+                    |lw| matches!(&lw.ffn, FfnWeights::Dense(m) if std::ptr::eq(m, w)),
+                );
+                self.inner.run_op(Op::Mlp {
+                    x,
+                    rows,
+                    w,
+                    alpha,
+                    limit,
+                    out: &mut *out,
+                })?;
+                if let Some(l) = l {
+                    self.rec.borrow_mut().ffn_out.insert(l, out.to_vec());
+                }
+                Ok(())
+            }
+            Op::Experts {
+                x,
+                rows,
+                moe,
+                ids,
+                weights,
+                top_k,
+                act,
+                alpha,
+                limit,
+                out,
+            } => {
+                let l = self.layer_where(
+                    |lw| matches!(&lw.ffn, FfnWeights::Moe(m) if std::ptr::eq(m, moe)),
+                );
+                self.inner.run_op(Op::Experts {
+                    x,
+                    rows,
+                    moe,
+                    ids,
+                    weights,
+                    top_k,
+                    act,
+                    alpha,
+                    limit,
+                    out: &mut *out,
+                })?;
+                if let Some(l) = l {
+                    self.rec.borrow_mut().ffn_out.insert(l, out.to_vec());
+                }
+                Ok(())
+            }
+            Op::Router {
+                x,
+                rows,
+                router,
+                bias,
+                top_k,
+                scaling,
+                ids,
+                weights,
+            } => {
+                let l = self.layer_where(
+                    |lw| matches!(&lw.ffn, FfnWeights::Moe(m) if std::ptr::eq(&m.router, router)),
+                );
+                if let Some(l) = l {
+                    self.rec.borrow_mut().router_in.insert(l, x.to_vec());
+                }
+                self.inner.run_op(Op::Router {
+                    x,
+                    rows,
+                    router,
+                    bias,
+                    top_k,
+                    scaling,
+                    ids,
+                    weights,
+                })
+            }
+            other => self.inner.run_op(other),
+        }
+    }
+}
+
+/// The taps a diagnosis needs from each backend's teacher-forced step.
+const DIAG_TAPS: TapRequest = TapRequest {
+    residual: true,
+    topk_blocks: true,
+    index_scores: true,
+    experts: true,
+    logits: false,
+};
+
+/// Which discrete choice differs. Declared in the order a layer makes them
+/// (the indexer's blocks before the router's experts), which is the order
+/// "first difference" follows within a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub(crate) enum ChoiceKind {
+    #[serde(rename = "blocks")]
+    Blocks,
+    #[serde(rename = "experts")]
+    Experts,
+}
+
+impl ChoiceKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ChoiceKind::Blocks => "blocks",
+            ChoiceKind::Experts => "experts",
+        }
+    }
+}
+
+/// One layer's comparison (reference vs backend, teacher-forced prefill).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct LayerDiag {
+    pub layer: usize,
+    /// `||be - ref|| / ||ref||` of `residual.{l}`, last row (NaN when either
+    /// side is non-finite).
+    pub residual_rel_l2_last: f64,
+    pub residual_max_abs_last: f64,
+    /// The largest per-row rel L2 of `residual.{l}`, and its row.
+    pub residual_rel_l2_max_row: f64,
+    pub residual_worst_row: usize,
+    /// Last row of the attention output after `o_proj` / of the FFN output.
+    pub attn_out_rel_l2_last: Option<f64>,
+    pub ffn_out_rel_l2_last: Option<f64>,
+    /// Rows whose expert sets differ; (KV head, row) pairs whose block
+    /// selections differ.
+    pub expert_rows_differ: usize,
+    pub block_rows_differ: usize,
+}
+
+/// One discrete choice that differs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct DiscreteDiff {
+    pub layer: usize,
+    pub kind: ChoiceKind,
+    pub row: usize,
+    /// The KV head of a block selection (`None` for experts; 0 for a shared
+    /// selection, which every KV head repeats).
+    pub kv_head: Option<usize>,
+    pub ref_ids: Vec<i32>,
+    pub be_ids: Vec<i32>,
+    /// Chosen by the reference only / by the backend only.
+    pub ref_only: Vec<i32>,
+    pub be_only: Vec<i32>,
+    /// The reference's own score gap: the highest reference score among
+    /// `ref_only` minus the lowest among `be_only` (router: biased sigmoid
+    /// score; indexer: block score). `None`: unknown (no scores, or a
+    /// non-finite score).
+    pub gap: Option<f64>,
+    pub margin: f64,
+    /// `|gap| < margin` (a gap is >= 0 when the scores are the ones the
+    /// reference chose by).
+    pub near_tie: bool,
+}
+
+/// The upstream rule's result.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct Upstream {
+    /// The first discrete difference is a near tie and nothing jumped
+    /// before its layer.
+    pub near_tie: bool,
+    pub reason: String,
+}
+
+/// The diagnosis of one divergence.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct Diagnosis {
+    /// Rows of the teacher-forced prefill (the common prefix).
+    pub rows: usize,
+    pub residual_jump: f64,
+    pub layers: Vec<LayerDiag>,
+    /// First layer whose residual rel L2 is above `residual_jump` (or
+    /// non-finite), on the last row / on any row.
+    pub first_jump_layer_last_row: Option<usize>,
+    pub first_jump_layer_any_row: Option<usize>,
+    /// All discrete differences (the list holds the first `MAX_LISTED`, in
+    /// layer, kind, row, KV-head order).
+    pub discrete_differences: usize,
+    pub discrete: Vec<DiscreteDiff>,
+    pub first_discrete: Option<DiscreteDiff>,
+    /// Set when router gaps could not be computed ("router gap unknown").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_gap_note: Option<String>,
+    pub upstream: Upstream,
+}
+
+/// Rel L2 and max abs of `be` against `reference` (NaN for both when either
+/// holds a non-finite value or the lengths differ).
+fn rel_l2(reference: &[f32], be: &[f32]) -> (f64, f64) {
+    if reference.len() != be.len() {
+        return (f64::NAN, f64::NAN);
+    }
+    let (mut e2, mut n2, mut mx) = (0.0f64, 0.0f64, 0.0f64);
+    for (&a, &b) in reference.iter().zip(be) {
+        if !(a.is_finite() && b.is_finite()) {
+            return (f64::NAN, f64::NAN);
+        }
+        let d = f64::from(b) - f64::from(a);
+        e2 += d * d;
+        n2 += f64::from(a) * f64::from(a);
+        mx = mx.max(d.abs());
+    }
+    ((e2 / n2.max(1e-300)).sqrt(), mx)
+}
+
+/// Whether a rel L2 is a jump: above `jump`, or NaN (non-finite values).
+fn is_jump(rel: f64, jump: f64) -> bool {
+    rel.is_nan() || rel >= jump
+}
+
+/// The upstream rule. `residual` is each layer's worst-row residual rel L2
+/// (NaN counts as a jump); `diffs` every discrete difference in (layer,
+/// kind, row, head) order. Near tie upstream when there is a first
+/// difference, every residual *before* its layer is below `jump`, and every
+/// difference of the same layer and kind (all made from the same inputs) is
+/// a near tie of the reference.
+pub(crate) fn judge_upstream(residual: &[f64], diffs: &[DiscreteDiff], jump: f64) -> Upstream {
+    let first_jump = residual.iter().position(|&r| is_jump(r, jump));
+    let Some(first) = diffs.first() else {
+        return Upstream {
+            near_tie: false,
+            reason: match first_jump {
+                Some(l) => format!(
+                    "no discrete choice differs, yet the residual rel L2 exceeds {jump:.0e} at layer {l}: a numeric difference"
+                ),
+                None => format!(
+                    "no discrete choice differs and every residual is within rel L2 {jump:.0e}: the difference is after the last layer (final norm, LM head) or below the threshold"
+                ),
+            },
+        };
+    };
+    if let Some(l) = first_jump.filter(|&l| l < first.layer) {
+        return Upstream {
+            near_tie: false,
+            reason: format!(
+                "the residual rel L2 exceeds {jump:.0e} at layer {l} ({:.3e}), before the first discrete difference (layer {}): a numeric difference, not a flip",
+                residual[l], first.layer
+            ),
+        };
+    }
+    let stage: Vec<&DiscreteDiff> = diffs
+        .iter()
+        .take_while(|d| d.layer == first.layer && d.kind == first.kind)
+        .collect();
+    if let Some(d) = stage.iter().find(|d| !d.near_tie) {
+        return Upstream {
+            near_tie: false,
+            reason: format!(
+                "layer {} row {}{} {}: the reference's gap {} is not below the margin {:.1e}",
+                d.layer,
+                d.row,
+                d.kv_head
+                    .map(|h| format!(" kv head {h}"))
+                    .unwrap_or_default(),
+                d.kind.as_str(),
+                d.gap.map_or("unknown".to_string(), |g| format!("{g:.3e}")),
+                d.margin
+            ),
+        };
+    }
+    let worst = stage
+        .iter()
+        .filter_map(|d| d.gap)
+        .fold(f64::NEG_INFINITY, f64::max);
+    Upstream {
+        near_tie: true,
+        reason: format!(
+            "the first discrete difference (layer {}, {}, {} of them) is a near tie of the reference (largest gap {worst:.3e} < margin {:.1e}) and every residual before layer {} is within rel L2 {jump:.0e}",
+            first.layer,
+            first.kind.as_str(),
+            stage.len(),
+            first.margin,
+            first.layer
+        ),
+    }
+}
+
+/// A prompt's verdict: the logits' own, except that a `MISMATCH` with
+/// finite logits whose diagnosis found a near tie upstream is
+/// `near-tie-upstream`.
+pub(crate) fn final_verdict(j: &Judgement, upstream: Option<&Upstream>) -> Verdict {
+    match (j.verdict, upstream) {
+        (Verdict::Mismatch, Some(u)) if u.near_tie && !j.nonfinite => Verdict::NearTieUpstream,
+        (v, _) => v,
+    }
+}
+
+/// The non-negative ids of a padded selection, as a set.
+fn id_set(v: &[i32]) -> BTreeSet<i32> {
+    v.iter().copied().filter(|&i| i >= 0).collect()
+}
+
+/// `max score(ref_only) - min score(be_only)`; `None` when a score is
+/// missing or the result is not finite.
+fn score_gap(score: impl Fn(i32) -> Option<f64>, ref_only: &[i32], be_only: &[i32]) -> Option<f64> {
+    let mut hi = f64::NEG_INFINITY;
+    for &a in ref_only {
+        hi = hi.max(score(a)?);
+    }
+    let mut lo = f64::INFINITY;
+    for &b in be_only {
+        lo = lo.min(score(b)?);
+    }
+    let g = hi - lo;
+    g.is_finite().then_some(g)
+}
+
+/// A difference record, if the two selections differ.
+#[allow(clippy::too_many_arguments)]
+fn diff_of(
+    layer: usize,
+    kind: ChoiceKind,
+    row: usize,
+    kv_head: Option<usize>,
+    r: &[i32],
+    b: &[i32],
+    score: impl Fn(i32) -> Option<f64>,
+    margin: f64,
+) -> Option<DiscreteDiff> {
+    let (rs, bs) = (id_set(r), id_set(b));
+    if rs == bs {
+        return None;
+    }
+    let ref_only: Vec<i32> = rs.difference(&bs).copied().collect();
+    let be_only: Vec<i32> = bs.difference(&rs).copied().collect();
+    let gap = score_gap(score, &ref_only, &be_only);
+    Some(DiscreteDiff {
+        layer,
+        kind,
+        row,
+        kv_head,
+        ref_ids: rs.into_iter().collect(),
+        be_ids: bs.into_iter().collect(),
+        ref_only,
+        be_only,
+        gap,
+        margin,
+        // a negative gap (the reference's own scores preferring what it did
+        // not choose) means the scores are not the ones it chose by: only
+        // within the margin is that still a tie
+        near_tie: gap.is_some_and(|g| g.abs() < margin),
+    })
+}
+
+/// The reference's biased router scores `sigmoid(z) + bias` (`[T, experts]`)
+/// of MoE layer `l`, from its recorded router input, through the
+/// reference's own f32-input `Linear` (as its router computes `z`).
+fn router_scores(
+    reference: &dyn Backend,
+    model: &ModelWeights,
+    l: usize,
+    x: &[f32],
+    rows: usize,
+) -> Result<Vec<f32>> {
+    let FfnWeights::Moe(moe) = &model.layers[l].ffn else {
+        bail!("layer {l} is not an MoE layer");
+    };
+    let ne = moe.router.rows();
+    let mut z = vec![0.0f32; rows * ne];
+    reference
+        .run_op(Op::Linear {
+            x,
+            rows,
+            w: &moe.router,
+            input: LinearInput::F32,
+            round_out: false,
+            out: &mut z,
+        })
+        .map_err(|e| anyhow!("router logits of layer {l} on {}: {e}", reference.name()))?;
+    for (i, v) in z.iter_mut().enumerate() {
+        let s = 1.0 / (1.0 + (-*v).exp());
+        *v = s + moe.correction_bias.get(i % ne).copied().unwrap_or(0.0);
+    }
+    Ok(z)
+}
+
+/// Margins of the discrete choices.
+#[derive(Clone, Copy, Debug)]
+struct Margins {
+    router: f64,
+    topk: f64,
+}
+
+/// Compare the two teacher-forced steps layer by layer (see the module doc).
+#[allow(clippy::too_many_arguments)]
+fn diagnose(
+    model: &ModelWeights,
+    reference: &dyn Backend,
+    rows: usize,
+    rt: &Taps,
+    bt: &Taps,
+    rr: &Recorded,
+    br: &Recorded,
+    margins: Margins,
+) -> Result<Diagnosis> {
+    let c = &model.config;
+    let h = c.hidden_size;
+    let last = rows.checked_sub(1).context("empty prefix")?;
+    let row =
+        |v: &[f32], t: usize| -> Vec<f32> { v.get(t * h..(t + 1) * h).unwrap_or(&[]).to_vec() };
+    let mut layers = Vec::with_capacity(model.layers.len());
+    let mut diffs: Vec<DiscreteDiff> = Vec::new();
+    let mut router_notes: Vec<String> = Vec::new();
+    for l in 0..model.layers.len() {
+        let name = format!("residual.{l}");
+        let (Some(ra), Some(ba)) = (rt.f32(&name), bt.f32(&name)) else {
+            bail!("no {name} tap from both backends (a backend that ignores taps cannot be diagnosed)");
+        };
+        if ra.len() != rows * h || ba.len() != rows * h {
+            bail!(
+                "{name}: {} and {} values, expected {}",
+                ra.len(),
+                ba.len(),
+                rows * h
+            );
+        }
+        let (last_rel, last_abs) = rel_l2(&row(ra, last), &row(ba, last));
+        let (mut worst, mut worst_row) = (0.0f64, 0usize);
+        for t in 0..rows {
+            let (r, _) = rel_l2(&row(ra, t), &row(ba, t));
+            if r.is_nan() || r > worst {
+                worst = r;
+                worst_row = t;
+                if r.is_nan() {
+                    break;
+                }
+            }
+        }
+        let side = |m: &BTreeMap<usize, Vec<f32>>, n: &BTreeMap<usize, Vec<f32>>| match (
+            m.get(&l),
+            n.get(&l),
+        ) {
+            (Some(a), Some(b)) if a.len() == rows * h && b.len() == rows * h => {
+                Some(rel_l2(&row(a, last), &row(b, last)).0)
+            }
+            _ => None,
+        };
+        let mut ld = LayerDiag {
+            layer: l,
+            residual_rel_l2_last: last_rel,
+            residual_max_abs_last: last_abs,
+            residual_rel_l2_max_row: worst,
+            residual_worst_row: worst_row,
+            attn_out_rel_l2_last: side(&rr.attn_out, &br.attn_out),
+            ffn_out_rel_l2_last: side(&rr.ffn_out, &br.ffn_out),
+            expert_rows_differ: 0,
+            block_rows_differ: 0,
+        };
+        // the indexer's blocks
+        let tb = format!("topk_blocks.{l}");
+        if let (Some(ra), Some(ba)) = (rt.i32(&tb), bt.i32(&tb)) {
+            let k = c.index_topk_blocks.max(1);
+            let nkv = c.num_key_value_heads;
+            if ra.len() == ba.len() && ra.len() == nkv * rows * k {
+                let scores = rt.tensors.get(&format!("index_scores.{l}")).and_then(|t| {
+                    match (&t.data, t.shape.as_slice()) {
+                        (m3_core::backend::TapData::F32(v), &[nih, tt, nb])
+                            if tt == rows && v.len() == nih * tt * nb =>
+                        {
+                            Some((v.as_slice(), nih, nb))
+                        }
+                        _ => None,
+                    }
+                });
+                let shared = c.index_selection == IndexSelection::Shared;
+                let heads = if shared { 1 } else { nkv };
+                for g in 0..heads {
+                    for t in 0..rows {
+                        let at = (g * rows + t) * k;
+                        let score = |b: i32| -> Option<f64> {
+                            let (v, nih, nb) = scores?;
+                            let b = usize::try_from(b).ok().filter(|&b| b < nb)?;
+                            let s = if shared {
+                                (0..nih)
+                                    .map(|q| v[(q * rows + t) * nb + b])
+                                    .fold(f32::NEG_INFINITY, f32::max)
+                            } else if g < nih {
+                                v[(g * rows + t) * nb + b]
+                            } else {
+                                return None;
+                            };
+                            Some(f64::from(s))
+                        };
+                        if let Some(d) = diff_of(
+                            l,
+                            ChoiceKind::Blocks,
+                            t,
+                            Some(g),
+                            &ra[at..at + k],
+                            &ba[at..at + k],
+                            score,
+                            margins.topk,
+                        ) {
+                            ld.block_rows_differ += 1;
+                            diffs.push(d);
+                        }
+                    }
+                }
+            }
+        }
+        // the router's experts
+        let te = format!("experts.{l}");
+        if let (Some(ra), Some(ba)) = (rt.i32(&te), bt.i32(&te)) {
+            let k = c.num_experts_per_tok.max(1);
+            if ra.len() == ba.len() && ra.len() == rows * k {
+                let differ: Vec<usize> = (0..rows)
+                    .filter(|&t| id_set(&ra[t * k..(t + 1) * k]) != id_set(&ba[t * k..(t + 1) * k]))
+                    .collect();
+                let scores = if differ.is_empty() {
+                    None
+                } else {
+                    match rr.router_in.get(&l) {
+                        None => {
+                            router_notes.push(format!("layer {l}: no router input recorded"));
+                            None
+                        }
+                        Some(x) => match router_scores(reference, model, l, x, rows) {
+                            Ok(s) => Some(s),
+                            Err(e) => {
+                                router_notes.push(format!("{e:#}"));
+                                None
+                            }
+                        },
+                    }
+                };
+                let ne = scores.as_ref().map_or(0, |s| s.len() / rows.max(1));
+                for t in differ {
+                    let score = |e: i32| -> Option<f64> {
+                        let s = scores.as_ref()?;
+                        let e = usize::try_from(e).ok().filter(|&e| e < ne)?;
+                        Some(f64::from(s[t * ne + e]))
+                    };
+                    if let Some(d) = diff_of(
+                        l,
+                        ChoiceKind::Experts,
+                        t,
+                        None,
+                        &ra[t * k..(t + 1) * k],
+                        &ba[t * k..(t + 1) * k],
+                        score,
+                        margins.router,
+                    ) {
+                        ld.expert_rows_differ += 1;
+                        diffs.push(d);
+                    }
+                }
+            }
+        }
+        layers.push(ld);
+    }
+    diffs.sort_by_key(|d| (d.layer, d.kind, d.row, d.kv_head));
+    let worst: Vec<f64> = layers.iter().map(|d| d.residual_rel_l2_max_row).collect();
+    let upstream = judge_upstream(&worst, &diffs, RESIDUAL_JUMP);
+    let jump = |f: fn(&LayerDiag) -> f64| layers.iter().position(|d| is_jump(f(d), RESIDUAL_JUMP));
+    Ok(Diagnosis {
+        rows,
+        residual_jump: RESIDUAL_JUMP,
+        first_jump_layer_last_row: jump(|d| d.residual_rel_l2_last),
+        first_jump_layer_any_row: jump(|d| d.residual_rel_l2_max_row),
+        discrete_differences: diffs.len(),
+        first_discrete: diffs.first().cloned(),
+        discrete: diffs.into_iter().take(MAX_LISTED).collect(),
+        router_gap_note: (!router_notes.is_empty())
+            .then(|| format!("router gap unknown: {}", router_notes.join("; "))),
+        layers,
+        upstream,
+    })
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or("n/a".to_string(), |x| format!("{x:.3e}"))
+}
+
+fn fmt_diff(d: &DiscreteDiff) -> String {
+    format!(
+        "layer {} row {}{} {}: ref {:?}, backend {:?} (ref only {:?}, backend only {:?}); ref {} gap {} ({}, margin {:.1e})",
+        d.layer,
+        d.row,
+        d.kv_head.map(|h| format!(" kv head {h}")).unwrap_or_default(),
+        d.kind.as_str(),
+        d.ref_ids,
+        d.be_ids,
+        d.ref_only,
+        d.be_only,
+        match d.kind {
+            ChoiceKind::Blocks => "index-score",
+            ChoiceKind::Experts => "router-score",
+        },
+        d.gap.map_or("unknown".to_string(), |g| format!("{g:.3e}")),
+        if d.near_tie { "near tie" } else { "NOT a near tie" },
+        d.margin
+    )
+}
+
+fn print_diagnosis(g: &Diagnosis) {
+    println!(
+        "  diagnosis: teacher-forced prefill of {} rows, reference vs backend per layer (rel L2; last row, worst row):",
+        g.rows
+    );
+    for d in &g.layers {
+        println!(
+            "    layer {:>3}: residual {:.3e} (max abs {:.3e}), worst row {} {:.3e}; attn out {}; ffn out {}; experts differ in {} row(s); blocks differ in {} head-row(s)",
+            d.layer,
+            d.residual_rel_l2_last,
+            d.residual_max_abs_last,
+            d.residual_worst_row,
+            d.residual_rel_l2_max_row,
+            fmt_opt(d.attn_out_rel_l2_last),
+            fmt_opt(d.ffn_out_rel_l2_last),
+            d.expert_rows_differ,
+            d.block_rows_differ
+        );
+    }
+    let jl = |v: Option<usize>| v.map_or("none".to_string(), |l| format!("layer {l}"));
+    println!(
+        "  first residual rel L2 above {:.0e}: {} (last row), {} (any row)",
+        g.residual_jump,
+        jl(g.first_jump_layer_last_row),
+        jl(g.first_jump_layer_any_row)
+    );
+    match &g.first_discrete {
+        None => println!("  first discrete difference: none"),
+        Some(d) => println!(
+            "  first discrete difference: {} ({} in all)",
+            fmt_diff(d),
+            g.discrete_differences
+        ),
+    }
+    if let Some(n) = &g.router_gap_note {
+        println!("  {n}");
+    }
+    println!(
+        "  upstream: {}: {}",
+        if g.upstream.near_tie {
+            "near tie"
+        } else {
+            "not a near tie"
+        },
+        g.upstream.reason
+    );
 }
 
 /// SplitMix64: the `--prompts` prompts are a pure function of the seed.
@@ -431,6 +1229,15 @@ fn fmt_top2(t: &[(u32, f32)]) -> String {
         .join(", ")
 }
 
+/// How divergences are judged.
+#[derive(Clone, Copy, Debug)]
+struct Judging {
+    margin: f64,
+    margins: Margins,
+    /// Diagnose every divergence, not only a logits MISMATCH.
+    diagnose_always: bool,
+}
+
 /// One prompt: both greedy streams, and the judgement at the first
 /// difference (`rc`/`bc`: the reference's and the backend's run settings).
 #[allow(clippy::too_many_arguments)]
@@ -442,11 +1249,12 @@ fn run_prompt(
     index: usize,
     prompt: Vec<u32>,
     n: usize,
-    margin: f64,
+    how: Judging,
 ) -> Result<PromptReport> {
     let a = rc.greedy(reference, &prompt, n)?;
     let b = bc.greedy(be, &prompt, n)?;
     let agreed = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (mut diagnosis, mut diagnosis_error) = (None, None);
     let (verdict, divergence) = if a == b {
         (Verdict::Identical, None)
     } else if agreed == a.len().min(b.len()) {
@@ -460,11 +1268,35 @@ fn run_prompt(
     } else {
         let mut prefix = prompt.clone();
         prefix.extend_from_slice(&a[..agreed]);
-        let ra = rc.last_logits(reference, &prefix)?;
-        let rb = bc.last_logits(be, &prefix)?;
-        let j = judge(&ra, &rb, a[agreed], b[agreed], margin)
+        let (mut rt, mut bt) = (Taps::new(DIAG_TAPS), Taps::new(DIAG_TAPS));
+        let ra = rc.last_logits(reference, &prefix, &mut rt)?;
+        let rb = bc.last_logits(be, &prefix, &mut bt)?;
+        let j = judge(&ra, &rb, a[agreed], b[agreed], how.margin)
             .with_context(|| format!("prompt {index}: judging generated token {agreed}"))?;
-        (j.verdict, Some(j))
+        let mut verdict = final_verdict(&j, None);
+        if verdict == Verdict::Mismatch || how.diagnose_always {
+            let g = rc.recorded(reference, &prefix).and_then(|rr| {
+                let br = bc.recorded(be, &prefix)?;
+                diagnose(
+                    rc.model,
+                    reference,
+                    prefix.len(),
+                    &rt,
+                    &bt,
+                    &rr,
+                    &br,
+                    how.margins,
+                )
+            });
+            match g {
+                Ok(g) => {
+                    verdict = final_verdict(&j, Some(&g.upstream));
+                    diagnosis = Some(g);
+                }
+                Err(e) => diagnosis_error = Some(format!("{e:#}")),
+            }
+        }
+        (verdict, Some(j))
     };
     Ok(PromptReport {
         index,
@@ -474,6 +1306,8 @@ fn run_prompt(
         agreed,
         verdict,
         divergence,
+        diagnosis,
+        diagnosis_error,
     })
 }
 
@@ -510,6 +1344,12 @@ fn print_line(r: &PromptReport, n: usize, ref_name: &str, be_name: &str) {
             j.margin,
         ),
     }
+    if let Some(g) = &r.diagnosis {
+        print_diagnosis(g);
+    }
+    if let Some(e) = &r.diagnosis_error {
+        println!("  diagnosis failed: {e}");
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -518,6 +1358,14 @@ pub fn run(args: Args) -> Result<()> {
     }
     if !(args.margin.is_finite() && args.margin >= 0.0) {
         bail!("--margin {}: expected a finite number >= 0", args.margin);
+    }
+    for (flag, m) in [
+        ("--router-margin", args.router_margin),
+        ("--topk-margin", args.topk_margin),
+    ] {
+        if !(m.is_finite() && m >= 0.0) {
+            bail!("{flag} {m}: expected a finite number >= 0");
+        }
     }
     if args.prompts == Some(0) {
         bail!("--prompts must be at least 1");
@@ -564,10 +1412,18 @@ pub fn run(args: Args) -> Result<()> {
         format!("backend {}", be.name()),
     );
     let n = args.max_tokens;
+    let how = Judging {
+        margin: args.margin,
+        margins: Margins {
+            router: args.router_margin,
+            topk: args.topk_margin,
+        },
+        diagnose_always: args.diagnose,
+    };
     let results = with_threads(args.threads, || -> Result<Vec<PromptReport>> {
         let mut out = Vec::new();
         for (i, p) in prompts.into_iter().enumerate() {
-            let r = run_prompt(&rc, &bc, &*reference, &*be, i, p, n, args.margin)?;
+            let r = run_prompt(&rc, &bc, &*reference, &*be, i, p, n, how)?;
             print_line(&r, n, &ref_name, &be_name);
             out.push(r);
         }
@@ -578,15 +1434,17 @@ pub fn run(args: Args) -> Result<()> {
         prompts: results.len(),
         identical: count(Verdict::Identical),
         near_tie: count(Verdict::NearTie),
+        near_tie_upstream: count(Verdict::NearTieUpstream),
         mismatch: count(Verdict::Mismatch),
         min_agreed: results.iter().map(|r| r.agreed).min().unwrap_or(0),
     };
     println!(
-        "parity {ref_name} vs {be_name}: {} prompt(s): {} identical, {} near-tie, {} MISMATCH; min tokens agreed {}/{n} (margin {:.1e})",
+        "parity {ref_name} vs {be_name}: {} prompt(s): {} identical, {} near-tie, {} MISMATCH, {} near-tie-upstream; min tokens agreed {}/{n} (margin {:.1e})",
         summary.prompts,
         summary.identical,
         summary.near_tie,
         summary.mismatch,
+        summary.near_tie_upstream,
         summary.min_agreed,
         args.margin
     );
@@ -598,6 +1456,9 @@ pub fn run(args: Args) -> Result<()> {
             backend: be.name().to_string(),
             model: dir.display().to_string(),
             margin: args.margin,
+            router_margin: args.router_margin,
+            topk_margin: args.topk_margin,
+            residual_jump: RESIDUAL_JUMP,
             max_tokens: n,
             kv_dtype: args.kv_dtype.clone(),
             act: args.act.clone(),
@@ -705,6 +1566,127 @@ mod tests {
         assert_eq!(top2(&v), vec![(1, 3.0), (2, 3.0)]);
         assert_eq!(top2(&v)[0].0, m3_core::sample::greedy(&v));
         assert_eq!(top2(&[0.5]), vec![(0, 0.5)]);
+    }
+
+    /// A discrete difference with the given reference gap (margin: golden's
+    /// router margin 1e-3, or topk 2e-2 for blocks).
+    fn flip(layer: usize, kind: ChoiceKind, row: usize, gap: Option<f64>) -> DiscreteDiff {
+        let margin = match kind {
+            ChoiceKind::Experts => 1e-3,
+            ChoiceKind::Blocks => 2e-2,
+        };
+        diff_of(
+            layer,
+            kind,
+            row,
+            (kind == ChoiceKind::Blocks).then_some(0),
+            &[1, 4],
+            &[1, 5],
+            |e| match e {
+                4 => gap.map(|g| 0.5 + g),
+                5 => gap.map(|_| 0.5),
+                _ => Some(0.9),
+            },
+            margin,
+        )
+        .expect("the selections differ")
+    }
+
+    #[test]
+    fn a_near_tie_flip_upstream_is_accepted() {
+        // residuals at summation noise until the flip at layer 2, large after
+        let residual = [2e-4, 3e-4, 0.4, 0.6];
+        let d = flip(2, ChoiceKind::Experts, 40, Some(3e-4));
+        assert_eq!((d.ref_only.clone(), d.be_only.clone()), (vec![4], vec![5]));
+        assert!(
+            (d.gap.expect("gap") - 3e-4).abs() < 1e-12 && d.near_tie,
+            "{d:?}"
+        );
+        let u = judge_upstream(&residual, std::slice::from_ref(&d), RESIDUAL_JUMP);
+        assert!(u.near_tie, "{u:?}");
+        // the logits MISMATCH becomes near-tie-upstream, and only that
+        let a = row(64, &[(7, 3.0), (9, 1.0)]);
+        let b = row(64, &[(7, 1.0), (9, 3.0)]);
+        let j = judge(&a, &b, 7, 9, 1e-3).expect("judge");
+        assert_eq!(j.verdict, Verdict::Mismatch);
+        assert_eq!(final_verdict(&j, Some(&u)), Verdict::NearTieUpstream);
+        assert_eq!(final_verdict(&j, None), Verdict::Mismatch);
+        // an indexer flip at layer 0 (nothing before it) within topk margin
+        let b0 = flip(0, ChoiceKind::Blocks, 12, Some(5e-3));
+        assert!(judge_upstream(&[0.2, 0.5], &[b0], RESIDUAL_JUMP).near_tie);
+        // non-finite logits stay a MISMATCH whatever the upstream says
+        let nan = row(64, &[(7, 3.0), (9, f32::NAN)]);
+        let j = judge(&nan, &b, 7, 9, 1e-3).expect("judge");
+        assert_eq!(final_verdict(&j, Some(&u)), Verdict::Mismatch);
+    }
+
+    #[test]
+    fn a_residual_jump_before_any_flip_is_a_mismatch() {
+        // layer 1 already differs by 5e-2 (a numeric bug); the near-tie flip
+        // at layer 2 is its consequence, not an excuse
+        let residual = [2e-4, 5e-2, 0.4];
+        let d = flip(2, ChoiceKind::Experts, 3, Some(1e-4));
+        let u = judge_upstream(&residual, &[d], RESIDUAL_JUMP);
+        assert!(!u.near_tie && u.reason.contains("layer 1"), "{u:?}");
+        // a non-finite residual counts as a jump
+        let d = flip(2, ChoiceKind::Experts, 3, Some(1e-4));
+        assert!(!judge_upstream(&[1e-4, f64::NAN, 0.4], &[d], RESIDUAL_JUMP).near_tie);
+        // no flip at all but a jump: numeric
+        let u = judge_upstream(&residual, &[], RESIDUAL_JUMP);
+        assert!(!u.near_tie && u.reason.contains("layer 1"), "{u:?}");
+        assert!(!judge_upstream(&[1e-4, 2e-4], &[], RESIDUAL_JUMP).near_tie);
+    }
+
+    #[test]
+    fn a_flip_that_is_not_a_near_tie_is_a_mismatch() {
+        // the planted error: the backend picks an expert the reference
+        // scores 4e-2 lower, with every residual before it at noise level
+        let residual = [2e-4, 3e-4, 0.4];
+        let d = flip(2, ChoiceKind::Experts, 7, Some(4e-2));
+        assert!(!d.near_tie);
+        let u = judge_upstream(&residual, &[d], RESIDUAL_JUMP);
+        assert!(
+            !u.near_tie && u.reason.contains("not below the margin"),
+            "{u:?}"
+        );
+        // one near tie and one real flip in the same layer and kind: mismatch
+        let ds = [
+            flip(2, ChoiceKind::Experts, 3, Some(1e-4)),
+            flip(2, ChoiceKind::Experts, 9, Some(4e-2)),
+        ];
+        assert!(!judge_upstream(&residual, &ds, RESIDUAL_JUMP).near_tie);
+        // an unknown gap (no router scores) is never a near tie
+        let d = flip(2, ChoiceKind::Experts, 3, None);
+        assert!(d.gap.is_none() && !d.near_tie);
+        assert!(!judge_upstream(&residual, &[d], RESIDUAL_JUMP).near_tie);
+        // a block gap within the router margin but judged by topk's: tie;
+        // beyond topk's: not
+        assert!(flip(1, ChoiceKind::Blocks, 0, Some(1.5e-2)).near_tie);
+        assert!(!flip(1, ChoiceKind::Blocks, 0, Some(3e-2)).near_tie);
+    }
+
+    #[test]
+    fn gaps_and_rel_l2_handle_edge_cases() {
+        // padded selections: -1 ignored, order ignored
+        assert!(diff_of(
+            0,
+            ChoiceKind::Blocks,
+            0,
+            Some(0),
+            &[0, 3, -1],
+            &[3, 0, -1],
+            |_| None,
+            1.0
+        )
+        .is_none());
+        // worst pair: max over ref-only minus min over backend-only
+        let s = |e: i32| Some([0.0, 0.9, 0.8, 0.7, 0.1][e as usize]);
+        assert_eq!(score_gap(s, &[1, 2], &[3, 4]), Some(0.9 - 0.1));
+        assert_eq!(score_gap(|_| Some(f64::NEG_INFINITY), &[1], &[2]), None);
+        let (r, m) = rel_l2(&[3.0, 4.0], &[3.0, 4.5]);
+        assert!((r - 0.1).abs() < 1e-12 && (m - 0.5).abs() < 1e-12);
+        assert!(rel_l2(&[1.0], &[f32::INFINITY]).0.is_nan());
+        assert!(rel_l2(&[1.0], &[1.0, 2.0]).0.is_nan());
     }
 
     #[test]

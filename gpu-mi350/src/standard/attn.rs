@@ -2,12 +2,13 @@
 //! `kernels/standard_attention.cu`).
 //!
 //! The indexer is two launches: `m3s_index_scores` (one CTA per (key block,
-//! row), one key per thread) writes the block scores, `m3s_index_topk` (one
+//! row), four threads per key) writes the block scores, `m3s_index_topk` (one
 //! CTA per (selection head, row)) picks the top-K blocks. Attention is
 //! flash-decoding: `m3s_attn_partial` (one CTA per (chunk, KV head, row),
-//! all q heads of the KV group share each K/V load) writes per-chunk
-//! softmax partials, `m3s_attn_combine` (one CTA per (q head, row)) merges
-//! them. Every grid is fixed by capacity, so the launches are graph-capturable.
+//! all q heads of the KV group share each K/V load; Q K^T and P V on bf16
+//! tensor cores) writes per-chunk softmax partials, `m3s_attn_combine` (one
+//! CTA per (q head, row)) merges them. Every grid is fixed by capacity, so
+//! the launches are graph-capturable.
 
 // wired by path.rs
 
@@ -16,12 +17,12 @@ use cudarc::driver::CudaFunction;
 use super::path::{Arg, StandardPath};
 use crate::error::{GpuError, Result};
 
-/// Threads of `m3s_index_scores` (SI_THREADS in the kernel).
-const INDEX_SCORES_BLOCK: u32 = 128;
+/// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
+const INDEX_SCORES_BLOCK: u32 = 256;
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
-/// Threads of `m3s_attn_partial` (SA_THREADS).
-const ATTN_PARTIAL_BLOCK: u32 = 256;
+/// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
+const ATTN_PARTIAL_BLOCK: u32 = 128;
 /// Threads of `m3s_attn_combine` (SC_THREADS).
 const ATTN_COMBINE_BLOCK: u32 = 128;
 

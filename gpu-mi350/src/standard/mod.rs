@@ -41,7 +41,6 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_headnorm_rope",
         "m3s_cache_write",
         "m3s_swiglu",
-        "m3s_add_bf16",
         "m3s_moe_combine",
         "m3s_mma_bf16",
         "m3s_mma_e4m3",

@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaStream};
 use m3_core::backend::{Path, StepBatch};
 use m3_core::config::{AttnKind, IndexSelection};
 
@@ -35,6 +33,35 @@ const MMA_ROWS: usize = 64;
 /// Slices of the vocabulary in the first greedy phase.
 const ARGMAX_PARTS: usize = 64;
 
+/// The tensor-core linear kernels of one compiled variant.
+struct MmaVariant {
+    label: String,
+    /// Threads per CTA (S_MMA_WARPS * 32 of that compile).
+    block: u32,
+    f: HashMap<&'static str, CudaFunction>,
+}
+
+impl MmaVariant {
+    fn load(
+        gpu: &CudaGpu,
+        src: &crate::kernels::KernelSource,
+        label: &str,
+        block: u32,
+    ) -> Result<Self> {
+        let mut f = HashMap::new();
+        for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4] {
+            if let Some(n) = fm.mma_kernel() {
+                f.insert(n, gpu.function(src, n)?);
+            }
+        }
+        Ok(MmaVariant {
+            label: label.to_string(),
+            block,
+            f,
+        })
+    }
+}
+
 /// Capacities fixed at construction (buffers are never reallocated, so a
 /// captured graph's addresses stay valid).
 #[derive(Clone, Copy, Debug)]
@@ -56,8 +83,9 @@ struct Kernels {
     /// One-warp-per-feature kernels (f32 weights, and routed experts when a
     /// step has more rows than the tensor-core kernel's 64).
     lin: HashMap<&'static str, CudaFunction>,
-    /// Tensor-core kernels for bf16 / MXFP8 / MXFP4 weights.
-    mma: HashMap<&'static str, CudaFunction>,
+    /// Tensor-core kernels for bf16 / MXFP8 / MXFP4 weights, one set per
+    /// compiled variant (index 0: the defaults; see `add_variant`).
+    mma: Vec<MmaVariant>,
     route: CudaFunction,
     router_warp: CudaFunction,
     argmax_part: CudaFunction,
@@ -68,7 +96,6 @@ struct Kernels {
     headnorm_rope: CudaFunction,
     cache_write: CudaFunction,
     swiglu: CudaFunction,
-    add_bf16: CudaFunction,
     moe_combine: CudaFunction,
 }
 
@@ -95,7 +122,6 @@ struct Acts {
     /// Attention partials per (row, KV head, chunk, head) (see attn.rs).
     ascratch: DevBuf,
     o: DevBuf,
-    ao: DevBuf,
     h2: DevBuf,
     g: DevBuf,
     u: DevBuf,
@@ -141,7 +167,12 @@ pub struct StandardPath {
     maxnb: usize,
     /// Attention chunks per (row, KV head) of a full layer (attn.rs).
     full_chunks: usize,
-    graphs: HashMap<(usize, usize, Path), CudaGraph>,
+    graphs: HashMap<(usize, usize, Path, usize), CudaGraph>,
+    /// The tensor-core kernel variant steps run with (index into kern.mma).
+    active: usize,
+    /// Launch with programmatic dependent launch (sm_90+, `M3_PDL=0` turns
+    /// it off).
+    pdl: bool,
     /// Shape of the uploaded step (rows, logits rows).
     cur: Option<(usize, usize)>,
     /// Events recorded after each launch while [`StandardPath::profile`] runs.
@@ -200,13 +231,10 @@ impl StandardPath {
             .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
         let f = |n: &str| gpu.function(&STANDARD, n);
         let mut lin = HashMap::new();
-        let mut mma = HashMap::new();
         for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4, WFmt::F32] {
             lin.insert(fm.kernel(), f(fm.kernel())?);
-            if let Some(n) = fm.mma_kernel() {
-                mma.insert(n, f(n)?);
-            }
         }
+        let mma = vec![MmaVariant::load(gpu, &STANDARD, "default", MMA_BLOCK)?];
         let kern = Kernels {
             lin,
             mma,
@@ -220,7 +248,6 @@ impl StandardPath {
             headnorm_rope: f("m3s_headnorm_rope")?,
             cache_write: f("m3s_cache_write")?,
             swiglu: f("m3s_swiglu")?,
-            add_bf16: f("m3s_add_bf16")?,
             moe_combine: f("m3s_moe_combine")?,
         };
         let slots = cap.page_size * cap.num_pages;
@@ -272,7 +299,6 @@ impl StandardPath {
                 d,
             ))?,
             o: z(bytes_of(t * nh * d, 2))?,
-            ao: z(bytes_of(t * h, 2))?,
             h2: z(bytes_of(t * h, 2))?,
             g: z(bytes_of(t * wmax, 2))?,
             u: z(bytes_of(t * wmax, 2))?,
@@ -294,7 +320,10 @@ impl StandardPath {
             bt: z(bytes_of(t * pages_per_seq, 4))?,
             bt_off: z(bytes_of(t, 4))?,
             lrows: z(bytes_of(t, 4))?,
-            route: z(bytes_of(2 + 2 * c.num_local_experts + t * k.max(1), 4))?,
+            route: z(bytes_of(
+                (t * k).min(c.num_local_experts).max(1) * (2 + t),
+                4,
+            ))?,
             amax_v: z(bytes_of(t * ARGMAX_PARTS, 4))?,
             amax_i: z(bytes_of(t * ARGMAX_PARTS, 4))?,
             ids: z(bytes_of(nl * t * k.max(1), 4))?,
@@ -316,6 +345,8 @@ impl StandardPath {
             maxnb,
             full_chunks,
             graphs: HashMap::new(),
+            active: 0,
+            pdl: gpu.info().cc.0 >= 9 && std::env::var("M3_PDL").map_or(true, |v| v != "0"),
             cur: None,
             prof: RefCell::new(None),
         })
@@ -401,7 +432,7 @@ impl StandardPath {
         if !graph {
             return self.enqueue(t, nl);
         }
-        let key = (t, nl, Path::Standard);
+        let key = (t, nl, Path::Standard, self.active);
         if !self.graphs.contains_key(&key) {
             self.ctx
                 .bind_to_thread()
@@ -423,6 +454,54 @@ impl StandardPath {
         self.graphs[&key]
             .launch()
             .map_err(|e| GpuError::driver("cuGraphLaunch", e))
+    }
+
+    /// Compile the tensor-core linear kernels again with `defines`
+    /// (`NAME=VALUE` pairs separated by spaces, e.g. `S_MMA_WARPS=4
+    /// S_UNROLL_MUL=2`; see standard_decode.cu) as a bench variant; returns
+    /// its index for [`StandardPath::set_variant`].
+    pub fn add_variant(&mut self, gpu: &CudaGpu, defines: &str) -> Result<usize> {
+        let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
+        let mut prefix = String::new();
+        let mut warps = MMA_BLOCK / 32;
+        for kv in defines.split_whitespace() {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
+            let n: u32 = v
+                .parse()
+                .map_err(|_| bad(format!("`{v}` is not a number")))?;
+            match k {
+                "S_MMA_WARPS" if [2, 4, 8, 16].contains(&n) => warps = n,
+                "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
+                _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
+            }
+            prefix.push_str(&format!("#define {k} {n}\n"));
+        }
+        // leaked once per variant: a KernelSource holds &'static text
+        let body: &'static str = Box::leak(format!("{prefix}{}", STANDARD.body).into_boxed_str());
+        let src = crate::kernels::KernelSource { body, ..STANDARD };
+        self.kern
+            .mma
+            .push(MmaVariant::load(gpu, &src, defines, warps * 32)?);
+        Ok(self.kern.mma.len() - 1)
+    }
+
+    /// Run later steps with tensor-core variant `i` (0 = the defaults).
+    pub fn set_variant(&mut self, i: usize) -> Result<()> {
+        if i >= self.kern.mma.len() {
+            return Err(GpuError::input(
+                "kernel variant",
+                format!("{i} of {}", self.kern.mma.len()),
+            ));
+        }
+        self.active = i;
+        Ok(())
+    }
+
+    /// Name of each compiled variant (index = variant).
+    pub fn variants(&self) -> Vec<String> {
+        self.kern.mma.iter().map(|v| v.label.clone()).collect()
     }
 
     /// Graphs captured so far.
@@ -543,7 +622,12 @@ impl StandardPath {
 
     /// Launch `f` on the path's stream. `label` names the launch in a
     /// profile ([`StandardPath::profile`]); `smem` is dynamic shared memory
-    /// in bytes.
+    /// in bytes. Launched after the previous kernel has finished (no PDL).
+    /// With [`StandardPath::launch_pdl`] (programmatic stream serialization,
+    /// sm_90+) a kernel's CTAs may be scheduled while the previous kernel
+    /// drains: it must start with `M3_PDL_WAIT` before touching anything a
+    /// step writes (the tensor-core linear prefetches its first weights, which
+    /// no step writes, before that wait).
     pub(super) fn launch(
         &self,
         label: &'static str,
@@ -553,26 +637,88 @@ impl StandardPath {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::U64(v) => b.arg(v),
-                Arg::U32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-                Arg::F64(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: smem,
+        self.launch_ex(label, f, grid, block, smem, args, false)
+    }
+
+    /// [`StandardPath::launch`] for kernels that start with `M3_PDL_WAIT`
+    /// (every kernel of standard_decode.cu): launched with programmatic
+    /// stream serialization when the device supports it.
+    pub(super) fn launch_pdl(
+        &self,
+        label: &'static str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_ex(label, f, grid, block, smem, args, self.pdl)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_ex(
+        &self,
+        label: &'static str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+        pdl: bool,
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        // kernel parameters: pointers to the values held by `args`, which
+        // outlive the call
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| match a {
+                Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+                Arg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
+                Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+                Arg::F64(v) => v as *const f64 as *mut std::ffi::c_void,
+                Arg::Segs(v) => &**v as *const MmaSegs as *mut std::ffi::c_void,
+            })
+            .collect();
+        // SAFETY: a zeroed union is a valid CUlaunchAttributeValue; only the
+        // PDL field is read for this attribute id.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
         };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: pdl as u32,
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
         // SAFETY: every pointer argument is a live DevBuf address sized for
-        // the capacity checked in upload_step; scalars match the kernel's
-        // parameter list (see standard_decode.cu).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel (standard path)", e))?;
+        // the capacity checked in upload_step; `params` matches the kernel's
+        // parameter list (see standard_decode.cu / standard_attention.cu)
+        // in count, order and types.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| {
+            GpuError::driver("cuLaunchKernelEx (standard path)", format!("{label}: {e}"))
+        })?;
         self.mark(label)
     }
 
@@ -619,64 +765,123 @@ impl StandardPath {
             .collect()
     }
 
-    /// y = x W^T for `m` rows (plain, `ids` == 0) or `m` expert pairs
-    /// (`ids` = the layer's chosen ids, `m` = rows * top_k; x row of pair p
-    /// = p / `xdiv`). bf16 / MXFP8 / MXFP4 weights run on the tensor-core
-    /// kernel (experts grouped by the route built from `ids`, when the step
-    /// has at most 64 rows); f32 weights on the one-warp-per-feature kernel.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
+    /// One matrix of the step: y = x W^T.
+    fn linear(&self, w: &DevLinear, x: u64, m: usize, y: LinOut) -> Result<()> {
+        self.linears(&[(w, y)], x, m, None)
+    }
+
+    /// y_i = x W_i^T for matrices that share x and K, fused into one launch
+    /// per weight format (tensor-core kernel; f32 weights run one launch
+    /// each on the one-warp-per-feature kernel). `m` rows (plain), or with
+    /// `route = Some(xdiv)` the layer's expert pairs grouped by the route
+    /// built by `m3s_route` (x row of pair p = p / xdiv; `m` = the step's
+    /// rows).
+    fn linears(
         &self,
-        w: &DevLinear,
+        mats: &[(&DevLinear, LinOut)],
         x: u64,
         m: usize,
-        ids: u64,
-        xdiv: usize,
-        yb: u64,
-        yf: u64,
+        route: Option<usize>,
     ) -> Result<()> {
-        let (ws, ss) = w.strides();
-        let t_rows = m / xdiv.max(1);
-        let grouped = ids != 0 && t_rows <= MMA_ROWS;
-        if let (Some(name), true) = (w.fmt.mma_kernel(), ids == 0 || grouped) {
-            let f = &self.kern.mma[name];
-            let ne = self.model.config.num_local_experts;
-            let gy = if ids != 0 {
-                m.min(ne)
-            } else {
-                m.div_ceil(MMA_ROWS)
-            } as u32;
-            return self.launch(
+        let mut done = vec![false; mats.len()];
+        for i in 0..mats.len() {
+            if done[i] {
+                continue;
+            }
+            let (w0, y0) = mats[i];
+            let Some(name) = w0.fmt.mma_kernel() else {
+                done[i] = true;
+                if route.is_some() {
+                    return Err(GpuError::input(
+                        "standard path",
+                        "f32 routed experts are not supported",
+                    ));
+                }
+                self.linear_f32(w0, x, m, y0)?;
+                continue;
+            };
+            let mut segs = MmaSegs::default();
+            let mut tiles = 0u32;
+            for j in i..mats.len() {
+                let (w, y) = mats[j];
+                if done[j] || w.fmt != w0.fmt || w.cols != w0.cols {
+                    continue;
+                }
+                if segs.nseg as usize == MAX_SEGS {
+                    break;
+                }
+                done[j] = true;
+                let (w_es, ws_es) = w.strides();
+                let (yb, yf, mode) = match y {
+                    LinOut::Bf16(p) => (p, 0, 0),
+                    LinOut::F32(p) => (0, p, 1),
+                    LinOut::AddF32(p) => (0, p, 2),
+                };
+                segs.s[segs.nseg as usize] = MmaSeg {
+                    w: w.codes.ptr(),
+                    ws: w.scales.as_ref().map_or(0, |s| s.ptr()),
+                    yb,
+                    yf,
+                    w_es,
+                    ws_es,
+                    n: w.rows as u32,
+                    tile0: tiles,
+                    mode,
+                    pad: 0,
+                };
+                segs.nseg += 1;
+                tiles += (w.rows as u32).div_ceil(MMA_N);
+            }
+            let chunks = m.div_ceil(MMA_ROWS) as u32;
+            let (gy, gz, rp) = match route {
+                Some(_) => (self.route_slots(m) as u32, chunks, self.acts.route.ptr()),
+                None => (chunks, 1, 0),
+            };
+            self.launch_pdl(
                 name,
-                f,
-                ((w.rows as u32).div_ceil(MMA_N), gy, 1),
-                MMA_BLOCK,
+                &self.kern.mma[self.active].f[name],
+                (tiles, gy, gz),
+                self.kern.mma[self.active].block,
                 0,
                 &[
                     Arg::U64(x),
-                    Arg::U64(w.codes.ptr()),
-                    Arg::U64(w.scales.as_ref().map_or(0, |s| s.ptr())),
-                    Arg::U32(w.rows as u32),
-                    Arg::U32(w.cols as u32),
+                    Arg::Segs(Box::new(segs)),
+                    Arg::U32(w0.cols as u32),
                     Arg::U32(m as u32),
-                    Arg::U64(if ids != 0 { self.acts.route.ptr() } else { 0 }),
-                    Arg::U32(ne as u32),
-                    Arg::U64(ws),
-                    Arg::U64(ss),
-                    Arg::U32(xdiv.max(1) as u32),
-                    Arg::U64(yb),
-                    Arg::U64(yf),
+                    Arg::U64(rp),
+                    Arg::U32(self.cap.max_rows as u32),
+                    Arg::U32(route.unwrap_or(1).max(1) as u32),
                 ],
-            );
+            )?;
         }
+        Ok(())
+    }
+
+    /// Expert slots of a step of `t` rows (distinct experts at most).
+    fn route_slots(&self, t: usize) -> usize {
+        let c = &self.model.config;
+        (t * c.num_experts_per_tok).min(c.num_local_experts).max(1)
+    }
+
+    /// f32 weights (the router): one warp per output feature.
+    fn linear_f32(&self, w: &DevLinear, x: u64, m: usize, y: LinOut) -> Result<()> {
+        let (yb, yf) = match y {
+            LinOut::Bf16(p) => (p, 0),
+            LinOut::F32(p) => (0, p),
+            LinOut::AddF32(_) => {
+                return Err(GpuError::input(
+                    "standard path",
+                    "accumulating f32-weight linear is not supported",
+                ))
+            }
+        };
         let f = &self.kern.lin[w.fmt.kernel()];
         let warps = LIN_BLOCK / 32;
-        let gx = (w.rows as u32).div_ceil(warps);
-        let gy = if ids != 0 { m } else { m.div_ceil(LIN_G) } as u32;
-        self.launch(
+        let (ws, ss) = w.strides();
+        self.launch_pdl(
             w.fmt.kernel(),
             f,
-            (gx, gy, 1),
+            ((w.rows as u32).div_ceil(warps), m.div_ceil(LIN_G) as u32, 1),
             LIN_BLOCK,
             0,
             &[
@@ -687,10 +892,10 @@ impl StandardPath {
                 Arg::U32(w.cols as u32),
                 Arg::U32(m as u32),
                 Arg::U32(LIN_G as u32),
-                Arg::U64(ids),
+                Arg::U64(0),
                 Arg::U64(ws),
                 Arg::U64(ss),
-                Arg::U32(xdiv.max(1) as u32),
+                Arg::U32(1),
                 Arg::U64(yb),
                 Arg::U64(yf),
             ],
@@ -704,7 +909,7 @@ impl StandardPath {
         n: usize,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch(
+        self.launch_pdl(
             label,
             f,
             ((n as u32).div_ceil(256).max(1), 1, 1),
@@ -726,7 +931,7 @@ impl StandardPath {
         t: usize,
     ) -> Result<()> {
         let c = &self.model.config;
-        self.launch(
+        self.launch_pdl(
             "headnorm_rope",
             &self.kern.headnorm_rope,
             (heads as u32, t as u32, 1),
@@ -746,12 +951,21 @@ impl StandardPath {
         )
     }
 
-    fn mlp_dense(&self, m: &super::model::DevMlp, x: u64, t: usize, out: u64) -> Result<()> {
+    /// Dense MLP (dense layers, shared expert): gate and up in one launch,
+    /// SwiGLU, then down into `out`.
+    fn mlp_dense(&self, m: &super::model::DevMlp, x: u64, t: usize, out: LinOut) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let w = m.gate.rows;
-        self.linear(&m.gate, x, t, 0, 1, a.g.ptr(), 0)?;
-        self.linear(&m.up, x, t, 0, 1, a.u.ptr(), 0)?;
+        self.linears(
+            &[
+                (&m.gate, LinOut::Bf16(a.g.ptr())),
+                (&m.up, LinOut::Bf16(a.u.ptr())),
+            ],
+            x,
+            t,
+            None,
+        )?;
         self.elementwise(
             "swiglu",
             &self.kern.swiglu,
@@ -765,7 +979,7 @@ impl StandardPath {
                 Arg::U32((t * w) as u32),
             ],
         )?;
-        self.linear(&m.down, a.a.ptr(), t, 0, 1, out, 0)
+        self.linear(&m.down, a.a.ptr(), t, out)
     }
 
     /// Every kernel of one step of `t` rows with `nl` logits rows.
@@ -779,7 +993,7 @@ impl StandardPath {
         let cap_t = self.cap.max_rows;
         let k = c.num_experts_per_tok;
         let kb = c.index_topk_blocks;
-        self.launch(
+        self.launch_pdl(
             "embed",
             &self.kern.embed,
             (t as u32, 1, 1),
@@ -793,7 +1007,7 @@ impl StandardPath {
             ],
         )?;
         let rms = |x: u64, rows: u64, w: u64, n: usize, out: u64, nrows: usize| {
-            self.launch(
+            self.launch_pdl(
                 "rmsnorm",
                 &self.kern.rmsnorm,
                 (nrows as u32, 1, 1),
@@ -812,9 +1026,18 @@ impl StandardPath {
         for (l, lw) in self.model.layers.iter().enumerate() {
             let lc = &self.caches[l];
             rms(a.r.ptr(), 0, lw.input_norm.ptr(), h, a.hn.ptr(), t)?;
-            self.linear(&lw.q, a.hn.ptr(), t, 0, 1, a.q0.ptr(), 0)?;
-            self.linear(&lw.k, a.hn.ptr(), t, 0, 1, a.k0.ptr(), 0)?;
-            self.linear(&lw.v, a.hn.ptr(), t, 0, 1, a.v.ptr(), 0)?;
+            // q, k, v (and the indexer's q, k on sparse layers) share x
+            let sparse = c.attn_kinds.get(l) == Some(&AttnKind::Sparse);
+            let mut qkv = vec![
+                (&lw.q, LinOut::Bf16(a.q0.ptr())),
+                (&lw.k, LinOut::Bf16(a.k0.ptr())),
+                (&lw.v, LinOut::Bf16(a.v.ptr())),
+            ];
+            if let (true, Some(ix)) = (sparse, &lw.indexer) {
+                qkv.push((&ix.q, LinOut::Bf16(a.iq0.ptr())));
+                qkv.push((&ix.k, LinOut::Bf16(a.ik0.ptr())));
+            }
+            self.linears(&qkv, a.hn.ptr(), t, None)?;
             self.headnorm_rope(
                 a.q0.ptr(),
                 nh,
@@ -834,7 +1057,7 @@ impl StandardPath {
                 t,
             )?;
             let cw = |x: u64, width: usize, scale: f32, cache: u64| {
-                self.launch(
+                self.launch_pdl(
                     "cache_write",
                     &self.kern.cache_write,
                     (t as u32, 1, 1),
@@ -851,7 +1074,6 @@ impl StandardPath {
             };
             cw(a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr())?;
             cw(a.v.ptr(), nkv * d, lw.v_scale, lc.v.ptr())?;
-            let sparse = c.attn_kinds.get(l) == Some(&AttnKind::Sparse);
             let sel_l = a.sel.at(l * nkv * cap_t * kb * 4);
             let mut sel_ptr = 0u64;
             if sparse {
@@ -861,8 +1083,6 @@ impl StandardPath {
                         format!("layer {l} is sparse but has no indexer weights"),
                     ));
                 };
-                self.linear(&ix.q, a.hn.ptr(), t, 0, 1, a.iq0.ptr(), 0)?;
-                self.linear(&ix.k, a.hn.ptr(), t, 0, 1, a.ik0.ptr(), 0)?;
                 let rd = c.rotary_dim.min(di);
                 self.headnorm_rope(a.iq0.ptr(), nih, di, ix.q_norm.ptr(), rd, a.iq.ptr(), t)?;
                 self.headnorm_rope(a.ik0.ptr(), 1, di, ix.k_norm.ptr(), rd, a.ik.ptr(), t)?;
@@ -922,31 +1142,12 @@ impl StandardPath {
                     max_chunks: if sparse { kb } else { self.full_chunks },
                 },
             )?;
-            self.linear(&lw.o, a.o.ptr(), t, 0, 1, a.ao.ptr(), 0)?;
-            self.elementwise(
-                "add_bf16",
-                &self.kern.add_bf16,
-                t * h,
-                &[
-                    Arg::U64(a.r.ptr()),
-                    Arg::U64(a.ao.ptr()),
-                    Arg::U32((t * h) as u32),
-                ],
-            )?;
+            // o projection, added into the residual in its epilogue
+            self.linear(&lw.o, a.o.ptr(), t, LinOut::AddF32(a.r.ptr()))?;
             rms(a.r.ptr(), 0, lw.post_norm.ptr(), h, a.h2.ptr(), t)?;
             match &lw.ffn {
                 DevFfn::Dense(m) => {
-                    self.mlp_dense(m, a.h2.ptr(), t, a.yd.ptr())?;
-                    self.elementwise(
-                        "add_bf16",
-                        &self.kern.add_bf16,
-                        t * h,
-                        &[
-                            Arg::U64(a.r.ptr()),
-                            Arg::U64(a.yd.ptr()),
-                            Arg::U32((t * h) as u32),
-                        ],
-                    )?;
+                    self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(a.r.ptr()))?;
                 }
                 DevFfn::Moe {
                     router,
@@ -956,8 +1157,8 @@ impl StandardPath {
                 } => {
                     let ne = router.rows;
                     let ids_l = a.ids.at(l * cap_t * k * 4);
-                    self.linear(router, a.h2.ptr(), t, 0, 1, 0, a.z.ptr())?;
-                    self.launch(
+                    self.linear(router, a.h2.ptr(), t, LinOut::F32(a.z.ptr()))?;
+                    self.launch_pdl(
                         "router",
                         &self.kern.router_warp,
                         (t as u32, 1, 1),
@@ -973,27 +1174,34 @@ impl StandardPath {
                             Arg::U64(a.wts.ptr()),
                         ],
                     )?;
-                    if t <= MMA_ROWS {
-                        // group the (row, expert) pairs by expert: each
-                        // chosen expert is then read once
-                        self.launch(
-                            "route",
-                            &self.kern.route,
-                            (1, 1, 1),
-                            256,
-                            0,
-                            &[
-                                Arg::U64(ids_l),
-                                Arg::U32((t * k) as u32),
-                                Arg::U32(ne as u32),
-                                Arg::U64(a.route.ptr()),
-                            ],
-                        )?;
-                    }
+                    // group the (row, expert) pairs by expert: each chosen
+                    // expert is then read once
+                    self.launch_pdl(
+                        "route",
+                        &self.kern.route,
+                        (1, 1, 1),
+                        256,
+                        0,
+                        &[
+                            Arg::U64(ids_l),
+                            Arg::U32((t * k) as u32),
+                            Arg::U32(ne as u32),
+                            Arg::U32(self.route_slots(t) as u32),
+                            Arg::U32(self.cap.max_rows as u32),
+                            Arg::U64(a.route.ptr()),
+                        ],
+                    )?;
                     let pairs = t * k;
                     let wi = experts.gate.rows;
-                    self.linear(&experts.gate, a.h2.ptr(), pairs, ids_l, k, a.eg.ptr(), 0)?;
-                    self.linear(&experts.up, a.h2.ptr(), pairs, ids_l, k, a.eu.ptr(), 0)?;
+                    self.linears(
+                        &[
+                            (&experts.gate, LinOut::Bf16(a.eg.ptr())),
+                            (&experts.up, LinOut::Bf16(a.eu.ptr())),
+                        ],
+                        a.h2.ptr(),
+                        t,
+                        Some(k),
+                    )?;
                     self.elementwise(
                         "swiglu",
                         &self.kern.swiglu,
@@ -1007,13 +1215,18 @@ impl StandardPath {
                             Arg::U32((pairs * wi) as u32),
                         ],
                     )?;
-                    self.linear(&experts.down, a.ea.ptr(), pairs, ids_l, 1, a.ye.ptr(), 0)?;
+                    self.linears(
+                        &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
+                        a.ea.ptr(),
+                        t,
+                        Some(1),
+                    )?;
                     let mut sh = 0u64;
                     if let Some(s) = shared {
-                        self.mlp_dense(s, a.h2.ptr(), t, a.yd.ptr())?;
+                        self.mlp_dense(s, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()))?;
                         sh = a.yd.ptr();
                     }
-                    self.launch(
+                    self.launch_pdl(
                         "moe_combine",
                         &self.kern.moe_combine,
                         (t as u32, 1, 1),
@@ -1052,8 +1265,13 @@ impl StandardPath {
                 a.xn.ptr(),
                 nl,
             )?;
-            self.linear(&self.model.lm_head, a.xn.ptr(), nl, 0, 1, 0, a.logits.ptr())?;
-            self.launch(
+            self.linear(
+                &self.model.lm_head,
+                a.xn.ptr(),
+                nl,
+                LinOut::F32(a.logits.ptr()),
+            )?;
+            self.launch_pdl(
                 "argmax_part",
                 &self.kern.argmax_part,
                 (nl as u32, ARGMAX_PARTS as u32, 1),
@@ -1066,7 +1284,7 @@ impl StandardPath {
                     Arg::U64(a.amax_i.ptr()),
                 ],
             )?;
-            self.launch(
+            self.launch_pdl(
                 "argmax_final",
                 &self.kern.argmax_final,
                 (nl as u32, 1, 1),
@@ -1098,8 +1316,48 @@ impl StandardPath {
     }
 }
 
+/// Where a linear layer's output goes.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum LinOut {
+    /// bf16 rows (round to nearest even).
+    Bf16(u64),
+    /// f32 rows.
+    F32(u64),
+    /// f32 rows += f32(bf16(y)): MODEL.md's residual add, fused.
+    AddF32(u64),
+}
+
+/// Matrices one tensor-core launch takes (S_MAX_SEGS in the kernel).
+const MAX_SEGS: usize = 5;
+
+/// One matrix of a tensor-core launch (`SSeg1` in standard_decode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MmaSeg {
+    w: u64,
+    ws: u64,
+    yb: u64,
+    yf: u64,
+    w_es: u64,
+    ws_es: u64,
+    n: u32,
+    tile0: u32,
+    mode: u32,
+    pad: u32,
+}
+
+/// The matrices of a tensor-core launch, passed by value (`SSegs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MmaSegs {
+    s: [MmaSeg; MAX_SEGS],
+    nseg: u32,
+    pad: u32,
+}
+
 /// A kernel argument by value.
 pub(super) enum Arg {
+    Segs(Box<MmaSegs>),
     U64(u64),
     U32(u32),
     F32(f32),

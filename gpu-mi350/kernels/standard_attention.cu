@@ -2,7 +2,9 @@
 // Compiled in the same translation unit as standard_decode.cu (after it):
 // uses its s_slot / S_INF helpers. Same math as cpu-ref's indexer and
 // attention (exact E4M3 decode, f32 arithmetic); only the order of the sums
-// differs. Every shape is a kernel argument and every grid is fixed by
+// differs. The attention's tensor-core products keep that: bf16 q times E4M3
+// codes (exact bf16 values) are exact products summed in f32, and the f32
+// softmax weights enter P V as three bf16 parts (~2^-25 relative). Every shape is a kernel argument and every grid is fixed by
 // capacity (CTAs past a row's work exit early), so a step stays capturable.
 
 // ---- indexer ---------------------------------------------------------------
@@ -18,7 +20,8 @@
 /// NaN-safe max: NaN never wins (same rule as the old kernel).
 M3_DEV float si_max(float m, float s) { return s > m ? s : m; }
 
-/// Indexer block scores. Grid (maxnb, T), block SI_THREADS. CTA (b, t): the
+/// Indexer block scores. Grid (X <= maxnb, T), block SI_THREADS; CTA (x, t)
+/// scores blocks b = x, x + X, ... < nb of row t. Block b: the
 /// max over visible keys j = b*B + o <= p of iq[h] . (e4m3(ik[j]) * iscale)
 /// per selection head h (per-KV-head: index head h for KV head h; shared: max
 /// over all nih index heads too). Forced blocks (b < init_b or among the
@@ -32,239 +35,227 @@ M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, con
                                 const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 B, u32 K,
                                 u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores,
                                 u32 maxnb) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float4 qs4[SI_MAXH * SI_MAXD / 4];  // float4: 16-byte aligned
   float* qs = reinterpret_cast<float*>(qs4);
   __shared__ float red[SI_MAXH][SI_THREADS / M3_WARP];
-  const u32 b = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  const u32 t = blockIdx.y, tid = threadIdx.x;
   const u32 p = pos[t], seq = row_seq[t];
   const u32 nb = p / B + 1u;
-  if (b >= nb || nb <= K) return;
+  if (blockIdx.x >= nb || nb <= K) return;
   const u32 selh = shared_sel ? 1u : nkv;
-  float* out = scores + (u64)t * selh * maxnb + b;
-  if (b < init_b || b + local_b >= nb) {
-    for (u32 h = tid; h < selh; h += blockDim.x) out[(u64)h * maxnb] = S_INF;
-    return;
-  }
-  // q as f32, 8 bf16 per 16-byte load (di is a multiple of 32)
-  for (u32 i = tid; i < nih * di / 8u; i += blockDim.x) {
-    const uint4 v = reinterpret_cast<const uint4*>(iq + (u64)t * nih * di)[i];
-    const u32 w4[4] = {v.x, v.y, v.z, v.w};
-    float4 lo, hi;
-    lo.x = m3_f32(w4[0] << 16);
-    lo.y = m3_f32(w4[0] & 0xffff0000u);
-    lo.z = m3_f32(w4[1] << 16);
-    lo.w = m3_f32(w4[1] & 0xffff0000u);
-    hi.x = m3_f32(w4[2] << 16);
-    hi.y = m3_f32(w4[2] & 0xffff0000u);
-    hi.z = m3_f32(w4[3] << 16);
-    hi.w = m3_f32(w4[3] & 0xffff0000u);
-    qs4[2u * i] = lo;
-    qs4[2u * i + 1u] = hi;
-  }
-  __syncthreads();
-  float m[SI_MAXH];
-#pragma unroll
-  for (int h = 0; h < SI_MAXH; ++h) m[h] = -S_INF;
-  const u32 nc = di / 16u, sub = tid % 4u, kq = tid / 4u;
-  const u32 kpass = SI_THREADS / 4u * SI_KPT;
-  const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
-  for (u32 o0 = 0; jb + o0 <= jlast; o0 += kpass) {
-    uint4 raw[SI_KPT][SI_CPT];
-    bool ok[SI_KPT];
-#pragma unroll
-    for (int r = 0; r < SI_KPT; ++r) {
-      const u32 j = jb + o0 + kq + (u32)r * (SI_THREADS / 4u);
-      ok[r] = j <= jlast;
-      const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di;
-#pragma unroll
-      for (int x = 0; x < SI_CPT; ++x) {
-        const u32 cc = sub + 4u * (u32)x;
-        uint4 z;
-        z.x = z.y = z.z = z.w = 0u;
-        raw[r][x] = (ok[r] && cc < nc) ? *reinterpret_cast<const uint4*>(kr + 16u * cc) : z;
-      }
+  bool have_q = false;
+  for (u32 b = blockIdx.x; b < nb; b += gridDim.x) {  // uniform over the CTA
+    float* out = scores + (u64)t * selh * maxnb + b;
+    if (b < init_b || b + local_b >= nb) {
+      for (u32 h = tid; h < selh; h += blockDim.x) out[(u64)h * maxnb] = S_INF;
+      continue;
     }
+    if (!have_q) {
+      have_q = true;
+      // q as f32, 8 bf16 per 16-byte load (di is a multiple of 32)
+      for (u32 i = tid; i < nih * di / 8u; i += blockDim.x) {
+        const uint4 v = reinterpret_cast<const uint4*>(iq + (u64)t * nih * di)[i];
+        const u32 w4[4] = {v.x, v.y, v.z, v.w};
+        float4 lo, hi;
+        lo.x = m3_f32(w4[0] << 16);
+        lo.y = m3_f32(w4[0] & 0xffff0000u);
+        lo.z = m3_f32(w4[1] << 16);
+        lo.w = m3_f32(w4[1] & 0xffff0000u);
+        hi.x = m3_f32(w4[2] << 16);
+        hi.y = m3_f32(w4[2] & 0xffff0000u);
+        hi.z = m3_f32(w4[3] << 16);
+        hi.w = m3_f32(w4[3] & 0xffff0000u);
+        qs4[2u * i] = lo;
+        qs4[2u * i + 1u] = hi;
+      }
+      __syncthreads();
+    }
+    float m[SI_MAXH];
 #pragma unroll
-    for (int r = 0; r < SI_KPT; ++r) {
-      float dot[SI_MAXH];
+    for (int h = 0; h < SI_MAXH; ++h) m[h] = -S_INF;
+    const u32 nc = di / 16u, sub = tid % 4u, kq = tid / 4u;
+    const u32 kpass = SI_THREADS / 4u * SI_KPT;
+    const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
+    for (u32 o0 = 0; jb + o0 <= jlast; o0 += kpass) {
+      uint4 raw[SI_KPT][SI_CPT];
+      bool ok[SI_KPT];
 #pragma unroll
-      for (int h = 0; h < SI_MAXH; ++h) dot[h] = 0.0f;
+      for (int r = 0; r < SI_KPT; ++r) {
+        const u32 j = jb + o0 + kq + (u32)r * (SI_THREADS / 4u);
+        ok[r] = j <= jlast;
+        const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di;
 #pragma unroll
-      for (int x = 0; x < SI_CPT; ++x) {
-        const u32 cc = sub + 4u * (u32)x;
-        if (4u * (u32)x >= nc) break;  // uniform
-        if (cc < nc) {
-          u32 w4[4] = {raw[r][x].x, raw[r][x].y, raw[r][x].z, raw[r][x].w};
-          float kv[16];
+        for (int x = 0; x < SI_CPT; ++x) {
+          const u32 cc = sub + 4u * (u32)x;
+          uint4 z;
+          z.x = z.y = z.z = z.w = 0u;
+          raw[r][x] = (ok[r] && cc < nc) ? *reinterpret_cast<const uint4*>(kr + 16u * cc) : z;
+        }
+      }
 #pragma unroll
-          for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+      for (int r = 0; r < SI_KPT; ++r) {
+        float dot[SI_MAXH];
 #pragma unroll
-          for (int h = 0; h < SI_MAXH; ++h) {
-            if ((u32)h >= nih) break;
-            const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + 16u * cc);
-            float s = dot[h];
+        for (int h = 0; h < SI_MAXH; ++h) dot[h] = 0.0f;
 #pragma unroll
-            for (int e4 = 0; e4 < 4; ++e4) {
-              float4 qq = qv[e4];
-              s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+        for (int x = 0; x < SI_CPT; ++x) {
+          const u32 cc = sub + 4u * (u32)x;
+          if (4u * (u32)x >= nc) break;  // uniform
+          if (cc < nc) {
+            u32 w4[4] = {raw[r][x].x, raw[r][x].y, raw[r][x].z, raw[r][x].w};
+            float kv[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+#pragma unroll
+            for (int h = 0; h < SI_MAXH; ++h) {
+              if ((u32)h >= nih) break;
+              const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + 16u * cc);
+              float s = dot[h];
+#pragma unroll
+              for (int e4 = 0; e4 < 4; ++e4) {
+                float4 qq = qv[e4];
+                s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+              }
+              dot[h] = s;
             }
-            dot[h] = s;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < SI_MAXH; ++h) {
+          if ((u32)h >= nih) break;
+          float v = dot[h];
+          v += M3_SHFL_XOR(v, 1);
+          v += M3_SHFL_XOR(v, 2);
+          if (ok[r]) {
+            if (shared_sel) m[0] = si_max(m[0], v);
+            else m[h] = si_max(m[h], v);
           }
         }
       }
-#pragma unroll
-      for (int h = 0; h < SI_MAXH; ++h) {
-        if ((u32)h >= nih) break;
-        float v = dot[h];
-        v += M3_SHFL_XOR(v, 1);
-        v += M3_SHFL_XOR(v, 2);
-        if (ok[r]) {
-          if (shared_sel) m[0] = si_max(m[0], v);
-          else m[h] = si_max(m[h], v);
-        }
-      }
     }
-  }
-  const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
+    const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
 #pragma unroll
-  for (int h = 0; h < SI_MAXH; ++h) {
-    if ((u32)h >= selh) break;
-    float v = m[h];
+    for (int h = 0; h < SI_MAXH; ++h) {
+      if ((u32)h >= selh) break;
+      float v = m[h];
 #pragma unroll
-    for (int o = M3_WARP / 2; o > 0; o >>= 1) v = si_max(v, M3_SHFL_XOR(v, o));
-    if (lane == 0) red[h][warp] = v;
-  }
-  __syncthreads();
-  if (tid < selh) {
-    float v = -S_INF;
-    for (u32 w = 0; w < nw; ++w) v = si_max(v, red[tid][w]);
-    out[(u64)tid * maxnb] = v;
+      for (int o = M3_WARP / 2; o > 0; o >>= 1) v = si_max(v, M3_SHFL_XOR(v, o));
+      if (lane == 0) red[h][warp] = v;
+    }
+    __syncthreads();
+    if (tid < selh) {
+      float v = -S_INF;
+      for (u32 w = 0; w < nw; ++w) v = si_max(v, red[tid][w]);
+      out[(u64)tid * maxnb] = v;
+    }
+    __syncthreads();  // red is rewritten by the next block
   }
 }
 
-/// Is candidate (v, i) better than (bv, bi)? Higher score, ties to the lower
-/// id; i < 0 means "none".
-M3_DEV bool sk_better(float v, int i, float bv, int bi) {
-  return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+/// Sort key of block b with score v: higher score first, ties to the lower
+/// id (-0 == +0); 0 (never a block's key) for NaN, which is never picked.
+M3_DEV u64 sk_key(float v, u32 b) {
+  if (v != v) return 0ull;
+  if (v == 0.0f) v = 0.0f;
+  const u32 u = m3_bits(v);
+  const u32 ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((u64)ord << 32) | (u64)(~b);
+}
+M3_DEV u64 sk_max(u64 a, u64 b) { return b > a ? b : a; }
+M3_DEV u64 sk_shfl_xor(u64 v, int o) {
+  const u32 lo = M3_SHFL_XOR((u32)v, o), hi = M3_SHFL_XOR((u32)(v >> 32), o);
+  return ((u64)hi << 32) | lo;
 }
 
 /// Top-K block selection of one (selection head, row). Grid (selh, T),
-/// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; nb <=
-/// SK_THREADS ranks every block in one pass; else K rounds of argmax over the scores of m3s_index_scores (ties to the lower
-/// id, taken blocks excluded). Each thread keeps the best of its own strided
-/// blocks and rescans only when one of them is taken, so a round is one
-/// warp reduction and one barrier. Ids ascending, -1 padding, written to
+/// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; else the
+/// K best by (score desc, id asc) over the non-NaN scores of
+/// m3s_index_scores (the same picks as K rounds of argmax): nb <=
+/// SK_THREADS ranks every block in one pass; larger rows first take each
+/// warp's top K (K rounds of warp argmax on 64-bit keys, no barrier; the
+/// owner of a pick marks it taken and rescans its own blocks), then rank
+/// those nw * K candidates (they hold the global top K). Written ascending
+/// with -1 first for picks short of K (fewer valid blocks), to
 /// sel [nkv][T][K] for the KV heads the selection head covers.
 M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel,
                               u32 nkv, u32 T, u32 maxnb, int* __restrict__ sel) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float ssc[SK_SMEM];
-  __shared__ float cv[2][SK_THREADS / M3_WARP];
-  __shared__ int ci[2][SK_THREADS / M3_WARP];
-  __shared__ int chosen[SK_MAXK];
+  __shared__ u64 cand[SK_THREADS / M3_WARP * SK_MAXK];
+  __shared__ int chosen[SK_MAXK];  // picks by rank, -1 past the valid blocks
   const u32 gsel = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const u32 selh = gridDim.x;
   const u32 p = pos[t];
   const u32 nb = p / B + 1u;
-  const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = blockDim.x / M3_WARP;
-  u32 nsel;
-  if (nb > K && nb <= SK_THREADS) {
-    // one block per thread: its rank in (score desc, id asc) over the
-    // non-NaN scores; ranks < K are the picks (the same as K rounds of
-    // argmax). No barrier per round.
-    const float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
-    const float v = tid < nb ? gsc[tid] : m3_nan();
-    ssc[tid] = v;
-    if (tid < K) chosen[tid] = -1;
-    __syncthreads();
-    if (v == v) {
-      u32 rank = 0;
-      for (u32 j = 0; j < nb; ++j) {
-        const float s = ssc[j];
-        rank += (s > v || (s == v && j < tid)) ? 1u : 0u;
-      }
-      if (rank < K) chosen[rank] = (int)tid;
-    }
-    __syncthreads();
-    // picks 0..n-1 by rank (-1 past the valid blocks); the output is the
-    // K - n padding -1 first, then the picks ascending (what sorting the
-    // rounds' choices gives)
-    if (tid < K) {
-      const int id = chosen[tid];
-      u32 n = 0, below = 0;
-      for (u32 k = 0; k < K; ++k) {
-        const int o = chosen[k];
-        n += o >= 0 ? 1u : 0u;
-        below += (o >= 0 && o < id) ? 1u : 0u;
-      }
-      const u32 slot = id >= 0 ? K - n + below : tid - n;
-      const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
-      for (u32 h = h0; h < h1; ++h) sel[((u64)h * T + t) * K + slot] = id;
-    }
+  const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
+  if (nb <= K) {
+    for (u32 h = h0; h < h1; ++h)
+      for (u32 k = tid; k < K; k += SK_THREADS) sel[((u64)h * T + t) * K + k] = k < nb ? (int)k : -1;
     return;
   }
-  if (nb <= K) {
-    for (u32 b = tid; b < nb; b += blockDim.x) chosen[b] = (int)b;
-    nsel = nb;
+  float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
+  if (tid < K) chosen[tid] = -1;
+  if (nb <= SK_THREADS) {
+    // one block per thread: its rank among all blocks
+    const float v = tid < nb ? gsc[tid] : m3_nan();
+    ssc[tid] = v;
+    __syncthreads();
+    const u64 mine = sk_key(v, tid);
+    if (mine != 0ull) {
+      u32 rank = 0;
+      for (u32 j = 0; j < nb; ++j) rank += sk_key(ssc[j], j) > mine ? 1u : 0u;
+      if (rank < K) chosen[rank] = (int)tid;
+    }
   } else {
-    float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
+    const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = SK_THREADS / M3_WARP;
     float* sc = gsc;
     if (nb <= SK_SMEM) {
-      for (u32 b = tid; b < nb; b += blockDim.x) ssc[b] = gsc[b];
+#pragma unroll 4
+      for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = gsc[b];
       sc = ssc;
     }
-    __syncthreads();
-    float best = -S_INF;
-    int besti = -1;
-    for (u32 b = tid; b < nb; b += blockDim.x) {
-      float v = sc[b];
-      if (v != v) continue;
-      if (besti < 0 || v > best) { best = v; besti = (int)b; }
-    }
+    // (only the owner thread ever touches its blocks below: no barrier)
+    u64 best = 0ull;
+    for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
     for (u32 k = 0; k < K; ++k) {
-      float wb = best;
-      int wi = besti;
+      u64 w = best;
 #pragma unroll
-      for (int o = M3_WARP / 2; o > 0; o >>= 1) {
-        float ov = M3_SHFL_XOR(wb, o);
-        int oi = M3_SHFL_XOR(wi, o);
-        if (sk_better(ov, oi, wb, wi)) { wb = ov; wi = oi; }
-      }
-      const u32 par = k & 1u;  // double buffer: one barrier per round
-      if (lane == 0) { cv[par][warp] = wb; ci[par][warp] = wi; }
-      __syncthreads();
-      float b0 = cv[par][0];
-      int i0 = ci[par][0];
-      for (u32 w = 1; w < nw; ++w)
-        if (sk_better(cv[par][w], ci[par][w], b0, i0)) { b0 = cv[par][w]; i0 = ci[par][w]; }
-      if (tid == 0) chosen[k] = i0;
-      if (i0 >= 0 && (u32)i0 % blockDim.x == tid) {
+      for (int o = M3_WARP / 2; o > 0; o >>= 1) w = sk_max(w, sk_shfl_xor(w, o));
+      if (lane == 0) cand[warp * K + k] = w;
+      if (w != 0ull && w == best) {
         // the owner marks it taken (NaN) and rescans its own blocks
-        sc[i0] = m3_nan();
-        best = -S_INF;
-        besti = -1;
-        for (u32 b = tid; b < nb; b += blockDim.x) {
-          float v = sc[b];
-          if (v != v) continue;
-          if (besti < 0 || v > best) { best = v; besti = (int)b; }
-        }
+        sc[~(u32)w] = m3_nan();
+        best = 0ull;
+        for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
       }
     }
-    nsel = K;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    // ascending insertion sort (K <= 64)
-    for (u32 a = 1; a < nsel; ++a) {
-      int v = chosen[a];
-      int b = (int)a - 1;
-      while (b >= 0 && chosen[b] > v) { chosen[b + 1] = chosen[b]; --b; }
-      chosen[b + 1] = v;
+    __syncthreads();
+    const u32 nc = nw * K;
+    for (u32 ci = tid; ci < nc; ci += SK_THREADS) {
+      const u64 mine = cand[ci];
+      if (mine == 0ull) continue;
+      u32 rank = 0;
+      for (u32 j = 0; j < nc; ++j) rank += cand[j] > mine ? 1u : 0u;
+      if (rank < K) chosen[rank] = (int)(~(u32)mine);
     }
   }
   __syncthreads();
-  const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
-  for (u32 h = h0; h < h1; ++h)
-    for (u32 k = tid; k < K; k += blockDim.x) sel[((u64)h * T + t) * K + k] = k < nsel ? chosen[k] : -1;
+  // picks 0..n-1 by rank: the output is the K - n padding -1 first, then the
+  // picks ascending (what sorting the rounds' choices gives)
+  if (tid < K) {
+    const int id = chosen[tid];
+    u32 n = 0, below = 0;
+    for (u32 k = 0; k < K; ++k) {
+      const int o = chosen[k];
+      n += o >= 0 ? 1u : 0u;
+      below += (o >= 0 && o < id) ? 1u : 0u;
+    }
+    const u32 slot = id >= 0 ? K - n + below : tid - n;
+    for (u32 h = h0; h < h1; ++h) sel[((u64)h * T + t) * K + slot] = id;
+  }
 }
 
 // ---- attention (flash-decoding split over keys) ----------------------------
@@ -274,7 +265,7 @@ M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict_
 #define SA_MAXD 256      // head dim
 #define SA_QS (SA_MAXD / 2 + 4)   // u32 (bf16 pairs) per q row in shared memory
 #define SA_PS (SA_TILE + 8)       // floats per score row in shared memory
-#define SA_KB 4                   // 32-wide d groups whose K codes are loaded at once
+#define SA_KB 2                   // 32-wide d groups whose K codes are loaded at once
 #define SA_VG ((SA_MAXD / 32 + 3) / 4)  // 32-wide output d groups per mma group
 #define SA_REC(d) ((d) + 4u)      // floats per partial: m, l, 2 pad, o[d] (16-byte aligned)
 
@@ -319,11 +310,18 @@ M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
 /// max m, the sum l of exp(s - m) and the unnormalised o[d] to
 /// part [T][nkv][max_chunks][hg][d + 4] (m, l, pad, pad, o); an empty chunk
 /// writes m = -INF, l = 0 (o untouched: the combine skips it).
-M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
+#if defined(M3_CUDA)
+#define SA_BOUNDS __launch_bounds__(SA_THREADS, 4)  // 4 CTAs per SM: <= 128 registers
+#else
+#define SA_BOUNDS
+#endif
+M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
                                 const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
                                 const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                                 const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B,
                                 u32 T, float* __restrict__ part, u32 max_chunks) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4];  // q [16][d] as bf16 pairs, rows >= hg zero
   u32* qs = reinterpret_cast<u32*>(qs4);
   __shared__ float sp[SA_MAXHG * SA_PS];      // scores, then exp(s - m) (0 past the tile's keys)
@@ -567,6 +565,7 @@ M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 
 }
 
 #define SC_THREADS 128  // m3s_attn_combine block size
+#define SC_UNROLL 16    // chunk loads issued together
 
 /// Merge the chunk partials of q head i (KV head g = i / hg) of row t:
 /// M = max m_c, out = sum exp(m_c - M) o_c / sum exp(m_c - M) l_c, 0 when
@@ -575,6 +574,8 @@ M3_KERNEL void m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 
 /// so the o loads of all chunks are independent.
 M3_KERNEL void m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv, u32 d, const u32* __restrict__ pos,
                                 u32 sparse, u32 K, u32 max_chunks, u16* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float red[SC_THREADS / M3_WARP];
   __shared__ float wsm[SC_THREADS];
   const u32 i = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
@@ -616,21 +617,18 @@ M3_KERNEL void m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv,
       if (x < d) {
         const float* ox = base + (u64)c0 * cs + 4u + x;
         float a = acc[r];
-        u32 cc = 0;
-        for (; cc + 4u <= n; cc += 4u) {
-          float v0 = ox[(u64)cc * cs], v1 = ox[(u64)(cc + 1u) * cs];
-          float v2 = ox[(u64)(cc + 2u) * cs], v3 = ox[(u64)(cc + 3u) * cs];
-          const float w0 = wsm[cc], w1 = wsm[cc + 1u], w2 = wsm[cc + 2u], w3 = wsm[cc + 3u];
-          // a skipped chunk's o is not written: weigh it by nothing
-          a += w0 != 0.0f ? w0 * v0 : 0.0f;
-          a += w1 != 0.0f ? w1 * v1 : 0.0f;
-          a += w2 != 0.0f ? w2 * v2 : 0.0f;
-          a += w3 != 0.0f ? w3 * v3 : 0.0f;
-        }
-        for (; cc < n; ++cc) {
-          const float w0 = wsm[cc];
-          const float v0 = ox[(u64)cc * cs];
-          a += w0 != 0.0f ? w0 * v0 : 0.0f;
+        // SC_UNROLL chunks' loads in flight at once
+        for (u32 cc = 0; cc < n; cc += SC_UNROLL) {
+          float v[SC_UNROLL];
+#pragma unroll
+          for (int k = 0; k < SC_UNROLL; ++k) v[k] = cc + (u32)k < n ? ox[(u64)(cc + (u32)k) * cs] : 0.0f;
+#pragma unroll
+          for (int k = 0; k < SC_UNROLL; ++k) {
+            if (cc + (u32)k >= n) break;
+            const float w = wsm[cc + (u32)k];
+            // a skipped chunk's o is not written: weigh it by nothing
+            a += w != 0.0f ? w * v[k] : 0.0f;
+          }
         }
         acc[r] = a;
       }

@@ -168,7 +168,29 @@ S_LINEAR(m3s_linear_f32, S_FMT_F32)
 #ifndef S_UNROLL_MUL
 #define S_UNROLL_MUL 1
 #endif
+// Which super-chunks a warp walks: 0 = a contiguous range of K per warp (a
+// row is then read in runs of U super-chunks: 256 B of MXFP4 per lane quad
+// and load), 1 = interleaved across the CTA's warps (runs of one).
+#ifndef S_MMA_INTERLEAVE
+#define S_MMA_INTERLEAVE 0
+#endif
+
+/// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
+/// exists: nsc super-chunks split over nwarp warps.
+M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
+#if S_MMA_INTERLEAVE
+  q = warp + nwarp * i;
+  return q < nsc;
+#else
+  const u32 per = (nsc + nwarp - 1u) / nwarp;
+  q = warp * per + i;
+  return i < per && q < nsc;
+#endif
+}
+// 8-row tiles of x one CTA takes (rows per CTA = 8 * S_MMA_MAXBT)
+#ifndef S_MMA_MAXBT
 #define S_MMA_MAXBT 8
+#endif
 
 /// Bytes of one row's 32-value segment.
 template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F == S_FMT_E4M3 ? 32u : 16u); };
@@ -283,7 +305,7 @@ struct SSegs {
 #define S_ROUTE_STRIDE(mr) (2u + (mr))
 
 /// Issue the loads of iteration `it` of a warp's super-chunk walk: U
-/// super-chunks (q = warp + nwarp * (U * it + u)) of W rows a and c, and
+/// super-chunks (`s_chunk` of U * it + u) of W rows a and c, and
 /// their scale bytes.
 template <int F>
 M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, const u8* wa, const u8* wc,
@@ -292,9 +314,10 @@ M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, cons
   const u32 U = SUnroll<F>::U;
 #pragma unroll
   for (u32 u = 0; u < U; ++u) {
-    const u32 q = warp + nwarp * (U * it + u);
+    u32 q;
+    const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
     const u32 k0 = q * 128u + 32u * t;
-    const bool in = q < nsc && k0 < K;
+    const bool in = have && k0 < K;
     s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
     s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
     sca[u][0] = sa && in && oka ? sa[k0 / 32u] : 0u;
@@ -375,12 +398,13 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
   // super-chunk q of 128 K values; warp w takes q = w + nwarp * j, U of
   // them per iteration with every load issued before any is used
-  for (u32 it = 0; warp + nwarp * U * it < nsc; ++it) {
+  const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
+  for (u32 it = 0; it < iters; ++it) {
     if (it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
 #pragma unroll
     for (u32 u = 0; u < U; ++u) {
-      const u32 q = warp + nwarp * (U * it + u);
-      if (q >= nsc) break;
+      u32 q;
+      if (!s_chunk(warp, nwarp, nsc, U * it + u, q)) break;
       const u32 k0 = q * 128u + 32u * t;
       const bool in = k0 < K;
       u32 fa[16], fc[16];
@@ -489,7 +513,9 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
   for (u32 i = threadIdx.x; i < H; i += blockDim.x) r[(u64)blockIdx.x * H + i] = m3_bf16_to_f32(src[i]);
 }
 
-/// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])). Grid = output rows, block 256.
+/// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])). Grid = output rows, block
+/// 1024: each thread keeps its (up to 8) elements in registers, so x is read
+/// once.
 M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w,
                            float eps, u32 n, u16* __restrict__ out) {
   M3_PDL_TRIGGER();
@@ -498,8 +524,15 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
   __shared__ float total;
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
+  float v[8];
   float s = 0.0f;
-  for (u32 i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+#pragma unroll
+  for (u32 j = 0; j < 8; ++j) {
+    const u32 i = threadIdx.x + j * blockDim.x;
+    v[j] = i < n ? xr[i] : 0.0f;
+    s += v[j] * v[j];
+  }
+  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
   s = m3_warp_sum(s);
   if (threadIdx.x % M3_WARP == 0) part[threadIdx.x / M3_WARP] = s;
   __syncthreads();
@@ -509,20 +542,48 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
     total = t;
   }
   __syncthreads();
-  float r = sqrtf(total / (float)n + eps);
-  for (u32 i = threadIdx.x; i < n; i += blockDim.x)
-    out[(u64)blockIdx.x * n + i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+  const float r = sqrtf(total / (float)n + eps);
+  u16* o = out + (u64)blockIdx.x * n;
+#pragma unroll
+  for (u32 j = 0; j < 8; ++j) {
+    const u32 i = threadIdx.x + j * blockDim.x;
+    if (i < n) o[i] = m3_bf16_from_f32((v[j] / r) * (1.0f + w[i]));
+  }
+  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x)
+    o[i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
 }
 
-/// Per-head Gemma RMSNorm (f32) then partial NeoX RoPE, bf16 out.
-/// x [T, heads, d] bf16; one warp per (t, head); d <= 256. Grid (heads, T), block 32.
-M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, const float* __restrict__ w, float eps,
-                                 const u32* __restrict__ pos, double theta, u32 rd, u16* __restrict__ out) {
+/// One tensor of a fused per-head norm + RoPE launch: x [T, heads, d]
+/// bf16 -> out, weight w [d], rotary dims rd; its CTAs are blockIdx.x in
+/// [h0, h0 + heads).
+struct SHnJob {
+  u64 x, w, out;
+  u32 heads, d, rd, h0;
+};
+struct SHnJobs {
+  SHnJob j[4];
+  double theta;
+  float eps;
+  u32 n;
+};
+
+/// Per-head Gemma RMSNorm (f32) then partial NeoX RoPE, bf16 out, for up
+/// to 4 tensors at once (q, k and the indexer's q, k). One warp per
+/// (t, head); d <= 256. Grid (total heads, T), block 32.
+M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   __shared__ float v[256];
+  SHnJob jb = jobs.j[0];
+#pragma unroll
+  for (int i = 1; i < 4; ++i)
+    if ((u32)i < jobs.n && blockIdx.x >= jobs.j[i].h0) jb = jobs.j[i];
+  const u32 heads = jb.heads, d = jb.d, rd = jb.rd;
+  const u16* x = reinterpret_cast<const u16*>(jb.x);
+  const float* w = reinterpret_cast<const float*>(jb.w);
+  u16* out = reinterpret_cast<u16*>(jb.out);
   const u32 lane = threadIdx.x;
-  const u64 base = ((u64)blockIdx.y * heads + blockIdx.x) * d;
+  const u64 base = ((u64)blockIdx.y * heads + (blockIdx.x - jb.h0)) * d;
   float s = 0.0f;
   for (u32 i = lane; i < d; i += M3_WARP) {
     float a = m3_bf16_to_f32(x[base + i]);
@@ -530,7 +591,7 @@ M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, co
     s += a * a;
   }
   s = m3_warp_sum(s);
-  float r = sqrtf(s / (float)d + eps);
+  float r = sqrtf(s / (float)d + jobs.eps);
   M3_SYNC_WARP();
   for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + w[i]);
   M3_SYNC_WARP();
@@ -538,7 +599,7 @@ M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, co
   const double p = (double)pos[blockIdx.y];
   for (u32 j = lane; j < d; j += M3_WARP) {
     if (j < half) {
-      double f = pow(theta, -2.0 * (double)j / (double)rd);
+      double f = pow(jobs.theta, -2.0 * (double)j / (double)rd);
       double a = p * f;
       const double two_pi = 6.283185307179586476925286766559;
       a = a - two_pi * floor(a / two_pi);
@@ -552,14 +613,33 @@ M3_KERNEL void m3s_headnorm_rope(const u16* __restrict__ x, u32 heads, u32 d, co
   }
 }
 
-/// cache[slot[t], :] = e4m3(x[t, :] / scale) (saturating RNE). Grid T.
-M3_KERNEL void m3s_cache_write(const u16* __restrict__ x, u32 width, const u32* __restrict__ slots, float scale,
-                               u8* __restrict__ cache) {
+/// One cache write of a fused launch: cache[slot[t], :] = e4m3(x[t, :] /
+/// scale) over `width` values (saturating RNE).
+struct SCwJob {
+  u64 x, cache;
+  u32 width;
+  float scale;
+};
+struct SCwJobs {
+  SCwJob j[3];
+  u32 n, pad;
+};
+
+/// Up to 3 cache writes (K, V, index K) in one launch. Grid (T, n),
+/// block 128.
+M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
+  SCwJob jb = jobs.j[0];
+#pragma unroll
+  for (int i = 1; i < 3; ++i)
+    if ((u32)i == blockIdx.y) jb = jobs.j[i];
+  const u16* x = reinterpret_cast<const u16*>(jb.x);
+  u8* cache = reinterpret_cast<u8*>(jb.cache);
+  const u32 width = jb.width;
   const u64 dst = (u64)slots[blockIdx.x] * width;
   for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
-    double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)scale;
+    double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)jb.scale;
     cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
   }
 }
@@ -585,16 +665,58 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
 }
 
 /// r[t] += sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) + f32(shared[t]).
+/// Grid (T, ceil(H / 256)), block 256.
 M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye, const float* __restrict__ w, u32 k,
                                const u16* __restrict__ shared, u32 H) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   const u32 t = blockIdx.x;
-  for (u32 i = threadIdx.x; i < H; i += blockDim.x) {
-    float o = 0.0f;
-    for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * k + c) * H + i]);
-    if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
-    r[(u64)t * H + i] += o;
+  const u32 i = blockIdx.y * blockDim.x + threadIdx.x;
+  if (i >= H) return;
+  float o = 0.0f;
+  for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * k + c) * H + i]);
+  if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
+  r[(u64)t * H + i] += o;
+}
+
+/// y[m][n] = sum_k f32(x[m][k]) * w[n][k] for f32 weights (the router):
+/// one CTA per output feature n, its weight row held in registers (K <=
+/// 32 * blockDim, loaded before the dependency wait) and reused for every
+/// row m. Grid N, block 256.
+M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
+                               float* __restrict__ y) {
+  __shared__ float part[8][32];
+  M3_PDL_TRIGGER();
+  const u32 n = blockIdx.x, lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
+  const u32 nw = blockDim.x / M3_WARP;
+  const float* wr = w + (u64)n * K;
+  float wv[32];
+#pragma unroll
+  for (u32 j = 0; j < 32; ++j) {
+    const u32 k = threadIdx.x + j * blockDim.x;
+    wv[j] = k < K ? wr[k] : 0.0f;
+  }
+  M3_PDL_WAIT();
+  for (u32 m0 = 0; m0 < M; m0 += 32u) {
+    const u32 mc = min(32u, M - m0);
+    for (u32 mm = 0; mm < mc; ++mm) {
+      const u16* xr = x + (u64)(m0 + mm) * K;
+      float s = 0.0f;
+#pragma unroll
+      for (u32 j = 0; j < 32; ++j) {
+        const u32 k = threadIdx.x + j * blockDim.x;
+        if (k < K) s += m3_bf16_to_f32(xr[k]) * wv[j];
+      }
+      s = m3_warp_sum(s);
+      if (lane == 0) part[warp][mm] = s;
+    }
+    __syncthreads();
+    for (u32 mm = threadIdx.x; mm < mc; mm += blockDim.x) {
+      float t = 0.0f;
+      for (u32 w2 = 0; w2 < nw; ++w2) t += part[w2][mm];
+      y[(u64)(m0 + mm) * N + n] = t;
+    }
+    __syncthreads();
   }
 }
 

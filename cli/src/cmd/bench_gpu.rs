@@ -259,16 +259,20 @@ pub fn run(args: &Args) -> Result<()> {
         args.preset, cfg.num_hidden_layers, kind,
     );
     // kernel variants (tensor-core linear tunables), each run on every case
-    let mut vlabels = vec!["default".to_string()];
+    // variant None: chosen by the step's rows (the defaults)
+    let mut vlabels = vec!["auto".to_string()];
+    let mut vids: Vec<Option<usize>> = vec![None];
     for v in args
         .variants
         .split(';')
         .map(str::trim)
         .filter(|v| !v.is_empty())
     {
-        sp.add_variant(&gpu, v)
+        let id = sp
+            .add_variant(&gpu, v)
             .with_context(|| format!("--variants: compiling `{v}`"))?;
         vlabels.push(v.to_string());
+        vids.push(Some(id));
     }
     let runs: Vec<(usize, usize)> = (0..vlabels.len())
         .flat_map(|v| (0..cases.len()).map(move |c| (v, c)))
@@ -283,7 +287,7 @@ pub fn run(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     let mut profiles = Vec::new();
     for &(v, ci) in &runs {
-        sp.set_variant(v).context("variant")?;
+        sp.set_variant(vids[v]).context("variant")?;
         let c = &cases[ci];
         let s = &c.step;
         sp.upload_step(s).context("upload")?;
@@ -319,7 +323,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut bytes: Vec<Vec<u64>> = vec![Vec::new(); n];
     for _round in 0..args.rounds {
         for (i, &(vi, ci)) in runs.iter().enumerate() {
-            sp.set_variant(vi).context("variant")?;
+            sp.set_variant(vids[vi]).context("variant")?;
             let c = &cases[ci];
             let s = &c.step;
             sp.upload_step(s).context("upload")?;

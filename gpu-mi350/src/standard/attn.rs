@@ -19,6 +19,8 @@ use crate::error::{GpuError, Result};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
+/// Most `m3s_index_scores` CTAs per row (each loops over blocks x, x + X..).
+const INDEX_SCORES_GRID_X: u32 = 256;
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -98,7 +100,8 @@ pub(super) fn index_scratch_bytes(max_rows: usize, selh: usize, maxnb: usize) ->
 /// Arguments of the indexer launches (device pointers as u64).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct IndexArgs {
-    /// Index queries [t][nih][di] bf16.
+    /// Index queries [t][nih][di] bf16 (16-byte aligned: read in 16-byte
+    /// loads).
     pub iq: u64,
     /// Index heads.
     pub nih: usize,
@@ -143,7 +146,7 @@ pub(super) struct IndexArgs {
 /// Arguments of the attention launches (device pointers as u64).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AttnArgs {
-    /// Queries [t][nh][d] bf16.
+    /// Queries [t][nh][d] bf16 (16-byte aligned: read in 16-byte loads).
     pub q: u64,
     /// Q heads.
     pub nh: usize,
@@ -193,6 +196,16 @@ fn u32_of(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| bad(format!("{what} {v} does not fit in u32")))
 }
 
+/// The kernels read these buffers in 16-byte loads.
+fn aligned(ptrs: &[(u64, &str)]) -> Result<()> {
+    for &(p, what) in ptrs {
+        if p % 16 != 0 {
+            return Err(bad(format!("{what} pointer {p:#x} is not 16-byte aligned")));
+        }
+    }
+    Ok(())
+}
+
 /// Check what the indexer kernels assume.
 pub(super) fn check_index(a: &IndexArgs) -> Result<()> {
     if a.t == 0 || a.t > MAX_GRID_YZ {
@@ -231,6 +244,11 @@ pub(super) fn check_index(a: &IndexArgs) -> Result<()> {
             a.block, a.page, a.maxnb
         )));
     }
+    aligned(&[
+        (a.iq, "index queries"),
+        (a.icache, "index cache"),
+        (a.scratch, "scratch"),
+    ])?;
     u32_of(a.maxnb, "maxnb")?;
     u32_of(a.init_b, "forced init blocks")?;
     u32_of(a.local_b, "forced local blocks")?;
@@ -279,6 +297,12 @@ pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
             return Err(bad("index block size must be positive".into()));
         }
     }
+    aligned(&[
+        (a.q, "queries"),
+        (a.kc, "K cache"),
+        (a.vc, "V cache"),
+        (a.scratch, "scratch"),
+    ])?;
     u32_of(a.max_chunks, "max_chunks")?;
     u32_of(a.block, "index block")?;
     u32_of(a.page, "page")?;
@@ -311,10 +335,13 @@ pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) ->
         Arg::U64(a.scratch),
         Arg::U32(maxnb),
     ];
-    sp.launch(
+    // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
+    // no more than INDEX_SCORES_GRID_X CTAs per row
+    let gx = maxnb.min(INDEX_SCORES_GRID_X);
+    sp.launch_pdl(
         "index_scores",
         &k.index_scores,
-        (maxnb, t, 1),
+        (gx, t, 1),
         INDEX_SCORES_BLOCK,
         0,
         &sargs,
@@ -330,7 +357,7 @@ pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) ->
         Arg::U32(maxnb),
         Arg::U64(a.sel),
     ];
-    sp.launch(
+    sp.launch_pdl(
         "index_topk",
         &k.index_topk,
         (selh as u32, t, 1),
@@ -345,10 +372,13 @@ pub(super) fn attention(sp: &StandardPath, k: &AttnKernels, a: &AttnArgs) -> Res
     check_attn(a)?;
     let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
     let mc = a.max_chunks as u32;
-    sp.launch(
+    // a sparse layer has topk chunks per row: no CTAs for the rest of the
+    // scratch's capacity (the kernel still indexes records by `mc`)
+    let gx = if a.sel != 0 { a.topk as u32 } else { mc };
+    sp.launch_pdl(
         "attn_partial",
         &k.attn_partial,
-        (mc, nkv, t),
+        (gx, nkv, t),
         ATTN_PARTIAL_BLOCK,
         0,
         &[
@@ -373,7 +403,7 @@ pub(super) fn attention(sp: &StandardPath, k: &AttnKernels, a: &AttnArgs) -> Res
             Arg::U32(mc),
         ],
     )?;
-    sp.launch(
+    sp.launch_pdl(
         "attn_combine",
         &k.attn_combine,
         (nh, t, 1),
@@ -400,40 +430,40 @@ mod tests {
     /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
     fn attn_m31() -> AttnArgs {
         AttnArgs {
-            q: 1,
+            q: 256,
             nh: 64,
             nkv: 4,
             d: 128,
-            kc: 1,
-            vc: 1,
+            kc: 256,
+            vc: 256,
             ks: 1.0,
             vs: 1.0,
-            pos: 1,
-            row_seq: 1,
-            bt: 1,
-            bt_off: 1,
+            pos: 256,
+            row_seq: 256,
+            bt: 256,
+            bt_off: 256,
             page: 64,
-            sel: 1,
+            sel: 256,
             topk: 16,
             block: 128,
             t: 1,
-            out: 1,
-            scratch: 1,
+            out: 256,
+            scratch: 256,
             max_chunks: attn_max_chunks(131_072, 16),
         }
     }
 
     fn index_m31() -> IndexArgs {
         IndexArgs {
-            iq: 1,
+            iq: 256,
             nih: 4,
             di: 128,
-            icache: 1,
+            icache: 256,
             iscale: 1.0,
-            pos: 1,
-            row_seq: 1,
-            bt: 1,
-            bt_off: 1,
+            pos: 256,
+            row_seq: 256,
+            bt: 256,
+            bt_off: 256,
             page: 64,
             block: 128,
             topk: 16,
@@ -442,9 +472,9 @@ mod tests {
             shared: false,
             nkv: 4,
             t: 64,
-            scratch: 1,
+            scratch: 256,
             maxnb: 1025,
-            sel: 1,
+            sel: 256,
         }
     }
 
@@ -519,6 +549,14 @@ mod tests {
                 max_chunks: 0,
                 ..attn_m31()
             },
+            AttnArgs {
+                q: 258,
+                ..attn_m31()
+            }, // q not 16-byte aligned
+            AttnArgs {
+                scratch: 264,
+                ..attn_m31()
+            },
         ];
         for (i, a) in bad_cases.iter().enumerate() {
             assert!(check_attn(a).is_err(), "case {i} accepted");
@@ -580,6 +618,10 @@ mod tests {
                 t: 70_000,
                 ..index_m31()
             },
+            IndexArgs {
+                iq: 264,
+                ..index_m31()
+            }, // not 16-byte aligned
         ];
         for (i, a) in bad_cases.iter().enumerate() {
             assert!(check_index(a).is_err(), "case {i} accepted");

@@ -42,6 +42,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_cache_write",
         "m3s_swiglu",
         "m3s_moe_combine",
+        "m3s_linear_f32w",
         "m3s_mma_bf16",
         "m3s_mma_e4m3",
         "m3s_mma_fp4",

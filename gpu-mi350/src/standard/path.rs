@@ -30,6 +30,12 @@ const MMA_BLOCK: u32 = 256;
 const MMA_N: u32 = 16;
 /// Most x rows one tensor-core linear block takes (S_MMA_MAXBT * 8).
 const MMA_ROWS: usize = 64;
+/// Steps of at most this many rows run the small-step tensor-core variant
+/// (4 warps per CTA, 16 rows per CTA: measured faster at batch 1-16 on the
+/// H200, bench/NOTES.md session 2).
+const SMALL_STEP_ROWS: usize = 16;
+/// Its compile-time settings (see standard_decode.cu).
+const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// Slices of the vocabulary in the first greedy phase.
 const ARGMAX_PARTS: usize = 64;
 
@@ -38,6 +44,8 @@ struct MmaVariant {
     label: String,
     /// Threads per CTA (S_MMA_WARPS * 32 of that compile).
     block: u32,
+    /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
+    rows: usize,
     f: HashMap<&'static str, CudaFunction>,
 }
 
@@ -47,6 +55,7 @@ impl MmaVariant {
         src: &crate::kernels::KernelSource,
         label: &str,
         block: u32,
+        rows: usize,
     ) -> Result<Self> {
         let mut f = HashMap::new();
         for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4] {
@@ -57,6 +66,7 @@ impl MmaVariant {
         Ok(MmaVariant {
             label: label.to_string(),
             block,
+            rows,
             f,
         })
     }
@@ -97,6 +107,7 @@ struct Kernels {
     cache_write: CudaFunction,
     swiglu: CudaFunction,
     moe_combine: CudaFunction,
+    linear_f32w: CudaFunction,
 }
 
 /// Per-layer cache tensors (fp8 E4M3 codes).
@@ -168,8 +179,11 @@ pub struct StandardPath {
     /// Attention chunks per (row, KV head) of a full layer (attn.rs).
     full_chunks: usize,
     graphs: HashMap<(usize, usize, Path, usize), CudaGraph>,
-    /// The tensor-core kernel variant steps run with (index into kern.mma).
-    active: usize,
+    /// A tensor-core kernel variant forced by the bench (index into
+    /// kern.mma); `None`: chosen per step by its rows (`variant_for`).
+    active: Option<usize>,
+    /// The variant of the step being enqueued.
+    step_variant: std::cell::Cell<usize>,
     /// Launch with programmatic dependent launch (sm_90+, `M3_PDL=0` turns
     /// it off).
     pdl: bool,
@@ -234,7 +248,9 @@ impl StandardPath {
         for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4, WFmt::F32] {
             lin.insert(fm.kernel(), f(fm.kernel())?);
         }
-        let mma = vec![MmaVariant::load(gpu, &STANDARD, "default", MMA_BLOCK)?];
+        let mma = vec![MmaVariant::load(
+            gpu, &STANDARD, "default", MMA_BLOCK, MMA_ROWS,
+        )?];
         let kern = Kernels {
             lin,
             mma,
@@ -249,6 +265,7 @@ impl StandardPath {
             cache_write: f("m3s_cache_write")?,
             swiglu: f("m3s_swiglu")?,
             moe_combine: f("m3s_moe_combine")?,
+            linear_f32w: f("m3s_linear_f32w")?,
         };
         let slots = cap.page_size * cap.num_pages;
         let (nkv, d, di) = (c.num_key_value_heads, c.head_dim, c.index_head_dim);
@@ -334,7 +351,7 @@ impl StandardPath {
                 None
             },
         };
-        Ok(StandardPath {
+        let mut sp = StandardPath {
             ctx,
             stream,
             kern,
@@ -345,11 +362,15 @@ impl StandardPath {
             maxnb,
             full_chunks,
             graphs: HashMap::new(),
-            active: 0,
+            active: None,
+            step_variant: std::cell::Cell::new(0),
             pdl: gpu.info().cc.0 >= 9 && std::env::var("M3_PDL").map_or(true, |v| v != "0"),
             cur: None,
             prof: RefCell::new(None),
-        })
+        };
+        // the small-step variant (index 1)
+        sp.add_variant(gpu, SMALL_STEP_VARIANT)?;
+        Ok(sp)
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -432,7 +453,7 @@ impl StandardPath {
         if !graph {
             return self.enqueue(t, nl);
         }
-        let key = (t, nl, Path::Standard, self.active);
+        let key = (t, nl, Path::Standard, self.variant_for(t));
         if !self.graphs.contains_key(&key) {
             self.ctx
                 .bind_to_thread()
@@ -464,6 +485,7 @@ impl StandardPath {
         let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
         let mut prefix = String::new();
         let mut warps = MMA_BLOCK / 32;
+        let mut rows = MMA_ROWS;
         for kv in defines.split_whitespace() {
             let (k, v) = kv
                 .split_once('=')
@@ -472,8 +494,10 @@ impl StandardPath {
                 .parse()
                 .map_err(|_| bad(format!("`{v}` is not a number")))?;
             match k {
-                "S_MMA_WARPS" if [2, 4, 8, 16].contains(&n) => warps = n,
+                "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
                 "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
+                "S_MMA_INTERLEAVE" if n <= 1 => {}
+                "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => rows = n as usize * 8,
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
             }
             prefix.push_str(&format!("#define {k} {n}\n"));
@@ -483,20 +507,31 @@ impl StandardPath {
         let src = crate::kernels::KernelSource { body, ..STANDARD };
         self.kern
             .mma
-            .push(MmaVariant::load(gpu, &src, defines, warps * 32)?);
+            .push(MmaVariant::load(gpu, &src, defines, warps * 32, rows)?);
         Ok(self.kern.mma.len() - 1)
     }
 
-    /// Run later steps with tensor-core variant `i` (0 = the defaults).
-    pub fn set_variant(&mut self, i: usize) -> Result<()> {
-        if i >= self.kern.mma.len() {
+    /// Run later steps with tensor-core variant `v` (an index from
+    /// [`StandardPath::add_variant`], 0 = the 64-row default), or `None`:
+    /// by the step's rows (the 16-row small-step variant up to 16 rows).
+    pub fn set_variant(&mut self, v: Option<usize>) -> Result<()> {
+        if let Some(i) = v.filter(|&i| i >= self.kern.mma.len()) {
             return Err(GpuError::input(
                 "kernel variant",
                 format!("{i} of {}", self.kern.mma.len()),
             ));
         }
-        self.active = i;
+        self.active = v;
         Ok(())
+    }
+
+    /// The tensor-core variant a step of `t` rows runs with.
+    fn variant_for(&self, t: usize) -> usize {
+        match self.active {
+            Some(i) => i,
+            None if t <= SMALL_STEP_ROWS && self.kern.mma.len() > 1 => 1,
+            None => 0,
+        }
     }
 
     /// Name of each compiled variant (index = variant).
@@ -622,27 +657,11 @@ impl StandardPath {
 
     /// Launch `f` on the path's stream. `label` names the launch in a
     /// profile ([`StandardPath::profile`]); `smem` is dynamic shared memory
-    /// in bytes. Launched after the previous kernel has finished (no PDL).
-    /// With [`StandardPath::launch_pdl`] (programmatic stream serialization,
-    /// sm_90+) a kernel's CTAs may be scheduled while the previous kernel
-    /// drains: it must start with `M3_PDL_WAIT` before touching anything a
-    /// step writes (the tensor-core linear prefetches its first weights, which
-    /// no step writes, before that wait).
-    pub(super) fn launch(
-        &self,
-        label: &'static str,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        self.launch_ex(label, f, grid, block, smem, args, false)
-    }
-
-    /// [`StandardPath::launch`] for kernels that start with `M3_PDL_WAIT`
-    /// (every kernel of standard_decode.cu): launched with programmatic
-    /// stream serialization when the device supports it.
+    /// in bytes. Every standard-path kernel starts with `M3_PDL_WAIT`, so it
+    /// is launched with programmatic stream serialization (PDL, sm_90+): its
+    /// CTAs may be scheduled while the previous kernel drains, and it touches
+    /// nothing a step writes before that wait (the tensor-core linear
+    /// prefetches its first weights, which no step writes, before it).
     pub(super) fn launch_pdl(
         &self,
         label: &'static str,
@@ -675,8 +694,9 @@ impl StandardPath {
                 Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
                 Arg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
-                Arg::F64(v) => v as *const f64 as *mut std::ffi::c_void,
                 Arg::Segs(v) => &**v as *const MmaSegs as *mut std::ffi::c_void,
+                Arg::Hn(v) => &**v as *const HnJobs as *mut std::ffi::c_void,
+                Arg::Cw(v) => &**v as *const CwJobs as *mut std::ffi::c_void,
             })
             .collect();
         // SAFETY: a zeroed union is a valid CUlaunchAttributeValue; only the
@@ -832,16 +852,17 @@ impl StandardPath {
                 segs.nseg += 1;
                 tiles += (w.rows as u32).div_ceil(MMA_N);
             }
-            let chunks = m.div_ceil(MMA_ROWS) as u32;
+            let mv = &self.kern.mma[self.step_variant.get()];
+            let chunks = m.div_ceil(mv.rows) as u32;
             let (gy, gz, rp) = match route {
                 Some(_) => (self.route_slots(m) as u32, chunks, self.acts.route.ptr()),
                 None => (chunks, 1, 0),
             };
             self.launch_pdl(
                 name,
-                &self.kern.mma[self.active].f[name],
+                &mv.f[name],
                 (tiles, gy, gz),
-                self.kern.mma[self.active].block,
+                mv.block,
                 0,
                 &[
                     Arg::U64(x),
@@ -863,8 +884,27 @@ impl StandardPath {
         (t * c.num_experts_per_tok).min(c.num_local_experts).max(1)
     }
 
-    /// f32 weights (the router): one warp per output feature.
+    /// f32 weights (the router): one CTA per output feature, the weight
+    /// row in registers and reused for every row (K <= 8192, f32 out);
+    /// otherwise one warp per output feature.
     fn linear_f32(&self, w: &DevLinear, x: u64, m: usize, y: LinOut) -> Result<()> {
+        if let (LinOut::F32(yf), true) = (y, w.cols <= 32 * 256) {
+            return self.launch_pdl(
+                "linear_f32",
+                &self.kern.linear_f32w,
+                (w.rows as u32, 1, 1),
+                256,
+                0,
+                &[
+                    Arg::U64(x),
+                    Arg::U64(w.codes.ptr()),
+                    Arg::U32(w.rows as u32),
+                    Arg::U32(w.cols as u32),
+                    Arg::U32(m as u32),
+                    Arg::U64(yf),
+                ],
+            );
+        }
         let (yb, yf) = match y {
             LinOut::Bf16(p) => (p, 0),
             LinOut::F32(p) => (0, p),
@@ -919,35 +959,59 @@ impl StandardPath {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn headnorm_rope(
-        &self,
-        x: u64,
-        heads: usize,
-        d: usize,
-        w: u64,
-        rd: usize,
-        out: u64,
-        t: usize,
-    ) -> Result<()> {
+    /// Per-head norm + RoPE of up to 4 tensors `(x, heads, d, w, rd, out)`
+    /// in one launch.
+    fn headnorm_rope(&self, jobs: &[(u64, usize, usize, u64, usize, u64)], t: usize) -> Result<()> {
         let c = &self.model.config;
+        let mut hj = HnJobs {
+            theta: c.rope_theta,
+            eps: c.rms_norm_eps,
+            ..HnJobs::default()
+        };
+        let mut h0 = 0u32;
+        for (i, &(x, heads, d, w, rd, out)) in jobs.iter().take(4).enumerate() {
+            hj.j[i] = HnJob {
+                x,
+                w,
+                out,
+                heads: heads as u32,
+                d: d as u32,
+                rd: rd as u32,
+                h0,
+            };
+            h0 += heads as u32;
+            hj.n += 1;
+        }
         self.launch_pdl(
             "headnorm_rope",
             &self.kern.headnorm_rope,
-            (heads as u32, t as u32, 1),
+            (h0, t as u32, 1),
             32,
             0,
-            &[
-                Arg::U64(x),
-                Arg::U32(heads as u32),
-                Arg::U32(d as u32),
-                Arg::U64(w),
-                Arg::F32(c.rms_norm_eps),
-                Arg::U64(self.acts.pos.ptr()),
-                Arg::F64(c.rope_theta),
-                Arg::U32(rd as u32),
-                Arg::U64(out),
-            ],
+            &[Arg::Hn(Box::new(hj)), Arg::U64(self.acts.pos.ptr())],
+        )
+    }
+
+    /// Fp8 cache writes of up to 3 tensors `(x, width, scale, cache)` in one
+    /// launch.
+    fn cache_writes(&self, jobs: &[(u64, usize, f32, u64)], t: usize) -> Result<()> {
+        let mut cj = CwJobs::default();
+        for (i, &(x, width, scale, cache)) in jobs.iter().take(3).enumerate() {
+            cj.j[i] = CwJob {
+                x,
+                cache,
+                width: width as u32,
+                scale,
+            };
+            cj.n += 1;
+        }
+        self.launch_pdl(
+            "cache_write",
+            &self.kern.cache_write,
+            (t as u32, cj.n, 1),
+            128,
+            0,
+            &[Arg::Cw(Box::new(cj)), Arg::U64(self.acts.slots.ptr())],
         )
     }
 
@@ -984,6 +1048,7 @@ impl StandardPath {
 
     /// Every kernel of one step of `t` rows with `nl` logits rows.
     fn enqueue(&self, t: usize, nl: usize) -> Result<()> {
+        self.step_variant.set(self.variant_for(t));
         let c = &self.model.config;
         let a = &self.acts;
         let h = c.hidden_size;
@@ -1011,7 +1076,7 @@ impl StandardPath {
                 "rmsnorm",
                 &self.kern.rmsnorm,
                 (nrows as u32, 1, 1),
-                256,
+                1024,
                 0,
                 &[
                     Arg::U64(x),
@@ -1038,55 +1103,37 @@ impl StandardPath {
                 qkv.push((&ix.k, LinOut::Bf16(a.ik0.ptr())));
             }
             self.linears(&qkv, a.hn.ptr(), t, None)?;
-            self.headnorm_rope(
-                a.q0.ptr(),
-                nh,
-                d,
-                lw.q_norm.ptr(),
-                c.rotary_dim,
-                a.q.ptr(),
-                t,
-            )?;
-            self.headnorm_rope(
-                a.k0.ptr(),
-                nkv,
-                d,
-                lw.k_norm.ptr(),
-                c.rotary_dim,
-                a.k.ptr(),
-                t,
-            )?;
-            let cw = |x: u64, width: usize, scale: f32, cache: u64| {
-                self.launch_pdl(
-                    "cache_write",
-                    &self.kern.cache_write,
-                    (t as u32, 1, 1),
-                    128,
-                    0,
-                    &[
-                        Arg::U64(x),
-                        Arg::U32(width as u32),
-                        Arg::U64(a.slots.ptr()),
-                        Arg::F32(scale),
-                        Arg::U64(cache),
-                    ],
-                )
-            };
-            cw(a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr())?;
-            cw(a.v.ptr(), nkv * d, lw.v_scale, lc.v.ptr())?;
-            let sel_l = a.sel.at(l * nkv * cap_t * kb * 4);
-            let mut sel_ptr = 0u64;
-            if sparse {
-                let (Some(ix), Some(icache)) = (&lw.indexer, &lc.ik) else {
+            // per-head norm + RoPE of q, k (and the indexer's q, k), then
+            // the fp8 cache writes of k, v (and the index key)
+            let ix_cache = match (sparse, &lw.indexer, &lc.ik) {
+                (true, Some(ix), Some(icache)) => Some((ix, icache)),
+                (true, _, _) => {
                     return Err(GpuError::input(
                         "standard path",
                         format!("layer {l} is sparse but has no indexer weights"),
-                    ));
-                };
+                    ))
+                }
+                _ => None,
+            };
+            let mut hn = vec![
+                (a.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, a.q.ptr()),
+                (a.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, a.k.ptr()),
+            ];
+            let mut cws = vec![
+                (a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr()),
+                (a.v.ptr(), nkv * d, lw.v_scale, lc.v.ptr()),
+            ];
+            if let Some((ix, icache)) = ix_cache {
                 let rd = c.rotary_dim.min(di);
-                self.headnorm_rope(a.iq0.ptr(), nih, di, ix.q_norm.ptr(), rd, a.iq.ptr(), t)?;
-                self.headnorm_rope(a.ik0.ptr(), 1, di, ix.k_norm.ptr(), rd, a.ik.ptr(), t)?;
-                cw(a.ik.ptr(), di, ix.k_scale, icache.ptr())?;
+                hn.push((a.iq0.ptr(), nih, di, ix.q_norm.ptr(), rd, a.iq.ptr()));
+                hn.push((a.ik0.ptr(), 1, di, ix.k_norm.ptr(), rd, a.ik.ptr()));
+                cws.push((a.ik.ptr(), di, ix.k_scale, icache.ptr()));
+            }
+            self.headnorm_rope(&hn, t)?;
+            self.cache_writes(&cws, t)?;
+            let sel_l = a.sel.at(l * nkv * cap_t * kb * 4);
+            let mut sel_ptr = 0u64;
+            if let Some((ix, icache)) = ix_cache {
                 let shared = c.index_selection == IndexSelection::Shared;
                 super::attn::index_select(
                     self,
@@ -1229,7 +1276,7 @@ impl StandardPath {
                     self.launch_pdl(
                         "moe_combine",
                         &self.kern.moe_combine,
-                        (t as u32, 1, 1),
+                        (t as u32, (h as u32).div_ceil(256), 1),
                         256,
                         0,
                         &[
@@ -1355,11 +1402,54 @@ pub(super) struct MmaSegs {
     pad: u32,
 }
 
+/// One tensor of the fused per-head norm + RoPE (`SHnJob`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct HnJob {
+    x: u64,
+    w: u64,
+    out: u64,
+    heads: u32,
+    d: u32,
+    rd: u32,
+    h0: u32,
+}
+
+/// `SHnJobs`: up to 4 tensors, by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct HnJobs {
+    j: [HnJob; 4],
+    theta: f64,
+    eps: f32,
+    n: u32,
+}
+
+/// One cache write of a fused launch (`SCwJob`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct CwJob {
+    x: u64,
+    cache: u64,
+    width: u32,
+    scale: f32,
+}
+
+/// `SCwJobs`: up to 3 cache writes, by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct CwJobs {
+    j: [CwJob; 3],
+    n: u32,
+    pad: u32,
+}
+
 /// A kernel argument by value.
 pub(super) enum Arg {
     Segs(Box<MmaSegs>),
+    Hn(Box<HnJobs>),
+    Cw(Box<CwJobs>),
     U64(u64),
     U32(u32),
     F32(f32),
-    F64(f64),
 }

@@ -174,6 +174,12 @@ S_LINEAR(m3s_linear_f32, S_FMT_F32)
 #ifndef S_MMA_INTERLEAVE
 #define S_MMA_INTERLEAVE 0
 #endif
+// 1: double-buffered weight loads (next iteration's loads issued before this
+// iteration's decode). Measured slower on the H200 (bench/NOTES.md session 2
+// run E): off by default, kept as a bench variant.
+#ifndef S_MMA_DBUF
+#define S_MMA_DBUF 0
+#endif
 
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
@@ -196,8 +202,11 @@ M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
 template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F == S_FMT_E4M3 ? 32u : 16u); };
 /// Super-chunks whose loads one warp issues together (2 KB of W in flight
 /// per warp in every format).
+/// (Double-buffered MX formats load half as many per batch, twice as
+/// often: the same bytes in flight.)
 template <int F> struct SUnroll {
-  static const u32 U = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL;
+  static const bool DBUF = S_MMA_DBUF && F != S_FMT_BF16;
+  static const u32 U = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL / (DBUF ? 2u : 1u);
 };
 
 /// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
@@ -400,7 +409,13 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   // them per iteration with every load issued before any is used
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
   for (u32 it = 0; it < iters; ++it) {
-    if (it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+    // double buffer (MX formats): the next iteration's loads go out before
+    // this one's decode and tile products
+    uint4 nraw[SUnroll<F>::U][2][SSeg<F>::B / 16u];
+    u32 nsca[SUnroll<F>::U][2];
+    const bool more = SUnroll<F>::DBUF && it + 1u < iters;
+    if (more) s_mma_fetch<F>(it + 1u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, nraw, nsca);
+    if (!SUnroll<F>::DBUF && it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
 #pragma unroll
     for (u32 u = 0; u < U; ++u) {
       u32 q;
@@ -425,6 +440,17 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
         for (int j = 0; j < 8; ++j) {
           const u32 a[4] = {fa[2 * j], fc[2 * j], fa[2 * j + 1], fc[2 * j + 1]};
           m3_mma_bf16_16816(acc[b], a, xw[2 * j], xw[2 * j + 1]);
+        }
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
+#pragma unroll
+        for (u32 r = 0; r < 2u; ++r) {
+          sca[u][r] = nsca[u][r];
+#pragma unroll
+          for (u32 i = 0; i < SSeg<F>::B / 16u; ++i) raw[u][r][i] = nraw[u][r][i];
         }
       }
     }

@@ -497,6 +497,7 @@ impl StandardPath {
                 "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
                 "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
                 "S_MMA_INTERLEAVE" if n <= 1 => {}
+                "S_MMA_DBUF" if n <= 1 => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => rows = n as usize * 8,
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
             }

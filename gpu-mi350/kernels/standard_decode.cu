@@ -180,6 +180,15 @@ S_LINEAR(m3s_linear_f32, S_FMT_F32)
 #ifndef S_MMA_DBUF
 #define S_MMA_DBUF 0
 #endif
+// Minimum CTAs per SM the register allocation must allow (launch bounds):
+// more means fewer registers per thread and more warps to hide latency.
+#ifndef S_MMA_MINB
+#define S_MMA_MINB (16 / S_MMA_WARPS)
+#endif
+// 1: half the super-chunks per load batch (fewer live registers).
+#ifndef S_UNROLL_HALF
+#define S_UNROLL_HALF 0
+#endif
 
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
@@ -206,7 +215,8 @@ template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F =
 /// often: the same bytes in flight.)
 template <int F> struct SUnroll {
   static const bool DBUF = S_MMA_DBUF && F != S_FMT_BF16;
-  static const u32 U = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL / (DBUF ? 2u : 1u);
+  static const u32 U0 = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL / (DBUF ? 2u : 1u);
+  static const u32 U = S_UNROLL_HALF && U0 > 1u ? U0 / 2u : U0;
 };
 
 /// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
@@ -480,7 +490,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
 }
 
 #define S_MMA_LINEAR(name, F)                                                                                   \
-  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, 16 / S_MMA_WARPS)                                         \
+  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
            u32 max_rows, u32 xdiv) {                                                                             \
     s_mma_linear<F>(x, segs, K, M, route, max_rows, xdiv);                                                      \

@@ -498,6 +498,8 @@ impl StandardPath {
                 "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
                 "S_MMA_INTERLEAVE" if n <= 1 => {}
                 "S_MMA_DBUF" if n <= 1 => {}
+                "S_UNROLL_HALF" if n <= 1 => {}
+                "S_MMA_MINB" if (1..=16).contains(&n) => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => rows = n as usize * 8,
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
             }

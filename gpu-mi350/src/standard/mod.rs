@@ -3,12 +3,13 @@
 //! generated on the device by [`crate::benchmodel`]), a paged fp8 E4M3 KV +
 //! index cache, preallocated activations, a step that launches only
 //! kernels, and decode steps captured into CUDA graphs keyed by
-//! (rows, logits rows, path).
+//! (rows, logits rows, path, kernel variant). Routed experts are grouped by
+//! a device-built route, so each chosen expert is read once per step.
 //!
-//! Limits of this first version (tracked in bench/NOTES.md): fp8 caches
-//! only; MXFP4 / MXFP8 E4M3 / bf16 / f32 weights (NVFP4 and E5M2 refused);
-//! routed experts computed per (row, expert) pair, one GEMV each (no
-//! grouping of rows that share an expert); bf16 expert activations only.
+//! Limits (tracked in bench/NOTES.md): fp8 caches only; MXFP4 / MXFP8 E4M3 /
+//! bf16 / f32 weights (NVFP4 and E5M2 refused); bf16 expert activations
+//! only; CUDA only (the HIP build compiles the kernels but has no runtime
+//! path here).
 
 mod attn;
 pub mod devmem;

@@ -53,6 +53,14 @@ pub fn mlp(
     linear(&a, rows, &w.down, input, true, out)
 }
 
+/// The score the router ranks expert choices by: `sigmoid(z) + bias` of one
+/// f32 logit (MODEL.md step 10). Near-tie checks elsewhere (the GPU gate,
+/// `m3 parity`) compute their gaps with this same function.
+#[inline]
+pub fn router_key(z: f32, bias: f32) -> f32 {
+    sigmoid(z) + bias
+}
+
 /// Router: f32 logits of `x` (as f32), sigmoid, top-k by `s + bias` (ties:
 /// lower id), weights `s_e / sum(s_chosen) * scaling` (sum in ascending id).
 #[allow(clippy::too_many_arguments)]
@@ -70,12 +78,10 @@ pub fn router(
     let mut z = vec![0.0f32; rows * ne];
     linear(x, rows, w, LinearInput::F32, false, &mut z)?;
     for t in 0..rows {
-        let s: Vec<f32> = z[t * ne..(t + 1) * ne]
-            .iter()
-            .map(|&v| sigmoid(v))
-            .collect();
+        let zr = &z[t * ne..(t + 1) * ne];
+        let s: Vec<f32> = zr.iter().map(|&v| sigmoid(v)).collect();
         let key = |e: usize| {
-            let v = s[e] + bias[e];
+            let v = router_key(zr[e], bias[e]);
             if v.is_nan() {
                 f32::NEG_INFINITY
             } else {

@@ -137,9 +137,8 @@ M3_DEV void s_linear(const u16* __restrict__ x, const u8* __restrict__ w, const 
     M3_PDL_WAIT();                                                                                            \
     s_linear<F>(x, w, ws, N, K, M, G, ids, w_es, ws_es, xdiv, yb, yf);                                        \
   }
-S_LINEAR(m3s_linear_bf16, S_FMT_BF16)
-S_LINEAR(m3s_linear_e4m3, S_FMT_E4M3)
-S_LINEAR(m3s_linear_fp4, S_FMT_FP4)
+// Only f32 weights (the router) still take this kernel; bf16 / MXFP8 /
+// MXFP4 run on the tensor-core kernel below.
 S_LINEAR(m3s_linear_f32, S_FMT_F32)
 
 // ---- tensor-core linear -----------------------------------------------------
@@ -679,8 +678,6 @@ M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots
     cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
   }
 }
-
-M3_DEV float s_e4m3(u8 c) { return m3_elem_decode(M3_ELEM_E4M3, c); }
 
 M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 seq, u32 page, u32 j) {
   return (u64)bt[bt_off[seq] + j / page] * page + j % page;

@@ -196,7 +196,7 @@ impl Backend for RouterScores {
             let keys: Vec<f32> = z
                 .iter()
                 .enumerate()
-                .map(|(i, &v)| m3_cpu_ref::numerics::sigmoid(v) + bias[i % ne])
+                .map(|(i, &v)| m3_cpu_ref::moe::router_key(v, bias[i % ne]))
                 .collect();
             self.keys.borrow_mut().push(keys);
             return self.cpu.run_op(Op::Router {

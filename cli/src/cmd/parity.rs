@@ -888,8 +888,10 @@ fn router_scores(
         })
         .map_err(|e| anyhow!("router logits of layer {l} on {}: {e}", reference.name()))?;
     for (i, v) in z.iter_mut().enumerate() {
-        let s = 1.0 / (1.0 + (-*v).exp());
-        *v = s + moe.correction_bias.get(i % ne).copied().unwrap_or(0.0);
+        *v = m3_cpu_ref::moe::router_key(
+            *v,
+            moe.correction_bias.get(i % ne).copied().unwrap_or(0.0),
+        );
     }
     Ok(z)
 }

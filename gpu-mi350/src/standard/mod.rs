@@ -33,9 +33,6 @@ pub const STANDARD: KernelSource = KernelSource {
     ),
     exact: false,
     entries: &[
-        "m3s_linear_bf16",
-        "m3s_linear_e4m3",
-        "m3s_linear_fp4",
         "m3s_linear_f32",
         "m3s_embed",
         "m3s_rmsnorm",

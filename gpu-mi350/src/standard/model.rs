@@ -49,15 +49,6 @@ impl WFmt {
             WFmt::F32 => None,
         }
     }
-    /// The one-warp-per-feature kernel entry point.
-    pub fn kernel(self) -> &'static str {
-        match self {
-            WFmt::Bf16 => "m3s_linear_bf16",
-            WFmt::Mxfp8 => "m3s_linear_e4m3",
-            WFmt::Mxfp4 => "m3s_linear_fp4",
-            WFmt::F32 => "m3s_linear_f32",
-        }
-    }
 }
 
 /// `count` stacked `[rows, cols]` matrices of one format (count 1 for an

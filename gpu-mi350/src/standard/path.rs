@@ -90,9 +90,9 @@ pub struct Capacity {
 }
 
 struct Kernels {
-    /// One-warp-per-feature kernels (f32 weights, and routed experts when a
-    /// step has more rows than the tensor-core kernel's 64).
-    lin: HashMap<&'static str, CudaFunction>,
+    /// One warp per output feature, f32 weights (the router's fallback when
+    /// `linear_f32w` does not apply).
+    linear_f32: CudaFunction,
     /// Tensor-core kernels for bf16 / MXFP8 / MXFP4 weights, one set per
     /// compiled variant (index 0: the defaults; see `add_variant`).
     mma: Vec<MmaVariant>,
@@ -244,15 +244,11 @@ impl StandardPath {
             .new_stream()
             .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
         let f = |n: &str| gpu.function(&STANDARD, n);
-        let mut lin = HashMap::new();
-        for fm in [WFmt::Bf16, WFmt::Mxfp8, WFmt::Mxfp4, WFmt::F32] {
-            lin.insert(fm.kernel(), f(fm.kernel())?);
-        }
         let mma = vec![MmaVariant::load(
             gpu, &STANDARD, "default", MMA_BLOCK, MMA_ROWS,
         )?];
         let kern = Kernels {
-            lin,
+            linear_f32: f("m3s_linear_f32")?,
             mma,
             route: f("m3s_route")?,
             router_warp: f("m3s_router_warp")?,
@@ -918,11 +914,17 @@ impl StandardPath {
                 ))
             }
         };
-        let f = &self.kern.lin[w.fmt.kernel()];
+        if w.fmt != WFmt::F32 {
+            return Err(GpuError::input(
+                "standard path",
+                format!("{:?} weights on the f32 linear kernel", w.fmt),
+            ));
+        }
+        let f = &self.kern.linear_f32;
         let warps = LIN_BLOCK / 32;
         let (ws, ss) = w.strides();
         self.launch_pdl(
-            w.fmt.kernel(),
+            "m3s_linear_f32",
             f,
             ((w.rows as u32).div_ceil(warps), m.div_ceil(LIN_G) as u32, 1),
             LIN_BLOCK,

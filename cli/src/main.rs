@@ -2,8 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
-mod backend_select;
+mod args;
 mod cmd;
+mod drafting;
 
 /// m3: an inference engine for the MiniMax-M3 / M3.1 family (sparse-attention
 /// MoE, MXFP4 / NVFP4 / MXFP8 weights).

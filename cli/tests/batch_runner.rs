@@ -1,16 +1,18 @@
-//! The scheduler on the CPU reference backend (the synthetic `tiny` model in
-//! memory: MXFP4 experts, MXFP8 elsewhere). Expected tokens come from the
-//! minimal engine (`m3_core::engine`, one request at a time, its own page
-//! allocator and planner): an independent path through the same backend.
+//! The scheduler on the CPU reference runner (the synthetic `tiny` model in
+//! memory: MXFP4 experts, MXFP8 elsewhere). Expected tokens come from a
+//! manual decoding loop (`common::manual_generate`: one request at a time,
+//! identity paging, `forward_by_ops` directly): an independent path through
+//! the same backend.
 //! Prompts reach past 64 positions, where the tiny preset's sparse block
 //! selection starts, so the block tables really steer attention.
 
 use std::collections::BTreeMap;
 
-use m3_core::backend::RunOptions;
+mod common;
+
+use m3_core::backend::Backend;
 use m3_core::config::ModelConfig;
-use m3_core::engine::{Engine, Request as EngineRequest, SimplePlanner};
-use m3_core::kv::{CacheDtype, KvCache, KvLayout};
+use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
 use m3_core::sched::ngram::NgramDrafter;
 use m3_core::sched::runner::{Drafter, SchedRunner};
@@ -63,28 +65,14 @@ fn reference(m: &ModelWeights, r: &Request) -> Vec<u32> {
 }
 
 fn reference_with(m: &ModelWeights, r: &Request, dtype: CacheDtype) -> Vec<u32> {
-    let be = CpuBackend::new();
-    let layout = KvLayout {
-        page_size: 16,
-        num_pages: 16,
-        dtype,
-    };
-    let mut e = Engine::new(
-        &be,
+    common::manual_generate(
+        &CpuBackend::new(),
         m,
-        KvCache::new(m, layout),
-        SimplePlanner,
-        RunOptions::default(),
-    );
-    e.add(EngineRequest::new(
-        0,
-        r.prompt.clone(),
+        &r.prompt,
         r.max_tokens,
         r.sampling,
-    ))
-    .unwrap();
-    e.run().unwrap();
-    e.requests[0].generated().to_vec()
+        dtype,
+    )
 }
 
 fn cfg(num_blocks: usize, max_batch_tokens: usize, prefix: bool) -> SchedulerConfig {
@@ -106,7 +94,14 @@ fn run(
     drafter: Option<Box<dyn Drafter + '_>>,
 ) -> (BTreeMap<RequestId, FinishedRequest>, StepCounters) {
     let be = CpuBackend::new();
-    let mut r = SchedRunner::new(&be, m, c, CacheDtype::Bf16, RunOptions::default()).unwrap();
+    let mut runner = be
+        .load(
+            common::source(m),
+            &common::load_spec(c.num_blocks, CacheDtype::Bf16),
+            &mut |_| {},
+        )
+        .unwrap();
+    let mut r = SchedRunner::new(&mut *runner, c).unwrap();
     r.spec_tokens = spec;
     r.drafter = drafter;
     for q in reqs {
@@ -174,8 +169,14 @@ fn prefix_cache_case(dtype: CacheDtype) {
     let mut per_mode = Vec::new();
     for prefix in [false, true] {
         let be = CpuBackend::new();
-        let mut r =
-            SchedRunner::new(&be, &m, cfg(32, 64, prefix), dtype, RunOptions::default()).unwrap();
+        let mut runner = be
+            .load(
+                common::source(&m),
+                &common::load_spec(32, dtype),
+                &mut |_| {},
+            )
+            .unwrap();
+        let mut r = SchedRunner::new(&mut *runner, cfg(32, 64, prefix)).unwrap();
         let mut out = BTreeMap::new();
         // One after the other, so later requests find the shared blocks cached.
         for q in &reqs {

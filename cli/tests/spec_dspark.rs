@@ -4,7 +4,7 @@
 //!
 //! - the loader reads `dspark/` and names the tensor at fault;
 //! - speculative greedy output (DSpark drafter, K = 1, 3, 7) is identical to
-//!   plain decoding through the same runner and to the minimal engine;
+//!   plain decoding through the same runner and to a manual decoding loop;
 //! - an oracle drafter whose distribution is the target's own is accepted
 //!   (almost) always by rejection and block verification, a perturbed one
 //!   clearly less.
@@ -12,15 +12,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use m3_core::backend::{Backend, Path as ExecPath, RunOptions, StepBatch, Taps};
+mod common;
+
+use m3_core::backend::{forward_by_ops, Backend, Path as ExecPath, RunOptions, StepBatch, Taps};
 use m3_core::checkpoint::dspark_loader::load_dspark;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::ModelConfig;
 use m3_core::dspark::DsparkWeights;
-use m3_core::engine::{Engine, Request as EngineRequest, SimplePlanner};
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::sample::{uniform, SampleParams};
-use m3_core::sched::dspark_drafter::DsparkDrafter;
+use m3_core::sched::dspark_drafter::{DraftTarget, DsparkDrafter};
 use m3_core::sched::runner::{Drafter, Proposal, SchedRunner, SpecStats, VerifyMode};
 use m3_core::sched::spec_probs::sampling_probs;
 use m3_core::sched::{Request, RequestId, SchedulerConfig, StepCounters};
@@ -77,7 +78,14 @@ fn run(
     BTreeMap<RequestId, SpecStats>,
 ) {
     let be = CpuBackend::new();
-    let mut r = SchedRunner::new(&be, m, cfg(), CacheDtype::Bf16, RunOptions::default()).unwrap();
+    let mut runner = be
+        .load(
+            common::source(m),
+            &common::load_spec(cfg().num_blocks, CacheDtype::Bf16),
+            &mut |_| {},
+        )
+        .unwrap();
+    let mut r = SchedRunner::new(&mut *runner, cfg()).unwrap();
     r.spec_tokens = spec;
     r.verify = verify;
     r.drafter = drafter;
@@ -130,30 +138,16 @@ fn loader_reads_dspark_and_names_bad_tensors() {
     assert!(load_dspark(&dir, &m.config).unwrap().is_none());
 }
 
-/// The minimal engine, one request alone (an independent decoding path).
+/// A manual decoding loop, one request alone (an independent path).
 fn engine_reference(m: &ModelWeights, r: &Request) -> Vec<u32> {
-    let be = CpuBackend::new();
-    let layout = KvLayout {
-        page_size: 16,
-        num_pages: 16,
-        dtype: CacheDtype::Bf16,
-    };
-    let mut e = Engine::new(
-        &be,
+    common::manual_generate(
+        &CpuBackend::new(),
         m,
-        KvCache::new(m, layout),
-        SimplePlanner,
-        RunOptions::default(),
-    );
-    e.add(EngineRequest::new(
-        0,
-        r.prompt.clone(),
+        &r.prompt,
         r.max_tokens,
         r.sampling,
-    ))
-    .unwrap();
-    e.run().unwrap();
-    e.requests[0].generated().to_vec()
+        CacheDtype::Bf16,
+    )
 }
 
 #[test]
@@ -184,7 +178,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     }
     let be = CpuBackend::new();
     for k in [1usize, 3, 7] {
-        let d = DsparkDrafter::new(&be, &m, &w).unwrap();
+        let d = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
         let (out, c, per) = run(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
         for r in &reqs {
             assert_eq!(out[&r.id], plain[&r.id], "K = {k}, request {}", r.id);
@@ -215,7 +209,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     // The comparison can fail: rejection verification of the stochastic
     // request (lossless in distribution, not token for token) changes its
     // tokens, and the same equality check sees it.
-    let d = DsparkDrafter::new(&be, &m, &w).unwrap();
+    let d = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
     let (out, _, _) = run(&m, &reqs, 3, VerifyMode::Rejection, Some(Box::new(d)));
     assert_eq!(
         out[&0], plain[&0],
@@ -272,17 +266,16 @@ impl Drafter for OracleDrafter<'_> {
         let (mut tokens, mut probs) = (Vec::new(), Vec::new());
         let mut step = StepBatch::contiguous(0, context, 0, &table, page, false);
         for i in 0..k {
-            let logits = self
-                .be
-                .forward(
-                    self.m,
-                    &mut cache,
-                    &step,
-                    ExecPath::Standard,
-                    &RunOptions::default(),
-                    &mut Taps::none(),
-                )
-                .unwrap();
+            let logits = forward_by_ops(
+                self.be,
+                self.m,
+                &mut cache,
+                &step,
+                ExecPath::Standard,
+                &RunOptions::default(),
+                &mut Taps::none(),
+            )
+            .unwrap();
             let q = self.dist(&sampling_probs(&logits, params));
             let pos = (context.len() + i) as u32;
             let w: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
@@ -369,7 +362,8 @@ fn target_taps(be: &CpuBackend, m: &ModelWeights, tokens: &[u32]) -> Taps {
         residual: true,
         ..Default::default()
     });
-    be.forward(
+    forward_by_ops(
+        be,
         m,
         &mut cache,
         &step,
@@ -401,9 +395,9 @@ fn dspark_context_is_incremental_and_attention_non_causal() {
 
     // All context rows at once, or in three observations (one repeated, as
     // after a preemption's recompute): the same draft.
-    let mut a = DsparkDrafter::new(&be, &m, &w).unwrap();
+    let mut a = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
     a.observe(0, &pos, &rows, &taps);
-    let mut b = DsparkDrafter::new(&be, &m, &w).unwrap();
+    let mut b = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
     b.observe(0, &pos[..7], &rows[..7], &taps);
     b.observe(0, &pos[7..], &rows[7..], &taps);
     b.observe(0, &pos[3..9], &rows[3..9], &taps);
@@ -424,7 +418,7 @@ fn dspark_context_is_incremental_and_attention_non_causal() {
 
     // The context matters: without it (or with another prompt's) the draft
     // distribution changes.
-    let mut c = DsparkDrafter::new(&be, &m, &w).unwrap();
+    let mut c = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
     let pc = c.propose_sampled(0, &ctx, 4, &params);
     assert_ne!(pc.probs, pa.probs);
 

@@ -12,7 +12,6 @@ pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod dspark;
-pub mod engine;
 pub mod formats;
 pub mod kv;
 pub mod sample;

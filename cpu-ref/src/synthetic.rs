@@ -16,7 +16,10 @@ use m3_core::weights::{
 pub enum WeightFormat {
     Bf16,
     F32,
+    /// MXFP8 with E4M3 elements.
     Mxfp8,
+    /// MXFP8 with E5M2 elements.
+    Mxfp8E5M2,
     Mxfp4,
     Nvfp4,
 }
@@ -91,6 +94,13 @@ pub fn linear(
             rows,
             cols,
             MxElem::Fp8E4M3,
+            ScaleRule::Floor,
+        )?),
+        WeightFormat::Mxfp8E5M2 => LinearWeight::Mx(MxTensor::quantize(
+            &x,
+            rows,
+            cols,
+            MxElem::Fp8E5M2,
             ScaleRule::Floor,
         )?),
         WeightFormat::Mxfp4 => LinearWeight::Mx(MxTensor::quantize(

@@ -3,7 +3,9 @@
 mod common;
 
 use common::*;
-use m3_core::backend::{ActMode, Backend, Path, RunOptions, StepBatch, TapData, TapRequest, Taps};
+use m3_core::backend::{
+    forward_by_ops, ActMode, Path, RunOptions, StepBatch, TapData, TapRequest, Taps,
+};
 use m3_core::config::{AttnKind, IndexSelection};
 use m3_core::kv::CacheDtype;
 use m3_core::weights::{FfnWeights, LinearWeight, ModelWeights};
@@ -24,8 +26,9 @@ fn one_and_four_threads_give_identical_bits() {
     let toks = tokens(90, 1);
     let a = pool(1).install(|| prefill(&m, &toks, CacheDtype::Bf16, BF, TapRequest::ALL));
     let b = pool(4).install(|| prefill(&m, &toks, CacheDtype::Bf16, BF, TapRequest::ALL));
-    // 4 layers x (residual, topk, scores) + 3 MoE expert taps + logits.
-    assert_eq!(a.tensors.len(), 4 * 3 + 3 + 1);
+    // 4 layers x (residual, topk, scores, attn_out, ffn_in, ffn_out) + 3
+    // MoE expert taps + logits.
+    assert_eq!(a.tensors.len(), 4 * 6 + 3 + 1);
     taps_bit_equal(&a, &b).expect("1 vs 4 threads");
     // The comparison can fail: flip one low bit of one residual.
     let mut c = b.clone();
@@ -49,9 +52,16 @@ fn decode_one_by_one(m: &ModelWeights, toks: &[u32]) -> Vec<Taps> {
             let mut step = StepBatch::contiguous(1, &toks[p..p + 1], p as u32, &bt, PAGE, true);
             step.seqs[0].block_table = bt.clone();
             let mut taps = Taps::new(TapRequest::STANDARD);
-            CpuBackend
-                .forward(m, &mut c, &step, Path::Standard, &BF, &mut taps)
-                .expect("decode");
+            forward_by_ops(
+                &CpuBackend,
+                m,
+                &mut c,
+                &step,
+                Path::Standard,
+                &BF,
+                &mut taps,
+            )
+            .expect("decode");
             taps
         })
         .collect()
@@ -293,9 +303,16 @@ fn teacher_forcing_replaces_layer_inputs() {
         let step = StepBatch::contiguous(1, &toks, 0, &block_table(toks.len()), PAGE, true);
         let mut taps = Taps::new(TapRequest::STANDARD);
         taps.teacher = teacher;
-        CpuBackend
-            .forward(&m, &mut c, &step, Path::Standard, &BF, &mut taps)
-            .expect("forward");
+        forward_by_ops(
+            &CpuBackend,
+            &m,
+            &mut c,
+            &step,
+            Path::Standard,
+            &BF,
+            &mut taps,
+        )
+        .expect("forward");
         taps
     };
     let same: std::collections::BTreeMap<usize, Vec<f32>> = (0..4)
@@ -320,10 +337,25 @@ fn mono_path_rules() {
     let mut c = cache(&m, CacheDtype::Bf16);
     let toks = tokens(20, 8);
     let step = StepBatch::contiguous(1, &toks, 0, &block_table(20), PAGE, false);
-    let err = CpuBackend.forward(&m, &mut c, &step, Path::Mono, &BF, &mut Taps::none());
+    let err = forward_by_ops(
+        &CpuBackend,
+        &m,
+        &mut c,
+        &step,
+        Path::Mono,
+        &BF,
+        &mut Taps::none(),
+    );
     assert!(err.is_err(), "a 20-row prefill is not a mono step");
     let step = StepBatch::contiguous(1, &toks[..1], 0, &block_table(20), PAGE, true);
-    CpuBackend
-        .forward(&m, &mut c, &step, Path::Mono, &BF, &mut Taps::none())
-        .expect("decode may run mono");
+    forward_by_ops(
+        &CpuBackend,
+        &m,
+        &mut c,
+        &step,
+        Path::Mono,
+        &BF,
+        &mut Taps::none(),
+    )
+    .expect("decode may run mono");
 }

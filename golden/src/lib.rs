@@ -16,6 +16,7 @@
 
 pub mod case;
 pub mod compare;
+pub mod parity;
 pub mod tensors;
 
 pub use case::{Case, CaseMeta, Greedy, NearTie, Recipe, RunOptions, Tolerance};

@@ -1,16 +1,33 @@
 // The standard path's attention and indexer kernels (split over keys).
 // Compiled in the same translation unit as standard_decode.cu (after it):
 // uses its s_slot / S_INF helpers. Same math as cpu-ref's indexer and
-// attention (exact E4M3 decode, f32 arithmetic); only the order of the sums
-// differs. The attention's tensor-core products keep that: bf16 q times E4M3
-// codes (exact bf16 values) are exact products summed in f32, and the f32
-// softmax weights enter P V as three bf16 parts (~2^-25 relative). Every shape is a kernel argument and every grid is fixed by
-// capacity (CTAs past a row's work exit early), so a step stays capturable.
+// attention (exact E4M3 or bf16 decode, f32 arithmetic); only the order of
+// the sums differs. The attention's tensor-core products keep that: bf16 q
+// times E4M3 codes or bf16 cache values (exact bf16 values) are exact
+// products summed in f32, and the f32 softmax weights enter P V as three
+// bf16 parts (~2^-25 relative). Every shape is a kernel argument and every
+// grid is fixed by capacity (CTAs past a row's work exit early), so a step
+// stays capturable. Caches hold E4M3 codes or bf16 bits (cache_bf16): each
+// kernel body is a template on that, dispatched once per CTA, so the fp8
+// inner loops carry no per-element test.
+
+/// Marks the start of one cache type's kernel body: a PTX comment, so the
+/// two instantiations of a body begin with different instructions and the
+/// compiler does not hoist their common prefix above the dispatch (that
+/// lengthened live ranges across both bodies and made ptxas spill in the
+/// fp8 one). No code; CUDA only (AMDGPU assembly comments differ).
+#if defined(M3_CUDA)
+#define S_PATH_MARK(text) asm volatile("// " text)
+#else
+#define S_PATH_MARK(text) ((void)0)
+#endif
 
 // ---- indexer ---------------------------------------------------------------
 #define SI_THREADS 256   // m3s_index_scores block size (4 threads per key)
-#define SI_KPT 2         // keys per thread per pass (SI_THREADS / 4 * SI_KPT keys a pass)
-#define SI_CPT (SI_MAXD / 64)  // 16-byte chunks of a key per thread, at most
+#define SI_KPT 2         // fp8 keys per thread per pass (SI_THREADS / 4 * SI_KPT keys a pass)
+#define SI_CPT (SI_MAXD / 64)  // 16-byte chunks of an fp8 key per thread, at most
+// (bf16 keys: half the keys per pass, twice the chunks per key: the same
+// bytes in flight and registers)
 #define SI_MAXH 8        // index q heads held in shared memory
 #define SI_MAXD 256      // index head dim
 #define SK_THREADS 256   // m3s_index_topk block size
@@ -22,24 +39,31 @@ M3_DEV float si_max(float m, float s) { return s > m ? s : m; }
 
 /// Indexer block scores. Grid (X <= maxnb, T), block SI_THREADS; CTA (x, t)
 /// scores blocks b = x, x + X, ... < nb of row t. Block b: the
-/// max over visible keys j = b*B + o <= p of iq[h] . (e4m3(ik[j]) * iscale)
-/// per selection head h (per-KV-head: index head h for KV head h; shared: max
-/// over all nih index heads too). Forced blocks (b < init_b or among the
+/// max over visible keys j = b*B + o <= p of iq[h] . k[j] per selection
+/// head h (per-KV-head: index head h for KV head h; shared: max over all
+/// nih index heads too), k[j] = e4m3(ik[j]) * iscale, or the bf16 key
+/// itself (cache_bf16: icache holds bf16 bits [slot][di], iscale is 1).
+/// Forced blocks (b < init_b or among the
 /// local_b last blocks of the row) are +INF. Rows with nb <= K blocks need no
 /// scores (every block is taken) and blocks past nb exit at once. Four
 /// threads per key (16-byte chunks sub, sub + 4, ...: all of a thread's
 /// loads are issued together), the four partial dots summed by shuffles.
 /// scores: [T][selh][maxnb] f32, selh = 1 (shared) or nkv.
-M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
-                                float iscale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
-                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 B, u32 K,
-                                u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores,
-                                u32 maxnb) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ float4 qs4[SI_MAXH * SI_MAXD / 4];  // float4: 16-byte aligned
+template <bool BF>
+M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
+                      const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
+                      const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b,
+                      u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb, float4* qs4,
+                      float (*red)[SI_THREADS / M3_WARP]) {
+  // per cache type: values per 16-byte chunk, keys per thread per pass,
+  // chunks of a key per thread (at most), bytes per value
+  const u32 E = BF ? 8u : 16u;
+  const int KPT = BF ? 1 : SI_KPT;
+  const int CPT = BF ? 2 * SI_CPT : SI_CPT;
+  const u32 VB = BF ? 2u : 1u;
+  if constexpr (BF) S_PATH_MARK("m3s_index_scores: bf16 cache");
+  else S_PATH_MARK("m3s_index_scores: fp8 cache");
   float* qs = reinterpret_cast<float*>(qs4);
-  __shared__ float red[SI_MAXH][SI_THREADS / M3_WARP];
   const u32 t = blockIdx.y, tid = threadIdx.x;
   const u32 p = pos[t], seq = row_seq[t];
   const u32 nb = p / B + 1u;
@@ -75,19 +99,19 @@ M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, con
     float m[SI_MAXH];
 #pragma unroll
     for (int h = 0; h < SI_MAXH; ++h) m[h] = -S_INF;
-    const u32 nc = di / 16u, sub = tid % 4u, kq = tid / 4u;
-    const u32 kpass = SI_THREADS / 4u * SI_KPT;
+    const u32 nc = di / E, sub = tid % 4u, kq = tid / 4u;
+    const u32 kpass = SI_THREADS / 4u * (u32)KPT;
     const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
     for (u32 o0 = 0; jb + o0 <= jlast; o0 += kpass) {
-      uint4 raw[SI_KPT][SI_CPT];
-      bool ok[SI_KPT];
+      uint4 raw[KPT][CPT];
+      bool ok[KPT];
 #pragma unroll
-      for (int r = 0; r < SI_KPT; ++r) {
+      for (int r = 0; r < KPT; ++r) {
         const u32 j = jb + o0 + kq + (u32)r * (SI_THREADS / 4u);
         ok[r] = j <= jlast;
-        const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di;
+        const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di * VB;
 #pragma unroll
-        for (int x = 0; x < SI_CPT; ++x) {
+        for (int x = 0; x < CPT; ++x) {
           const u32 cc = sub + 4u * (u32)x;
           uint4 z;
           z.x = z.y = z.z = z.w = 0u;
@@ -95,26 +119,35 @@ M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, con
         }
       }
 #pragma unroll
-      for (int r = 0; r < SI_KPT; ++r) {
+      for (int r = 0; r < KPT; ++r) {
         float dot[SI_MAXH];
 #pragma unroll
         for (int h = 0; h < SI_MAXH; ++h) dot[h] = 0.0f;
 #pragma unroll
-        for (int x = 0; x < SI_CPT; ++x) {
+        for (int x = 0; x < CPT; ++x) {
           const u32 cc = sub + 4u * (u32)x;
           if (4u * (u32)x >= nc) break;  // uniform
           if (cc < nc) {
             u32 w4[4] = {raw[r][x].x, raw[r][x].y, raw[r][x].z, raw[r][x].w};
-            float kv[16];
+            float kv[E];
+            if constexpr (BF) {
+              // bf16 bits: exact
 #pragma unroll
-            for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+              for (int e = 0; e < 4; ++e) {
+                kv[2 * e] = m3_f32(w4[e] << 16);
+                kv[2 * e + 1] = m3_f32(w4[e] & 0xffff0000u);
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+            }
 #pragma unroll
             for (int h = 0; h < SI_MAXH; ++h) {
               if ((u32)h >= nih) break;
-              const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + 16u * cc);
+              const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + E * cc);
               float s = dot[h];
 #pragma unroll
-              for (int e4 = 0; e4 < 4; ++e4) {
+              for (int e4 = 0; e4 < (int)(E / 4u); ++e4) {
                 float4 qq = qv[e4];
                 s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
               }
@@ -152,6 +185,25 @@ M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, con
     }
     __syncthreads();  // red is rewritten by the next block
   }
+}
+
+/// See si_scores. cache_bf16: the index cache holds bf16 bits (else E4M3
+/// codes); uniform over the grid, so the CTA takes one instantiation.
+M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
+                                float iscale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
+                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 B, u32 K,
+                                u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores,
+                                u32 maxnb, u32 cache_bf16) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
+  __shared__ float4 qs4[SI_MAXH * SI_MAXD / 4];  // float4: 16-byte aligned
+  __shared__ float red[SI_MAXH][SI_THREADS / M3_WARP];
+  if (cache_bf16)
+    si_scores<true>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel,
+                    nkv, scores, maxnb, qs4, red);
+  else
+    si_scores<false>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel,
+                     nkv, scores, maxnb, qs4, red);
 }
 
 /// Sort key of block b with score v: higher score first, ties to the lower
@@ -265,7 +317,7 @@ M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict_
 #define SA_MAXD 256      // head dim
 #define SA_QS (SA_MAXD / 2 + 4)   // u32 (bf16 pairs) per q row in shared memory
 #define SA_PS (SA_TILE + 8)       // floats per score row in shared memory
-#define SA_KB 2                   // 32-wide d groups whose K codes are loaded at once
+#define SA_KB 2                   // 32-wide d groups whose K codes are loaded at once (fp8; bf16: half)
 #define SA_VG ((SA_MAXD / 32 + 3) / 4)  // 32-wide output d groups per mma group
 #define SA_REC(d) ((d) + 4u)      // floats per partial: m, l, 2 pad, o[d] (16-byte aligned)
 
@@ -288,6 +340,70 @@ M3_DEV u32 sa_chunks(u32 p, u32 sparse, u32 K, u32 max_chunks) {
 M3_DEV u32 sa_e4m3x2_bf16(u32 lo, u32 hi) {
   return (m3_bits(m3_e4m3_fast(lo & 0xffu)) >> 16) | (m3_bits(m3_e4m3_fast(hi & 0xffu)) & 0xffff0000u);
 }
+/// What a lane of an mma group loads of one cache row, per cache type:
+/// K: the 8 values 32G + 8lt .. +7 of d group G (Q K^T), V: the 4 values
+/// 32G + 4lg .. +3 (P V); and how they become mma B fragments. VB: bytes
+/// per value; KB: d groups of K loaded at once; VS: 16-key steps of V
+/// loaded at once (NVB batches per tile). bf16 rows are twice the bytes:
+/// half the d groups / key steps per batch keep the registers of fp8.
+template <bool BF> struct SaCache;
+template <> struct SaCache<false> {  // E4M3 codes
+  typedef uint2 K;
+  typedef u32 V;
+  static constexpr u32 VB = 1u, KB = SA_KB, VS = SA_TILE / 16, NVB = 1;
+  static __device__ __forceinline__ K ldk(const u8* p) { return *reinterpret_cast<const uint2*>(p); }
+  static __device__ __forceinline__ K zk() { return make_uint2(0u, 0u); }
+  static __device__ __forceinline__ V ldv(const u8* p) { return *reinterpret_cast<const u32*>(p); }
+  static __device__ __forceinline__ V zv() { return 0u; }
+  /// k-step kk uses values 4kk .. 4kk+3: b0 <- 4kk, 4kk+1; b1 <- 4kk+2, 4kk+3
+  static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
+    const u32 w = kk ? r.y : r.x;
+    b0 = sa_e4m3x2_bf16(w, w >> 8);
+    b1 = sa_e4m3x2_bf16(w >> 16, w >> 24);
+  }
+  /// n-tile n: value n of keys r = 0, 1 (b0) and r = 2, 3 (b1)
+  static __device__ __forceinline__ void vfrag(const V* v, int n, u32& b0, u32& b1) {
+    const u32 sh = 8u * (u32)n;
+    b0 = sa_e4m3x2_bf16(v[0] >> sh, v[1] >> sh);
+    b1 = sa_e4m3x2_bf16(v[2] >> sh, v[3] >> sh);
+  }
+};
+template <> struct SaCache<true> {  // bf16 bits: already bf16 operands
+  typedef uint4 K;
+  typedef uint2 V;
+  static constexpr u32 VB = 2u, KB = SA_KB / 2, VS = SA_TILE / 32, NVB = 2;
+  static __device__ __forceinline__ K ldk(const u8* p) { return *reinterpret_cast<const uint4*>(p); }
+  static __device__ __forceinline__ K zk() { return make_uint4(0u, 0u, 0u, 0u); }
+  static __device__ __forceinline__ V ldv(const u8* p) { return *reinterpret_cast<const uint2*>(p); }
+  static __device__ __forceinline__ V zv() { return make_uint2(0u, 0u); }
+  static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
+    b0 = kk ? r.z : r.x;
+    b1 = kk ? r.w : r.y;
+  }
+  /// value n = half n & 1 of word n >> 1; lower key in the low half
+  static __device__ __forceinline__ void vfrag(const V* v, int n, u32& b0, u32& b1) {
+    const u32 a0 = n & 2 ? v[0].y : v[0].x, a1 = n & 2 ? v[1].y : v[1].x;
+    const u32 a2 = n & 2 ? v[2].y : v[2].x, a3 = n & 2 ? v[3].y : v[3].x;
+    b0 = n & 1 ? (a0 >> 16) | (a1 & 0xffff0000u) : (a0 & 0xffffu) | (a1 << 16);
+    b1 = n & 1 ? (a2 >> 16) | (a3 & 0xffff0000u) : (a2 & 0xffffu) | (a3 << 16);
+  }
+};
+
+/// V values of d group G for 16-key steps s0 .. s0 + VS - 1 of the tile:
+/// keys 16s + 2lt, +1, +8, +9 (r = 0..3), values 32G + 4lg .. +3.
+template <bool BF>
+M3_DEV void sa_load_v(typename SaCache<BF>::V (&vraw)[SaCache<BF>::VS][4], const u8* __restrict__ vc,
+                      const u64* roff, u32 G, u32 ng, u32 s0, u32 nk, u32 lt, u32 lg) {
+#pragma unroll
+  for (int si = 0; si < (int)SaCache<BF>::VS; ++si)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const u32 key = 16u * (s0 + (u32)si) + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
+      vraw[si][r] = (G < ng && key < nk) ? SaCache<BF>::ldv(vc + roff[key] + SaCache<BF>::VB * (32u * G + 4u * lg))
+                                         : SaCache<BF>::zv();
+    }
+}
+
 /// f32 pair as three bf16 pairs: x = hi + mid + lo to ~2^-25 relative (f32
 /// grade), so P V on bf16 tensor cores keeps f32 weights.
 M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
@@ -303,30 +419,26 @@ M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
 /// [c*CK, c*CK+CK) with CK = SA_TILE * sa_tiles_per_chunk (full layers),
 /// clipped to j <= p. Tiles of SA_TILE keys; per tile: S = Q K^T on tensor
 /// cores (m16n8k16 bf16, q heads as M, exact: q is bf16 and every E4M3 code
-/// is a bf16 value; the scales multiply the f32 results), one mma group of
+/// or bf16 cache value is a bf16 value; the scales multiply the f32
+/// results), one mma group of
 /// 32 threads per 32 keys; an online softmax per head in f32; O += P V on
 /// tensor cores with P split into bf16 hi + mid + lo (three products,
 /// ~2^-25 relative), one mma group per 32-wide d group. Writes per head the chunk
 /// max m, the sum l of exp(s - m) and the unnormalised o[d] to
 /// part [T][nkv][max_chunks][hg][d + 4] (m, l, pad, pad, o); an empty chunk
 /// writes m = -INF, l = 0 (o untouched: the combine skips it).
-#if defined(M3_CUDA)
-#define SA_BOUNDS __launch_bounds__(SA_THREADS, 4)  // 4 CTAs per SM: <= 128 registers
-#else
-#define SA_BOUNDS
-#endif
-M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
-                                const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
-                                const u32* __restrict__ row_seq, const u32* __restrict__ bt,
-                                const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B,
-                                u32 T, float* __restrict__ part, u32 max_chunks) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4];  // q [16][d] as bf16 pairs, rows >= hg zero
-  u32* qs = reinterpret_cast<u32*>(qs4);
-  __shared__ float sp[SA_MAXHG * SA_PS];      // scores, then exp(s - m) (0 past the tile's keys)
-  __shared__ u64 roff[SA_TILE];               // byte offset of each key's K / V row
-  __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];
+/// Caches [slot][nkv][d]: E4M3 codes, or bf16 bits (BF; ks = vs = 1).
+template <bool BF>
+M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
+                       const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
+                       const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off,
+                       u32 page, const int* __restrict__ sel, u32 K, u32 B, u32 T, float* __restrict__ part,
+                       u32 max_chunks, float sscale, uint4* qs4, float* sp, u64* roff, float* hm, float* hl,
+                       float* hc) {
+  typedef SaCache<BF> C;
+  if constexpr (BF) S_PATH_MARK("m3s_attn_partial: bf16 cache");
+  else S_PATH_MARK("m3s_attn_partial: fp8 cache");
+  u32* qs = reinterpret_cast<u32*>(qs4);  // q [16][d] as bf16 pairs, rows >= hg zero
   const u32 c = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
   const u32 hg = nh / nkv;
   const u32 p = pos[t], seq = row_seq[t];
@@ -375,7 +487,6 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
   if (tid < SA_MAXHG) { hm[tid] = -S_INF; hl[tid] = 0.0f; }
   const u32 grp = tid / 32u, l32 = tid % 32u, lg = l32 / 4u, lt = l32 % 4u;
   const u32 ng = d / 32u;  // 32-wide d groups
-  const float sscale = ks / sqrtf((float)d);
   float o[SA_VG][4][4];  // [d group][n-tile][c0..c3] of O rows lg, lg + 8
 #pragma unroll
   for (int v = 0; v < SA_VG; ++v)
@@ -386,45 +497,35 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
   for (u64 jt = j0; jt < jend; jt += SA_TILE) {
     const u32 nk = jend - jt < (u64)SA_TILE ? (u32)(jend - jt) : (u32)SA_TILE;
     if (jt != j0) __syncthreads();  // the previous tile's P and rows are read
-    if (tid < nk) roff[tid] = (s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d;
+    // byte offset of each key's row (g's d values)
+    if (tid < nk) roff[tid] = (s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d * C::VB;
     __syncthreads();
-    // V codes of the first d group: keys 16s + 2lt, +1, +8, +9, bytes 32G + 4lg
+    // V of the first d group's first key steps, loaded before S (latency)
     const u32 nsteps = (nk + 15u) / 16u;
-    u32 vraw[SA_TILE / 16][4];
-    {
-      const u32 G = grp;
-#pragma unroll
-      for (int s = 0; s < SA_TILE / 16; ++s)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const u32 key = 16u * (u32)s + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
-          vraw[s][r] = (G < ng && key < nk) ? *reinterpret_cast<const u32*>(vc + roff[key] + 32u * G + 4u * lg) : 0u;
-        }
-    }
+    typename C::V vraw[C::VS][4];
+    sa_load_v<BF>(vraw, vc, roff, grp, ng, 0u, nk, lt, lg);
     // 1. S = Q K^T: this group's keys 32 grp + 8 n + col; lane (lg, lt) loads
-    //    key col = lg, d bytes 32G + 8lt .. +7 (k-step kk uses bytes 4kk..4kk+3:
-    //    slots 2lt, 2lt+1 <- bytes 0,1 and 2lt+8, 2lt+9 <- bytes 2,3; the q
-    //    fragments use the same d order)
+    //    key col = lg, d values 32G + 8lt .. +7 (k-step kk uses values
+    //    4kk..4kk+3: slots 2lt, 2lt+1 <- values 0,1 and 2lt+8, 2lt+9 <-
+    //    values 2,3; the q fragments use the same d order)
     float sacc[4][4];
 #pragma unroll
     for (int n = 0; n < 4; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sacc[n][e] = 0.0f;
-    for (u32 G0 = 0; G0 < ng; G0 += SA_KB) {
-      uint2 kraw[4][SA_KB];
+    for (u32 G0 = 0; G0 < ng; G0 += C::KB) {
+      typename C::K kraw[4][C::KB];
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         const u32 key = 32u * grp + 8u * (u32)n + lg;
 #pragma unroll
-        for (int gi = 0; gi < SA_KB; ++gi) {
+        for (int gi = 0; gi < (int)C::KB; ++gi) {
           const u32 G = G0 + (u32)gi;
-          uint2 z;
-          z.x = z.y = 0u;
-          kraw[n][gi] = (G < ng && key < nk) ? *reinterpret_cast<const uint2*>(kc + roff[key] + 32u * G + 8u * lt) : z;
+          kraw[n][gi] = (G < ng && key < nk) ? C::ldk(kc + roff[key] + C::VB * (32u * G + 8u * lt)) : C::zk();
         }
       }
 #pragma unroll
-      for (int gi = 0; gi < SA_KB; ++gi) {
+      for (int gi = 0; gi < (int)C::KB; ++gi) {
         const u32 G = G0 + (u32)gi;
         if (G >= ng) break;  // uniform over the CTA
 #pragma unroll
@@ -437,8 +538,9 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
           a[3] = qs[(lg + 8u) * SA_QS + qi + 1u];
 #pragma unroll
           for (int n = 0; n < 4; ++n) {
-            const u32 w = kk ? kraw[n][gi].y : kraw[n][gi].x;
-            m3_mma_bf16_16816(sacc[n], a, sa_e4m3x2_bf16(w, w >> 8), sa_e4m3x2_bf16(w >> 16, w >> 24));
+            u32 b0, b1;
+            C::kfrag(kraw[n][gi], kk, b0, b1);
+            m3_mma_bf16_16816(sacc[n], a, b0, b1);
           }
         }
       }
@@ -488,8 +590,9 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
     }
     __syncthreads();
     // 3. O += P V: group grp owns d groups grp, grp + 4, ...; n-tile nt of d
-    //    group G has columns 32G + 4 col + nt, so lane (lg, lt) reads bytes
-    //    32G + 4lg .. +3 of its four key rows (one per n-tile)
+    //    group G has columns 32G + 4 col + nt, so lane (lg, lt) reads values
+    //    32G + 4lg .. +3 of its four key rows (one per n-tile); the key
+    //    steps in C::NVB batches of C::VS
     const float c0 = hc[lg], c1 = hc[lg + 8u];
 #pragma unroll
     for (int v = 0; v < SA_VG; ++v)
@@ -504,32 +607,29 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
     for (int v = 0; v < SA_VG; ++v) {
       const u32 G = grp + 4u * (u32)v;
       if (4u * (u32)v >= ng) break;  // uniform over the CTA
-      if (v > 0) {
 #pragma unroll
-        for (int s = 0; s < SA_TILE / 16; ++s)
+      for (int hb = 0; hb < (int)C::NVB; ++hb) {
+        const u32 s0 = (u32)hb * C::VS;
+        if (s0 >= nsteps) break;  // uniform over the CTA
+        if (v > 0 || hb > 0) sa_load_v<BF>(vraw, vc, roff, G, ng, s0, nk, lt, lg);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const u32 key = 16u * (u32)s + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
-            vraw[s][r] = (G < ng && key < nk) ? *reinterpret_cast<const u32*>(vc + roff[key] + 32u * G + 4u * lg) : 0u;
+        for (int si = 0; si < (int)C::VS; ++si) {
+          const u32 s = s0 + (u32)si;
+          if (s >= nsteps) break;  // uniform over the CTA
+          const u32 k0 = 16u * s + 2u * lt;
+          u32 ahi[4], amid[4], alo[4];
+          sa_split_bf16(sp[lg * SA_PS + k0], sp[lg * SA_PS + k0 + 1u], ahi[0], amid[0], alo[0]);
+          sa_split_bf16(sp[(lg + 8u) * SA_PS + k0], sp[(lg + 8u) * SA_PS + k0 + 1u], ahi[1], amid[1], alo[1]);
+          sa_split_bf16(sp[lg * SA_PS + k0 + 8u], sp[lg * SA_PS + k0 + 9u], ahi[2], amid[2], alo[2]);
+          sa_split_bf16(sp[(lg + 8u) * SA_PS + k0 + 8u], sp[(lg + 8u) * SA_PS + k0 + 9u], ahi[3], amid[3], alo[3]);
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            u32 b0, b1;
+            C::vfrag(vraw[si], n, b0, b1);
+            m3_mma_bf16_16816(o[v][n], ahi, b0, b1);
+            m3_mma_bf16_16816(o[v][n], amid, b0, b1);
+            m3_mma_bf16_16816(o[v][n], alo, b0, b1);
           }
-      }
-#pragma unroll
-      for (int s = 0; s < SA_TILE / 16; ++s) {
-        if ((u32)s >= nsteps) break;  // uniform over the CTA
-        const u32 k0 = 16u * (u32)s + 2u * lt;
-        u32 ahi[4], amid[4], alo[4];
-        sa_split_bf16(sp[lg * SA_PS + k0], sp[lg * SA_PS + k0 + 1u], ahi[0], amid[0], alo[0]);
-        sa_split_bf16(sp[(lg + 8u) * SA_PS + k0], sp[(lg + 8u) * SA_PS + k0 + 1u], ahi[1], amid[1], alo[1]);
-        sa_split_bf16(sp[lg * SA_PS + k0 + 8u], sp[lg * SA_PS + k0 + 9u], ahi[2], amid[2], alo[2]);
-        sa_split_bf16(sp[(lg + 8u) * SA_PS + k0 + 8u], sp[(lg + 8u) * SA_PS + k0 + 9u], ahi[3], amid[3], alo[3]);
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const u32 sh = 8u * (u32)n;
-          const u32 b0 = sa_e4m3x2_bf16(vraw[s][0] >> sh, vraw[s][1] >> sh);
-          const u32 b1 = sa_e4m3x2_bf16(vraw[s][2] >> sh, vraw[s][3] >> sh);
-          m3_mma_bf16_16816(o[v][n], ahi, b0, b1);
-          m3_mma_bf16_16816(o[v][n], amid, b0, b1);
-          m3_mma_bf16_16816(o[v][n], alo, b0, b1);
         }
       }
     }
@@ -562,6 +662,35 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
       *reinterpret_cast<float4*>(dst + 4) = hi4;
     }
   }
+}
+
+#if defined(M3_CUDA)
+#define SA_BOUNDS __launch_bounds__(SA_THREADS, 4)  // 4 CTAs per SM: <= 128 registers
+#else
+#define SA_BOUNDS
+#endif
+/// See sa_partial. cache_bf16: the K and V caches hold bf16 bits (else E4M3
+/// codes); uniform over the grid, so the CTA takes one instantiation.
+M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
+                                const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
+                                const u32* __restrict__ row_seq, const u32* __restrict__ bt,
+                                const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B,
+                                u32 T, float* __restrict__ part, u32 max_chunks, u32 cache_bf16) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
+  __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4];  // q [16][d] as bf16 pairs, rows >= hg zero
+  __shared__ float sp[SA_MAXHG * SA_PS];      // scores, then exp(s - m) (0 past the tile's keys)
+  __shared__ u64 roff[SA_TILE];               // byte offset of each key's K / V row
+  __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];
+  // score scale: K's dequantisation scale and 1/sqrt(d) (computed once,
+  // outside the two bodies: its slow-path call then sits in neither)
+  const float sscale = ks / sqrtf((float)d);
+  if (cache_bf16)
+    sa_partial<true>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part, max_chunks,
+                     sscale, qs4, sp, roff, hm, hl, hc);
+  else
+    sa_partial<false>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part, max_chunks,
+                      sscale, qs4, sp, roff, hm, hl, hc);
 }
 
 #define SC_THREADS 128  // m3s_attn_combine block size

@@ -4,156 +4,31 @@
 // the device, so a whole step can be captured into one CUDA graph.
 // Numerics follow MODEL.md section 3 (f32 math, bf16 at the marked points).
 
+// Weight formats of the tensor-core linear (compile-time template argument;
+// the Rust side picks the entry point by name, see WFmt::mma_kernel).
 #define S_FMT_BF16 0
-#define S_FMT_E4M3 1
-#define S_FMT_FP4 2
-#define S_FMT_F32 3
-#define S_MAXG 8
+#define S_FMT_E4M3 1   // MXFP8 E4M3 codes + E8M0 scale per 32
+#define S_FMT_FP4 2    // MXFP4 E2M1 codes (two a byte) + E8M0 scale per 32
+#define S_FMT_E5M2 3   // MXFP8 E5M2 codes + E8M0 scale per 32
+#define S_FMT_NVFP4 4  // E2M1 codes + E4M3 scale per 16 + f32 global per matrix
 #define S_INF __int_as_float(0x7f800000)
 
-M3_DEV float s_e8m0(u32 s) { return s == 0xffu ? m3_nan() : (s == 0u ? m3_f32(0x00400000u) : m3_f32(s << 23)); }
-
-/// Elements of W in one 16-byte chunk.
-template <int F> struct SChunk { static const u32 E = F == S_FMT_BF16 ? 8 : (F == S_FMT_E4M3 ? 16 : (F == S_FMT_FP4 ? 32 : 4)); };
-
-template <int F> M3_DEV u64 s_row_bytes(u32 K) {
-  return F == S_FMT_BF16 ? 2ull * K : (F == S_FMT_E4M3 ? (u64)K : (F == S_FMT_FP4 ? K / 2ull : 4ull * K));
-}
-
-template <int F> M3_DEV void s_unpack(uint4 q, float* w) {
-  u32 v[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (F == S_FMT_BF16) {
-      w[2 * i] = m3_f32(v[i] << 16);
-      w[2 * i + 1] = m3_f32(v[i] & 0xffff0000u);
-    } else if (F == S_FMT_E4M3) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w[4 * i + j] = m3_e4m3_fast((v[i] >> (8 * j)) & 0xffu);
-    } else if (F == S_FMT_FP4) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) w[8 * i + j] = m3_fp4_fast((v[i] >> (4 * j)) & 0xfu);
-    } else {
-      w[i] = m3_f32(v[i]);
-    }
-  }
-}
-
-/// y = x W^T. One warp per output feature n; W row read once per launch in
-/// 16-byte chunks, four chunks in flight per lane. x: bf16 rows of K.
-/// Plain mode (ids == 0): blockIdx.y covers rows [y*G, y*G+G) of M.
-/// Expert mode (ids != 0): blockIdx.y = pair p, weight = base + ids[p]*stride,
-/// x row = p / xdiv, output row p (routed experts chosen on the device).
-template <int F>
-M3_DEV void s_linear(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K,
-                     u32 M, u32 G, const int* __restrict__ ids, u64 w_es, u64 ws_es, u32 xdiv, u16* __restrict__ yb,
-                     float* __restrict__ yf) {
-  const u32 E = SChunk<F>::E;
-  const u32 lane = threadIdx.x % M3_WARP;
-  const u32 n = blockIdx.x * (blockDim.x / M3_WARP) + threadIdx.x / M3_WARP;
-  if (n >= N) return;
-  u32 g = blockIdx.y, m0, cnt, xr0;
-  const u8* W = w;
-  const u8* S = ws;
-  if (ids) {
-    int e = ids[g];
-    if (e < 0) e = 0;
-    W += (u64)e * w_es;
-    if (S) S += (u64)e * ws_es;
-    m0 = g;
-    cnt = 1;
-    xr0 = g / xdiv;
-  } else {
-    m0 = g * G;
-    if (m0 >= M) return;
-    cnt = min(G, M - m0);
-    xr0 = m0;
-  }
-  const u8* wr = W + (u64)n * s_row_bytes<F>(K);
-  const u8* sr = S ? S + (u64)n * (K / 32u) : nullptr;
-  const u32 nchunk = K / E;
-  float acc[S_MAXG];
-#pragma unroll
-  for (int i = 0; i < S_MAXG; ++i) acc[i] = 0.0f;
-  for (u32 c0 = lane; c0 < nchunk; c0 += 4u * M3_WARP) {
-    uint4 q[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      u32 c = c0 + u * M3_WARP;
-      if (c < nchunk) q[u] = *reinterpret_cast<const uint4*>(wr + (u64)c * 16u);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      u32 c = c0 + u * M3_WARP;
-      if (c >= nchunk) break;
-      float wv[E];
-      s_unpack<F>(q[u], wv);
-      if (F == S_FMT_E4M3 || F == S_FMT_FP4) {
-        float sc = s_e8m0(sr[(c * E) / 32u]);
-#pragma unroll
-        for (u32 i = 0; i < E; ++i) wv[i] *= sc;
-      }
-#pragma unroll
-      for (int m = 0; m < S_MAXG; ++m) {
-        if ((u32)m >= cnt) break;
-        const u16* xp = x + (u64)(xr0 + m) * K + (u64)c * E;
-        float s = 0.0f;
-        if (E >= 8) {
-#pragma unroll
-          for (u32 i = 0; i < E; i += 8) {
-            uint4 xv = *reinterpret_cast<const uint4*>(xp + i);
-            u32 xx[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              s += m3_f32(xx[j] << 16) * wv[i + 2 * j];
-              s += m3_f32(xx[j] & 0xffff0000u) * wv[i + 2 * j + 1];
-            }
-          }
-        } else {
-#pragma unroll
-          for (u32 i = 0; i < E; ++i) s += m3_bf16_to_f32(xp[i]) * wv[i];
-        }
-        acc[m] += s;
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < S_MAXG; ++m) {
-    if ((u32)m >= cnt) break;
-    float v = m3_warp_sum(acc[m]);
-    if (lane == 0) {
-      u64 o = (u64)(m0 + m) * N + n;
-      if (yf) yf[o] = v;
-      else yb[o] = m3_bf16_from_f32(v);
-    }
-  }
-}
-
-#define S_LINEAR(name, F)                                                                                     \
-  M3_KERNEL void name(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws, u32 N, u32 K, \
-                      u32 M, u32 G, const int* __restrict__ ids, u64 w_es, u64 ws_es, u32 xdiv, u16* __restrict__ yb, \
-                      float* __restrict__ yf) {                                                               \
-    M3_PDL_TRIGGER();                                                                                         \
-    M3_PDL_WAIT();                                                                                            \
-    s_linear<F>(x, w, ws, N, K, M, G, ids, w_es, ws_es, xdiv, yb, yf);                                        \
-  }
-// Only f32 weights (the router) still take this kernel; bf16 / MXFP8 /
-// MXFP4 run on the tensor-core kernel below.
-S_LINEAR(m3s_linear_f32, S_FMT_F32)
-
 // ---- tensor-core linear -----------------------------------------------------
-// y = x W^T with W in bf16, MXFP8 E4M3 or MXFP4, for any number of x rows.
+// y = x W^T with W in bf16, MXFP8 (E4M3 or E5M2), MXFP4 or NVFP4, for any
+// number of x rows.
 // A CTA owns 16 output features (one m16n8k16 tile of W rows) and up to 64
 // x rows (8 tiles of 8); its S_MMA_WARPS warps split K and add their
 // partial sums through shared memory at the end. The K dimension is walked
 // in super-chunks of 128: lane (g, t) of a warp (g = lane / 4, t = lane % 4)
 // reads the 32 contiguous values [32t, 32t+32) of W rows g and g+8 (one MX
-// block: one scale per row) and of x row g, and feeds them to 8 tile
-// products as logical columns (2t, 2t+1, 2t+8, 2t+9): the same permutation
-// of K on both sides, so the dot products are unchanged. Weights are
-// dequantized exactly into bf16 (every E2M1 / E4M3 value times a power-of-two
-// scale fits bf16 unless the f32 product itself overflows or underflows);
-// products are exact in f32 and summed in f32 by the tensor cores.
+// block: one scale per row; two E4M3 scales for NVFP4, one per 16) and of
+// x row g, and feeds them to 8 tile products as logical columns (2t, 2t+1,
+// 2t+8, 2t+9): the same permutation of K on both sides, so the dot products
+// are unchanged. Weights are dequantized exactly into bf16 (every E2M1 /
+// E4M3 / E5M2 value times a power-of-two scale fits bf16 unless the f32
+// product itself overflows or underflows; every NVFP4 e2m1 * e4m3 product
+// fits bf16); products are exact in f32 and summed in f32 by the tensor
+// cores. NVFP4's f32 global scale multiplies the f32 sum in the epilogue.
 // Expert mode: blockIdx.y is a slot of the device-built route (see
 // m3s_route): the rows are the (row, expert) pairs that chose that slot's
 // expert, so each chosen expert is read once per step.
@@ -206,23 +81,29 @@ M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
 #define S_MMA_MAXBT 8
 #endif
 
+/// Format class: one byte a code (MXFP8); else bf16 or a nibble a code
+/// (MXFP4, NVFP4).
+template <int F> struct SFmt { static const bool FP8 = F == S_FMT_E4M3 || F == S_FMT_E5M2; };
 /// Bytes of one row's 32-value segment.
-template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (F == S_FMT_E4M3 ? 32u : 16u); };
+template <int F> struct SSeg { static const u32 B = F == S_FMT_BF16 ? 64u : (SFmt<F>::FP8 ? 32u : 16u); };
 /// Super-chunks whose loads one warp issues together (2 KB of W in flight
 /// per warp in every format).
 /// (Double-buffered MX formats load half as many per batch, twice as
 /// often: the same bytes in flight.)
 template <int F> struct SUnroll {
   static const bool DBUF = S_MMA_DBUF && F != S_FMT_BF16;
-  static const u32 U0 = (F == S_FMT_BF16 ? 1u : (F == S_FMT_E4M3 ? 2u : 4u)) * S_UNROLL_MUL / (DBUF ? 2u : 1u);
+  static const u32 U0 = (F == S_FMT_BF16 ? 1u : (SFmt<F>::FP8 ? 2u : 4u)) * S_UNROLL_MUL / (DBUF ? 2u : 1u);
   static const u32 U = S_UNROLL_HALF && U0 > 1u ? U0 / 2u : U0;
 };
 
 /// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
-/// E2M1, value * 2^-120 for E4M3) into value * 2^(s-127); split in two
-/// when one f32 cannot hold it (scales far outside real weights).
+/// E2M1, value * 2^-120 for E4M3, value * 2^-112 for E5M2: the code's
+/// exponent and mantissa fields placed at the top of an f32's, which holds
+/// normals and subnormals alike) into value * 2^(s-127) for E8M0 scale byte
+/// s; split in two when one f32 cannot hold it (scales far outside real
+/// weights: s > 127 + 127 - bias).
 template <int F> M3_DEV void s_scale_factor(u32 s, float& f1, float& f2) {
-  const int bias = F == S_FMT_FP4 ? 126 : 120;
+  const int bias = F == S_FMT_FP4 ? 126 : (F == S_FMT_E5M2 ? 112 : 120);
   int e = (int)s - 127 + bias;  // exponent of the combined factor
   if (s == 0xffu) { f1 = m3_nan(); f2 = 1.0f; return; }
   if (e <= 127) { f1 = m3_f32((u32)(e + 127) << 23); f2 = 1.0f; return; }
@@ -230,9 +111,26 @@ template <int F> M3_DEV void s_scale_factor(u32 s, float& f1, float& f2) {
   f2 = s == 0u ? m3_f32(0x00400000u) : m3_f32(s << 23);
 }
 
-/// s_seg_frag for scales whose factor needs two multiplies (rare).
+/// E5M2 code (bits 0-7 of x) as value * 2^-112, Inf and NaN codes as
+/// themselves (they survive the scale factor's multiplies).
+M3_DEV float s_e5m2_shifted(u32 x) {
+  const u32 sg = (x & 0x80u) << 24;
+  if ((x & 0x7cu) == 0x7cu) return m3_f32(sg | ((x & 3u) ? 0x7fc00000u : 0x7f800000u));
+  return m3_f32(sg | ((x & 0x7fu) << 21));
+}
+
+/// s_seg_frag for scales whose factor needs two multiplies (rare), and for
+/// E5M2 segments holding Inf / NaN codes.
 template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u32* out) {
-  if (F == S_FMT_FP4) {
+  if (F == S_FMT_E5M2) {
+    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const u32 x = v[i / 2] >> (16 * (i % 2));
+      const float lo = s_e5m2_shifted(x & 0xffu), hi = s_e5m2_shifted((x >> 8) & 0xffu);
+      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
+    }
+  } else if (F == S_FMT_FP4) {
     const u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -253,7 +151,27 @@ template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u
   }
 }
 
+/// NVFP4: the e4m3 block scale times 2^(126 - S_NV_SHIFT), the factor that
+/// turns shifted E2M1 bits (value * 2^-126) into e2m1 * e4m3 * 2^-S_NV_SHIFT.
+/// e2m1 * e4m3 itself needs a factor up to 448 * 2^126, past f32; with the
+/// shift the factor stays finite (<= 1.75 * 2^127) and every product is an
+/// exact f32 / bf16 normal in [2^-17, 21] (at most 6 significant bits), so
+/// the bf16 operands are e2m1 * e4m3 exactly, scaled by a power of two that
+/// the epilogue undoes (exactly: a power-of-two scaling of every addend of
+/// the f32 sum commutes with its roundings, barring f32 underflow of
+/// products below ~2^-126, far outside real activations). A NaN scale
+/// (0x7F / 0xFF) gives NaN.
+#define S_NV_SHIFT 7
+M3_DEV float s_nv_factor(u32 c) {
+  // e4m3 * 2^-120 from the shifted code bits (subnormals too), times 2^120:
+  // the e4m3 value exactly; then the power of two (both products exact)
+  const float e = m3_f32(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)) * m3_f32((u32)(127 + 120) << 23);
+  return (c & 0x7fu) == 0x7fu ? m3_nan() : e * m3_f32((u32)(127 + 126 - S_NV_SHIFT) << 23);
+}
+
 /// One row's 32-value segment as 16 bf16x2 words (word w = values 2w, 2w+1).
+/// s: the segment's E8M0 scale byte, or (NVFP4) its two E4M3 scale bytes
+/// (bits 0-7: values 0-15, bits 8-15: values 16-31).
 template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_BF16) {
 #pragma unroll
@@ -262,8 +180,53 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
     }
     return;
   }
+  if (F == S_FMT_NVFP4) {
+    // bytes 0-7 (words 0, 1): values 0-15, scale byte 0; words 2, 3: byte 1
+    const float fs[2] = {s_nv_factor(s), s_nv_factor(s >> 8)};
+    const u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 w = v[i];
+      const float f = fs[i / 2];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const u32 x = w >> (8 * b);
+        float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
+        float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
+        out[4 * i + b] = m3_pack_bf16x2(lo * f, hi * f);
+      }
+    }
+    return;
+  }
   float f1, f2;
   s_scale_factor<F>(s, f1, f2);
+  if (F == S_FMT_E5M2) {
+    // Inf / NaN codes (exponent field all ones) would read as finite
+    // shifted bits: such segments take the exact slow path. Per byte,
+    // (code & 0x7c) + 4 reaches bit 7 only for 0x7c (no carry between bytes).
+    u32 special = 0u;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      special |= ((raw[i].x & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].y & 0x7c7c7c7cu) + 0x04040404u) |
+                 ((raw[i].z & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].w & 0x7c7c7c7cu) + 0x04040404u);
+    if (f2 != 1.0f || (special & 0x80808080u) != 0u) {
+      s_seg_frag2<F>(raw, f1, f2, out);
+      return;
+    }
+    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const u32 w = v[i];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 x = w >> (16 * h);
+        float lo = m3_f32(((x & 0x7fu) << 21) | ((x & 0x80u) << 24));
+        float hi = m3_f32(((x & 0x7f00u) << 13) | ((x & 0x8000u) << 16));
+        out[2 * i + h] = m3_pack_bf16x2(lo * f1, hi * f1);
+      }
+    }
+    return;
+  }
   if (f2 != 1.0f) {
     s_seg_frag2<F>(raw, f1, f2, out);
     return;
@@ -308,8 +271,12 @@ template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
 /// CTAs are blockIdx.x in [tile0, tile0 + ceil(n / 16)). mode: 0 = bf16
 /// store to yb, 1 = f32 store to yf, 2 = yf += f32(bf16(y)) (the residual
 /// add of MODEL.md, fused).
+/// Scales: ws + row * (K / 32) E8M0 bytes (MX) or ws + row * (K / 16) E4M3
+/// bytes (NVFP4); w_es / ws_es: bytes between stacked matrices (experts).
+/// gs: one f32 global scale per stacked matrix (NVFP4; 0 = 1.0), multiplying
+/// the f32 sum before the store.
 struct SSeg1 {
-  u64 w, ws, yb, yf, w_es, ws_es;
+  u64 w, ws, yb, yf, w_es, ws_es, gs;
   u32 n, tile0, mode, pad;
 };
 #define S_MAX_SEGS 5
@@ -321,6 +288,14 @@ struct SSegs {
 /// Route record of expert slot s (written by m3s_route): [expert, rows,
 /// pair ids of those rows ascending, ...], S_ROUTE_STRIDE(max_rows) ints.
 #define S_ROUTE_STRIDE(mr) (2u + (mr))
+
+/// Scale bytes of the 32-value segment at k0 of a row's scales: one E8M0
+/// byte (MX) or two E4M3 bytes k0/16, k0/16 + 1 (NVFP4: one 2-byte load,
+/// aligned since k0 is a multiple of 32 and K / 16 is even).
+template <int F> M3_DEV u32 s_scale_load(const u8* s, u32 k0) {
+  if (F == S_FMT_NVFP4) return *reinterpret_cast<const u16*>(s + k0 / 16u);
+  return s[k0 / 32u];
+}
 
 /// Issue the loads of iteration `it` of a warp's super-chunk walk: U
 /// super-chunks (`s_chunk` of U * it + u) of W rows a and c, and
@@ -338,8 +313,8 @@ M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, cons
     const bool in = have && k0 < K;
     s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
     s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
-    sca[u][0] = sa && in && oka ? sa[k0 / 32u] : 0u;
-    sca[u][1] = sc && in && okc ? sc[k0 / 32u] : 0u;
+    sca[u][0] = sa && in && oka ? s_scale_load<F>(sa, k0) : 0u;
+    sca[u][1] = sc && in && okc ? s_scale_load<F>(sc, k0) : 0u;
   }
 }
 
@@ -363,7 +338,8 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
   const u32 U = SUnroll<F>::U;
   const u32 nsc = (K + 127u) / 128u;
-  const u64 rb = F == S_FMT_BF16 ? 2ull * K : (F == S_FMT_E4M3 ? (u64)K : K / 2ull);
+  const u64 rb = F == S_FMT_BF16 ? 2ull * K : (SFmt<F>::FP8 ? (u64)K : K / 2ull);  // code bytes a row
+  const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;                              // scale bytes a row
   const u32 ra = n0 + g, rc = n0 + g + 8u;
   const bool oka = ra < N, okc = rc < N;
   const u8* W = reinterpret_cast<const u8*>(sg.w);
@@ -374,10 +350,10 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   auto rows_at = [&]() {
     wa = W + (u64)(oka ? ra : 0u) * rb;
     wc = W + (u64)(okc ? rc : 0u) * rb;
-    sa = S ? S + (u64)(oka ? ra : 0u) * (K / 32u) : nullptr;
-    sc = S ? S + (u64)(okc ? rc : 0u) * (K / 32u) : nullptr;
+    sa = S ? S + (u64)(oka ? ra : 0u) * sb : nullptr;
+    sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
   };
-  u32 cnt;
+  u32 cnt, ge = 0u;  // rows of this CTA; matrix of the stack (global scale)
   if (!route) {
     // plain mode: the weights are known before the previous kernel ends,
     // so the first loads go out before the dependency wait
@@ -399,6 +375,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
     if (cnt == 0u) return;
     const u32 e = (u32)head[0];
+    ge = e;
     W += (u64)e * sg.w_es;
     if (S) S += (u64)e * sg.ws_es;
     rows_at();
@@ -476,11 +453,17 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   __syncthreads();
   u16* yb = reinterpret_cast<u16*>(sg.yb);
   float* yf = reinterpret_cast<float*>(sg.yf);
+  // the matrix's global scale (NVFP4; 1.0 when absent)
+  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
   for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
     const u32 m = i / 16u, r = i % 16u, n = n0 + r;
     if (n >= N) continue;
     float v = 0.0f;
     for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    // NVFP4: undo the operands' 2^-S_NV_SHIFT (exact), then one rounding
+    // by the global scale
+    if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);
+    v = v * gsc;
     const u64 o = (u64)yrow[m] * N + n;
     if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
     else if (sg.mode == 1u) yf[o] = v;
@@ -496,7 +479,9 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   }
 S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16)
 S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3)
+S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2)
 S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4)
+S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4)
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record
@@ -648,12 +633,15 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   }
 }
 
-/// One cache write of a fused launch: cache[slot[t], :] = e4m3(x[t, :] /
-/// scale) over `width` values (saturating RNE).
+/// One cache write of a fused launch: cache[slot[t], :] = x[t, :] over
+/// `width` values, as bf16 bits (bf16 != 0: the cache is u16 [slot][width],
+/// x stored as is) or as e4m3(x / scale) codes (saturating RNE; the cache
+/// is u8 [slot][width]).
 struct SCwJob {
   u64 x, cache;
   u32 width;
   float scale;
+  u32 bf16, pad;
 };
 struct SCwJobs {
   SCwJob j[3];
@@ -670,9 +658,14 @@ M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots
   for (int i = 1; i < 3; ++i)
     if ((u32)i == blockIdx.y) jb = jobs.j[i];
   const u16* x = reinterpret_cast<const u16*>(jb.x);
-  u8* cache = reinterpret_cast<u8*>(jb.cache);
   const u32 width = jb.width;
   const u64 dst = (u64)slots[blockIdx.x] * width;
+  if (jb.bf16) {
+    u16* cache = reinterpret_cast<u16*>(jb.cache);
+    for (u32 i = threadIdx.x; i < width; i += blockDim.x) cache[dst + i] = x[(u64)blockIdx.x * width + i];
+    return;
+  }
+  u8* cache = reinterpret_cast<u8*>(jb.cache);
   for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
     double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)jb.scale;
     cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
@@ -697,10 +690,11 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   a[i] = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
 }
 
-/// r[t] += sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) + f32(shared[t]).
-/// Grid (T, ceil(H / 256)), block 256.
+/// r[t] += o, o = sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) +
+/// f32(shared[t]); o also stored to yout[t] (f32 [T][H]) when yout is not
+/// null (the FFN-output tap). Grid (T, ceil(H / 256)), block 256.
 M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye, const float* __restrict__ w, u32 k,
-                               const u16* __restrict__ shared, u32 H) {
+                               const u16* __restrict__ shared, u32 H, float* __restrict__ yout) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   const u32 t = blockIdx.x;
@@ -709,7 +703,59 @@ M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye
   float o = 0.0f;
   for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * k + c) * H + i]);
   if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
+  if (yout) yout[(u64)t * H + i] = o;
   r[(u64)t * H + i] += o;
+}
+
+/// acc[i] += f32(y[i]) for i < n (a bf16 linear output added into the f32
+/// residual, or stored into a zeroed f32 tap). Grid ceil(n / 256), block 256.
+M3_KERNEL void m3s_add_bf16(float* __restrict__ acc, const u16* __restrict__ y, u32 n) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] += m3_bf16_to_f32(y[i]);
+}
+
+/// MXFP4 fake quantization of expert inputs (MODEL.md 5, `--act mxfp4`):
+/// each block of 32 along K of each bf16 row is quantized with the `even`
+/// scale rule (FORMATS.md MX) and decoded back, out = bf16(decode(code) *
+/// 2^(s-127)): the f32 product is exact (an E2M1 value times a power of two,
+/// never below 2^-128) or overflows to +-Inf, and either is a bf16 value, so
+/// this is bit for bit cpu-ref's MxTensor::quantize(.., Fp4E2M1, Even)
+/// .dequantize(). The arithmetic is m3_mx_quantize's (formats.cu): f32 amax,
+/// m3_mx_scale_byte, codes = encode_sat(v / 2^e) in f64 (exact). A block
+/// holding NaN / Inf decodes to NaN (scale 0xFF) in every element.
+/// Grid (ceil(K / 256), rows), block 256 (K a multiple of 32): thread =
+/// element, and each aligned 32-thread group is one MX block, its amax
+/// reduced by XOR shuffles of offsets 16..1 (within the group on 32- and
+/// 64-wide hardware alike).
+M3_KERNEL void m3s_act_mxfp4(const u16* __restrict__ x, u32 rows, u32 K, u16* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  const u32 r = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
+  // every thread takes part in the shuffles; K % 32 == 0 makes a group
+  // all inside or all outside the row
+  const bool in = r < rows && k < K;
+  const u16 h = in ? x[(u64)r * K + k] : (u16)0u;
+  // |v| as bits: non-negative floats order like their bit patterns, and
+  // NaN / Inf are exactly the patterns >= 0x7f800000
+  u32 ab = ((u32)h << 16) & 0x7fffffffu;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    const u32 o = M3_SHFL_XOR(ab, m);
+    ab = o > ab ? o : ab;
+  }
+  if (!in) return;
+  u16 res;
+  if (ab >= 0x7f800000u) {
+    res = 0x7fc0u;  // scale 0xFF: the block decodes to NaN (codes 0)
+  } else {
+    const u32 s = m3_mx_scale_byte(M3_ELEM_E2M1, M3_RULE_EVEN, m3_f32(ab));
+    const int e = (int)s - 127;
+    const u32 c = m3_elem_encode_sat(M3_ELEM_E2M1, ldexp((double)m3_bf16_to_f32(h), -e));
+    res = m3_bf16_from_f32(__fmul_rn(m3_elem_decode(M3_ELEM_E2M1, c), m3_e8m0_decode((u8)s)));
+  }
+  out[(u64)r * K + k] = res;
 }
 
 /// y[m][n] = sum_k f32(x[m][k]) * w[n][k] for f32 weights (the router):

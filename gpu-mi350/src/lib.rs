@@ -1,31 +1,45 @@
-//! m3 GPU backend: single-source CUDA/HIP kernels compiled at run time.
+//! m3 GPU backend: single-source CUDA/HIP kernels compiled at run time, and
+//! the device-resident engine (ARCHITECTURE.md, "The Backend trait").
 //!
-//! - [`kernels`]: the embedded sources (`kernels/*.cu` + the `compat.h`
-//!   prelude) and their compiler flags.
-//! - [`cuda`]: device discovery that never panics, NVRTC straight to CUBIN
-//!   for the device's `sm_XX`, modules cached in memory and on disk
-//!   ([`cache`]).
-//! - [`hip`]: a small run-time-loaded HIP/hiprtc binding for MI350 (gfx950),
-//!   **untested on hardware**.
-//! - [`ops`]: the operations (format kernels bit-exact with
-//!   `m3_core::formats`, linear per weight format, RMSNorm, RoPE) and the
-//!   bandwidth probes.
+//! Code map (one home per concept):
+//! - [`runtime`]: device discovery that never panics, NVRTC straight to
+//!   CUBIN for the device's `sm_XX`, the module cache on disk, and a
+//!   run-time-loaded HIP + hiprtc binding for MI350 (**untested on
+//!   hardware**).
+//! - [`kernels`]: the embedded kernel sources (`kernels/*.cu` + the
+//!   `compat.h` prelude) and their compiler flags; [`sampling`]: the keyed
+//!   sampling kernel's Rust side.
+//! - [`model`]: the model on the device: raw allocations, weights in their
+//!   stored formats, loading from a checkpoint tensor by tensor, and
+//!   PERF.md's bench model generated on the device.
+//! - [`standard`]: the standard path (a step = a fixed launch sequence over
+//!   device-resident state, captured into CUDA graphs).
+//! - [`runner`]: [`GpuRunner`], the loaded model behind
+//!   `m3_core::backend::ModelRunner` that every `--backend gpu` command
+//!   runs on.
+//! - [`harness`]: [`GpuBackend`]: `Backend::run_op` op by op from host
+//!   slices (the op-parity harness and the format kernels' conformance),
+//!   and `Backend::load` -> [`GpuRunner`].
 //!
-//! Callers try [`CudaGpu::open`]; any error means "use the CPU backend".
+//! Callers try [`CudaGpu::open`] (or [`GpuBackend::open`]); any error means
+//! "use the CPU backend" and says why.
 
-pub mod backend;
-pub mod benchmodel;
-pub mod cache;
-pub mod cuda;
 mod error;
-pub mod hip;
+pub mod harness;
 pub mod kernels;
-pub mod ops;
+pub mod model;
+pub mod runner;
+pub mod runtime;
+pub mod sampling;
 pub mod standard;
 
-pub use backend::GpuBackend;
 pub use cuda::{CudaGpu, DeviceInfo};
 pub use error::{GpuError, Result};
+pub use harness::ops;
+pub use harness::GpuBackend;
+pub use model::generated as benchmodel;
 pub use ops::formats::Quantized;
 pub use ops::linear::{DeviceLinear, LinearKernel, WeightFormat};
 pub use ops::probe::Timing;
+pub use runner::GpuRunner;
+pub use runtime::{cache, cuda, hip};

@@ -1,6 +1,6 @@
 //! `m3 batch`: offline batch generation through the scheduler (continuous
 //! batching, chunked prefill, prefix cache, preemption, optional speculative
-//! decoding with prompt-lookup drafts) on a backend.
+//! decoding) on a loaded model (`--backend cpu|gpu|auto`).
 //!
 //! Input: JSONL, one request per line: `{"id": ..., "prompt": "text"}` (needs
 //! the checkpoint's tokenizer.json) or `{"id": ..., "tokens": [1, 2, 3]}`,
@@ -12,20 +12,18 @@
 //! directory and renamed into place when complete.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use m3_core::backend::RunOptions;
-use m3_core::config::ModelConfig;
+use m3_core::checkpoint::writer::write_file_atomic;
 use m3_core::sched::runner::SchedRunner;
 use m3_core::sched::{FinishReason, FinishedRequest, Request, SamplingParams, SchedulerConfig};
-use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 use serde_json::{json, Value};
 
-use super::forward::{backend, load_model, parse_act, parse_kv, with_threads};
+use crate::args::{self, EngineArgs, ModelArgs};
+use crate::drafting;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,22 +33,10 @@ pub struct Args {
     /// Results, one JSON object per line (input order).
     #[arg(long)]
     pub output: PathBuf,
-    /// Checkpoint directory (default: the synthetic `tiny` checkpoint that
-    /// `m3 generate` also uses, made once in the cache directory).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Most rows (tokens) per step: decode rows plus prefill chunks.
-    #[arg(long, default_value_t = 256)]
-    pub max_batch_tokens: usize,
-    /// KV / index-cache blocks (capacity = blocks x block size positions).
-    #[arg(long, default_value_t = 512)]
-    pub kv_blocks: usize,
-    /// Positions per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Most sequences per step.
-    #[arg(long, default_value_t = 64)]
-    pub max_seqs: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Default `max_tokens` for lines that do not set it.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
@@ -65,19 +51,10 @@ pub struct Args {
     /// Keep generating past the end-of-text token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// KV and index cache dtype: bf16 or fp8_e4m3.
-    #[arg(long, default_value = "bf16")]
-    pub kv_dtype: String,
-    /// Routed-expert activation mode: bf16 or mxfp4.
-    #[arg(long, default_value = "bf16")]
-    pub act: String,
-    /// Backend: cpu.
-    #[arg(long, default_value = "cpu")]
-    pub backend: String,
-    /// Threads for the CPU backend (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
 }
+
+/// KV blocks on the CPU when `--kv-blocks` is not given.
+const HOST_DEFAULT_BLOCKS: usize = 512;
 
 /// One parsed input line.
 struct Job {
@@ -212,62 +189,6 @@ fn parse_line(
     parse().map(|r| (id.clone(), r)).map_err(|e| (id, e))
 }
 
-/// EOS ids from the checkpoint's config.json (`eos_token_id`, top level or
-/// under `text_config`; a number or a list).
-fn eos_ids(dir: &Path) -> Vec<u32> {
-    let cfg: Value = std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(Value::Null);
-    match cfg
-        .get("text_config")
-        .and_then(|t| t.get("eos_token_id"))
-        .or(cfg.get("eos_token_id"))
-    {
-        Some(Value::Number(n)) => n.as_u64().map(|v| v as u32).into_iter().collect(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|v| v as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// The synthetic `tiny` checkpoint shared with `m3 generate` (same cache
-/// directory and name), made on first use.
-fn default_model() -> Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(x) => PathBuf::from(x).join("m3"),
-        None => {
-            let home = std::env::var_os("HOME")
-                .ok_or_else(|| anyhow!("neither XDG_CACHE_HOME nor HOME is set; pass --model"))?;
-            PathBuf::from(home).join(".cache").join("m3")
-        }
-    };
-    let dir = base.join("synthetic-tiny-mxfp4-v1");
-    if dir.join("config.json").is_file() {
-        return Ok(dir);
-    }
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let cfg = ModelConfig::preset("tiny").map_err(|e| anyhow!("preset tiny: {e}"))?;
-    let mut spec = SynthSpec::new(cfg, ExpertFormat::Mxfp4, DenseFormat::Mxfp8);
-    spec.draft = None;
-    eprintln!(
-        "making the synthetic tiny checkpoint in {} (once)",
-        dir.display()
-    );
-    if let Err(e) = write_checkpoint(&spec, &dir) {
-        if !dir.join("config.json").is_file() {
-            return Err(anyhow!(
-                "writing the synthetic checkpoint {}: {e}",
-                dir.display()
-            ));
-        }
-    }
-    Ok(dir)
-}
-
 fn reason_str(r: FinishReason) -> &'static str {
     match r {
         FinishReason::Length => "length",
@@ -277,61 +198,20 @@ fn reason_str(r: FinishReason) -> &'static str {
     }
 }
 
-/// Write `lines` to `path` through a temporary file in the same directory.
-fn write_atomic(path: &Path, lines: &[String]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| anyhow!("--output {} has no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    for l in lines {
-        writeln!(f, "{l}").with_context(|| format!("writing {}", tmp.display()))?;
-    }
-    f.sync_all()
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(f);
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
-
 pub fn run(args: Args) -> Result<()> {
     if args.spec_tokens > 7 {
         bail!("--spec-tokens {} is above 7 (MODEL.md 6)", args.spec_tokens);
     }
-    let dtype = parse_kv(&args.kv_dtype)?;
-    let act = parse_act(&args.act)?;
-    let be = backend(&args.backend)?;
+    let be = args::open_backend(args.engine.backend)?;
     let input = std::fs::read_to_string(&args.input)
         .with_context(|| format!("reading --input {}", args.input.display()))?;
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => default_model()?,
-    };
-    let model = load_model(&dir)?;
-    let vocab = model.config.vocab_size;
-    let tok_path = dir.join("tokenizer.json");
-    let tokenizer = if tok_path.is_file() {
-        Some(
-            tokenizers::Tokenizer::from_file(&tok_path)
-                .map_err(|e| anyhow!("reading {}: {e}", tok_path.display()))?,
-        )
-    } else {
-        None
-    };
+    let ck = args.model.open()?;
+    let vocab = ck.config().vocab_size;
+    let tokenizer = args::tokenizer(ck.dir())?;
     let eos = if args.ignore_eos {
         Vec::new()
     } else {
-        eos_ids(&dir)
+        args::eos_ids(&ck)
     };
 
     // Parse every line; bad ones become error records.
@@ -356,36 +236,36 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
 
+    let e = &args.engine;
     let cfg = SchedulerConfig {
-        block_size: args.block_size,
-        num_blocks: args.kv_blocks,
-        max_batch_tokens: args.max_batch_tokens,
-        max_seqs: args.max_seqs,
+        max_batch_tokens: e.max_batch_tokens,
+        max_seqs: e.max_seqs,
         enable_prefix_cache: !args.no_prefix_cache,
         ..SchedulerConfig::default()
     };
+    let spec = e.load_spec(args::is_gpu(&*be), HOST_DEFAULT_BLOCKS, &args.model);
     let n_jobs = jobs.len();
     let draft = if args.spec_tokens > 0 {
-        super::generate::load_draft(&dir, &model)?
+        drafting::load_draft(&ck)?
     } else {
         None
     };
-    let t0 = Instant::now();
-    let (finished, counters, ran) = with_threads(args.threads, || -> Result<_> {
-        let mut runner = SchedRunner::new(&*be, &model, cfg, dtype, RunOptions { act })
-            .map_err(|e| anyhow!("{e}"))?;
-        runner.spec_tokens = args.spec_tokens;
+    let mut t0 = Instant::now();
+    let (finished, counters, ran, layout) = args::with_threads(e.threads, || {
+        let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
+        let layout = runner.kv_layout();
+        let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
+        sr.spec_tokens = args.spec_tokens;
         if args.spec_tokens > 0 {
-            let (d, name) = super::generate::make_drafter(&*be, &model, draft.as_ref())?;
+            let (d, name) = drafting::make_drafter(&*be, draft.as_ref())?;
             eprintln!(
                 "speculative decoding: {} draft tokens, drafter {name}",
                 args.spec_tokens
             );
-            runner.drafter = Some(d);
+            sr.drafter = Some(d);
         }
         for j in &jobs {
-            runner
-                .sched
+            sr.sched
                 .add_request(j.req.clone())
                 .map_err(|e| anyhow!("line {}: {e}", j.line))?;
         }
@@ -394,14 +274,17 @@ pub fn run(args: Args) -> Result<()> {
             ProgressStyle::with_template("{bar:40} {pos}/{len} requests {elapsed} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        let done = runner
+        // the clock starts once the model is loaded
+        t0 = Instant::now();
+        let done = sr
             .run(|_, fin| bar.inc(fin.len() as u64))
             .map_err(|e| anyhow!("batch generation on {}: {e}", be.name()))?;
         bar.finish_and_clear();
-        Ok((
+        Ok::<_, anyhow::Error>((
             done,
-            *runner.sched.counters(),
-            (runner.ran_mono, runner.ran_standard),
+            *sr.sched.counters(),
+            (sr.ran_mono, sr.ran_standard),
+            layout,
         ))
     })??;
     let secs = t0.elapsed().as_secs_f64();
@@ -413,8 +296,8 @@ pub fn run(args: Args) -> Result<()> {
                 args.input.display(),
                 f.id,
                 f.prompt_len,
-                args.kv_blocks,
-                args.block_size
+                layout.num_pages,
+                layout.page_size
             );
         }
         outcomes.insert(f.id as usize, Outcome::Done(f));
@@ -426,7 +309,7 @@ pub fn run(args: Args) -> Result<()> {
             Some(Outcome::Error(e)) => json!({"id": id, "line": line, "error": e}),
             Some(Outcome::Done(f)) if f.reason == FinishReason::Rejected => json!({
                 "id": id, "line": line,
-                "error": format!("line {line}: prompt ({} tokens) + max_tokens does not fit the cache ({} blocks of {})", f.prompt_len, args.kv_blocks, args.block_size),
+                "error": format!("line {line}: prompt ({} tokens) + max_tokens does not fit the cache ({} blocks of {})", f.prompt_len, layout.num_pages, layout.page_size),
             }),
             Some(Outcome::Done(f)) => {
                 let mut rec = json!({
@@ -448,7 +331,10 @@ pub fn run(args: Args) -> Result<()> {
         };
         lines.push(rec.to_string());
     }
-    write_atomic(&args.output, &lines)?;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    write_file_atomic(&args.output, text.as_bytes())
+        .with_context(|| format!("writing --output {}", args.output.display()))?;
 
     let errors = order.len() - n_jobs;
     let acc = counters

@@ -12,13 +12,13 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
-use m3_core::backend::{Path, RunOptions, StepBatch, TapRequest, Taps};
+use m3_core::backend::{forward_by_ops, Path, RunOptions, StepBatch, TapRequest, Taps};
 use m3_core::config::{AttnKind, ModelConfig};
 use m3_core::kv::{KvCache, KvLayout};
 use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
 use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
 
-use super::forward::{backend, parse_act, parse_kv, with_threads};
+use crate::args::{self, ActArg, KvDtypeArg};
 
 #[path = "bench_gpu.rs"]
 mod gpu;
@@ -86,11 +86,11 @@ pub struct Args {
     #[arg(long, default_value = "mxfp8")]
     pub dense: String,
     /// KV and index cache dtype.
-    #[arg(long, default_value = "fp8_e4m3")]
-    pub kv_dtype: String,
-    /// Routed-expert activation mode: bf16 or mxfp4.
-    #[arg(long, default_value = "bf16")]
-    pub act: String,
+    #[arg(long, value_enum, default_value = "fp8_e4m3")]
+    pub kv_dtype: KvDtypeArg,
+    /// Routed-expert activation mode.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub act: ActArg,
     /// Size of the memory-bandwidth probe buffer in MiB.
     #[arg(long, default_value_t = 512)]
     pub probe_mib: usize,
@@ -216,14 +216,17 @@ pub fn run(args: Args) -> Result<()> {
     if args.backend == "gpu" || args.backend == "cuda" {
         return gpu::run(&args);
     }
-    let be = backend(&args.backend)?;
+    if args.backend != "cpu" {
+        bail!("--backend `{}` is not one of cpu, gpu", args.backend);
+    }
+    let be = args::open_backend(args::BackendArg::Cpu)?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
     if let Some(l) = args.layers {
         cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
     }
-    let dtype = parse_kv(&args.kv_dtype)?;
+    let dtype: m3_core::kv::CacheDtype = args.kv_dtype.into();
     let opts = RunOptions {
-        act: parse_act(&args.act)?,
+        act: args.act.into(),
     };
     let formats = Formats {
         experts: fmt(&args.experts)?,
@@ -234,7 +237,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let threads = args.threads;
     let be = &*be;
-    with_threads(threads, move || -> Result<()> {
+    args::with_threads(threads, move || -> Result<()> {
         let t0 = Instant::now();
         let model =
             synthetic::model(&cfg, formats, 0).map_err(|e| anyhow!("generating weights: {e}"))?;
@@ -253,16 +256,17 @@ pub fn run(args: Args) -> Result<()> {
             .collect();
         let step = StepBatch::contiguous(0, &prompt, 0, &table, page, false);
         let t = Instant::now();
-        let logits = be
-            .forward(
-                &model,
-                &mut cache,
-                &step,
-                Path::Standard,
-                &opts,
-                &mut Taps::none(),
-            )
-            .map_err(|e| anyhow!("prefill: {e}"))?;
+        // the reference's step, op by op: the CPU bench times cpu-ref itself
+        let logits = forward_by_ops(
+            be,
+            &model,
+            &mut cache,
+            &step,
+            Path::Standard,
+            &opts,
+            &mut Taps::none(),
+        )
+        .map_err(|e| anyhow!("prefill: {e}"))?;
         let prefill_s = t.elapsed().as_secs_f64();
         let mut tok = m3_core::sample::greedy(&logits);
         let (mut times, mut bytes) = (Vec::new(), Vec::new());
@@ -272,12 +276,19 @@ pub fn run(args: Args) -> Result<()> {
             let mut taps = Taps::new(TapRequest {
                 topk_blocks: true,
                 experts: true,
-                ..TapRequest::default()
+                ..TapRequest::NONE
             });
             let t = Instant::now();
-            let logits = be
-                .forward(&model, &mut cache, &step, Path::Standard, &opts, &mut taps)
-                .map_err(|e| anyhow!("decode step {i}: {e}"))?;
+            let logits = forward_by_ops(
+                be,
+                &model,
+                &mut cache,
+                &step,
+                Path::Standard,
+                &opts,
+                &mut taps,
+            )
+            .map_err(|e| anyhow!("decode step {i}: {e}"))?;
             times.push(t.elapsed().as_secs_f64());
             bytes.push(step_bytes(&model, &cache, p, &taps) as f64);
             tok = m3_core::sample::greedy(&logits);

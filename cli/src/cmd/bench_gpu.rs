@@ -22,10 +22,13 @@ use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
+use m3_core::backend::{ActMode, KvBudget};
 use m3_core::backend::{StepBatch, StepSeq};
 use m3_core::config::ModelConfig;
+use m3_core::kv::CacheDtype;
+use m3_core::sample::SampleParams;
 use m3_gpu::benchmodel::{self, BenchWeights};
-use m3_gpu::standard::{Capacity, StandardPath};
+use m3_gpu::standard::{Capacity, PathOptions, StandardPath};
 use m3_gpu::CudaGpu;
 use serde_json::json;
 
@@ -241,16 +244,20 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|c| c.context + c.step.rows() / c.batch.max(1))
         .max()
         .unwrap_or(1);
+    let max_seqs = cases.iter().map(|c| c.step.seqs.len()).max().unwrap_or(1);
     let mut sp = StandardPath::new(
         &gpu,
         model,
         Capacity {
             max_rows,
+            max_seqs,
             page_size: page,
-            num_pages: pages,
             max_context,
-            record_residuals: false,
+            cache_dtype: CacheDtype::Fp8E4M3,
+            act: ActMode::Bf16,
         },
+        KvBudget::Blocks(pages),
+        PathOptions::default(),
     )
     .context("standard path")?;
     sp.fill_cache(&gpu, 0xcafe).context("filling the cache")?;
@@ -290,25 +297,24 @@ pub fn run(args: &Args) -> Result<()> {
         sp.set_variant(vids[v]).context("variant")?;
         let c = &cases[ci];
         let s = &c.step;
-        sp.upload_step(s).context("upload")?;
+        let greedy = vec![SampleParams::GREEDY; s.logits_rows.len()];
+        let shape = sp.prepare(s, &greedy).context("upload")?;
         // one direct step first: every kernel loaded before the capture
-        sp.run(false).context("direct step")?;
-        sp.stream().synchronize().context("direct step sync")?;
+        sp.launch(shape, false).context("direct step")?;
+        sp.launcher().sync().context("direct step sync")?;
         if args.profile {
-            sp.upload_step(s).context("upload")?;
-            let prof = sp.profile().context("profile")?;
+            let prof = sp.profile(shape).context("profile")?;
             print_profile(&run_label(v, c), &prof);
             profiles.push(json!({"case": run_label(v, c), "launches": prof
                 .iter()
                 .map(|(l, ms)| json!([l, ms]))
                 .collect::<Vec<_>>()}));
         }
-        sp.upload_step(s).context("upload")?;
-        sp.run(true).context("capture")?;
+        sp.launch(shape, true).context("capture")?;
         for _ in 0..args.warmup {
-            sp.run(true).context("warm-up")?;
+            sp.launch(shape, true).context("warm-up")?;
         }
-        sp.stream().synchronize().context("warm-up sync")?;
+        sp.launcher().sync().context("warm-up sync")?;
     }
     let capture_s = t0.elapsed().as_secs_f64();
     println!(
@@ -326,8 +332,9 @@ pub fn run(args: &Args) -> Result<()> {
             sp.set_variant(vids[vi]).context("variant")?;
             let c = &cases[ci];
             let s = &c.step;
-            sp.upload_step(s).context("upload")?;
-            let v = sp.time_replays(args.iters).context("timing")?;
+            let greedy = vec![SampleParams::GREEDY; s.logits_rows.len()];
+            let shape = sp.prepare(s, &greedy).context("upload")?;
+            let v = sp.time_replays(shape, args.iters).context("timing")?;
             let ex = sp.experts_chosen(s.rows()).context("experts")?;
             let bl = sp.blocks_selected(s.rows()).context("blocks")?;
             bytes[i].push(benchmodel::step_bytes(

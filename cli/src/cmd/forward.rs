@@ -21,122 +21,36 @@ use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use m3_core::backend::{ActMode, Backend, Path, RunOptions, StepBatch, TapData, TapRequest, Taps};
-use m3_core::checkpoint::{Checkpoint, LoadOptions};
-use m3_core::config::IndexSelection;
-use m3_core::formats::ScaleRule;
-use m3_core::kv::{CacheDtype, KvCache, KvLayout};
-use m3_core::weights::ModelWeights;
+use m3_core::backend::{Path, ReadBack, StepBatch, StepInput, TapData, TapRequest};
+use m3_core::checkpoint::writer::write_file_atomic;
+use m3_core::sample::SampleParams;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 
+use crate::args::{self, EngineArgs, ModelArgs};
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json + safetensors shards).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Prompt token ids, comma separated (e.g. `1,2,3`).
     #[arg(long)]
     pub tokens: String,
-    /// KV and index cache dtype: bf16 or fp8_e4m3.
-    #[arg(long, default_value = "bf16")]
-    pub kv_dtype: String,
-    /// Routed-expert activation mode: bf16 or mxfp4.
-    #[arg(long, default_value = "bf16")]
-    pub act: String,
-    /// Block selection: per_kv_head or shared (overrides the config).
-    #[arg(long)]
-    pub selection: Option<String>,
     /// Teacher-force each layer's input from this dump's `residual.{l-1}`.
     #[arg(long)]
     pub teacher: Option<PathBuf>,
     /// Output safetensors file for the taps.
     #[arg(long)]
     pub dump: PathBuf,
-    /// Convert NVFP4 routed experts to MXFP4 at load (lossy; FORMATS.md
-    /// Conversions), with the rule of `--scale-rule`.
-    #[arg(long)]
-    pub nvfp4_to_mxfp4: bool,
-    /// MX scale rule of `--nvfp4-to-mxfp4`: even, floor or rceil.
-    #[arg(long, default_value = "even")]
-    pub scale_rule: String,
-    /// Also dump the indexer block scores.
+    /// Also dump the indexer block scores (CPU reference only).
     #[arg(long)]
     pub index_scores: bool,
-    /// Backend: auto, cpu or gpu.
-    #[arg(long, default_value = "cpu")]
-    pub backend: String,
-    /// Threads for the CPU backend (0 = all cores; results do not depend on it).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
-}
-
-/// Parse `1,2,3` (spaces allowed) into token ids below `vocab`.
-pub(crate) fn parse_tokens(s: &str, vocab: usize) -> Result<Vec<u32>> {
-    let toks = s
-        .split([',', ' '])
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            p.trim()
-                .parse::<u32>()
-                .map_err(|_| anyhow!("--tokens: `{p}` is not a token id"))
-        })
-        .collect::<Result<Vec<u32>>>()?;
-    if toks.is_empty() {
-        bail!("--tokens: no token ids given");
-    }
-    if let Some(&t) = toks.iter().find(|&&t| t as usize >= vocab) {
-        bail!("--tokens: token id {t} is out of range (vocab_size {vocab})");
-    }
-    Ok(toks)
-}
-
-pub(crate) fn parse_kv(s: &str) -> Result<CacheDtype> {
-    CacheDtype::parse(s).ok_or_else(|| anyhow!("--kv-dtype: `{s}` is not one of bf16, fp8_e4m3"))
-}
-
-pub(crate) fn parse_scale_rule(s: &str) -> Result<ScaleRule> {
-    match s {
-        "even" => Ok(ScaleRule::Even),
-        "floor" => Ok(ScaleRule::Floor),
-        "rceil" => Ok(ScaleRule::Rceil),
-        _ => bail!("--scale-rule: `{s}` is not one of even, floor, rceil"),
-    }
-}
-
-pub(crate) fn parse_act(s: &str) -> Result<ActMode> {
-    ActMode::parse(s).ok_or_else(|| anyhow!("--act: `{s}` is not one of bf16, mxfp4"))
-}
-
-/// Load a checkpoint directory into typed weights.
-pub(crate) fn load_model(dir: &FsPath) -> Result<ModelWeights> {
-    load_model_with(dir, &LoadOptions::default())
-}
-
-/// Load a checkpoint directory with explicit loader options (e.g. NVFP4
-/// routed experts converted to MXFP4 at load).
-pub(crate) fn load_model_with(dir: &FsPath, opts: &LoadOptions) -> Result<ModelWeights> {
-    if !dir.is_dir() {
-        bail!("model directory {} does not exist", dir.display());
-    }
-    let ck =
-        Checkpoint::open(dir).with_context(|| format!("opening checkpoint {}", dir.display()))?;
-    ck.load(opts)
-        .with_context(|| format!("loading checkpoint {}", dir.display()))
-}
-
-/// The backend named on the command line.
-pub(crate) fn backend(name: &str) -> Result<Box<dyn Backend + Sync>> {
-    crate::backend_select::select(name)
-}
-
-/// Run `f` on a rayon pool of `threads` threads (0 = default).
-pub(crate) fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> Result<T> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .context("building the thread pool")?;
-    Ok(pool.install(f))
+    /// Also dump each layer's attention output, FFN input and FFN output
+    /// (`attn_out.{l}`, `ffn_in.{l}`, `ffn_out.{l}`).
+    #[arg(long)]
+    pub diagnose: bool,
 }
 
 /// Read the teacher residuals `residual.{l}` for `l in 0..layers`.
@@ -175,8 +89,8 @@ fn read_teacher(
     Ok(out)
 }
 
-/// Write every tap to `path` (temp file in the same directory + rename).
-pub(crate) fn write_taps(taps: &Taps, path: &FsPath) -> Result<()> {
+/// Write every tap to `path` (complete or not at all).
+pub(crate) fn write_taps(taps: &m3_core::backend::Taps, path: &FsPath) -> Result<()> {
     let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, t) in &taps.tensors {
         let (dtype, bytes) = match &t.data {
@@ -195,69 +109,59 @@ pub(crate) fn write_taps(taps: &Taps, path: &FsPath) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let bytes =
         safetensors::serialize(views, None).map_err(|e| anyhow!("serializing taps: {e}"))?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(FsPath::new("."));
-    let file = path
-        .file_name()
-        .ok_or_else(|| anyhow!("--dump {}: not a file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        file.to_string_lossy(),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
+    write_file_atomic(path, &bytes).with_context(|| format!("writing --dump {}", path.display()))
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let dtype = parse_kv(&args.kv_dtype)?;
-    let act = parse_act(&args.act)?;
-    let be = backend(&args.backend)?;
-    let load_opts = LoadOptions {
-        nvfp4_experts_to_mxfp4: if args.nvfp4_to_mxfp4 {
-            Some(parse_scale_rule(&args.scale_rule)?)
-        } else {
-            None
-        },
-        ..LoadOptions::default()
-    };
-    let mut model = load_model_with(&args.model, &load_opts)?;
-    if let Some(s) = &args.selection {
-        model.config.index_selection = match s.as_str() {
-            "per_kv_head" => IndexSelection::PerKvHead,
-            "shared" => IndexSelection::Shared,
-            o => bail!("--selection: `{o}` is not one of per_kv_head, shared"),
-        };
-    }
-    let c = model.config.clone();
-    let toks = parse_tokens(&args.tokens, c.vocab_size)?;
+    let be = args::open_backend(args.engine.backend)?;
+    let ck = args.model.open()?;
+    let c = ck.config().clone();
+    let toks = args::parse_tokens(&args.tokens, c.vocab_size)?;
     let t = toks.len();
-    let mut taps = Taps::new(TapRequest {
+    let teacher = match &args.teacher {
+        Some(tp) => Some(read_teacher(tp, c.num_hidden_layers, t, c.hidden_size)?),
+        None => None,
+    };
+    let mut request = TapRequest {
         index_scores: args.index_scores,
         ..TapRequest::STANDARD
-    });
-    if let Some(tp) = &args.teacher {
-        taps.teacher = read_teacher(tp, c.num_hidden_layers, t, c.hidden_size)?;
-    }
-    let page = c.index_block_size.max(1);
-    let layout = KvLayout {
-        page_size: page,
-        num_pages: t.div_ceil(page),
-        dtype,
     };
-    let mut cache = KvCache::new(&model, layout);
-    let table: Vec<u32> = (0..layout.num_pages as u32).collect();
-    let step = StepBatch::contiguous(0, &toks, 0, &table, page, true);
+    if args.diagnose {
+        request = TapRequest {
+            index_scores: args.index_scores,
+            ..TapRequest::DIAGNOSE
+        };
+    }
+    // One prefill of every token: the step is as wide as the prompt.
+    let bs = args.engine.block_size.max(1);
+    let mut engine = args.engine.clone();
+    engine.max_batch_tokens = engine.max_batch_tokens.max(t);
+    engine.max_context = engine.max_context.max(t);
+    engine.max_seqs = 1;
+    let blocks = t.div_ceil(bs);
+    engine.kv_blocks = Some(engine.kv_blocks.unwrap_or(blocks).max(blocks));
+    let spec = engine.load_spec(args::is_gpu(&*be), blocks, &args.model);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let step = StepBatch::contiguous(0, &toks, 0, &table, bs, true);
+    let sampling = vec![SampleParams::GREEDY; t];
+    let read = ReadBack {
+        logits: Vec::new(),
+        taps: request,
+    };
     let start = std::time::Instant::now();
-    let opts = RunOptions { act };
-    with_threads(args.threads, || {
-        be.forward(&model, &mut cache, &step, Path::Standard, &opts, &mut taps)
-    })?
-    .map_err(|e| anyhow!("forward on {}: {e}", be.name()))?;
+    let mut taps = args::with_threads(engine.threads, || -> Result<_> {
+        let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
+        let out = runner
+            .step(&StepInput {
+                batch: &step,
+                path: Path::Standard,
+                sampling: &sampling,
+                read: &read,
+                teacher: teacher.as_ref(),
+            })
+            .map_err(|e| anyhow!("forward on {}: {e}", be.name()))?;
+        Ok(out.taps)
+    })??;
     let secs = start.elapsed().as_secs_f64();
     taps.teacher.clear();
     write_taps(&taps, &args.dump)?;

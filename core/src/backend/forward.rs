@@ -249,10 +249,10 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
                 kv_heads: nkv,
                 out: &mut sel,
             })?;
-            if taps.request.index_scores {
+            if taps.request.index_scores && taps.request.layer(l) {
                 taps.put_f32(format!("index_scores.{l}"), vec![nih, t, nb], scores);
             }
-            if taps.request.topk_blocks {
+            if taps.request.topk_blocks && taps.request.layer(l) {
                 taps.put_i32(
                     format!("topk_blocks.{l}"),
                     vec![nkv, t, c.index_topk_blocks],
@@ -297,6 +297,10 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
             acc: &mut r,
             x: &ao,
         })?;
+        let tap_l = taps.request.layer(l);
+        if taps.request.attn_out && tap_l {
+            taps.put_f32(format!("attn_out.{l}"), vec![t, h], ao);
+        }
         // 9. h2
         let mut h2 = zeros(t * h);
         be.run_op(Op::RmsNorm {
@@ -307,6 +311,9 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
             round_out: true,
             out: &mut h2,
         })?;
+        if taps.request.ffn_in && tap_l {
+            taps.put_f32(format!("ffn_in.{l}"), vec![t, h], h2.clone());
+        }
         // 10. FFN
         let mut y = zeros(t * h);
         match &lw.ffn {
@@ -346,14 +353,17 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
                     limit: c.swiglu_limit,
                     out: &mut y,
                 })?;
-                if taps.request.experts {
+                if taps.request.experts && tap_l {
                     taps.put_i32(format!("experts.{l}"), vec![t, k], ids);
                 }
             }
         }
         // 11. r'' = r' + y
         be.run_op(Op::Add { acc: &mut r, x: &y })?;
-        if taps.request.residual {
+        if taps.request.ffn_out && tap_l {
+            taps.put_f32(format!("ffn_out.{l}"), vec![t, h], y);
+        }
+        if taps.request.residual && tap_l {
             taps.put_f32(format!("residual.{l}"), vec![t, h], r.clone());
         }
     }

@@ -2,31 +2,38 @@
 //!
 //! Two levels:
 //! - `Op` + `Backend::run_op`: every LLM-level operation on its own, so any
-//!   backend can be compared op by op with the CPU reference;
-//! - `Backend::forward`: one step (`StepBatch`) through the whole model. The
-//!   provided default composes the ops layer by layer
-//!   (`forward::forward_by_ops`); a GPU backend overrides it with its
-//!   standard path and its mono path.
+//!   backend can be compared op by op with the CPU reference (the op-parity
+//!   interface);
+//! - `Backend::load` -> [`ModelRunner`]: a loaded model that owns its
+//!   weights and paged caches in the backend's memory and runs whole steps
+//!   ([`runner`]). The provided `load` gives a [`HostRunner`]: host weights
+//!   and a host cache, each step composed from `run_op` by
+//!   [`forward_by_ops`] (the CPU reference's runner). The GPU backend's
+//!   `load` gives its device-resident runner.
 //!
-//! The core decides what runs (rows, path); the backend decides how.
+//! The core decides what runs (rows, path, blocks); the backend decides how.
 
 mod check;
 mod forward;
+pub mod host;
 mod op;
+pub mod runner;
 mod step;
-mod taps;
+pub mod taps;
 
 use alloc::string::String;
-use alloc::vec::Vec;
 
 pub use forward::{forward_by_ops, max_blocks};
+pub use host::HostRunner;
 pub use op::{ActMode, BlockSelection, LinearInput, Op};
+pub use runner::{
+    BoxedRunner, KvBudget, LoadProgress, LoadSpec, ModelRunner, ModelSource, ReadBack, StepInput,
+    StepOutput,
+};
 pub use step::{StepBatch, StepError, StepSeq};
 pub use taps::{TapData, TapRequest, TapTensor, Taps};
 
 use crate::formats::FormatError;
-use crate::kv::KvCache;
-use crate::weights::ModelWeights;
 
 /// Most rows a `Path::Mono` step may have.
 pub const MONO_MAX_ROWS: usize = 16;
@@ -78,35 +85,53 @@ pub enum BackendError {
     },
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// The model or its caches could not be loaded (bad load spec, a
+    /// checkpoint error, not enough device memory); `what` names the field,
+    /// tensor or size at fault.
+    #[error("loading the model: {what}")]
+    Load { what: String },
+    /// The device failed (a driver call, a kernel launch).
+    #[error("{backend}: {what}")]
+    Device { backend: String, what: String },
     #[error("{0}")]
     Other(String),
 }
 
-/// A compute backend. Object-safe: the engine holds a `&dyn Backend`.
+/// A compute backend. Object-safe: callers hold a `&dyn Backend`.
 pub trait Backend {
     /// Short name for logs and reports (`cpu`, `cuda`, ...).
     fn name(&self) -> &str;
 
-    /// Run one op (outputs overwritten).
+    /// Run one op (outputs overwritten): the op-parity interface.
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError>;
 
-    /// Whether `Path::Mono` is implemented (otherwise it runs `Standard`).
-    fn supports_mono(&self) -> bool {
-        false
+    /// Load a model: its weights into the backend's memory and a paged KV +
+    /// index-cache pool sized by `spec`; `progress` is called as tensors
+    /// arrive. The default is a [`HostRunner`] (host weights and cache,
+    /// steps composed from [`Backend::run_op`]).
+    fn load<'b>(
+        &'b self,
+        source: ModelSource<'_>,
+        spec: &LoadSpec,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<BoxedRunner<'b>, BackendError> {
+        host::load_host(self, source, spec, progress)
     }
+}
 
-    /// One step through the model: writes the step's K/V (and index keys)
-    /// into `cache`, captures what `taps` asks for, and returns the logits of
-    /// `step.logits_rows` (`[logits_rows.len(), vocab]`, f32).
-    fn forward(
-        &self,
-        model: &ModelWeights,
-        cache: &mut KvCache,
-        step: &StepBatch,
-        path: Path,
-        opts: &RunOptions,
-        taps: &mut Taps,
-    ) -> Result<Vec<f32>, BackendError> {
-        forward_by_ops(self, model, cache, step, path, opts, taps)
+impl<T: Backend + ?Sized> Backend for &T {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        (**self).run_op(op)
+    }
+    fn load<'b>(
+        &'b self,
+        source: ModelSource<'_>,
+        spec: &LoadSpec,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<BoxedRunner<'b>, BackendError> {
+        (**self).load(source, spec, progress)
     }
 }

@@ -11,7 +11,18 @@
 //!   blocks are -inf) (sparse layers only);
 //! - `experts.{l}`: I32 `[T, num_experts_per_tok]`, chosen expert ids,
 //!   ascending (MoE layers only);
+//! - `attn_out.{l}`: F32 `[T, H]`, the attention block's output after
+//!   `o_proj` (bf16 values), before the residual add;
+//! - `ffn_in.{l}`: F32 `[T, H]`, the FFN input `h2` (bf16 values; the
+//!   router's input on MoE layers);
+//! - `ffn_out.{l}`: F32 `[T, H]`, the FFN output `y` before the residual
+//!   add (dense: bf16 values; MoE: the f32 sum of weighted experts and the
+//!   shared expert);
 //! - `logits`: F32 `[rows in logits_rows, vocab]`.
+//!
+//! Per-layer families are captured only for the layers in
+//! [`TapRequest::layers`] (a bit per layer; layers past 127 are always
+//! captured).
 
 use alloc::collections::BTreeMap;
 use alloc::string::String;
@@ -31,33 +42,100 @@ pub struct TapTensor {
     pub data: TapData,
 }
 
-/// Which tensor families to capture.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which tensor families to capture, and on which layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TapRequest {
     pub residual: bool,
     pub topk_blocks: bool,
     pub index_scores: bool,
     pub experts: bool,
     pub logits: bool,
+    /// `attn_out.{l}` (the parity diagnosis).
+    pub attn_out: bool,
+    /// `ffn_in.{l}` (the router input: the parity diagnosis).
+    pub ffn_in: bool,
+    /// `ffn_out.{l}` (the parity diagnosis).
+    pub ffn_out: bool,
+    /// Bit `l` set: capture layer `l`'s per-layer families (layers past 127
+    /// always). `u128::MAX`: every layer.
+    pub layers: u128,
+}
+
+impl Default for TapRequest {
+    /// Nothing.
+    fn default() -> Self {
+        TapRequest::NONE
+    }
 }
 
 impl TapRequest {
-    /// Everything but the (large) indexer scores.
+    /// Nothing.
+    pub const NONE: TapRequest = TapRequest {
+        residual: false,
+        topk_blocks: false,
+        index_scores: false,
+        experts: false,
+        logits: false,
+        attn_out: false,
+        ffn_in: false,
+        ffn_out: false,
+        layers: u128::MAX,
+    };
+    /// Residuals, selections, experts and logits (not the large indexer
+    /// scores nor the diagnosis families).
     pub const STANDARD: TapRequest = TapRequest {
         residual: true,
         topk_blocks: true,
-        index_scores: false,
         experts: true,
         logits: true,
+        ..TapRequest::NONE
+    };
+    /// What the per-layer parity diagnosis reads: STANDARD plus the
+    /// attention / FFN outputs and the router input.
+    pub const DIAGNOSE: TapRequest = TapRequest {
+        attn_out: true,
+        ffn_in: true,
+        ffn_out: true,
+        ..TapRequest::STANDARD
     };
     /// Everything.
     pub const ALL: TapRequest = TapRequest {
-        residual: true,
-        topk_blocks: true,
         index_scores: true,
-        experts: true,
-        logits: true,
+        ..TapRequest::DIAGNOSE
     };
+
+    /// Whether layer `l`'s per-layer families are captured.
+    pub fn layer(&self, l: usize) -> bool {
+        l >= 128 || (self.layers >> l) & 1 == 1
+    }
+
+    /// Whether any per-layer family is asked for on some layer.
+    pub fn any_layer_family(&self) -> bool {
+        (self.residual
+            || self.topk_blocks
+            || self.index_scores
+            || self.experts
+            || self.attn_out
+            || self.ffn_in
+            || self.ffn_out)
+            && self.layers != 0
+    }
+
+    /// Whether anything at all is asked for.
+    pub fn any(&self) -> bool {
+        self.any_layer_family() || self.logits
+    }
+
+    /// Only these layers' per-layer families.
+    pub fn only_layers(mut self, layers: &[usize]) -> Self {
+        self.layers = 0;
+        for &l in layers {
+            if l < 128 {
+                self.layers |= 1u128 << l;
+            }
+        }
+        self
+    }
 }
 
 /// Requested captures, the captured tensors, and optional teacher inputs.

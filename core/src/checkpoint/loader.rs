@@ -48,6 +48,131 @@ pub struct LoadOptions {
     pub mxfp8_to_bf16_exact: bool,
 }
 
+/// One linear weight in its stored format: borrowed from the mapped shards,
+/// or owned after a load-time conversion.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StoredLinear<'a> {
+    Borrowed {
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        /// Element codes (bf16 / f32 values for the plain formats), as stored.
+        codes: &'a [u8],
+        /// Block scales (E8M0 for MX, E4M3 for NVFP4); empty for bf16 / f32.
+        scales: &'a [u8],
+        /// NVFP4 global scale (1.0 otherwise).
+        global: f32,
+    },
+    Owned(LinearWeight),
+}
+
+impl StoredLinear<'_> {
+    /// The `[rows, cols]` shape.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            StoredLinear::Borrowed { rows, cols, .. } => (*rows, *cols),
+            StoredLinear::Owned(w) => (w.rows(), w.cols()),
+        }
+    }
+
+    /// Check that codes and scales have the lengths the shape needs.
+    fn check_sizes(&self) -> Result<(), crate::formats::FormatError> {
+        match self {
+            StoredLinear::Owned(_) => Ok(()),
+            StoredLinear::Borrowed {
+                format,
+                rows,
+                cols,
+                codes,
+                scales,
+                ..
+            } => {
+                let n = rows * cols;
+                let (want_codes, want_scales) = match format {
+                    WeightFormat::Bf16 => (2 * n, 0),
+                    WeightFormat::F32 => (4 * n, 0),
+                    WeightFormat::Mxfp4 => (n / 2, n / 32),
+                    WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => (n, n / 32),
+                    WeightFormat::Nvfp4 => (n / 2, n / 16),
+                };
+                for (what, got, expected) in [
+                    ("element codes", codes.len(), want_codes),
+                    ("block scales", scales.len(), want_scales),
+                ] {
+                    if got != expected {
+                        return Err(crate::formats::FormatError::BadLength {
+                            what,
+                            rows: *rows,
+                            cols: *cols,
+                            expected,
+                            got,
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A host copy in the typed form.
+    pub fn into_owned(self) -> Result<LinearWeight, crate::formats::FormatError> {
+        let StoredLinear::Borrowed {
+            format,
+            rows,
+            cols,
+            codes,
+            scales,
+            global,
+        } = self
+        else {
+            let StoredLinear::Owned(w) = self else {
+                unreachable!()
+            };
+            return Ok(w);
+        };
+        Ok(match format {
+            WeightFormat::Bf16 => LinearWeight::Bf16 {
+                rows,
+                cols,
+                data: u16s(codes),
+            },
+            WeightFormat::F32 => LinearWeight::F32 {
+                rows,
+                cols,
+                data: f32s(codes),
+            },
+            WeightFormat::Mxfp4 => LinearWeight::Mx(MxTensor::from_parts(
+                MxElem::Fp4E2M1,
+                rows,
+                cols,
+                codes.to_vec(),
+                scales.to_vec(),
+            )?),
+            WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => {
+                let elem = if format == WeightFormat::Mxfp8E4M3 {
+                    MxElem::Fp8E4M3
+                } else {
+                    MxElem::Fp8E5M2
+                };
+                LinearWeight::Mx(MxTensor::from_parts(
+                    elem,
+                    rows,
+                    cols,
+                    codes.to_vec(),
+                    scales.to_vec(),
+                )?)
+            }
+            WeightFormat::Nvfp4 => LinearWeight::Nvfp4(Nvfp4Tensor::from_parts(
+                rows,
+                cols,
+                codes.to_vec(),
+                scales.to_vec(),
+                global,
+            )?),
+        })
+    }
+}
+
 /// One tensor of the checkpoint as listed by the index (or the lone file).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorEntry {
@@ -774,7 +899,8 @@ impl Checkpoint {
         })
     }
 
-    /// Decode one (validated) linear weight into its typed form.
+    /// Decode one (validated) linear weight into its typed form (a host
+    /// copy).
     fn linear(
         &self,
         name: &str,
@@ -783,69 +909,108 @@ impl Checkpoint {
         role: Role,
         opts: &LoadOptions,
     ) -> Result<LinearWeight, CheckpointError> {
+        self.stored_linear(name, rows, cols, role == Role::RoutedExpert, opts)?
+            .into_owned()
+            .map_err(|e| self.terr(name, e.to_string()))
+    }
+
+    /// One linear weight as the checkpoint stores it, borrowed from the
+    /// mapped shard (no copy), or converted and owned when `opts` asks for
+    /// a load-time conversion of it (`routed_expert` says whether the
+    /// NVFP4 -> MXFP4 option applies). Sizes are checked against
+    /// `[rows, cols]`; call [`Checkpoint::validate`] first for dtypes,
+    /// shapes and `quantization_config`.
+    pub fn stored_linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        routed_expert: bool,
+        opts: &LoadOptions,
+    ) -> Result<StoredLinear<'_>, CheckpointError> {
         let f = self.detect_format(name)?;
-        let raw = self.raw_bytes(name)?;
+        let codes = self.raw_bytes(name)?;
         let fmt_err = |e: crate::formats::FormatError| self.terr(name, e.to_string());
-        Ok(match f {
-            WeightFormat::Bf16 => LinearWeight::Bf16 {
-                rows,
-                cols,
-                data: u16s(raw),
-            },
-            WeightFormat::F32 => LinearWeight::F32 {
-                rows,
-                cols,
-                data: f32s(raw),
-            },
-            WeightFormat::Mxfp4 => {
-                let scales = self
-                    .raw_bytes(&names::sibling(name, WEIGHT_SCALE))?
-                    .to_vec();
-                LinearWeight::Mx(
-                    MxTensor::from_parts(MxElem::Fp4E2M1, rows, cols, raw.to_vec(), scales)
-                        .map_err(fmt_err)?,
-                )
-            }
-            WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => {
-                let elem = if f == WeightFormat::Mxfp8E4M3 {
-                    MxElem::Fp8E4M3
-                } else {
-                    MxElem::Fp8E5M2
-                };
-                let scales = self
-                    .raw_bytes(&names::sibling(name, WEIGHT_SCALE_INV))?
-                    .to_vec();
-                let t = MxTensor::from_parts(elem, rows, cols, raw.to_vec(), scales)
-                    .map_err(fmt_err)?;
-                if opts.mxfp8_to_bf16_exact {
-                    let data = convert::mxfp8_to_bf16(&t, true).map_err(|e| {
-                        self.terr(name, format!("lossless MXFP8 -> bf16 refused: {e}"))
-                    })?;
-                    LinearWeight::Bf16 { rows, cols, data }
-                } else {
-                    LinearWeight::Mx(t)
-                }
-            }
+        let (scales, global): (&[u8], f32) = match f {
+            WeightFormat::Bf16 | WeightFormat::F32 => (&[], 1.0),
+            WeightFormat::Mxfp4 => (self.raw_bytes(&names::sibling(name, WEIGHT_SCALE))?, 1.0),
+            WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => (
+                self.raw_bytes(&names::sibling(name, WEIGHT_SCALE_INV))?,
+                1.0,
+            ),
             WeightFormat::Nvfp4 => {
-                let scales = self
-                    .raw_bytes(&names::sibling(name, WEIGHT_SCALE))?
-                    .to_vec();
                 let g_name = names::sibling(name, WEIGHT_SCALE_2);
                 let global = f32s(self.raw_bytes(&g_name)?)
                     .first()
                     .copied()
                     .unwrap_or(f32::NAN);
-                let t = Nvfp4Tensor::from_parts(rows, cols, raw.to_vec(), scales, global)
-                    .map_err(|e| self.terr(&g_name, e.to_string()))?;
-                match (role, opts.nvfp4_experts_to_mxfp4) {
-                    (Role::RoutedExpert, Some(rule)) => LinearWeight::Mx(
-                        convert::try_nvfp4_to_mxfp4(&t, rule)
-                            .map_err(|e| self.terr(name, format!("NVFP4 -> MXFP4: {e}")))?,
-                    ),
-                    _ => LinearWeight::Nvfp4(t),
+                if !(global.is_finite() && global > 0.0) {
+                    return Err(self.terr(
+                        &g_name,
+                        format!("NVFP4 global scale {global} must be finite and positive"),
+                    ));
                 }
+                (self.raw_bytes(&names::sibling(name, WEIGHT_SCALE))?, global)
             }
-        })
+        };
+        let stored = StoredLinear::Borrowed {
+            format: f,
+            rows,
+            cols,
+            codes,
+            scales,
+            global,
+        };
+        stored.check_sizes().map_err(fmt_err)?;
+        match f {
+            WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 if opts.mxfp8_to_bf16_exact => {
+                let t = match stored.into_owned().map_err(fmt_err)? {
+                    LinearWeight::Mx(t) => t,
+                    _ => unreachable!("an MXFP8 weight decodes to an MX tensor"),
+                };
+                let data = convert::mxfp8_to_bf16(&t, true)
+                    .map_err(|e| self.terr(name, format!("lossless MXFP8 -> bf16 refused: {e}")))?;
+                Ok(StoredLinear::Owned(LinearWeight::Bf16 { rows, cols, data }))
+            }
+            WeightFormat::Nvfp4 if routed_expert && opts.nvfp4_experts_to_mxfp4.is_some() => {
+                let rule = opts.nvfp4_experts_to_mxfp4.unwrap_or(ScaleRule::Even);
+                let t = match stored.into_owned().map_err(fmt_err)? {
+                    LinearWeight::Nvfp4(t) => t,
+                    _ => unreachable!("an NVFP4 weight decodes to an NVFP4 tensor"),
+                };
+                Ok(StoredLinear::Owned(LinearWeight::Mx(
+                    convert::try_nvfp4_to_mxfp4(&t, rule)
+                        .map_err(|e| self.terr(name, format!("NVFP4 -> MXFP4: {e}")))?,
+                )))
+            }
+            _ => Ok(stored),
+        }
+    }
+
+    /// Drop the resident pages of linear `name` and its scale tensors (see
+    /// [`SafetensorsFile::release`]): a streaming loader calls it once a
+    /// tensor is on the device.
+    pub fn release(&self, name: &str) {
+        let mut all = vec![name.to_string()];
+        for s in [WEIGHT_SCALE, WEIGHT_SCALE_INV, WEIGHT_SCALE_2] {
+            all.push(names::sibling(name, s));
+        }
+        for n in all {
+            if let Some(&(si, ti)) = self.map.get(&n) {
+                let sh = &self.shards[si];
+                sh.release(&sh.header.tensors[ti]);
+            }
+        }
+    }
+
+    /// A BF16 or F32 vector (norm weights, the router bias) as f32.
+    pub fn vector_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
+        self.vector(name)
+    }
+
+    /// An optional positive scalar (the cache scales), `default` when absent.
+    pub fn scalar_f32_or(&self, name: &str, default: f32) -> Result<f32, CheckpointError> {
+        self.scalar_or(name, default)
     }
 
     /// A BF16 or F32 vector as f32.

@@ -23,6 +23,6 @@ pub mod safetensors_file;
 pub mod writer;
 
 pub use error::CheckpointError;
-pub use loader::{Checkpoint, LoadOptions, TensorEntry};
+pub use loader::{Checkpoint, LoadOptions, StoredLinear, TensorEntry};
 pub use quant_config::{QuantConfig, WeightFormat};
 pub use safetensors_file::Dtype;

@@ -358,6 +358,27 @@ impl SafetensorsFile {
         // In bounds: validated by `parse_header` against this very map.
         &self.map[s + t.begin..s + t.end]
     }
+
+    /// Tell the kernel the pages of tensor `t` are no longer needed, so
+    /// streaming a checkpoint to a device does not leave every page it read
+    /// resident (peak RSS stays near one tensor). The bytes stay valid: the
+    /// map is a read-only file mapping, a later read faults them back in
+    /// from the file. Best effort (errors ignored).
+    pub fn release(&self, t: &TensorInfo) {
+        let s = self.header.data_start();
+        if t.end > t.begin {
+            // SAFETY: MADV_DONTNEED on a read-only, file-backed private
+            // mapping discards no data: the pages are re-read from the file
+            // on the next access, so outstanding slices stay valid.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    s + t.begin,
+                    t.end - t.begin,
+                )
+            };
+        }
+    }
 }
 
 /// One fuzz iteration (used by `fuzz/` and `cargo xtask fuzz`): feed

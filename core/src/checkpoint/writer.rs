@@ -304,21 +304,6 @@ pub fn index_json(shards: &[ShardPlan]) -> Result<String, WriteError> {
     })
 }
 
-/// Write `bytes` to `path` through a temp file in the same directory and a
-/// rename, so `path` is either absent or complete.
-pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io_err(path))
-}
-
 /// An output directory built under a temp name (`DIR.tmp-<pid>`) and renamed
 /// to `DIR` by [`StagedDir::commit`]. Dropped without a commit, the temp
 /// directory is removed.
@@ -565,5 +550,61 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert_eq!(left.len(), 1, "{left:?}");
+    }
+}
+
+/// Write `bytes` to `path` so that it appears complete or not at all: into
+/// a hidden temp file in the same directory (synced), then renamed over
+/// `path`. On any error the temp file is removed and `path` is untouched.
+/// Every tool that writes an output file goes through here.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| WriteError::Io { path: p, source }
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| WriteError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let r = (|| {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(io(path))
+    })();
+    if r.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    r
+}
+
+#[cfg(test)]
+mod atomic_tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_whole_or_leaves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("out.jsonl");
+        write_file_atomic(&p, b"one\n").unwrap();
+        write_file_atomic(&p, b"two\n").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two\n");
+        // A target whose directory does not exist: an error, no file.
+        let bad = d.path().join("missing").join("out");
+        assert!(write_file_atomic(&bad, b"x").is_err());
+        assert!(!bad.exists());
+        // No temp files left behind.
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
     }
 }

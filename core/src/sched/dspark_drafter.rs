@@ -50,6 +50,7 @@ use super::spec_probs::sampling_probs;
 use crate::backend::{
     Backend, BackendError, LinearInput, Op, StepBatch, StepSeq, TapRequest, Taps,
 };
+use crate::config::ModelConfig;
 use crate::dspark::DsparkWeights;
 use crate::kv::{CacheData, CacheDtype, CacheTensor};
 use crate::sample::{greedy, uniform};
@@ -99,11 +100,32 @@ impl RequestCtx {
     }
 }
 
+/// What the draft takes from its target: the config it must fit, and the
+/// embedding and LM head it shares (host copies: a device runner does not
+/// keep its weights on the host, so its caller loads just these two).
+#[derive(Clone, Copy, Debug)]
+pub struct DraftTarget<'a> {
+    pub config: &'a ModelConfig,
+    pub embed: &'a LinearWeight,
+    pub lm_head: &'a LinearWeight,
+}
+
+impl<'a> DraftTarget<'a> {
+    /// The parts of a host model.
+    pub fn of(m: &'a ModelWeights) -> Self {
+        DraftTarget {
+            config: &m.config,
+            embed: &m.embed,
+            lm_head: &m.lm_head,
+        }
+    }
+}
+
 /// The DSpark draft model as a [`Drafter`].
 pub struct DsparkDrafter<'a> {
     backend: &'a dyn Backend,
-    /// The target (its embedding and LM head are shared).
-    target: &'a ModelWeights,
+    /// The target's shared parts.
+    target: DraftTarget<'a>,
     weights: &'a DsparkWeights,
     /// `W_m` transposed to `[vocab, r]` f32, so the bias is one `Linear`.
     markov_wt: LinearWeight,
@@ -119,11 +141,11 @@ impl<'a> DsparkDrafter<'a> {
     /// embedding and LM head. Fails if the draft does not fit the target.
     pub fn new(
         backend: &'a dyn Backend,
-        target: &'a ModelWeights,
+        target: DraftTarget<'a>,
         weights: &'a DsparkWeights,
     ) -> Result<Self, BackendError> {
         let c = &weights.config;
-        c.validate(Some(&target.config))
+        c.validate(Some(target.config))
             .map_err(|e| BackendError::Other(e.to_string()))?;
         let (r, vocab) = (c.markov_rank, c.vocab_size);
         if weights.markov_w.rows() != r || weights.markov_w.cols() != vocab {
@@ -305,7 +327,7 @@ impl<'a> DsparkDrafter<'a> {
             toks[0] = last;
             let mut x = vec![0.0f32; n * h];
             self.backend.run_op(Op::Embed {
-                table: &self.target.embed,
+                table: self.target.embed,
                 tokens: &toks,
                 out: &mut x,
             })?;
@@ -382,7 +404,7 @@ impl<'a> DsparkDrafter<'a> {
                 self.backend.run_op(Op::Add { acc: &mut x, x: &y })?;
             }
             let xn = self.norm(&x, h, &self.weights.final_norm, true)?;
-            self.lin(&xn, n, &self.target.lm_head, false)
+            self.lin(&xn, n, self.target.lm_head, false)
         })();
         self.ctx.insert(id, st);
         result
@@ -476,8 +498,9 @@ impl Drafter for DsparkDrafter<'_> {
     fn taps(&self) -> TapRequest {
         TapRequest {
             residual: true,
-            ..TapRequest::default()
+            ..TapRequest::NONE
         }
+        .only_layers(&self.weights.config.target_layer_ids)
     }
 
     fn observe(&mut self, id: RequestId, positions: &[u32], rows: &[usize], taps: &Taps) {

@@ -1,6 +1,7 @@
-//! The scheduler driving a real [`Backend`]: plan a step, perform its block
-//! copies, convert it to a [`StepBatch`], run the forward, sample or verify
-//! the rows with logits, commit.
+//! The scheduler driving a loaded model ([`ModelRunner`]): plan a step, have
+//! the runner perform its block copies, convert it to a [`StepBatch`], run
+//! it (the runner samples one token per logits row where the logits are),
+//! verify speculative rows, commit.
 //!
 //! Speculative decoding: a [`Drafter`] proposes up to `spec_tokens` tokens
 //! for every sequence ready to decode; the verify rows are folded into the
@@ -34,19 +35,17 @@ use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use super::request::{FinishedRequest, RequestId, SamplingParams};
+use super::request::SamplingParams;
+use super::request::{FinishedRequest, RequestId};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqTokens};
 use super::spec_probs::sampling_probs;
 use super::step::{RowKind, ScheduledStep, StepPath};
 use super::SchedError;
 use crate::backend::{
-    Backend, BackendError, Path, RunOptions, StepBatch, StepSeq, TapRequest, Taps,
+    BackendError, ModelRunner, Path, ReadBack, StepBatch, StepInput, StepSeq, TapRequest, Taps,
 };
-use crate::kv::{CacheData, CacheDtype, KvCache, KvLayout};
-use crate::sample::sample;
 use crate::sample::uniform;
 use crate::spec_decode::{verify_block, verify_greedy, verify_rejection, UniformSource};
-use crate::weights::ModelWeights;
 
 /// Draft tokens and, for a drafter that samples them, the distributions
 /// they were drawn from.
@@ -163,8 +162,17 @@ pub enum RunnerError {
     Sched(#[from] SchedError),
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error("backend returned {got} logits, expected {expected}")]
-    Logits { got: usize, expected: usize },
+    #[error("the runner returned {got} {what}, expected {expected}")]
+    Output {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    #[error("the runner's KV pool ({runner}) does not match the scheduler's ({sched})")]
+    Layout {
+        runner: alloc::string::String,
+        sched: alloc::string::String,
+    },
     #[error("no progress for {0} steps (nothing schedulable)")]
     Stuck(u32),
 }
@@ -194,36 +202,11 @@ pub fn to_step_batch(step: &ScheduledStep) -> StepBatch {
     }
 }
 
-/// Copy every slot of page `src` into page `dst` in every K, V and index
-/// tensor, raw (no requantization).
-pub fn copy_page(cache: &mut KvCache, src: u32, dst: u32) {
-    let ps = cache.layout.page_size;
-    for layer in &mut cache.layers {
-        for t in [
-            Some(&mut layer.k),
-            Some(&mut layer.v),
-            layer.index_k.as_mut(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let n = ps * t.width;
-            let (s, d) = (src as usize * n, dst as usize * n);
-            match &mut t.data {
-                CacheData::Bf16(x) => x.copy_within(s..s + n, d),
-                CacheData::Fp8(x) => x.copy_within(s..s + n, d),
-            }
-        }
-    }
-}
-
-/// Scheduler + backend + cache.
+/// The scheduler driving a loaded model ([`ModelRunner`]): the scheduler
+/// keeps the block tables, the runner the caches.
 pub struct SchedRunner<'a> {
-    pub backend: &'a dyn Backend,
-    pub model: &'a ModelWeights,
-    pub cache: KvCache,
+    pub runner: &'a mut dyn ModelRunner,
     pub sched: Scheduler,
-    pub opts: RunOptions,
     /// Draft tokens per verify (0: no speculation).
     pub spec_tokens: usize,
     pub drafter: Option<Box<dyn Drafter + 'a>>,
@@ -233,33 +216,27 @@ pub struct SchedRunner<'a> {
     pub spec_stats: BTreeMap<RequestId, SpecStats>,
     /// This step's proposals (tokens and draft probabilities) by request.
     proposals: BTreeMap<RequestId, Proposal>,
-    /// Steps by path actually run (a `Mono` plan runs `Standard` on a backend
-    /// without a mono path, or when the backend's own rule refuses it).
+    /// Steps by path actually run (a `Mono` plan runs `Standard` on a runner
+    /// without a mono path, or when the batch's own rule refuses it).
     pub ran_mono: u64,
     pub ran_standard: u64,
 }
 
 impl<'a> SchedRunner<'a> {
-    /// A runner whose cache pages are the scheduler's blocks.
+    /// A scheduler over `runner`'s KV pool: `cfg.block_size` and
+    /// `cfg.num_blocks` are taken from the runner (the blocks it allocated),
+    /// the rest of `cfg` as given.
     pub fn new(
-        backend: &'a dyn Backend,
-        model: &'a ModelWeights,
-        cfg: SchedulerConfig,
-        dtype: CacheDtype,
-        opts: RunOptions,
+        runner: &'a mut dyn ModelRunner,
+        mut cfg: SchedulerConfig,
     ) -> Result<Self, RunnerError> {
+        let layout = runner.kv_layout();
+        cfg.block_size = layout.page_size;
+        cfg.num_blocks = layout.num_pages;
         let sched = Scheduler::new(cfg)?;
-        let layout = KvLayout {
-            page_size: cfg.block_size,
-            num_pages: cfg.num_blocks,
-            dtype,
-        };
         Ok(Self {
-            backend,
-            model,
-            cache: KvCache::new(model, layout),
+            runner,
             sched,
-            opts,
             spec_tokens: 0,
             drafter: None,
             verify: VerifyMode::Greedy,
@@ -298,12 +275,13 @@ impl<'a> SchedRunner<'a> {
         if step.is_empty() {
             return Ok(step);
         }
-        for c in &step.copies {
-            copy_page(&mut self.cache, c.src, c.dst);
+        if !step.copies.is_empty() {
+            let pairs: Vec<(u32, u32)> = step.copies.iter().map(|c| (c.src, c.dst)).collect();
+            self.runner.copy_blocks(&pairs)?;
         }
         let batch = to_step_batch(&step);
         let path = match step.path {
-            StepPath::Mono if self.backend.supports_mono() && Path::Mono.allows(&batch) => {
+            StepPath::Mono if self.runner.supports_mono() && Path::Mono.allows(&batch) => {
                 Path::Mono
             }
             _ => Path::Standard,
@@ -312,30 +290,68 @@ impl<'a> SchedRunner<'a> {
             Path::Mono => self.ran_mono += 1,
             Path::Standard => self.ran_standard += 1,
         }
-        let mut taps = match (&self.drafter, self.spec_tokens) {
-            (Some(d), k) if k > 0 => Taps::new(d.taps()),
-            _ => Taps::none(),
+        let vocab = self.runner.config().vocab_size;
+        // Sampling parameters of each logits row (its request's), and which
+        // rows' logits the stochastic verifiers need back.
+        let params_of = |id: RequestId| {
+            self.sched
+                .request(id)
+                .map(|r| r.sampling)
+                .unwrap_or_default()
         };
-        let logits = self.backend.forward(
-            self.model,
-            &mut self.cache,
-            &batch,
-            path,
-            &self.opts,
-            &mut taps,
-        )?;
-        let vocab = self.model.config.vocab_size;
-        if logits.len() != step.logits_rows.len() * vocab {
-            return Err(RunnerError::Logits {
-                got: logits.len(),
-                expected: step.logits_rows.len() * vocab,
-            });
-        }
+        let sampling: Vec<SamplingParams> = step
+            .logits_rows
+            .iter()
+            .map(|&r| params_of(step.seqs[step.rows[r as usize].seq as usize].request_id))
+            .collect();
         let row_of: BTreeMap<u32, usize> = step
             .logits_rows
             .iter()
             .enumerate()
             .map(|(i, &r)| (r, i))
+            .collect();
+        let mut read = ReadBack::tokens_only();
+        for s in &step.seqs {
+            if let RowKind::Verify { draft } = &s.kind {
+                if self.stochastic_verify(s.request_id, draft.len(), vocab) {
+                    read.logits.extend(
+                        (s.first_row..s.first_row + s.num_rows)
+                            .filter_map(|r| row_of.get(&r).map(|&i| i as u32)),
+                    );
+                }
+            }
+        }
+        read.logits.sort_unstable();
+        if let (Some(d), true) = (&self.drafter, self.spec_tokens > 0) {
+            read.taps = d.taps();
+        }
+        let out = self.runner.step(&StepInput {
+            batch: &batch,
+            path,
+            sampling: &sampling,
+            read: &read,
+            teacher: None,
+        })?;
+        if out.tokens.len() != step.logits_rows.len() {
+            return Err(RunnerError::Output {
+                what: "sampled tokens",
+                got: out.tokens.len(),
+                expected: step.logits_rows.len(),
+            });
+        }
+        if out.logits.len() != read.logits.len() * vocab {
+            return Err(RunnerError::Output {
+                what: "logits values",
+                got: out.logits.len(),
+                expected: read.logits.len() * vocab,
+            });
+        }
+        // Position in `out.logits` of each read-back logits row.
+        let logits_at: BTreeMap<usize, usize> = read
+            .logits
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| (i as usize, j))
             .collect();
         let mut results = Vec::new();
         // Rows of each sequence that hold committed tokens (for the drafter).
@@ -345,11 +361,7 @@ impl<'a> SchedRunner<'a> {
                 committed_rows.push((s.request_id, s.num_rows as usize));
                 continue;
             }
-            let params = self
-                .sched
-                .request(s.request_id)
-                .map(|r| r.sampling)
-                .unwrap_or_default();
+            let params = params_of(s.request_id);
             let rows: Vec<usize> = (s.first_row..s.first_row + s.num_rows)
                 .filter_map(|r| row_of.get(&r).copied())
                 .collect();
@@ -363,13 +375,14 @@ impl<'a> SchedRunner<'a> {
                         .filter(|p| p.len() >= draft.len() * vocab);
                     let v = match (self.verify, probs) {
                         (VerifyMode::Rejection | VerifyMode::Block, Some(pd))
-                            if !params.is_greedy() =>
+                            if !params.is_greedy()
+                                && rows.iter().all(|i| logits_at.contains_key(i)) =>
                         {
                             let pd = &pd[..draft.len() * vocab];
                             let mut pt = Vec::with_capacity(rows.len() * vocab);
-                            for &i in &rows {
+                            for i in &rows {
                                 pt.extend(sampling_probs(
-                                    &logits[i * vocab..(i + 1) * vocab],
+                                    out.logits_row(logits_at[i], vocab),
                                     &params,
                                 ));
                             }
@@ -385,17 +398,9 @@ impl<'a> SchedRunner<'a> {
                             }
                         }
                         _ => {
-                            let target: Vec<u32> = (s.first_row..s.first_row + s.num_rows)
-                                .filter_map(|r| {
-                                    let &i = row_of.get(&r)?;
-                                    let pos = step.rows[r as usize].position;
-                                    Some(sample(
-                                        &logits[i * vocab..(i + 1) * vocab],
-                                        &params,
-                                        pos + 1,
-                                    ))
-                                })
-                                .collect();
+                            // The runner's keyed samples are what plain
+                            // decoding would have produced at each row.
+                            let target: Vec<u32> = rows.iter().map(|&i| out.tokens[i]).collect();
                             verify_greedy(draft, &target)
                         }
                     }
@@ -409,15 +414,7 @@ impl<'a> SchedRunner<'a> {
                 }
                 _ => {
                     committed_rows.push((s.request_id, s.num_rows as usize));
-                    let last = (s.first_row..s.first_row + s.num_rows)
-                        .rev()
-                        .find_map(|r| row_of.get(&r).map(|&i| (r, i)));
-                    last.map(|(r, i)| {
-                        let pos = step.rows[r as usize].position;
-                        sample(&logits[i * vocab..(i + 1) * vocab], &params, pos + 1)
-                    })
-                    .into_iter()
-                    .collect()
+                    rows.last().map(|&i| out.tokens[i]).into_iter().collect()
                 }
             };
             results.push(SeqTokens {
@@ -429,11 +426,27 @@ impl<'a> SchedRunner<'a> {
             for (s, &(id, n)) in step.seqs.iter().zip(&committed_rows) {
                 let rows: Vec<usize> = (s.first_row as usize..s.first_row as usize + n).collect();
                 let positions: Vec<u32> = rows.iter().map(|&r| step.rows[r].position).collect();
-                d.observe(id, &positions, &rows, &taps);
+                d.observe(id, &positions, &rows, &out.taps);
             }
         }
         self.sched.commit(&step, &results)?;
         Ok(step)
+    }
+
+    /// Whether a verify of `n` drafts for request `id` uses a stochastic
+    /// verifier (and so needs the target's logits rows back).
+    fn stochastic_verify(&self, id: RequestId, n: usize, vocab: usize) -> bool {
+        let greedy = self
+            .sched
+            .request(id)
+            .is_none_or(|r| r.sampling.is_greedy());
+        matches!(self.verify, VerifyMode::Rejection | VerifyMode::Block)
+            && !greedy
+            && self
+                .proposals
+                .get(&id)
+                .and_then(|p| p.probs.as_ref())
+                .is_some_and(|p| p.len() >= n * vocab)
     }
 
     /// Mean acceptance length over every verify so far (the scheduler's

@@ -350,15 +350,34 @@ fn emit_unit(
                 (MxElem::Fp8E4M3, MXFP8_RULE)
             };
             let mut scales = Vec::with_capacity(rows * cols / MxElem::BLOCK);
-            let mut r0 = 0;
-            while r0 < rows {
-                let n = chunk_rows.min(rows - r0);
-                let v = unit_values(unit, &st, r0, n);
-                let q = MxTensor::quantize(&v, n, cols, elem, rule).map_err(fmt_err(name))?;
-                w.write(name, q.codes())?;
-                progress.advance(q.codes().len() as u64, name);
-                scales.extend_from_slice(q.scales());
-                r0 += n;
+            // Row chunks are independent (counter-based values, blocks never
+            // cross rows): quantize a batch of them on all cores, then write
+            // in order. The bytes do not depend on the thread count.
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let starts: Vec<usize> = (0..rows).step_by(chunk_rows).collect();
+            for batch in starts.chunks(threads) {
+                let quantized: Vec<Result<MxTensor, FormatError>> = std::thread::scope(|sc| {
+                    let jobs: Vec<_> = batch
+                        .iter()
+                        .map(|&r0| {
+                            let st = &st;
+                            sc.spawn(move || {
+                                let n = chunk_rows.min(rows - r0);
+                                let v = unit_values(unit, st, r0, n);
+                                MxTensor::quantize(&v, n, cols, elem, rule)
+                            })
+                        })
+                        .collect();
+                    jobs.into_iter()
+                        .map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                        .collect()
+                });
+                for q in quantized {
+                    let q = q.map_err(fmt_err(name))?;
+                    w.write(name, q.codes())?;
+                    progress.advance(q.codes().len() as u64, name);
+                    scales.extend_from_slice(q.scales());
+                }
             }
             w.write(&entries[1].name, &scales)?;
             progress.advance(scales.len() as u64, &entries[1].name);

@@ -1,7 +1,7 @@
 //! Shared helpers for the cpu-ref integration tests.
 #![allow(dead_code)]
 
-use m3_core::backend::{Backend, Path, RunOptions, StepBatch, TapData, TapRequest, Taps};
+use m3_core::backend::{forward_by_ops, Path, RunOptions, StepBatch, TapData, TapRequest, Taps};
 use m3_core::config::ModelConfig;
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::weights::ModelWeights;
@@ -55,9 +55,16 @@ pub fn prefill(
     let mut c = cache(m, dtype);
     let step = StepBatch::contiguous(1, toks, 0, &block_table(toks.len()), PAGE, true);
     let mut taps = Taps::new(req);
-    CpuBackend
-        .forward(m, &mut c, &step, Path::Standard, &opts, &mut taps)
-        .expect("forward");
+    forward_by_ops(
+        &CpuBackend,
+        m,
+        &mut c,
+        &step,
+        Path::Standard,
+        &opts,
+        &mut taps,
+    )
+    .expect("forward");
     taps
 }
 

@@ -10,11 +10,9 @@
 //! CTA per (q head, row)) merges them. Every grid is fixed by capacity, so
 //! the launches are graph-capturable.
 
-// wired by path.rs
-
 use cudarc::driver::CudaFunction;
 
-use super::path::{Arg, StandardPath};
+use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
@@ -47,7 +45,7 @@ pub(super) const FULL_CHUNK_CAP: usize = 256;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// The four kernels of this module.
-pub(super) struct AttnKernels {
+pub(crate) struct AttnKernels {
     index_scores: CudaFunction,
     index_topk: CudaFunction,
     attn_partial: CudaFunction,
@@ -72,7 +70,7 @@ impl AttnKernels {
 /// `max_context`-position row (one [`ATTN_TILE`]-key chunk each, at most
 /// [`FULL_CHUNK_CAP`]; longer rows use longer chunks). Pass the result as
 /// [`AttnArgs::max_chunks`] for every layer.
-pub(super) fn attn_max_chunks(max_context: usize, topk: usize) -> usize {
+pub(crate) fn attn_max_chunks(max_context: usize, topk: usize) -> usize {
     max_context
         .div_ceil(ATTN_TILE)
         .clamp(1, FULL_CHUNK_CAP)
@@ -81,7 +79,7 @@ pub(super) fn attn_max_chunks(max_context: usize, topk: usize) -> usize {
 
 /// Bytes of the attention partials: [max_rows][nkv][max_chunks][hg] records
 /// of (m, l, 2 pad, o[d]) f32.
-pub(super) fn attn_scratch_bytes(
+pub(crate) fn attn_scratch_bytes(
     max_rows: usize,
     nkv: usize,
     max_chunks: usize,
@@ -93,7 +91,7 @@ pub(super) fn attn_scratch_bytes(
 
 /// Bytes of the indexer block scores: [max_rows][selh][maxnb] f32, selh =
 /// `nkv` (per-KV-head selection) or 1 (shared).
-pub(super) fn index_scratch_bytes(max_rows: usize, selh: usize, maxnb: usize) -> usize {
+pub(crate) fn index_scratch_bytes(max_rows: usize, selh: usize, maxnb: usize) -> usize {
     max_rows * selh.max(1) * maxnb * 4
 }
 
@@ -107,10 +105,12 @@ pub(super) struct IndexArgs {
     pub nih: usize,
     /// Index head dim (multiple of 32, <= 256).
     pub di: usize,
-    /// Index key cache [slot][di] E4M3 codes.
+    /// Index key cache [slot][di], E4M3 codes or bf16 bits.
     pub icache: u64,
-    /// Dequantisation scale of the index key cache.
+    /// Dequantisation scale of the index key cache (1 for bf16).
     pub iscale: f32,
+    /// The index cache holds bf16 bits (else E4M3 codes).
+    pub cache_bf16: bool,
     /// Positions [t] u32 (the row's last visible key).
     pub pos: u64,
     /// Sequence of each row [t] u32.
@@ -154,14 +154,16 @@ pub(super) struct AttnArgs {
     pub nkv: usize,
     /// Head dim (multiple of 32, <= 256).
     pub d: usize,
-    /// K cache [slot][nkv][d] E4M3 codes.
+    /// K cache [slot][nkv][d], E4M3 codes or bf16 bits.
     pub kc: u64,
-    /// V cache [slot][nkv][d] E4M3 codes.
+    /// V cache [slot][nkv][d], E4M3 codes or bf16 bits.
     pub vc: u64,
-    /// K dequantisation scale.
+    /// K dequantisation scale (1 for bf16).
     pub ks: f32,
-    /// V dequantisation scale.
+    /// V dequantisation scale (1 for bf16).
     pub vs: f32,
+    /// The caches hold bf16 bits (else E4M3 codes).
+    pub cache_bf16: bool,
     /// Positions [t] u32.
     pub pos: u64,
     /// Sequence of each row [t] u32.
@@ -310,7 +312,7 @@ pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
 }
 
 /// Indexer: block scores then top-K selection into `a.sel`.
-pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) -> Result<()> {
+pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Result<()> {
     check_index(a)?;
     let selh = if a.shared { 1 } else { a.nkv };
     let (t, maxnb) = (a.t as u32, a.maxnb as u32);
@@ -334,11 +336,12 @@ pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) ->
         Arg::U32(a.nkv as u32),
         Arg::U64(a.scratch),
         Arg::U32(maxnb),
+        Arg::U32(a.cache_bf16 as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
     // no more than INDEX_SCORES_GRID_X CTAs per row
     let gx = maxnb.min(INDEX_SCORES_GRID_X);
-    sp.launch_pdl(
+    sp.launch(
         "index_scores",
         &k.index_scores,
         (gx, t, 1),
@@ -357,7 +360,7 @@ pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) ->
         Arg::U32(maxnb),
         Arg::U64(a.sel),
     ];
-    sp.launch_pdl(
+    sp.launch(
         "index_topk",
         &k.index_topk,
         (selh as u32, t, 1),
@@ -368,14 +371,14 @@ pub(super) fn index_select(sp: &StandardPath, k: &AttnKernels, a: &IndexArgs) ->
 }
 
 /// Attention: per-chunk partials, then the merge into `a.out`.
-pub(super) fn attention(sp: &StandardPath, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
+pub(super) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
     check_attn(a)?;
     let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
     let mc = a.max_chunks as u32;
     // a sparse layer has topk chunks per row: no CTAs for the rest of the
     // scratch's capacity (the kernel still indexes records by `mc`)
     let gx = if a.sel != 0 { a.topk as u32 } else { mc };
-    sp.launch_pdl(
+    sp.launch(
         "attn_partial",
         &k.attn_partial,
         (gx, nkv, t),
@@ -401,9 +404,10 @@ pub(super) fn attention(sp: &StandardPath, k: &AttnKernels, a: &AttnArgs) -> Res
             Arg::U32(t),
             Arg::U64(a.scratch),
             Arg::U32(mc),
+            Arg::U32(a.cache_bf16 as u32),
         ],
     )?;
-    sp.launch_pdl(
+    sp.launch(
         "attn_combine",
         &k.attn_combine,
         (nh, t, 1),
@@ -438,6 +442,7 @@ mod tests {
             vc: 256,
             ks: 1.0,
             vs: 1.0,
+            cache_bf16: false,
             pos: 256,
             row_seq: 256,
             bt: 256,
@@ -460,6 +465,7 @@ mod tests {
             di: 128,
             icache: 256,
             iscale: 1.0,
+            cache_bf16: false,
             pos: 256,
             row_seq: 256,
             bt: 256,

@@ -1,31 +1,51 @@
-//! The GPU standard path (ARCHITECTURE.md "standard path", PERF.md): device-
-//! resident weights ([`model::DevModel`], uploaded from `ModelWeights` or
-//! generated on the device by [`crate::benchmodel`]), a paged fp8 E4M3 KV +
-//! index cache, preallocated activations, a step that launches only
-//! kernels, and decode steps captured into CUDA graphs keyed by
-//! (rows, logits rows, path, kernel variant). Routed experts are grouped by
-//! a device-built route, so each chosen expert is read once per step.
+//! The GPU standard path (ARCHITECTURE.md "standard path", PERF.md): a step
+//! is a fixed sequence of kernel launches over device-resident weights
+//! ([`crate::model::DevModel`]), the paged KV + index caches ([`kv`]),
+//! preallocated activations and persistent step inputs ([`inputs`]);
+//! nothing returns to the host inside a step, so a step of a given shape is
+//! captured once into a CUDA graph ([`graphs`]) and replayed. Routed experts
+//! are grouped by a device-built route, so each chosen expert is read once
+//! per step.
 //!
-//! Limits (tracked in bench/NOTES.md): fp8 caches only; MXFP4 / MXFP8 E4M3 /
-//! bf16 / f32 weights (NVFP4 and E5M2 refused); bf16 expert activations
-//! only; CUDA only (the HIP build compiles the kernels but has no runtime
-//! path here).
+//! Code map: [`launch`] (the stream and launches), [`linear`] (tensor-core
+//! linear layers), [`attn`] (indexer and attention launches), [`step`] (the
+//! launch sequence of a step: layers, head, sampling, taps), [`bench`]
+//! (bench-only: timed replays, per-launch profiles, kernel variants).
+//!
+//! Limits: CUDA only (the HIP build compiles the kernels but has no runtime
+//! path here); head dims multiples of 32 up to 256; at most 1024 routed
+//! experts, top-16 experts and top-64 blocks.
 
-mod attn;
-pub mod devmem;
-pub mod model;
-pub mod path;
+pub(crate) mod attn;
+pub mod bench;
+pub mod exec;
+pub mod graphs;
+pub mod inputs;
+pub mod kv;
+pub(crate) mod launch;
+pub(crate) mod linear;
+pub(crate) mod step;
 
-pub use devmem::DevBuf;
-pub use model::{DevLinear, DevModel, WFmt};
-pub use path::{Capacity, StandardPath};
+use cudarc::driver::CudaFunction;
+use m3_core::backend::{ActMode, KvBudget};
+use m3_core::config::{AttnKind, IndexSelection};
+use m3_core::kv::CacheDtype;
 
+pub use kv::DevKv;
+pub use launch::Launcher;
+
+use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
+use crate::model::{DevBuf, DevModel};
+use crate::CudaGpu;
+use graphs::Graphs;
+use inputs::StepInputs;
+use linear::{LinearKernels, MmaVariant, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
 
-/// The standard path's kernels (`kernels/standard_decode.cu`).
+/// The standard path's kernels (`kernels/standard_decode.cu` followed by
+/// `kernels/standard_attention.cu`, one translation unit).
 pub const STANDARD: KernelSource = KernelSource {
     name: "standard_decode",
-    // one translation unit: the per-op kernels, then attention + indexer
     body: concat!(
         include_str!("../../kernels/standard_decode.cu"),
         "\n",
@@ -33,21 +53,28 @@ pub const STANDARD: KernelSource = KernelSource {
     ),
     exact: false,
     entries: &[
-        "m3s_linear_f32",
         "m3s_embed",
         "m3s_rmsnorm",
         "m3s_headnorm_rope",
         "m3s_cache_write",
         "m3s_swiglu",
         "m3s_moe_combine",
+        "m3s_add_bf16",
+        "m3s_act_mxfp4",
         "m3s_linear_f32w",
         "m3s_mma_bf16",
         "m3s_mma_e4m3",
+        "m3s_mma_e5m2",
         "m3s_mma_fp4",
+        "m3s_mma_nvfp4",
         "m3s_route",
         "m3s_router_warp",
         "m3s_argmax_part",
         "m3s_argmax_final",
+        "m3s_index_scores",
+        "m3s_index_topk",
+        "m3s_attn_partial",
+        "m3s_attn_combine",
     ],
 };
 
@@ -58,3 +85,429 @@ pub const GEN: KernelSource = KernelSource {
     exact: false,
     entries: &["m3s_gen_bytes", "m3s_gen_bf16", "m3s_gen_f32"],
 };
+
+/// Slices of the vocabulary in the first greedy phase.
+pub(crate) const ARGMAX_PARTS: usize = 64;
+/// Upper bound on the attention partials' scratch (bytes): past it, the
+/// full-layer chunks grow by whole tiles instead of multiplying.
+const ATTN_SCRATCH_CAP: usize = 1 << 30;
+
+/// What a standard path is sized for. Buffers are never reallocated, so a
+/// captured graph's addresses stay valid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Capacity {
+    /// Most rows a step may have.
+    pub max_rows: usize,
+    /// Most sequences a step may have.
+    pub max_seqs: usize,
+    /// Positions per cache page (the scheduler's block size).
+    pub page_size: usize,
+    /// Longest context (positions) a sequence may reach.
+    pub max_context: usize,
+    /// KV and index-cache dtype.
+    pub cache_dtype: CacheDtype,
+    /// Routed-expert activation mode.
+    pub act: ActMode,
+}
+
+/// Choices that are not sizes (a runner reads no environment variables:
+/// its caller decides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathOptions {
+    /// Programmatic dependent launch (used only on sm_90+).
+    pub pdl: bool,
+    /// Steps of at most this many rows are captured into graphs (a graph per
+    /// (rows, logits rows) shape); larger steps launch directly.
+    pub graph_max_rows: usize,
+    /// Most graphs kept (past it, new shapes launch directly).
+    pub max_graphs: usize,
+}
+
+impl Default for PathOptions {
+    fn default() -> Self {
+        PathOptions {
+            pdl: true,
+            graph_max_rows: 128,
+            max_graphs: 256,
+        }
+    }
+}
+
+/// Every kernel of a step.
+pub(crate) struct Kernels {
+    pub lin: LinearKernels,
+    pub attn: attn::AttnKernels,
+    pub route: CudaFunction,
+    pub router_warp: CudaFunction,
+    pub argmax_part: CudaFunction,
+    pub argmax_final: CudaFunction,
+    pub embed: CudaFunction,
+    pub rmsnorm: CudaFunction,
+    pub headnorm_rope: CudaFunction,
+    pub cache_write: CudaFunction,
+    pub swiglu: CudaFunction,
+    pub moe_combine: CudaFunction,
+    pub add_bf16: CudaFunction,
+    pub act_mxfp4: CudaFunction,
+    pub sample_keyed: CudaFunction,
+}
+
+/// Activations, sized for `max_rows`.
+pub(crate) struct Acts {
+    pub r: DevBuf,
+    pub hn: DevBuf,
+    pub q0: DevBuf,
+    pub k0: DevBuf,
+    pub v: DevBuf,
+    pub q: DevBuf,
+    pub k: DevBuf,
+    pub iq0: DevBuf,
+    pub ik0: DevBuf,
+    pub iq: DevBuf,
+    pub ik: DevBuf,
+    /// Indexer block scores (attn.rs).
+    pub scratch: DevBuf,
+    /// Attention partials per (row, KV head, chunk, head) (attn.rs).
+    pub ascratch: DevBuf,
+    pub o: DevBuf,
+    pub h2: DevBuf,
+    /// MXFP4-quantized expert inputs (`--act mxfp4`): h2 rows, then the
+    /// SwiGLU pairs.
+    pub xq: DevBuf,
+    pub g: DevBuf,
+    pub u: DevBuf,
+    pub a: DevBuf,
+    /// The shared expert's output; in tap mode also the o-projection and
+    /// the dense MLP's output (bf16).
+    pub yd: DevBuf,
+    pub z: DevBuf,
+    pub wts: DevBuf,
+    pub eg: DevBuf,
+    pub eu: DevBuf,
+    pub ea: DevBuf,
+    pub ye: DevBuf,
+    pub xn: DevBuf,
+    pub logits: DevBuf,
+    pub tok_out: DevBuf,
+    /// Expert route of the current layer (see `m3s_route`).
+    pub route: DevBuf,
+    /// Greedy partials: best value / id per (logits row, slice).
+    pub amax_v: DevBuf,
+    pub amax_i: DevBuf,
+    /// Keyed-sampling scratch.
+    pub sample_scratch: DevBuf,
+    /// Chosen experts per layer `[L][max_rows][k]` and selected blocks per
+    /// layer `[L][kv_heads][rows][topk]` (taps, bench byte counts).
+    pub ids: DevBuf,
+    pub sel: DevBuf,
+}
+
+/// The standard path on one device.
+pub struct StandardPath {
+    pub(crate) l: Launcher,
+    pub(crate) kern: Kernels,
+    pub model: DevModel,
+    pub(crate) cap: Capacity,
+    pub kv: DevKv,
+    pub(crate) acts: Acts,
+    pub(crate) inputs: StepInputs,
+    pub(crate) graphs: Graphs,
+    opts: PathOptions,
+    /// Blocks of the longest context (`max_context / index_block_size`).
+    pub(crate) maxnb: usize,
+    /// Attention chunks per (row, KV head) of a full layer (attn.rs).
+    pub(crate) full_chunks: usize,
+    /// A tensor-core variant forced by the bench (index into
+    /// `kern.lin.mma`); `None`: chosen per step by its rows.
+    pub(crate) forced_variant: Option<usize>,
+}
+
+fn z(ctx: &std::sync::Arc<cudarc::driver::CudaContext>, n: usize) -> Result<DevBuf> {
+    DevBuf::zeroed(ctx, n)
+}
+
+/// Check what the kernels assume of a model config.
+fn check_config(c: &m3_core::config::ModelConfig) -> Result<()> {
+    let bad = |why: String| GpuError::input("standard path", why);
+    if !c.head_dim.is_multiple_of(32)
+        || c.head_dim > 256
+        || !c.index_head_dim.is_multiple_of(32)
+        || c.index_head_dim > 256
+    {
+        return Err(bad(format!(
+            "head_dim {} / index_head_dim {} must be multiples of 32 up to 256",
+            c.head_dim, c.index_head_dim
+        )));
+    }
+    if !c.hidden_size.is_multiple_of(32) {
+        return Err(bad(format!(
+            "hidden_size {} must be a multiple of 32",
+            c.hidden_size
+        )));
+    }
+    if c.num_local_experts > 1024 {
+        return Err(bad(format!(
+            "{} routed experts: the device route and router take at most 1024",
+            c.num_local_experts
+        )));
+    }
+    if c.num_experts_per_tok > 16 || c.index_topk_blocks > 64 {
+        return Err(bad(
+            "top-k experts <= 16 and top-k blocks <= 64 required".into()
+        ));
+    }
+    if c.index_selection == IndexSelection::Shared && c.index_n_heads > 4 {
+        return Err(bad(
+            "shared index selection supports at most 4 index heads".into()
+        ));
+    }
+    if c.index_selection == IndexSelection::PerKvHead
+        && c.index_n_heads != c.num_key_value_heads
+        && c.attn_kinds.contains(&AttnKind::Sparse)
+    {
+        return Err(bad(
+            "per-KV-head selection needs index heads == KV heads".into()
+        ));
+    }
+    Ok(())
+}
+
+impl StandardPath {
+    /// Compile the kernels, allocate activations and step inputs for `cap`,
+    /// then the KV pool (`kv` blocks, or as many as the memory fraction
+    /// allows after everything else), taking ownership of `model`.
+    pub fn new(
+        gpu: &CudaGpu,
+        model: DevModel,
+        cap: Capacity,
+        kv: KvBudget,
+        opts: PathOptions,
+    ) -> Result<Self> {
+        let c = model.config.clone();
+        let bad = |why: String| GpuError::input("standard path", why);
+        if cap.max_rows == 0 || cap.max_seqs == 0 || cap.page_size == 0 || cap.max_context == 0 {
+            return Err(bad(format!("empty capacity {cap:?}")));
+        }
+        check_config(&c)?;
+        let ctx = gpu.context().clone();
+        let l = Launcher::new(&ctx, opts.pdl && gpu.info().cc.0 >= 9)?;
+        let f = |n: &str| gpu.function(&STANDARD, n);
+        let kern = Kernels {
+            lin: LinearKernels {
+                mma: vec![
+                    MmaVariant::load(gpu, &STANDARD, "")?,
+                    MmaVariant::load(gpu, &STANDARD, SMALL_STEP_VARIANT)?,
+                ],
+                f32w: f("m3s_linear_f32w")?,
+            },
+            attn: attn::AttnKernels::load(gpu)?,
+            route: f("m3s_route")?,
+            router_warp: f("m3s_router_warp")?,
+            argmax_part: f("m3s_argmax_part")?,
+            argmax_final: f("m3s_argmax_final")?,
+            embed: f("m3s_embed")?,
+            rmsnorm: f("m3s_rmsnorm")?,
+            headnorm_rope: f("m3s_headnorm_rope")?,
+            cache_write: f("m3s_cache_write")?,
+            swiglu: f("m3s_swiglu")?,
+            moe_combine: f("m3s_moe_combine")?,
+            add_bf16: f("m3s_add_bf16")?,
+            act_mxfp4: f("m3s_act_mxfp4")?,
+            sample_keyed: gpu.function(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
+        };
+        let t = cap.max_rows;
+        let h = c.hidden_size;
+        let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (nih, di) = (c.index_n_heads, c.index_head_dim);
+        let k = c.num_experts_per_tok;
+        let kb = c.index_topk_blocks;
+        let wmax = c
+            .dense_intermediate_size
+            .max(c.shared_intermediate_size)
+            .max(c.intermediate_size);
+        let maxnb = cap.max_context.div_ceil(c.index_block_size.max(1)).max(1);
+        let hg = nh / nkv.max(1);
+        let any_full = c.attn_kinds.contains(&AttnKind::Full);
+        let full_chunks = if any_full {
+            let per_chunk = attn::attn_scratch_bytes(t, nkv, 1, hg, d).max(1);
+            attn::attn_max_chunks(cap.max_context, kb).min((ATTN_SCRATCH_CAP / per_chunk).max(kb))
+        } else {
+            kb.max(1)
+        };
+        let nl = c.num_hidden_layers;
+        let selh = if c.index_selection == IndexSelection::Shared {
+            1
+        } else {
+            nkv
+        };
+        let pages_per_seq = cap.max_context.div_ceil(cap.page_size);
+        let acts = Acts {
+            r: z(&ctx, t * h * 4)?,
+            hn: z(&ctx, t * h * 2)?,
+            q0: z(&ctx, t * nh * d * 2)?,
+            k0: z(&ctx, t * nkv * d * 2)?,
+            v: z(&ctx, t * nkv * d * 2)?,
+            q: z(&ctx, t * nh * d * 2)?,
+            k: z(&ctx, t * nkv * d * 2)?,
+            iq0: z(&ctx, t * nih * di * 2)?,
+            ik0: z(&ctx, t * di * 2)?,
+            iq: z(&ctx, t * nih * di * 2)?,
+            ik: z(&ctx, t * di * 2)?,
+            scratch: z(&ctx, attn::index_scratch_bytes(t, selh, maxnb))?,
+            ascratch: z(&ctx, attn::attn_scratch_bytes(t, nkv, full_chunks, hg, d))?,
+            o: z(&ctx, t * nh * d * 2)?,
+            h2: z(&ctx, t * h * 2)?,
+            xq: z(
+                &ctx,
+                if cap.act == ActMode::Mxfp4 {
+                    (t * h).max(t * k * c.intermediate_size) * 2
+                } else {
+                    2
+                },
+            )?,
+            g: z(&ctx, t * wmax * 2)?,
+            u: z(&ctx, t * wmax * 2)?,
+            a: z(&ctx, t * wmax * 2)?,
+            yd: z(&ctx, t * h * 2)?,
+            z: z(&ctx, t * c.num_local_experts.max(1) * 4)?,
+            wts: z(&ctx, t * k.max(1) * 4)?,
+            eg: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
+            eu: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
+            ea: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
+            ye: z(&ctx, t * k.max(1) * h * 2)?,
+            xn: z(&ctx, t * h * 2)?,
+            logits: z(&ctx, t * c.vocab_size * 4)?,
+            tok_out: z(&ctx, t * 4)?,
+            route: z(&ctx, (t * k).min(c.num_local_experts).max(1) * (2 + t) * 4)?,
+            amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,
+            amax_i: z(&ctx, t * ARGMAX_PARTS * 4)?,
+            sample_scratch: z(&ctx, crate::sampling::scratch_bytes(t, c.vocab_size).max(4))?,
+            ids: z(&ctx, nl * t * k.max(1) * 4)?,
+            sel: z(&ctx, nl * nkv * t * kb.max(1) * 4)?,
+        };
+        let inputs = StepInputs::new(&ctx, t, cap.max_seqs, pages_per_seq)?;
+        let block_bytes = DevKv::block_bytes(&c, cap.page_size, cap.cache_dtype);
+        let num_pages = match kv {
+            KvBudget::Blocks(n) => n,
+            KvBudget::MemoryFraction(frac) => {
+                ctx.bind_to_thread()
+                    .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
+                let (free, total) = cudarc::driver::result::mem_get_info()
+                    .map_err(|e| GpuError::driver("cuMemGetInfo", e))?;
+                // vLLM's meaning: this process may hold `frac` of the total;
+                // what others hold counts against it too.
+                let allowed = (frac as f64 * total as f64) as usize;
+                let used = total.saturating_sub(free);
+                let left = allowed.saturating_sub(used);
+                let n = left / block_bytes.max(1);
+                if n == 0 {
+                    return Err(GpuError::input(
+                        "kv cache",
+                        format!(
+                            "--gpu-memory-utilization {frac} leaves no room for the KV cache: {} MiB allowed, {} MiB already in use (weights and buffers), one block needs {} KiB",
+                            allowed >> 20,
+                            used >> 20,
+                            block_bytes >> 10
+                        ),
+                    ));
+                }
+                n
+            }
+        };
+        let kv = DevKv::new(&ctx, &c, cap.page_size, num_pages, cap.cache_dtype).map_err(|e| {
+            GpuError::input(
+                "kv cache",
+                format!("{num_pages} blocks of {} KiB: {e}", block_bytes >> 10),
+            )
+        })?;
+        Ok(StandardPath {
+            l,
+            kern,
+            model,
+            cap,
+            kv,
+            acts,
+            inputs,
+            graphs: Graphs::new(opts.max_graphs),
+            opts,
+            maxnb,
+            full_chunks,
+            forced_variant: None,
+        })
+    }
+
+    /// What the path is sized for.
+    pub fn capacity(&self) -> Capacity {
+        self.cap
+    }
+
+    /// The launcher (its stream orders every launch of this path).
+    pub fn launcher(&self) -> &Launcher {
+        &self.l
+    }
+
+    /// KV blocks in the pool.
+    pub fn num_pages(&self) -> usize {
+        self.kv.num_pages
+    }
+
+    /// Device bytes held: weights, caches and step buffers.
+    pub fn device_bytes(&self) -> usize {
+        let a = &self.acts;
+        let acts: usize = [
+            &a.r,
+            &a.hn,
+            &a.q0,
+            &a.k0,
+            &a.v,
+            &a.q,
+            &a.k,
+            &a.iq0,
+            &a.ik0,
+            &a.iq,
+            &a.ik,
+            &a.scratch,
+            &a.ascratch,
+            &a.o,
+            &a.h2,
+            &a.xq,
+            &a.g,
+            &a.u,
+            &a.a,
+            &a.yd,
+            &a.z,
+            &a.wts,
+            &a.eg,
+            &a.eu,
+            &a.ea,
+            &a.ye,
+            &a.xn,
+            &a.logits,
+            &a.tok_out,
+            &a.route,
+            &a.amax_v,
+            &a.amax_i,
+            &a.sample_scratch,
+            &a.ids,
+            &a.sel,
+        ]
+        .iter()
+        .map(|b| b.bytes())
+        .sum();
+        self.model.bytes() + self.kv.bytes() + acts
+    }
+
+    /// The tensor-core variant a step of `t` rows runs with.
+    pub(crate) fn variant_for(&self, t: usize) -> usize {
+        match self.forced_variant {
+            Some(i) => i,
+            None if t <= SMALL_STEP_ROWS && self.kern.lin.mma.len() > 1 => 1,
+            None => 0,
+        }
+    }
+
+    /// Whether a step of `t` rows may be captured into a graph.
+    pub(crate) fn graphable(&self, t: usize) -> bool {
+        t <= self.opts.graph_max_rows
+    }
+}

@@ -1,4 +1,4 @@
-//! Raw device allocations for the standard path.
+//! Raw device allocations (weights, caches, step buffers).
 //!
 //! The standard path hands kernels plain device addresses (`u64`), never
 //! cudarc slices: slices record events on every launch, which a CUDA graph
@@ -66,6 +66,30 @@ impl DevBuf {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Copy `bytes` to byte offset `off`, synchronously (weight loading:
+    /// the source may be a mapped file page that is released right after).
+    pub fn write_sync(&self, off: usize, bytes: &[u8]) -> Result<()> {
+        if off + bytes.len() > self.bytes {
+            return Err(GpuError::input(
+                "device write",
+                format!(
+                    "{} bytes at {off} past a buffer of {}",
+                    bytes.len(),
+                    self.bytes
+                ),
+            ));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: bounds checked above; the copy completes before return.
+        unsafe { result::memcpy_htod_sync(self.ptr + off as u64, bytes) }
+            .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))
     }
 
     /// Copy `data` to byte offset `off`, ordered on `stream`.

@@ -1,5 +1,6 @@
-//! `GpuBackend`: `m3_core::backend::Backend` on a CUDA device, every `Op`
-//! run by a kernel (ARCHITECTURE.md, "The Backend trait").
+//! `GpuBackend`: `m3_core::backend::Backend` on a CUDA device. `load` gives
+//! the device-resident engine ([`crate::GpuRunner`]); `run_op` runs every
+//! `Op` by a kernel, one op at a time (the op-parity harness, below).
 //!
 //! `run_op` takes host slices, so each op uploads its activations, runs its
 //! kernels and downloads its outputs; the KV cache stays a host
@@ -13,16 +14,18 @@
 //! Linear layers with bf16 input and bf16 output on a quantized or bf16
 //! weight (K a multiple of 32) run the runtime's GEMV kernels
 //! (`ops::linear`); the router (f32 input), the LM head (f32 output) and f32
-//! weights run `m3_linear_generic`. The default `Backend::forward` composes
-//! these ops (`forward_by_ops`). Stochastic sampling runs on the host
-//! (`m3_core::sample`); greedy rows run on the device.
+//! weights run `m3_linear_generic`. A `HostRunner` over this backend
+//! (`m3_core::backend::HostRunner`) composes these ops (`forward_by_ops`)
+//! into whole steps: the op path, kept for parity only. Stochastic sampling
+//! runs on the host (`m3_core::sample`); greedy rows run on the device.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use m3_core::backend::{
-    ActMode, Backend, BackendError, BlockSelection, LinearInput, Op, StepBatch,
+    ActMode, Backend, BackendError, BlockSelection, BoxedRunner, LinearInput, LoadProgress,
+    LoadSpec, ModelSource, Op, StepBatch,
 };
 use m3_core::config::IndexSelection;
 use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
@@ -30,8 +33,8 @@ use m3_core::kv::{CacheData, CacheTensor};
 use m3_core::sample;
 use m3_core::weights::{LinearWeight, MlpWeights, MoeWeights};
 
-use crate::ops::attention::{DeviceCache, DeviceStep, MAX_HEAD_DIM};
-use crate::ops::elementwise::DeviceWeight;
+use super::ops::attention::{DeviceCache, DeviceStep, MAX_HEAD_DIM};
+use super::ops::elementwise::DeviceWeight;
 use crate::{CudaGpu, DeviceLinear};
 
 /// Identity of a host weight buffer: (address, length, rows, cols,
@@ -41,6 +44,8 @@ type WeightKey = (usize, usize, usize, usize, u64);
 /// The GPU backend: one CUDA device and the weights uploaded so far.
 pub struct GpuBackend {
     gpu: CudaGpu,
+    /// How loaded models run (graph sizes, programmatic dependent launch).
+    pub path_options: crate::standard::PathOptions,
     /// Weights in their stored format (generic kernels, embedding).
     generic: Mutex<HashMap<WeightKey, Arc<DeviceWeight>>>,
     /// Weights in the runtime's GEMV layout (`ops::linear`).
@@ -122,6 +127,7 @@ impl GpuBackend {
     pub fn new(gpu: CudaGpu) -> Self {
         GpuBackend {
             gpu,
+            path_options: crate::standard::PathOptions::default(),
             generic: Mutex::new(HashMap::new()),
             fast: Mutex::new(HashMap::new()),
         }
@@ -758,6 +764,23 @@ impl GpuBackend {
 impl Backend for GpuBackend {
     fn name(&self) -> &str {
         "gpu"
+    }
+
+    /// The device-resident engine: weights streamed to the device, the
+    /// paged caches, graph-captured steps ([`crate::GpuRunner`]).
+    fn load<'b>(
+        &'b self,
+        source: ModelSource<'_>,
+        spec: &LoadSpec,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<BoxedRunner<'b>, BackendError> {
+        Ok(Box::new(crate::GpuRunner::load(
+            &self.gpu,
+            source,
+            spec,
+            self.path_options,
+            progress,
+        )?))
     }
 
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {

@@ -17,7 +17,7 @@ use crate::CudaGpu;
 /// follows cpu-ref's operation order.
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
-    body: include_str!("../../kernels/elementwise.cu"),
+    body: include_str!("../../../kernels/elementwise.cu"),
     exact: true,
     entries: &[
         "m3_decode_rows",

@@ -12,7 +12,7 @@ use crate::CudaGpu;
 /// Indexer and attention kernels.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention",
-    body: include_str!("../../kernels/attention.cu"),
+    body: include_str!("../../../kernels/attention.cu"),
     exact: true,
     entries: &["m3_index_scores", "m3_block_topk", "m3_attention"],
 };

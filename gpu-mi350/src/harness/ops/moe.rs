@@ -13,7 +13,7 @@ use crate::CudaGpu;
 /// Router and combine kernels.
 pub const MOE: KernelSource = KernelSource {
     name: "moe",
-    body: include_str!("../../kernels/moe.cu"),
+    body: include_str!("../../../kernels/moe.cu"),
     exact: true,
     entries: &["m3_router_select", "m3_moe_combine"],
 };

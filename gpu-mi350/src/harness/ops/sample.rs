@@ -12,7 +12,7 @@ use crate::CudaGpu;
 /// The argmax kernel.
 pub const SAMPLE: KernelSource = KernelSource {
     name: "sample",
-    body: include_str!("../../kernels/sample.cu"),
+    body: include_str!("../../../kernels/sample.cu"),
     exact: true,
     entries: &["m3_argmax"],
 };

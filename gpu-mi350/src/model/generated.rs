@@ -18,9 +18,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use m3_core::config::{AttnKind, MlpKind, ModelConfig};
 
+use super::devmem::DevBuf;
+use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
 use crate::error::{GpuError, Result};
-use crate::standard::model::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
-use crate::standard::{DevBuf, GEN};
+use crate::standard::GEN;
 use crate::CudaGpu;
 
 /// Which weight variant to generate.
@@ -113,8 +114,8 @@ impl Gen {
 /// log2 of the rms of one stored code (before its scale).
 fn code_log2_rms(fmt: WFmt) -> f64 {
     match fmt {
-        WFmt::Mxfp4 => 2.93f64.log2(),
-        WFmt::Mxfp8 => 1.2f64.log2(),
+        WFmt::Mxfp4 | WFmt::Nvfp4 => 2.93f64.log2(),
+        WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 => 1.2f64.log2(),
         WFmt::Bf16 => 2.3f64.log2(),
         WFmt::F32 => 0.0,
     }
@@ -136,9 +137,15 @@ fn gen_linear(
     let s = (code_log2_rms(fmt) + 0.5 * (cols as f64).log2()).round() as i32;
     match fmt {
         WFmt::Mxfp4 => g.bytes(&w.codes, seed, *tid, 0xff, 0)?,
-        WFmt::Mxfp8 => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
+        WFmt::Mxfp8E4M3 => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
         WFmt::Bf16 => g.bf16(&w.codes, seed, *tid, (127 - s).max(2) as u32)?,
         WFmt::F32 => g.f32(&w.codes, seed, *tid, 1.7 / (cols as f32).sqrt())?,
+        WFmt::Mxfp8E5M2 | WFmt::Nvfp4 => {
+            return Err(GpuError::input(
+                "bench model",
+                format!("{fmt:?} weights are not generated (mxfp4 or bf16 bench models)"),
+            ))
+        }
     }
     if let Some(sc) = &w.scales {
         g.bytes(sc, seed, *tid, 0, (127 - s).clamp(1, 254) as u32)?;
@@ -151,7 +158,7 @@ pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -
     let g = Gen::new(gpu)?;
     let ctx = g.context().clone();
     let (ef, df) = match kind {
-        BenchWeights::Mx => (WFmt::Mxfp4, WFmt::Mxfp8),
+        BenchWeights::Mx => (WFmt::Mxfp4, WFmt::Mxfp8E4M3),
         BenchWeights::Bf16 => (WFmt::Bf16, WFmt::Bf16),
     };
     let h = c.hidden_size;

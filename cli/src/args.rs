@@ -1,0 +1,460 @@
+//! Command-line pieces shared by every command that loads a model
+//! (`generate`, `batch`, `forward`, `parity`): the model and engine flags,
+//! parsed once by clap into typed values, the default synthetic checkpoint,
+//! the backend choice and the one place a model gets loaded.
+//!
+//! Flag names follow vLLM's where a concept matches (`--kv-cache-dtype`,
+//! `--max-model-len`, `--max-num-seqs`, `--max-num-batched-tokens`,
+//! `--gpu-memory-utilization` are accepted as aliases).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use m3_core::backend::{ActMode, Backend, BoxedRunner, KvBudget, LoadSpec, ModelSource};
+use m3_core::checkpoint::{Checkpoint, LoadOptions};
+use m3_core::config::{IndexSelection, ModelConfig};
+use m3_core::formats::ScaleRule;
+use m3_core::kv::CacheDtype;
+use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
+
+/// `--backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The GPU when one opens, else the CPU reference.
+    Auto,
+    /// The CPU reference.
+    Cpu,
+    /// The GPU (an error, saying why, when none is usable).
+    #[value(alias = "cuda")]
+    Gpu,
+}
+
+/// `--kv-dtype` / `--kv-cache-dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvDtypeArg {
+    Bf16,
+    #[value(name = "fp8_e4m3", alias = "fp8", alias = "e4m3")]
+    Fp8E4m3,
+}
+
+impl From<KvDtypeArg> for CacheDtype {
+    fn from(k: KvDtypeArg) -> Self {
+        match k {
+            KvDtypeArg::Bf16 => CacheDtype::Bf16,
+            KvDtypeArg::Fp8E4m3 => CacheDtype::Fp8E4M3,
+        }
+    }
+}
+
+/// `--act`: the routed experts' activation mode (MODEL.md 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ActArg {
+    /// w4a16 (the decode default).
+    Bf16,
+    /// w4a4: expert GEMM inputs MXFP4-quantized (`even` rule).
+    Mxfp4,
+}
+
+impl From<ActArg> for ActMode {
+    fn from(a: ActArg) -> Self {
+        match a {
+            ActArg::Bf16 => ActMode::Bf16,
+            ActArg::Mxfp4 => ActMode::Mxfp4,
+        }
+    }
+}
+
+/// `--selection`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SelectionArg {
+    #[value(name = "per_kv_head")]
+    PerKvHead,
+    Shared,
+}
+
+impl From<SelectionArg> for IndexSelection {
+    fn from(s: SelectionArg) -> Self {
+        match s {
+            SelectionArg::PerKvHead => IndexSelection::PerKvHead,
+            SelectionArg::Shared => IndexSelection::Shared,
+        }
+    }
+}
+
+/// `--scale-rule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScaleRuleArg {
+    Even,
+    Floor,
+    Rceil,
+}
+
+impl From<ScaleRuleArg> for ScaleRule {
+    fn from(r: ScaleRuleArg) -> Self {
+        match r {
+            ScaleRuleArg::Even => ScaleRule::Even,
+            ScaleRuleArg::Floor => ScaleRule::Floor,
+            ScaleRuleArg::Rceil => ScaleRule::Rceil,
+        }
+    }
+}
+
+/// Which checkpoint, and how its weights are read.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Checkpoint directory (default: a synthetic `tiny` checkpoint, MXFP4
+    /// experts and MXFP8 elsewhere, made once in `$XDG_CACHE_HOME/m3` or
+    /// `~/.cache/m3`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Convert NVFP4 routed experts to MXFP4 at load (lossy; FORMATS.md
+    /// Conversions), with the rule of `--scale-rule`.
+    #[arg(long)]
+    pub nvfp4_to_mxfp4: bool,
+    /// MX scale rule of `--nvfp4-to-mxfp4`.
+    #[arg(long, value_enum, default_value = "even")]
+    pub scale_rule: ScaleRuleArg,
+    /// Block selection, overriding the config's `index_selection`.
+    #[arg(long, value_enum)]
+    pub selection: Option<SelectionArg>,
+}
+
+impl ModelArgs {
+    /// The checkpoint directory (the default one made on first use).
+    pub fn dir(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(d) => Ok(d.clone()),
+            None => default_model(),
+        }
+    }
+
+    /// Loader options.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            nvfp4_experts_to_mxfp4: self.nvfp4_to_mxfp4.then(|| self.scale_rule.into()),
+            ..LoadOptions::default()
+        }
+    }
+
+    /// Open (and header-validate) the checkpoint.
+    pub fn open(&self) -> Result<Checkpoint> {
+        let dir = self.dir()?;
+        if !dir.is_dir() {
+            bail!("model directory {} does not exist", dir.display());
+        }
+        Checkpoint::open(&dir).with_context(|| format!("opening checkpoint {}", dir.display()))
+    }
+}
+
+/// Which backend, and how big the loaded model's state is.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Backend: auto (a GPU when one is usable, else the CPU reference),
+    /// cpu or gpu.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub backend: BackendArg,
+    /// KV and index cache dtype.
+    #[arg(long, value_enum, default_value = "bf16", alias = "kv-cache-dtype")]
+    pub kv_dtype: KvDtypeArg,
+    /// Routed-expert activation mode.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub act: ActArg,
+    /// KV / index-cache blocks (default: on a GPU, what
+    /// --gpu-memory-utilization leaves after the weights; on the CPU,
+    /// enough for the command's requests).
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Fraction of the GPU's memory this process may hold (weights, step
+    /// buffers and the KV cache), when --kv-blocks is not given.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// Positions per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Longest sequence, prompt plus output, in positions.
+    #[arg(long, default_value_t = 4096, alias = "max-model-len")]
+    pub max_context: usize,
+    /// Most rows (tokens) per step: decode rows plus prefill chunks.
+    #[arg(long, default_value_t = 256, alias = "max-num-batched-tokens")]
+    pub max_batch_tokens: usize,
+    /// Most sequences per step.
+    #[arg(long, default_value_t = 64, alias = "max-num-seqs")]
+    pub max_seqs: usize,
+    /// Threads for the CPU backend (0 = all cores; results do not depend
+    /// on it).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+impl EngineArgs {
+    /// The load spec; `host_blocks` is the CPU's block count when
+    /// `--kv-blocks` is not given.
+    pub fn load_spec(&self, on_gpu: bool, host_blocks: usize, model: &ModelArgs) -> LoadSpec {
+        let kv = match (self.kv_blocks, on_gpu) {
+            (Some(n), _) => KvBudget::Blocks(n),
+            (None, true) => KvBudget::MemoryFraction(self.gpu_memory_utilization),
+            (None, false) => KvBudget::Blocks(host_blocks.max(1)),
+        };
+        LoadSpec {
+            cache_dtype: self.kv_dtype.into(),
+            block_size: self.block_size,
+            kv,
+            max_rows: self.max_batch_tokens,
+            max_seqs: self.max_seqs,
+            max_context: self.max_context,
+            act: self.act.into(),
+            selection: model.selection.map(Into::into),
+        }
+    }
+}
+
+/// Open the backend `--backend` names. `auto` says on stderr what it chose
+/// and why.
+pub fn open_backend(choice: BackendArg) -> Result<Box<dyn Backend + Sync>> {
+    let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
+    match choice {
+        BackendArg::Cpu => Ok(cpu()),
+        BackendArg::Gpu => match m3_gpu::GpuBackend::open() {
+            Ok(g) => Ok(Box::new(g)),
+            Err(e) => bail!("--backend gpu: no usable GPU: {e}"),
+        },
+        BackendArg::Auto => match m3_gpu::GpuBackend::open() {
+            Ok(g) => {
+                let i = g.gpu().info();
+                eprintln!("info: --backend auto: using gpu ({}, {})", i.name, i.arch);
+                Ok(Box::new(g))
+            }
+            Err(e) => {
+                eprintln!("info: --backend auto: using cpu (no usable GPU: {e})");
+                Ok(cpu())
+            }
+        },
+    }
+}
+
+/// Whether `be` is the GPU backend.
+pub fn is_gpu(be: &dyn Backend) -> bool {
+    be.name() == "gpu"
+}
+
+/// Load `ck` on `be` for `spec`, with a progress bar over its tensors and
+/// one line on stderr: load time, device memory, and the host's peak RSS.
+pub fn load_runner<'b>(
+    be: &'b dyn Backend,
+    ck: &Checkpoint,
+    opts: LoadOptions,
+    spec: &LoadSpec,
+) -> Result<BoxedRunner<'b>> {
+    let t0 = Instant::now();
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("loading {bar:40} {pos}/{len} tensors {msg} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut progress = |p: m3_core::backend::LoadProgress| {
+        bar.set_length(p.tensors_total as u64);
+        bar.set_position(p.tensors_done as u64);
+        bar.set_message(format!("{:.2} GB", p.bytes_done as f64 / 1e9));
+    };
+    let runner = be
+        .load(ModelSource::Checkpoint(ck, opts), spec, &mut progress)
+        .map_err(|e| anyhow!("loading {} on {}: {e}", ck.dir().display(), be.name()))?;
+    bar.finish_and_clear();
+    let layout = runner.kv_layout();
+    eprintln!(
+        "loaded {} on {} in {:.2} s: {} KV blocks of {} positions ({:?}){}{}",
+        ck.dir().display(),
+        runner.backend_name(),
+        t0.elapsed().as_secs_f64(),
+        layout.num_pages,
+        layout.page_size,
+        layout.dtype,
+        match runner.device_bytes() {
+            0 => String::new(),
+            b => format!(", {:.2} GiB on the device", b as f64 / (1u64 << 30) as f64),
+        },
+        peak_rss().map_or(String::new(), |kb| format!(
+            ", host peak RSS {:.1} MiB",
+            kb as f64 / 1024.0
+        )),
+    );
+    Ok(runner)
+}
+
+/// The process's peak resident set (kB), where the OS tells it (Linux).
+pub fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Run `f` on a rayon pool of `threads` threads (0 = default).
+pub fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> Result<T> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("building the thread pool")?;
+    Ok(pool.install(f))
+}
+
+/// `$XDG_CACHE_HOME/m3`, else `$HOME/.cache/m3`.
+fn cache_dir() -> Result<PathBuf> {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(x).join("m3"));
+    }
+    let home = std::env::var_os("HOME")
+        .ok_or_else(|| anyhow!("neither XDG_CACHE_HOME nor HOME is set; pass --model"))?;
+    Ok(PathBuf::from(home).join(".cache").join("m3"))
+}
+
+/// The default synthetic checkpoint, made on first use (staged and renamed
+/// into place by the writer, so a half-written one never looks complete).
+pub fn default_model() -> Result<PathBuf> {
+    let dir = cache_dir()?.join("synthetic-tiny-mxfp4-v1");
+    if dir.join("config.json").is_file() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(dir.parent().unwrap_or(&dir))
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let cfg = ModelConfig::preset("tiny").map_err(|e| anyhow!("preset tiny: {e}"))?;
+    let mut spec = SynthSpec::new(cfg, ExpertFormat::Mxfp4, DenseFormat::Mxfp8);
+    spec.draft = None;
+    eprintln!(
+        "making the synthetic tiny checkpoint in {} (once)",
+        dir.display()
+    );
+    if let Err(e) = write_checkpoint(&spec, &dir) {
+        // Another process may have won the race: use its complete copy.
+        if !dir.join("config.json").is_file() {
+            return Err(anyhow!(
+                "writing the synthetic checkpoint {}: {e}",
+                dir.display()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+/// Parse `1,2,3` (spaces allowed) into token ids below `vocab`.
+pub fn parse_tokens(s: &str, vocab: usize) -> Result<Vec<u32>> {
+    let toks = s
+        .split([',', ' '])
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.trim()
+                .parse::<u32>()
+                .map_err(|_| anyhow!("--tokens: `{p}` is not a token id"))
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    if toks.is_empty() {
+        bail!("--tokens: no token ids given");
+    }
+    if let Some(&t) = toks.iter().find(|&&t| t as usize >= vocab) {
+        bail!("--tokens: token id {t} is out of range (vocab_size {vocab})");
+    }
+    Ok(toks)
+}
+
+/// The checkpoint's tokenizer, if it has a `tokenizer.json`.
+pub fn tokenizer(dir: &Path) -> Result<Option<tokenizers::Tokenizer>> {
+    let p = dir.join("tokenizer.json");
+    if !p.is_file() {
+        return Ok(None);
+    }
+    tokenizers::Tokenizer::from_file(&p)
+        .map(Some)
+        .map_err(|e| anyhow!("reading {}: {e}", p.display()))
+}
+
+/// End-of-text ids from the checkpoint's config.json (`eos_token_id`, top
+/// level or under `text_config`; a number or a list).
+pub fn eos_ids(ck: &Checkpoint) -> Vec<u32> {
+    let cfg = ck.config_json();
+    match cfg
+        .get("text_config")
+        .and_then(|t| t.get("eos_token_id"))
+        .or(cfg.get("eos_token_id"))
+    {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| v as u32).into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(serde_json::Value::as_u64)
+            .map(|v| v as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_and_auto_always_give_a_backend() {
+        assert_eq!(
+            open_backend(BackendArg::Cpu)
+                .map(|b| b.name().to_string())
+                .ok()
+                .as_deref(),
+            Some("cpu")
+        );
+        // auto: gpu where a device opens, else cpu; never an error
+        let name = open_backend(BackendArg::Auto).map(|b| b.name().to_string());
+        assert!(matches!(name.as_deref(), Ok("cpu") | Ok("gpu")));
+    }
+
+    #[test]
+    fn gpu_without_a_device_is_a_clear_error() {
+        if m3_gpu::GpuBackend::open().is_ok() {
+            return; // a device is present: nothing to check here
+        }
+        let e = open_backend(BackendArg::Gpu).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
+    }
+
+    #[test]
+    fn tokens_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_tokens("1, 2,3", 10).unwrap(), vec![1, 2, 3]);
+        let e = parse_tokens("1,x", 10).unwrap_err().to_string();
+        assert!(e.contains("`x`"), "{e}");
+        let e = parse_tokens("1,10", 10).unwrap_err().to_string();
+        assert!(e.contains("10") && e.contains("vocab_size"), "{e}");
+        assert!(parse_tokens(" , ", 10).is_err());
+    }
+
+    #[test]
+    fn load_spec_budget_follows_the_flags() {
+        let e = EngineArgs {
+            backend: BackendArg::Cpu,
+            kv_dtype: KvDtypeArg::Fp8E4m3,
+            act: ActArg::Mxfp4,
+            kv_blocks: None,
+            gpu_memory_utilization: 0.5,
+            block_size: 16,
+            max_context: 100,
+            max_batch_tokens: 8,
+            max_seqs: 2,
+            threads: 0,
+        };
+        let m = ModelArgs {
+            model: None,
+            nvfp4_to_mxfp4: false,
+            scale_rule: ScaleRuleArg::Even,
+            selection: Some(SelectionArg::Shared),
+        };
+        let s = e.load_spec(true, 7, &m);
+        assert_eq!(s.kv, KvBudget::MemoryFraction(0.5));
+        assert_eq!(s.cache_dtype, CacheDtype::Fp8E4M3);
+        assert_eq!(s.act, ActMode::Mxfp4);
+        assert_eq!(s.selection, Some(IndexSelection::Shared));
+        assert_eq!(e.load_spec(false, 7, &m).kv, KvBudget::Blocks(7));
+        let e = EngineArgs {
+            kv_blocks: Some(3),
+            ..e
+        };
+        assert_eq!(e.load_spec(true, 7, &m).kv, KvBudget::Blocks(3));
+    }
+}

@@ -1,0 +1,75 @@
+//! Helpers shared by the cli crate's integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use m3_core::backend::{
+    forward_by_ops, ActMode, Backend, KvBudget, LoadSpec, ModelSource, Path, RunOptions, StepBatch,
+    Taps,
+};
+use m3_core::kv::{CacheDtype, KvCache, KvLayout};
+use m3_core::sample::{sample, SampleParams};
+use m3_core::weights::ModelWeights;
+
+/// The independent reference decoding loop of these tests: one prefill of
+/// the whole prompt, then one row per step, on a fresh cache with identity
+/// paging, each token `sample(logits, params, position + 1)` over
+/// [`forward_by_ops`] directly. No scheduler, no runner: what the scheduler
+/// tests compare against.
+pub fn manual_generate(
+    be: &dyn Backend,
+    m: &ModelWeights,
+    prompt: &[u32],
+    max_tokens: usize,
+    params: SampleParams,
+    dtype: CacheDtype,
+) -> Vec<u32> {
+    let page = 16;
+    let positions = prompt.len() + max_tokens;
+    let layout = KvLayout {
+        page_size: page,
+        num_pages: positions.div_ceil(page),
+        dtype,
+    };
+    let mut cache = KvCache::new(m, layout);
+    let table: Vec<u32> = (0..layout.num_pages as u32).collect();
+    let opts = RunOptions { act: ActMode::Bf16 };
+    let mut step = StepBatch::contiguous(0, prompt, 0, &table, page, false);
+    let mut out = Vec::with_capacity(max_tokens);
+    for i in 0..max_tokens {
+        let logits = forward_by_ops(
+            be,
+            m,
+            &mut cache,
+            &step,
+            Path::Standard,
+            &opts,
+            &mut Taps::none(),
+        )
+        .expect("forward");
+        let pos = (prompt.len() + i) as u32; // position of the token made
+        let t = sample(&logits, &params, pos);
+        out.push(t);
+        step = StepBatch::contiguous(0, &[t], pos, &table, page, false);
+    }
+    out
+}
+
+/// The load spec of these tests: `blocks` blocks of 16 positions.
+pub fn load_spec(blocks: usize, dtype: CacheDtype) -> LoadSpec {
+    LoadSpec {
+        cache_dtype: dtype,
+        block_size: 16,
+        kv: KvBudget::Blocks(blocks),
+        max_rows: 512,
+        max_seqs: 64,
+        max_context: 1024,
+        act: ActMode::Bf16,
+        selection: None,
+    }
+}
+
+/// `m` as a runner source (a clone: the tiny test models are small).
+pub fn source(m: &ModelWeights) -> ModelSource<'static> {
+    ModelSource::Weights(Arc::new(m.clone()))
+}

@@ -1,0 +1,12 @@
+//! The model on the device: raw allocations ([`devmem`]), the weights in
+//! their stored formats ([`weights`]), loading them tensor by tensor from a
+//! checkpoint or host weights ([`load`]), and PERF.md's bench model
+//! generated on the device from a seed ([`generated`]).
+
+pub mod devmem;
+pub mod generated;
+pub mod load;
+pub mod weights;
+
+pub use devmem::DevBuf;
+pub use weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};

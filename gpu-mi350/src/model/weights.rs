@@ -1,0 +1,296 @@
+//! The model's weights resident on the device, one allocation per tensor
+//! (routed experts of a layer stacked into one allocation per projection so
+//! a kernel can pick an expert chosen on the device by its id).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use m3_core::checkpoint::WeightFormat;
+use m3_core::config::ModelConfig;
+use m3_core::formats::MxElem;
+use m3_core::weights::{LinearWeight, ModelWeights};
+
+use super::devmem::DevBuf;
+use crate::error::{GpuError, Result};
+
+/// Storage format of a device weight (what the standard path's linear
+/// kernels read; the same bytes as the checkpoint stores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WFmt {
+    Bf16,
+    /// MXFP8 E4M3 codes + E8M0 scale per 32 along `in`.
+    Mxfp8E4M3,
+    /// MXFP8 E5M2 codes + E8M0 scale per 32 along `in`.
+    Mxfp8E5M2,
+    /// MXFP4 E2M1 codes (two a byte, low nibble first) + E8M0 scale per 32.
+    Mxfp4,
+    /// NVFP4: E2M1 codes + E4M3 scale per 16 + one f32 global scale per
+    /// matrix (kept in [`DevLinear::globals`]).
+    Nvfp4,
+    F32,
+}
+
+impl WFmt {
+    /// The formats with a tensor-core kernel.
+    pub const MMA: [WFmt; 5] = [
+        WFmt::Bf16,
+        WFmt::Mxfp8E4M3,
+        WFmt::Mxfp8E5M2,
+        WFmt::Mxfp4,
+        WFmt::Nvfp4,
+    ];
+
+    /// Code bytes of a `[rows, cols]` matrix.
+    pub fn code_bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            WFmt::Bf16 => rows * cols * 2,
+            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 => rows * cols,
+            WFmt::Mxfp4 | WFmt::Nvfp4 => rows * cols / 2,
+            WFmt::F32 => rows * cols * 4,
+        }
+    }
+
+    /// Scale bytes of a `[rows, cols]` matrix (E8M0 per 32 for MX, E4M3 per
+    /// 16 for NVFP4).
+    pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Mxfp4 => rows * cols / 32,
+            WFmt::Nvfp4 => rows * cols / 16,
+            WFmt::Bf16 | WFmt::F32 => 0,
+        }
+    }
+
+    /// The tensor-core kernel entry point, where the format has one.
+    pub fn mma_kernel(self) -> Option<&'static str> {
+        match self {
+            WFmt::Bf16 => Some("m3s_mma_bf16"),
+            WFmt::Mxfp8E4M3 => Some("m3s_mma_e4m3"),
+            WFmt::Mxfp8E5M2 => Some("m3s_mma_e5m2"),
+            WFmt::Mxfp4 => Some("m3s_mma_fp4"),
+            WFmt::Nvfp4 => Some("m3s_mma_nvfp4"),
+            WFmt::F32 => None,
+        }
+    }
+
+    /// The device format of a host weight.
+    pub fn of(w: &LinearWeight) -> WFmt {
+        match w {
+            LinearWeight::Bf16 { .. } => WFmt::Bf16,
+            LinearWeight::F32 { .. } => WFmt::F32,
+            LinearWeight::Mx(t) => match t.elem() {
+                MxElem::Fp4E2M1 => WFmt::Mxfp4,
+                MxElem::Fp8E4M3 => WFmt::Mxfp8E4M3,
+                MxElem::Fp8E5M2 => WFmt::Mxfp8E5M2,
+            },
+            LinearWeight::Nvfp4(_) => WFmt::Nvfp4,
+        }
+    }
+
+    /// The device format of a checkpoint weight format.
+    pub fn of_stored(f: WeightFormat) -> WFmt {
+        match f {
+            WeightFormat::Bf16 => WFmt::Bf16,
+            WeightFormat::F32 => WFmt::F32,
+            WeightFormat::Mxfp4 => WFmt::Mxfp4,
+            WeightFormat::Mxfp8E4M3 => WFmt::Mxfp8E4M3,
+            WeightFormat::Mxfp8E5M2 => WFmt::Mxfp8E5M2,
+            WeightFormat::Nvfp4 => WFmt::Nvfp4,
+        }
+    }
+}
+
+/// `count` stacked `[rows, cols]` matrices of one format (count 1 for an
+/// ordinary linear, the number of experts for a routed projection).
+pub struct DevLinear {
+    pub fmt: WFmt,
+    pub rows: usize,
+    pub cols: usize,
+    pub count: usize,
+    pub codes: DevBuf,
+    pub scales: Option<DevBuf>,
+    /// NVFP4: the f32 global scale of each matrix (`count` values).
+    pub globals: Option<DevBuf>,
+}
+
+impl DevLinear {
+    /// Uninitialised storage.
+    pub fn alloc(
+        ctx: &Arc<CudaContext>,
+        fmt: WFmt,
+        rows: usize,
+        cols: usize,
+        count: usize,
+    ) -> Result<Self> {
+        if !cols.is_multiple_of(32) || rows == 0 || count == 0 {
+            return Err(GpuError::input(
+                "device weights",
+                format!("[{rows}, {cols}] x {count}: in-dimension must be a multiple of 32"),
+            ));
+        }
+        let codes = DevBuf::new(ctx, fmt.code_bytes(rows, cols) * count)?;
+        let sb = fmt.scale_bytes(rows, cols) * count;
+        let scales = if sb > 0 {
+            Some(DevBuf::new(ctx, sb)?)
+        } else {
+            None
+        };
+        let globals = if fmt == WFmt::Nvfp4 {
+            Some(DevBuf::new(ctx, 4 * count)?)
+        } else {
+            None
+        };
+        Ok(DevLinear {
+            fmt,
+            rows,
+            cols,
+            count,
+            codes,
+            scales,
+            globals,
+        })
+    }
+
+    /// Bytes one matrix of the stack occupies (codes + scales).
+    pub fn matrix_bytes(&self) -> usize {
+        self.fmt.code_bytes(self.rows, self.cols) + self.fmt.scale_bytes(self.rows, self.cols)
+    }
+
+    /// Device bytes of the whole stack.
+    pub fn bytes(&self) -> usize {
+        self.matrix_bytes() * self.count + self.globals.as_ref().map_or(0, |g| g.bytes())
+    }
+
+    /// Per-matrix strides (codes, scales) in bytes.
+    pub fn strides(&self) -> (u64, u64) {
+        (
+            self.fmt.code_bytes(self.rows, self.cols) as u64,
+            self.fmt.scale_bytes(self.rows, self.cols) as u64,
+        )
+    }
+
+    /// Write matrix `i` of the stack from its stored parts (`codes`,
+    /// `scales`, NVFP4 `global`), synchronously. Sizes are checked.
+    pub fn write(&self, i: usize, codes: &[u8], scales: &[u8], global: f32) -> Result<()> {
+        let (cs, ss) = self.strides();
+        let bad = |what: &str, got: usize, want: u64| {
+            GpuError::input(
+                "device weights",
+                format!(
+                    "{what}: {got} bytes for a [{}, {}] {:?} matrix (expected {want})",
+                    self.rows, self.cols, self.fmt
+                ),
+            )
+        };
+        if i >= self.count {
+            return Err(GpuError::input(
+                "device weights",
+                format!("matrix {i} of a stack of {}", self.count),
+            ));
+        }
+        if codes.len() as u64 != cs {
+            return Err(bad("codes", codes.len(), cs));
+        }
+        if scales.len() as u64 != ss {
+            return Err(bad("scales", scales.len(), ss));
+        }
+        self.codes.write_sync(i * cs as usize, codes)?;
+        if let Some(s) = &self.scales {
+            s.write_sync(i * ss as usize, scales)?;
+        }
+        if let Some(g) = &self.globals {
+            g.write_sync(4 * i, &global.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Upload `ws` (all the same format and shape) as one stack.
+    pub fn upload(ctx: &Arc<CudaContext>, name: &str, ws: &[&LinearWeight]) -> Result<Self> {
+        let bad = |why: String| GpuError::input("device weights", format!("{name}: {why}"));
+        let first = ws.first().ok_or_else(|| bad("no matrices".into()))?;
+        let (rows, cols) = (first.rows(), first.cols());
+        let fmt = WFmt::of(first);
+        let d = Self::alloc(ctx, fmt, rows, cols, ws.len()).map_err(|e| bad(e.to_string()))?;
+        for (i, w) in ws.iter().enumerate() {
+            if WFmt::of(w) != fmt || w.rows() != rows || w.cols() != cols {
+                return Err(bad("stacked matrices differ in format or shape".into()));
+            }
+            let (codes, scales, global): (&[u8], &[u8], f32) = match w {
+                LinearWeight::Bf16 { data, .. } => (bytemuck::cast_slice(data), &[], 1.0),
+                LinearWeight::F32 { data, .. } => (bytemuck::cast_slice(data), &[], 1.0),
+                LinearWeight::Mx(t) => (t.codes(), t.scales(), 1.0),
+                LinearWeight::Nvfp4(t) => (t.codes(), t.scales(), t.global()),
+            };
+            d.write(i, codes, scales, global)
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        Ok(d)
+    }
+}
+
+/// Gate (w1), up (w3), down (w2); stacked over experts for routed MLPs.
+pub struct DevMlp {
+    pub gate: DevLinear,
+    pub up: DevLinear,
+    pub down: DevLinear,
+}
+
+impl DevMlp {
+    /// Bytes of one (expert's) MLP.
+    pub fn matrix_bytes(&self) -> usize {
+        self.gate.matrix_bytes() + self.up.matrix_bytes() + self.down.matrix_bytes()
+    }
+}
+
+pub struct DevIndexer {
+    pub q: DevLinear,
+    pub k: DevLinear,
+    pub q_norm: DevBuf,
+    pub k_norm: DevBuf,
+    pub k_scale: f32,
+}
+
+/// Size difference between the variants is irrelevant: one per layer.
+#[allow(clippy::large_enum_variant)]
+pub enum DevFfn {
+    Dense(DevMlp),
+    Moe {
+        /// `[experts, H]`, f32 or bf16; logits f32.
+        router: DevLinear,
+        bias: DevBuf,
+        /// Stacked over experts.
+        experts: DevMlp,
+        shared: Option<DevMlp>,
+    },
+}
+
+pub struct DevLayer {
+    pub input_norm: DevBuf,
+    pub post_norm: DevBuf,
+    pub q: DevLinear,
+    pub k: DevLinear,
+    pub v: DevLinear,
+    pub o: DevLinear,
+    pub q_norm: DevBuf,
+    pub k_norm: DevBuf,
+    pub indexer: Option<DevIndexer>,
+    pub k_scale: f32,
+    pub v_scale: f32,
+    pub ffn: DevFfn,
+}
+
+/// The whole text model on the device.
+pub struct DevModel {
+    pub config: ModelConfig,
+    /// `[vocab, H]` bf16.
+    pub embed: DevBuf,
+    pub layers: Vec<DevLayer>,
+    pub final_norm: DevBuf,
+    pub lm_head: DevLinear,
+}
+
+impl DevModel {
+    /// Upload host weights `m` (weights stay resident).
+    pub fn upload(ctx: &Arc<CudaContext>, m: &ModelWeights) -> Result<Self> {
+        DevModel::load(ctx, &super::load::WeightSource::Host(m), &mut |_| {})
+    }
+}

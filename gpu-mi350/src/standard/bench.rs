@@ -1,0 +1,104 @@
+//! Bench-only parts of the standard path (`m3 bench --backend gpu`): a
+//! cache filled with generated codes instead of a prefill, timed graph
+//! replays, the per-launch profile, and tensor-core kernel variants.
+
+use super::exec::Shape;
+use super::linear::MmaVariant;
+use super::step::Extras;
+use super::{StandardPath, STANDARD};
+use crate::error::{GpuError, Result};
+use crate::CudaGpu;
+
+impl StandardPath {
+    /// Fill every K, V and index-key cache slot with fp8 codes hashed from
+    /// `seed` (|v| in [0.5, 1.875], random sign): the bench's stand-in for
+    /// a prefill of the context (bf16 caches get the same bytes, whatever
+    /// values they decode to).
+    pub fn fill_cache(&self, gpu: &CudaGpu, seed: u64) -> Result<()> {
+        let g = crate::model::generated::Gen::new(gpu)?;
+        for (l, lc) in self.kv.layers.iter().enumerate() {
+            let tid = 1_000_000 + 4 * l as u32;
+            g.bytes(&lc.k, seed, tid, 0x8f, 0x30)?;
+            g.bytes(&lc.v, seed, tid + 1, 0x8f, 0x30)?;
+            if let Some(ik) = &lc.ik {
+                g.bytes(ik, seed, tid + 2, 0x8f, 0x30)?;
+            }
+        }
+        g.sync()
+    }
+
+    /// Time `iters` replays of the uploaded step's graph, each bracketed by
+    /// its own device event pair (ms per step).
+    pub fn time_replays(&mut self, s: Shape, iters: usize) -> Result<Vec<f64>> {
+        self.launch(s, true)?;
+        let mut pairs = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let (a, b) = (self.l.event()?, self.l.event()?);
+            a.record(self.l.stream())
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            self.launch(s, true)?;
+            b.record(self.l.stream())
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            pairs.push((a, b));
+        }
+        self.l.sync()?;
+        pairs
+            .iter()
+            .map(|(a, b)| {
+                a.elapsed_ms(b)
+                    .map(|v| v as f64)
+                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+            })
+            .collect()
+    }
+
+    /// Run the uploaded step once with direct launches and an event after
+    /// every launch: (label, ms) per launch in order. The gaps between
+    /// launches (launch latency, not hidden here as in a graph) are included
+    /// in each launch's time, so the sum exceeds a graph replay's time.
+    pub fn profile(&mut self, s: Shape) -> Result<Vec<(&'static str, f64)>> {
+        // warm: the first direct run may page in code and data
+        self.enqueue(s.rows, s.logits_rows, &Extras::default())?;
+        self.l.profile_start()?;
+        let r = self.enqueue(s.rows, s.logits_rows, &Extras::default());
+        let marks = self.l.profile_end();
+        r?;
+        marks
+    }
+
+    /// Compile the tensor-core linear kernels again with `defines`
+    /// (`NAME=VALUE` pairs separated by spaces, e.g. `S_MMA_WARPS=4
+    /// S_UNROLL_MUL=2`; see standard_decode.cu) as a bench variant; returns
+    /// its index for [`StandardPath::set_variant`].
+    pub fn add_variant(&mut self, gpu: &CudaGpu, defines: &str) -> Result<usize> {
+        self.kern
+            .lin
+            .mma
+            .push(MmaVariant::load(gpu, &STANDARD, defines)?);
+        Ok(self.kern.lin.mma.len() - 1)
+    }
+
+    /// Run later steps with tensor-core variant `v` (an index from
+    /// [`StandardPath::add_variant`], 0 = the 64-row default), or `None`:
+    /// by the step's rows (the 16-row small-step variant up to 16 rows).
+    pub fn set_variant(&mut self, v: Option<usize>) -> Result<()> {
+        if let Some(i) = v.filter(|&i| i >= self.kern.lin.mma.len()) {
+            return Err(GpuError::input(
+                "kernel variant",
+                format!("{i} of {}", self.kern.lin.mma.len()),
+            ));
+        }
+        self.forced_variant = v;
+        Ok(())
+    }
+
+    /// Name of each compiled variant (index = variant).
+    pub fn variants(&self) -> Vec<String> {
+        self.kern.lin.mma.iter().map(|v| v.label.clone()).collect()
+    }
+
+    /// Graphs captured so far.
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
+    }
+}

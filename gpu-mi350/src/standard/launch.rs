@@ -1,0 +1,214 @@
+//! Kernel launches of the standard path: one stream, raw device addresses
+//! as arguments (never cudarc slices: slices record events on every launch,
+//! which a CUDA graph would capture), programmatic dependent launch (PDL)
+//! on sm_90+, and the events of a per-launch profile.
+//!
+//! Every standard-path kernel starts with `M3_PDL_WAIT` (after at most a
+//! prefetch of weights, which no step writes), so launching it with
+//! programmatic stream serialization lets its CTAs be scheduled while the
+//! previous kernel drains without reading anything early.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaFunction, CudaStream};
+
+use crate::error::{GpuError, Result};
+
+/// One kernel argument, by value.
+pub(crate) enum Arg {
+    U64(u64),
+    U32(u32),
+    F32(f32),
+    /// A `#[repr(C)]` struct passed by value (its bytes, 8-byte aligned
+    /// storage), e.g. the fused-launch job tables.
+    Pod(Vec<u64>),
+}
+
+impl Arg {
+    /// A plain-old-data struct argument.
+    pub(crate) fn pod<T: bytemuck::Pod>(v: &T) -> Arg {
+        let bytes = bytemuck::bytes_of(v);
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Arg::Pod(words)
+    }
+
+    fn ptr(&self) -> *mut std::ffi::c_void {
+        match self {
+            Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+            Arg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
+            Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+            Arg::Pod(w) => w.as_ptr() as *mut std::ffi::c_void,
+        }
+    }
+}
+
+/// The stream every launch of one runner goes to.
+pub struct Launcher {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Programmatic dependent launch (sm_90+).
+    pdl: bool,
+    /// Events recorded after each launch while a profile runs.
+    prof: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
+}
+
+impl Launcher {
+    /// A launcher on a new stream of `ctx`; `pdl` only where the device
+    /// supports it (compute capability 9.0+).
+    pub fn new(ctx: &Arc<CudaContext>, pdl: bool) -> Result<Self> {
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
+        Ok(Launcher {
+            ctx: ctx.clone(),
+            stream,
+            pdl,
+            prof: RefCell::new(None),
+        })
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Make the context current on this thread (driver calls need it).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))
+    }
+
+    /// Launch `f` with a 1-D block of `block` threads; `smem` is dynamic
+    /// shared memory in bytes; `label` names it in errors and profiles.
+    pub(crate) fn launch(
+        &self,
+        label: &'static str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(()); // nothing to do (e.g. no logits rows)
+        }
+        let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(Arg::ptr).collect();
+        // SAFETY: a zeroed union is a valid CUlaunchAttributeValue; only the
+        // PDL field is read for this attribute id.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: self.pdl as u32,
+        };
+        self.bind()?;
+        // SAFETY: every pointer argument is a live device address sized for
+        // the runner's capacity (checked before the step is enqueued);
+        // `params` matches the kernel's parameter list in count, order and
+        // types (see the kernel sources and each wrapper's argument struct),
+        // and every `Arg` outlives the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| GpuError::driver("cuLaunchKernelEx", format!("{label}: {e}")))?;
+        self.mark(label)
+    }
+
+    /// Device-to-device copy of `bytes` bytes, ordered on the stream.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes ranges inside live allocations.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| GpuError::driver("cuMemcpyDtoDAsync", e))?;
+        self.mark("copy")
+    }
+
+    /// Zero `bytes` bytes at `dst`, ordered on the stream.
+    pub fn zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes a range inside a live allocation.
+        unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| GpuError::driver("cuMemsetD8Async", e))?;
+        self.mark("zero")
+    }
+
+    /// Wait for every launch so far; surfaces asynchronous errors.
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+    }
+
+    /// A fresh event (timing).
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| GpuError::driver("cuEventCreate", e))
+    }
+
+    /// Start recording an event after every launch.
+    pub(crate) fn profile_start(&self) -> Result<()> {
+        *self.prof.borrow_mut() = Some(Vec::new());
+        self.mark("start")
+    }
+
+    /// Stop recording; (label, ms since the previous mark) per launch.
+    pub(crate) fn profile_end(&self) -> Result<Vec<(&'static str, f64)>> {
+        let marks = self.prof.borrow_mut().take().unwrap_or_default();
+        self.sync()?;
+        marks
+            .windows(2)
+            .map(|w| {
+                w[0].1
+                    .elapsed_ms(&w[1].1)
+                    .map(|v| (w[1].0, v as f64))
+                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+            })
+            .collect()
+    }
+
+    /// In a profiled run, record an event after the launch just made.
+    fn mark(&self, label: &'static str) -> Result<()> {
+        let mut prof = self.prof.borrow_mut();
+        if let Some(marks) = prof.as_mut() {
+            let ev = self.event()?;
+            ev.record(&self.stream)
+                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            marks.push((label, ev));
+        }
+        Ok(())
+    }
+}

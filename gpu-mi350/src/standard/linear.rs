@@ -1,0 +1,308 @@
+//! Linear layers of the standard path: `y = x W^T` on the tensor-core
+//! kernel (`m3s_mma_*` in `kernels/standard_decode.cu`) for bf16, MXFP8
+//! (E4M3 / E5M2), MXFP4 and NVFP4 weights, every matrix that shares `x` and
+//! `K` fused into one launch per format; routed experts grouped by the
+//! device-built route (`m3s_route`) so each chosen expert is read once per
+//! step. f32 weights (the router) take `m3s_linear_f32w`.
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use super::launch::{Arg, Launcher};
+use crate::error::{GpuError, Result};
+use crate::kernels::KernelSource;
+use crate::model::{DevLinear, WFmt};
+use crate::CudaGpu;
+
+/// Output features per tensor-core CTA (one m16n8k16 tile of W rows).
+pub(crate) const MMA_N: u32 = 16;
+/// Matrices one tensor-core launch takes (`S_MAX_SEGS` in the kernel).
+pub(crate) const MAX_SEGS: usize = 5;
+/// Steps of at most this many rows run the small-step variant (4 warps per
+/// CTA, 16 rows per CTA: measured faster at batch 1-16 on the H200,
+/// bench/NOTES.md session 2).
+pub(crate) const SMALL_STEP_ROWS: usize = 16;
+/// The small-step variant's compile-time settings.
+pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
+/// Threads of `m3s_linear_f32w` (one CTA per output feature).
+const F32W_BLOCK: u32 = 256;
+/// Largest K `m3s_linear_f32w` holds in registers (32 values a thread).
+const F32W_MAX_K: usize = 32 * F32W_BLOCK as usize;
+
+/// Where a linear layer's output goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LinOut {
+    /// bf16 rows (round to nearest even).
+    Bf16(u64),
+    /// f32 rows.
+    F32(u64),
+    /// f32 rows += f32(bf16(y)): MODEL.md's residual add, fused.
+    AddF32(u64),
+}
+
+/// One matrix of a tensor-core launch (`SSeg1` in standard_decode.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MmaSeg {
+    /// Codes of matrix 0 of the stack.
+    pub w: u64,
+    /// Block scales of matrix 0 (0: none).
+    pub ws: u64,
+    pub yb: u64,
+    pub yf: u64,
+    /// Bytes between stacked matrices (codes, scales).
+    pub w_es: u64,
+    pub ws_es: u64,
+    /// Per-matrix f32 global scale (NVFP4), indexed like the stack; 0: 1.0.
+    pub gs: u64,
+    /// Output features.
+    pub n: u32,
+    /// First CTA (blockIdx.x) of this matrix.
+    pub tile0: u32,
+    /// 0 = bf16 store, 1 = f32 store, 2 = f32 += bf16(y).
+    pub mode: u32,
+    pub pad: u32,
+}
+
+/// The matrices of a tensor-core launch, passed by value (`SSegs`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MmaSegs {
+    pub s: [MmaSeg; MAX_SEGS],
+    pub nseg: u32,
+    pub pad: u32,
+}
+
+/// The tensor-core kernels of one compiled variant.
+pub(crate) struct MmaVariant {
+    pub label: String,
+    /// Threads per CTA (S_MMA_WARPS * 32 of that compile).
+    pub block: u32,
+    /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
+    pub rows: usize,
+    f: HashMap<&'static str, CudaFunction>,
+}
+
+impl MmaVariant {
+    /// Load the tensor-core entry points of `src` compiled with `defines`
+    /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
+    pub fn load(gpu: &CudaGpu, base: &KernelSource, defines: &str) -> Result<Self> {
+        let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
+        let mut prefix = String::new();
+        let mut warps = 8u32;
+        let mut maxbt = 8usize;
+        for kv in defines.split_whitespace() {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
+            let n: u32 = v
+                .parse()
+                .map_err(|_| bad(format!("`{v}` is not a number")))?;
+            match k {
+                "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
+                "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
+                "S_MMA_INTERLEAVE" if n <= 1 => {}
+                "S_MMA_DBUF" if n <= 1 => {}
+                "S_UNROLL_HALF" if n <= 1 => {}
+                "S_MMA_MINB" if (1..=16).contains(&n) => {}
+                "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
+                _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
+            }
+            prefix.push_str(&format!("#define {k} {n}\n"));
+        }
+        let src = if prefix.is_empty() {
+            *base
+        } else {
+            // leaked once per variant: a KernelSource holds &'static text
+            let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
+            KernelSource { body, ..*base }
+        };
+        let mut f = HashMap::new();
+        for fm in WFmt::MMA {
+            if let Some(n) = fm.mma_kernel() {
+                f.insert(n, gpu.function(&src, n)?);
+            }
+        }
+        Ok(MmaVariant {
+            label: if defines.is_empty() {
+                "default".into()
+            } else {
+                defines.to_string()
+            },
+            block: warps * 32,
+            rows: maxbt * 8,
+            f,
+        })
+    }
+}
+
+/// The kernels linear layers use.
+pub(crate) struct LinearKernels {
+    /// Tensor-core variants (0: the defaults; 1: the small-step variant;
+    /// later ones: bench variants).
+    pub mma: Vec<MmaVariant>,
+    /// f32 weights (the router): one CTA per output feature.
+    pub f32w: CudaFunction,
+}
+
+/// Where a routed launch finds its pairs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Route {
+    /// The route records (`m3s_route`).
+    pub table: u64,
+    /// Expert slots of the step (distinct experts at most).
+    pub slots: usize,
+    /// x row of pair p = p / xdiv.
+    pub xdiv: usize,
+}
+
+/// `y_i = x W_i^T` for matrices that share `x` and `K`, fused into one
+/// launch per weight format. `m` rows (plain), or with `route` the layer's
+/// expert pairs grouped by the device-built route (`m` = the step's rows).
+/// `max_rows` is the runner's row capacity (the route record stride).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linears(
+    l: &Launcher,
+    k: &LinearKernels,
+    variant: usize,
+    mats: &[(&DevLinear, LinOut)],
+    x: u64,
+    m: usize,
+    route: Option<Route>,
+    max_rows: usize,
+) -> Result<()> {
+    let mut done = vec![false; mats.len()];
+    for i in 0..mats.len() {
+        if done[i] {
+            continue;
+        }
+        let (w0, y0) = mats[i];
+        let Some(name) = w0.fmt.mma_kernel() else {
+            done[i] = true;
+            if route.is_some() {
+                return Err(GpuError::input(
+                    "standard path",
+                    "f32 routed experts are not supported",
+                ));
+            }
+            linear_f32(l, k, w0, x, m, y0)?;
+            continue;
+        };
+        let mut segs = MmaSegs::default();
+        let mut tiles = 0u32;
+        for j in i..mats.len() {
+            let (w, y) = mats[j];
+            if done[j] || w.fmt != w0.fmt || w.cols != w0.cols {
+                continue;
+            }
+            if segs.nseg as usize == MAX_SEGS {
+                break;
+            }
+            done[j] = true;
+            let (w_es, ws_es) = w.strides();
+            let (yb, yf, mode) = match y {
+                LinOut::Bf16(p) => (p, 0, 0),
+                LinOut::F32(p) => (0, p, 1),
+                LinOut::AddF32(p) => (0, p, 2),
+            };
+            segs.s[segs.nseg as usize] = MmaSeg {
+                w: w.codes.ptr(),
+                ws: w.scales.as_ref().map_or(0, |s| s.ptr()),
+                yb,
+                yf,
+                w_es,
+                ws_es,
+                gs: w.globals.as_ref().map_or(0, |g| g.ptr()),
+                n: w.rows as u32,
+                tile0: tiles,
+                mode,
+                pad: 0,
+            };
+            segs.nseg += 1;
+            tiles += (w.rows as u32).div_ceil(MMA_N);
+        }
+        let mv = &k.mma[variant];
+        let chunks = m.div_ceil(mv.rows) as u32;
+        let (gy, gz, rp, xdiv) = match route {
+            Some(r) => (r.slots as u32, chunks, r.table, r.xdiv),
+            None => (chunks, 1, 0, 1),
+        };
+        let f = mv
+            .f
+            .get(name)
+            .ok_or_else(|| GpuError::input("standard path", format!("kernel {name} not loaded")))?;
+        l.launch(
+            name,
+            f,
+            (tiles, gy, gz),
+            mv.block,
+            0,
+            &[
+                Arg::U64(x),
+                Arg::pod(&segs),
+                Arg::U32(w0.cols as u32),
+                Arg::U32(m as u32),
+                Arg::U64(rp),
+                Arg::U32(max_rows as u32),
+                Arg::U32(xdiv.max(1) as u32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// f32 weights (the router): one CTA per output feature, the weight row in
+/// registers and reused for every row (K <= 8192, f32 out).
+fn linear_f32(
+    l: &Launcher,
+    k: &LinearKernels,
+    w: &DevLinear,
+    x: u64,
+    m: usize,
+    y: LinOut,
+) -> Result<()> {
+    let LinOut::F32(yf) = y else {
+        return Err(GpuError::input(
+            "standard path",
+            "f32-weight linears write f32 outputs only (the router)",
+        ));
+    };
+    if w.fmt != WFmt::F32 || w.cols > F32W_MAX_K {
+        return Err(GpuError::input(
+            "standard path",
+            format!(
+                "{:?} [{}, {}] weights on the f32 linear kernel (f32, K <= {F32W_MAX_K})",
+                w.fmt, w.rows, w.cols
+            ),
+        ));
+    }
+    l.launch(
+        "linear_f32",
+        &k.f32w,
+        (w.rows as u32, 1, 1),
+        F32W_BLOCK,
+        0,
+        &[
+            Arg::U64(x),
+            Arg::U64(w.codes.ptr()),
+            Arg::U32(w.rows as u32),
+            Arg::U32(w.cols as u32),
+            Arg::U32(m as u32),
+            Arg::U64(yf),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_tables_have_the_kernel_layout() {
+        // SSeg1: 7 u64 + 4 u32 = 72 bytes; SSegs: 5 of them + 2 u32.
+        assert_eq!(std::mem::size_of::<MmaSeg>(), 72);
+        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 72 + 8);
+        assert_eq!(std::mem::align_of::<MmaSegs>(), 8);
+    }
+}

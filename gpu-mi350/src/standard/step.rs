@@ -1,0 +1,685 @@
+//! The launch sequence of one step (MODEL.md 3 on the device): embedding,
+//! per layer the attention block (norm, fused q|k|v|index projections, head
+//! norms + RoPE, cache writes, indexer, attention, o-projection + residual)
+//! and the FFN (norm, dense MLP or router + routed experts + shared expert,
+//! residual), then the head (final norm, LM head, greedy argmax, keyed
+//! sampling of stochastic rows).
+//!
+//! A plain step launches only kernels over fixed buffers (capturable). A
+//! step with [`Extras`] (taps, teacher forcing) adds copies to and from
+//! per-step buffers and runs with direct launches only.
+
+use m3_core::backend::{ActMode, TapRequest};
+use m3_core::config::{AttnKind, IndexSelection};
+use m3_core::kv::CacheDtype;
+
+use super::attn::{self, AttnArgs, IndexArgs};
+use super::launch::Arg;
+use super::linear::{linears, LinOut, Route};
+use super::{StandardPath, ARGMAX_PARTS};
+use crate::error::{GpuError, Result};
+use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp};
+
+/// One tensor of a fused per-head norm + RoPE launch (`SHnJob`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct HnJob {
+    x: u64,
+    w: u64,
+    out: u64,
+    heads: u32,
+    d: u32,
+    rd: u32,
+    h0: u32,
+}
+
+/// `SHnJobs`: up to 4 tensors, by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct HnJobs {
+    j: [HnJob; 4],
+    theta: f64,
+    eps: f32,
+    n: u32,
+}
+
+/// One cache write of a fused launch (`SCwJob`): `width` values of row t
+/// of `x` (bf16) to slot `slots[t]` of `cache`, as bf16 (`bf16 = 1`) or
+/// `e4m3(x / scale)` saturating.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct CwJob {
+    x: u64,
+    cache: u64,
+    width: u32,
+    scale: f32,
+    bf16: u32,
+    pad: u32,
+}
+
+/// `SCwJobs`: up to 3 cache writes, by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct CwJobs {
+    j: [CwJob; 3],
+    n: u32,
+    pad: u32,
+}
+
+/// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
+/// taps a step asked for.
+pub(crate) struct TapBufs {
+    pub req: TapRequest,
+    pub t: usize,
+    /// Layer -> its index in the buffers (selected layers only).
+    pub slot: Vec<Option<usize>>,
+    pub residual: Option<DevBuf>,
+    pub attn_out: Option<DevBuf>,
+    pub ffn_in: Option<DevBuf>,
+    pub ffn_out: Option<DevBuf>,
+}
+
+impl TapBufs {
+    /// Buffers for `req` on a step of `t` rows of a model of `layers`
+    /// layers of width `h`.
+    pub fn new(
+        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        req: TapRequest,
+        layers: usize,
+        t: usize,
+        h: usize,
+    ) -> Result<Self> {
+        let mut slot = vec![None; layers];
+        let mut n = 0;
+        for (l, s) in slot.iter_mut().enumerate() {
+            if req.layer(l) {
+                *s = Some(n);
+                n += 1;
+            }
+        }
+        let buf = |on: bool| -> Result<Option<DevBuf>> {
+            if on && n > 0 {
+                DevBuf::zeroed(ctx, n * t * h * 4)
+                    .map(Some)
+                    .map_err(|e| GpuError::input("taps", format!("{n} layers x {t} rows: {e}")))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(TapBufs {
+            req,
+            t,
+            slot,
+            residual: buf(req.residual)?,
+            attn_out: buf(req.attn_out)?,
+            ffn_in: buf(req.ffn_in)?,
+            ffn_out: buf(req.ffn_out)?,
+        })
+    }
+
+    /// Address of layer `l`'s `[T, H]` slice of `b`, if captured.
+    fn at(&self, b: &Option<DevBuf>, l: usize, h: usize) -> Option<u64> {
+        let s = self.slot.get(l).copied().flatten()?;
+        b.as_ref().map(|b| b.at(s * self.t * h * 4))
+    }
+}
+
+/// What a direct-launch step adds to the plain launch sequence.
+#[derive(Default)]
+pub(crate) struct Extras<'a> {
+    pub taps: Option<&'a TapBufs>,
+    /// Teacher residuals `[L][T][H]` f32 and which layers have one.
+    pub teacher: Option<(&'a DevBuf, &'a [bool])>,
+}
+
+impl StandardPath {
+    /// Every kernel of a step of `t` rows with `nl` logits rows.
+    pub(crate) fn enqueue(&self, t: usize, nl: usize, ex: &Extras<'_>) -> Result<()> {
+        let c = &self.model.config;
+        let a = &self.acts;
+        let inp = &self.inputs;
+        let h = c.hidden_size;
+        let l = &self.l;
+        l.launch(
+            "embed",
+            &self.kern.embed,
+            (t as u32, 1, 1),
+            256,
+            0,
+            &[
+                Arg::U64(inp.tokens()),
+                Arg::U64(self.model.embed.ptr()),
+                Arg::U32(h as u32),
+                Arg::U64(a.r.ptr()),
+            ],
+        )?;
+        let teacher_at = |layer: usize| -> Option<u64> {
+            let (buf, has) = ex.teacher?;
+            has.get(layer)
+                .copied()
+                .unwrap_or(false)
+                .then(|| buf.at(layer * t * h * 4))
+        };
+        for li in 0..self.model.layers.len() {
+            if li > 0 {
+                if let Some(src) = teacher_at(li - 1) {
+                    l.copy(a.r.ptr(), src, t * h * 4)?;
+                }
+            }
+            self.enqueue_attention(li, t, ex)?;
+            self.enqueue_ffn(li, t, ex)?;
+            if let Some(tb) = ex.taps {
+                if let Some(dst) = tb.at(&tb.residual, li, h) {
+                    l.copy(dst, a.r.ptr(), t * h * 4)?;
+                }
+            }
+        }
+        if let Some(src) = self.model.layers.len().checked_sub(1).and_then(teacher_at) {
+            l.copy(a.r.ptr(), src, t * h * 4)?;
+        }
+        if nl > 0 {
+            self.enqueue_head(nl)?;
+        }
+        Ok(())
+    }
+
+    /// RMSNorm of rows of `x` (f32, all rows or those listed at `rows`)
+    /// into bf16 `out`.
+    fn rmsnorm(&self, x: u64, rows: u64, w: &DevBuf, out: u64, nrows: usize) -> Result<()> {
+        let c = &self.model.config;
+        self.l.launch(
+            "rmsnorm",
+            &self.kern.rmsnorm,
+            (nrows as u32, 1, 1),
+            1024,
+            0,
+            &[
+                Arg::U64(x),
+                Arg::U64(rows),
+                Arg::U64(w.ptr()),
+                Arg::F32(c.rms_norm_eps),
+                Arg::U32(c.hidden_size as u32),
+                Arg::U64(out),
+            ],
+        )
+    }
+
+    /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
+    fn add_bf16(&self, acc: u64, y: u64, n: usize) -> Result<()> {
+        self.l.launch(
+            "add_bf16",
+            &self.kern.add_bf16,
+            ((n as u32).div_ceil(256).max(1), 1, 1),
+            256,
+            0,
+            &[Arg::U64(acc), Arg::U64(y), Arg::U32(n as u32)],
+        )
+    }
+
+    /// Store bf16 `y` (`n` values) as f32 into a tap slot.
+    fn tap_bf16(&self, dst: u64, y: u64, n: usize) -> Result<()> {
+        self.l.zero(dst, n * 4)?;
+        self.add_bf16(dst, y, n)
+    }
+
+    fn lin(
+        &self,
+        mats: &[(&DevLinear, LinOut)],
+        x: u64,
+        m: usize,
+        route: Option<Route>,
+    ) -> Result<()> {
+        linears(
+            &self.l,
+            &self.kern.lin,
+            self.variant_for(m.max(1)),
+            mats,
+            x,
+            m,
+            route,
+            self.cap.max_rows,
+        )
+    }
+
+    /// MXFP4-quantize (`even` rule) `rows` bf16 rows of `k` values of `x`
+    /// into `out` (bf16 values, each exactly an E2M1 code times its
+    /// block's power-of-two scale): the expert input of `--act mxfp4`.
+    fn act_mxfp4(&self, x: u64, rows: usize, k: usize, out: u64) -> Result<()> {
+        self.l.launch(
+            "act_mxfp4",
+            &self.kern.act_mxfp4,
+            ((k as u32).div_ceil(32 * 8), rows as u32, 1),
+            256,
+            0,
+            &[
+                Arg::U64(x),
+                Arg::U32(rows as u32),
+                Arg::U32(k as u32),
+                Arg::U64(out),
+            ],
+        )
+    }
+
+    fn enqueue_attention(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
+        let c = &self.model.config;
+        let a = &self.acts;
+        let inp = &self.inputs;
+        let lw = &self.model.layers[li];
+        let lc = &self.kv.layers[li];
+        let h = c.hidden_size;
+        let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (nih, di) = (c.index_n_heads, c.index_head_dim);
+        let kb = c.index_topk_blocks;
+        let cap_t = self.cap.max_rows;
+        let bf16_cache = self.cap.cache_dtype == CacheDtype::Bf16;
+        self.rmsnorm(a.r.ptr(), 0, &lw.input_norm, a.hn.ptr(), t)?;
+        // q, k, v (and the indexer's q, k on sparse layers) share x
+        let sparse = c.attn_kinds.get(li) == Some(&AttnKind::Sparse);
+        let ix = match (sparse, &lw.indexer, &lc.ik) {
+            (true, Some(ix), Some(icache)) => Some((ix, icache)),
+            (true, _, _) => {
+                return Err(GpuError::input(
+                    "standard path",
+                    format!("layer {li} is sparse but has no indexer weights or index cache"),
+                ))
+            }
+            _ => None,
+        };
+        let mut qkv = vec![
+            (&lw.q, LinOut::Bf16(a.q0.ptr())),
+            (&lw.k, LinOut::Bf16(a.k0.ptr())),
+            (&lw.v, LinOut::Bf16(a.v.ptr())),
+        ];
+        if let Some((x, _)) = ix {
+            qkv.push((&x.q, LinOut::Bf16(a.iq0.ptr())));
+            qkv.push((&x.k, LinOut::Bf16(a.ik0.ptr())));
+        }
+        self.lin(&qkv, a.hn.ptr(), t, None)?;
+        // per-head norm + RoPE of q, k (and the indexer's q, k), then the
+        // cache writes of k, v (and the index key)
+        let mut hn = vec![
+            (a.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, a.q.ptr()),
+            (a.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, a.k.ptr()),
+        ];
+        let mut cws = vec![
+            (a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr()),
+            (a.v.ptr(), nkv * d, lw.v_scale, lc.v.ptr()),
+        ];
+        if let Some((x, icache)) = ix {
+            let rd = c.rotary_dim.min(di);
+            hn.push((a.iq0.ptr(), nih, di, x.q_norm.ptr(), rd, a.iq.ptr()));
+            hn.push((a.ik0.ptr(), 1, di, x.k_norm.ptr(), rd, a.ik.ptr()));
+            cws.push((a.ik.ptr(), di, x.k_scale, icache.ptr()));
+        }
+        self.headnorm_rope(&hn, t)?;
+        self.cache_writes(&cws, t, bf16_cache)?;
+        let sel_l = a.sel.at(li * nkv * cap_t * kb.max(1) * 4);
+        let mut sel_ptr = 0u64;
+        if let Some((x, icache)) = ix {
+            attn::index_select(
+                &self.l,
+                &self.kern.attn,
+                &IndexArgs {
+                    iq: a.iq.ptr(),
+                    nih,
+                    di,
+                    icache: icache.ptr(),
+                    iscale: if bf16_cache { 1.0 } else { x.k_scale },
+                    cache_bf16: bf16_cache,
+                    pos: inp.pos(),
+                    row_seq: inp.row_seq(),
+                    bt: inp.bt(),
+                    bt_off: inp.bt_off(),
+                    page: self.cap.page_size,
+                    block: c.index_block_size,
+                    topk: kb,
+                    init_b: c.index_init_blocks,
+                    local_b: c.index_local_blocks,
+                    shared: c.index_selection == IndexSelection::Shared,
+                    nkv,
+                    t,
+                    scratch: a.scratch.ptr(),
+                    maxnb: self.maxnb,
+                    sel: sel_l,
+                },
+            )?;
+            sel_ptr = sel_l;
+        }
+        attn::attention(
+            &self.l,
+            &self.kern.attn,
+            &AttnArgs {
+                q: a.q.ptr(),
+                nh,
+                nkv,
+                d,
+                kc: lc.k.ptr(),
+                vc: lc.v.ptr(),
+                ks: if bf16_cache { 1.0 } else { lw.k_scale },
+                vs: if bf16_cache { 1.0 } else { lw.v_scale },
+                cache_bf16: bf16_cache,
+                pos: inp.pos(),
+                row_seq: inp.row_seq(),
+                bt: inp.bt(),
+                bt_off: inp.bt_off(),
+                page: self.cap.page_size,
+                sel: sel_ptr,
+                topk: kb,
+                block: c.index_block_size,
+                t,
+                out: a.o.ptr(),
+                scratch: a.ascratch.ptr(),
+                max_chunks: if sparse { kb } else { self.full_chunks },
+            },
+        )?;
+        // o projection, added into the residual in its epilogue (or, to tap
+        // it, stored and added by a kernel: the same f32 += bf16(y))
+        match ex.taps.and_then(|tb| tb.at(&tb.attn_out, li, h)) {
+            None => self.lin(&[(&lw.o, LinOut::AddF32(a.r.ptr()))], a.o.ptr(), t, None),
+            Some(dst) => {
+                self.lin(&[(&lw.o, LinOut::Bf16(a.yd.ptr()))], a.o.ptr(), t, None)?;
+                self.tap_bf16(dst, a.yd.ptr(), t * h)?;
+                self.add_bf16(a.r.ptr(), a.yd.ptr(), t * h)
+            }
+        }
+    }
+
+    fn enqueue_ffn(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
+        let c = &self.model.config;
+        let a = &self.acts;
+        let lw = &self.model.layers[li];
+        let h = c.hidden_size;
+        let k = c.num_experts_per_tok;
+        let cap_t = self.cap.max_rows;
+        let tb = ex.taps;
+        self.rmsnorm(a.r.ptr(), 0, &lw.post_norm, a.h2.ptr(), t)?;
+        if let Some(dst) = tb.and_then(|tb| tb.at(&tb.ffn_in, li, h)) {
+            self.tap_bf16(dst, a.h2.ptr(), t * h)?;
+        }
+        let ffn_out = tb.and_then(|tb| tb.at(&tb.ffn_out, li, h));
+        match &lw.ffn {
+            DevFfn::Dense(m) => match ffn_out {
+                None => self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(a.r.ptr())),
+                Some(dst) => {
+                    self.mlp_dense(m, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()))?;
+                    self.tap_bf16(dst, a.yd.ptr(), t * h)?;
+                    self.add_bf16(a.r.ptr(), a.yd.ptr(), t * h)
+                }
+            },
+            DevFfn::Moe {
+                router,
+                bias,
+                experts,
+                shared,
+            } => {
+                let ne = router.rows;
+                let ids_l = a.ids.at(li * cap_t * k * 4);
+                self.lin(&[(router, LinOut::F32(a.z.ptr()))], a.h2.ptr(), t, None)?;
+                self.l.launch(
+                    "router",
+                    &self.kern.router_warp,
+                    (t as u32, 1, 1),
+                    32,
+                    0,
+                    &[
+                        Arg::U64(a.z.ptr()),
+                        Arg::U64(bias.ptr()),
+                        Arg::U32(ne as u32),
+                        Arg::U32(k as u32),
+                        Arg::F32(c.routed_scaling_factor),
+                        Arg::U64(ids_l),
+                        Arg::U64(a.wts.ptr()),
+                    ],
+                )?;
+                // group the (row, expert) pairs by expert: each chosen
+                // expert is then read once
+                let slots = (t * k).min(c.num_local_experts).max(1);
+                self.l.launch(
+                    "route",
+                    &self.kern.route,
+                    (1, 1, 1),
+                    256,
+                    0,
+                    &[
+                        Arg::U64(ids_l),
+                        Arg::U32((t * k) as u32),
+                        Arg::U32(ne as u32),
+                        Arg::U32(slots as u32),
+                        Arg::U32(cap_t as u32),
+                        Arg::U64(a.route.ptr()),
+                    ],
+                )?;
+                let route = |xdiv| Route {
+                    table: a.route.ptr(),
+                    slots,
+                    xdiv,
+                };
+                let pairs = t * k;
+                let wi = experts.gate.rows;
+                let mx = self.cap.act == ActMode::Mxfp4;
+                let x_in = if mx {
+                    self.act_mxfp4(a.h2.ptr(), t, h, a.xq.ptr())?;
+                    a.xq.ptr()
+                } else {
+                    a.h2.ptr()
+                };
+                self.lin(
+                    &[
+                        (&experts.gate, LinOut::Bf16(a.eg.ptr())),
+                        (&experts.up, LinOut::Bf16(a.eu.ptr())),
+                    ],
+                    x_in,
+                    t,
+                    Some(route(k)),
+                )?;
+                self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi)?;
+                let a_in = if mx {
+                    self.act_mxfp4(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
+                    a.xq.ptr()
+                } else {
+                    a.ea.ptr()
+                };
+                self.lin(
+                    &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
+                    a_in,
+                    t,
+                    Some(route(1)),
+                )?;
+                let mut sh = 0u64;
+                if let Some(s) = shared {
+                    self.mlp_dense(s, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()))?;
+                    sh = a.yd.ptr();
+                }
+                self.l.launch(
+                    "moe_combine",
+                    &self.kern.moe_combine,
+                    (t as u32, (h as u32).div_ceil(256), 1),
+                    256,
+                    0,
+                    &[
+                        Arg::U64(a.r.ptr()),
+                        Arg::U64(a.ye.ptr()),
+                        Arg::U64(a.wts.ptr()),
+                        Arg::U32(k as u32),
+                        Arg::U64(sh),
+                        Arg::U32(h as u32),
+                        Arg::U64(ffn_out.unwrap_or(0)),
+                    ],
+                )
+            }
+        }
+    }
+
+    /// Final norm of the logits rows, LM head, greedy argmax of every
+    /// logits row, then keyed sampling of the stochastic ones (it
+    /// overwrites their tokens; greedy rows keep the argmax).
+    fn enqueue_head(&self, nl: usize) -> Result<()> {
+        let c = &self.model.config;
+        let a = &self.acts;
+        let inp = &self.inputs;
+        self.rmsnorm(
+            a.r.ptr(),
+            inp.lrows(),
+            &self.model.final_norm,
+            a.xn.ptr(),
+            nl,
+        )?;
+        self.lin(
+            &[(&self.model.lm_head, LinOut::F32(a.logits.ptr()))],
+            a.xn.ptr(),
+            nl,
+            None,
+        )?;
+        self.l.launch(
+            "argmax_part",
+            &self.kern.argmax_part,
+            (nl as u32, ARGMAX_PARTS as u32, 1),
+            256,
+            0,
+            &[
+                Arg::U64(a.logits.ptr()),
+                Arg::U32(c.vocab_size as u32),
+                Arg::U64(a.amax_v.ptr()),
+                Arg::U64(a.amax_i.ptr()),
+            ],
+        )?;
+        self.l.launch(
+            "argmax_final",
+            &self.kern.argmax_final,
+            (nl as u32, 1, 1),
+            1,
+            0,
+            &[
+                Arg::U64(a.amax_v.ptr()),
+                Arg::U64(a.amax_i.ptr()),
+                Arg::U32(ARGMAX_PARTS as u32),
+                Arg::U64(a.tok_out.ptr()),
+            ],
+        )?;
+        self.l.launch(
+            "sample_keyed",
+            &self.kern.sample_keyed,
+            (nl as u32, 1, 1),
+            crate::sampling::SAMPLE_KEYED_THREADS,
+            0,
+            &[
+                Arg::U64(a.logits.ptr()),
+                Arg::U32(c.vocab_size as u32),
+                Arg::U64(inp.sample()),
+                Arg::U32(nl as u32),
+                Arg::U64(a.sample_scratch.ptr()),
+                Arg::U64(a.tok_out.ptr()),
+            ],
+        )
+    }
+
+    fn swiglu(&self, g: u64, u: u64, out: u64, n: usize) -> Result<()> {
+        let c = &self.model.config;
+        self.l.launch(
+            "swiglu",
+            &self.kern.swiglu,
+            ((n as u32).div_ceil(256).max(1), 1, 1),
+            256,
+            0,
+            &[
+                Arg::U64(g),
+                Arg::U64(u),
+                Arg::F32(c.swiglu_alpha),
+                Arg::F32(c.swiglu_limit),
+                Arg::U64(out),
+                Arg::U32(n as u32),
+            ],
+        )
+    }
+
+    /// Dense MLP (dense layers, shared expert): gate and up in one launch,
+    /// SwiGLU, then down into `out`.
+    fn mlp_dense(&self, m: &DevMlp, x: u64, t: usize, out: LinOut) -> Result<()> {
+        let a = &self.acts;
+        let w = m.gate.rows;
+        self.lin(
+            &[
+                (&m.gate, LinOut::Bf16(a.g.ptr())),
+                (&m.up, LinOut::Bf16(a.u.ptr())),
+            ],
+            x,
+            t,
+            None,
+        )?;
+        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w)?;
+        self.lin(&[(&m.down, out)], a.a.ptr(), t, None)
+    }
+
+    /// Per-head norm + RoPE of up to 4 tensors `(x, heads, d, w, rd, out)`
+    /// in one launch.
+    fn headnorm_rope(&self, jobs: &[(u64, usize, usize, u64, usize, u64)], t: usize) -> Result<()> {
+        let c = &self.model.config;
+        let mut hj = HnJobs {
+            theta: c.rope_theta,
+            eps: c.rms_norm_eps,
+            ..HnJobs::default()
+        };
+        let mut h0 = 0u32;
+        for (i, &(x, heads, d, w, rd, out)) in jobs.iter().take(4).enumerate() {
+            hj.j[i] = HnJob {
+                x,
+                w,
+                out,
+                heads: heads as u32,
+                d: d as u32,
+                rd: rd as u32,
+                h0,
+            };
+            h0 += heads as u32;
+            hj.n += 1;
+        }
+        self.l.launch(
+            "headnorm_rope",
+            &self.kern.headnorm_rope,
+            (h0, t as u32, 1),
+            32,
+            0,
+            &[Arg::pod(&hj), Arg::U64(self.inputs.pos())],
+        )
+    }
+
+    /// Cache writes of up to 3 tensors `(x, width, scale, cache)` in one
+    /// launch.
+    fn cache_writes(&self, jobs: &[(u64, usize, f32, u64)], t: usize, bf16: bool) -> Result<()> {
+        let mut cj = CwJobs::default();
+        for (i, &(x, width, scale, cache)) in jobs.iter().take(3).enumerate() {
+            cj.j[i] = CwJob {
+                x,
+                cache,
+                width: width as u32,
+                scale,
+                bf16: bf16 as u32,
+                pad: 0,
+            };
+            cj.n += 1;
+        }
+        self.l.launch(
+            "cache_write",
+            &self.kern.cache_write,
+            (t as u32, cj.n, 1),
+            128,
+            0,
+            &[Arg::pod(&cj), Arg::U64(self.inputs.slots())],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_tables_have_the_kernel_layout() {
+        // SHnJob: 3 u64 + 4 u32; SHnJobs: 4 of them, f64, f32, u32.
+        assert_eq!(std::mem::size_of::<HnJob>(), 40);
+        assert_eq!(std::mem::size_of::<HnJobs>(), 4 * 40 + 16);
+        // SCwJob: 2 u64 + u32, f32, u32, u32; SCwJobs: 3 of them + 2 u32.
+        assert_eq!(std::mem::size_of::<CwJob>(), 32);
+        assert_eq!(std::mem::size_of::<CwJobs>(), 3 * 32 + 8);
+    }
+}

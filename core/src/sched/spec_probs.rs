@@ -5,86 +5,30 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::request::SamplingParams;
-use crate::sample::greedy;
+use crate::sample::kept_weights;
 
 /// The sampling distribution of `sample` (MODEL.md 4) as a probability
-/// vector over the vocabulary: one-hot on the argmax for greedy params,
-/// else `softmax(logits / temperature)` over the top-k, cut to the top-p
-/// prefix, renormalised (zeros elsewhere). It is exactly the distribution
-/// `crate::sample::sample` draws from, which the rejection and block
-/// verifiers need for the target's rows.
+/// vector over the vocabulary: one-hot on the argmax for greedy params, else
+/// `w_i / W'` (f64 division, stored as f32) on the kept candidates, `w_i`
+/// their integer weights and `W'` the sum of them, and 0 elsewhere. Both this
+/// and `crate::sample::sample` are built on `crate::sample::kept_weights`, so
+/// this is exactly the distribution `sample` draws from (up to the 2^-53
+/// resolution of its uniform), which the rejection and block verifiers need
+/// for the target's rows. An empty row gives an empty vector; a row with no
+/// candidate (all NaN) is one-hot on token 0, the token `sample` returns.
 pub fn sampling_probs(logits: &[f32], params: &SamplingParams) -> Vec<f32> {
     let mut out = vec![0.0f32; logits.len()];
     if logits.is_empty() {
         return out;
     }
-    if params.is_greedy() {
-        out[greedy(logits) as usize] = 1.0;
-        return out;
-    }
-    let mut idx: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| !logits[i as usize].is_nan())
-        .collect();
-    if idx.is_empty() {
-        out[0] = 1.0;
-        return out;
-    }
-    idx.sort_by(|&a, &b| {
-        logits[b as usize]
-            .partial_cmp(&logits[a as usize])
-            .unwrap_or(core::cmp::Ordering::Equal)
-            .then(a.cmp(&b))
-    });
-    if params.top_k > 0 && params.top_k < idx.len() {
-        idx.truncate(params.top_k);
-    }
-    let t = f64::from(params.temperature);
-    let m = f64::from(logits[idx[0] as usize]);
-    let mut p: Vec<f64> = idx
-        .iter()
-        .map(|&i| exp((f64::from(logits[i as usize]) - m) / t))
-        .collect();
-    let total: f64 = p.iter().sum();
-    if params.top_p < 1.0 {
-        let target = f64::from(params.top_p.max(0.0)) * total;
-        let mut acc = 0.0;
-        let mut keep = p.len();
-        for (n, &q) in p.iter().enumerate() {
-            acc += q;
-            if acc >= target {
-                keep = n + 1;
-                break;
-            }
+    let (ids, w) = kept_weights(logits, params);
+    let total = w.iter().fold(0u64, |a, &x| a.saturating_add(x)) as f64;
+    for (&i, &x) in ids.iter().zip(&w) {
+        if let Some(o) = out.get_mut(i as usize) {
+            *o = (x as f64 / total) as f32;
         }
-        p.truncate(keep.max(1));
-        idx.truncate(keep.max(1));
-    }
-    let total: f64 = p.iter().sum();
-    for (&i, &q) in idx.iter().zip(&p) {
-        out[i as usize] = (q / total) as f32;
     }
     out
-}
-
-#[cfg(feature = "std")]
-fn exp(x: f64) -> f64 {
-    x.exp()
-}
-
-#[cfg(not(feature = "std"))]
-fn exp(x: f64) -> f64 {
-    // Same series as the sampler's no_std fallback.
-    if x < -745.0 {
-        return 0.0;
-    }
-    let k = (x / core::f64::consts::LN_2 + if x < 0.0 { -0.5 } else { 0.5 }) as i64;
-    let r = x - k as f64 * core::f64::consts::LN_2;
-    let (mut term, mut s) = (1.0, 1.0);
-    for n in 1..20 {
-        term *= r / n as f64;
-        s += term;
-    }
-    s * f64::from_bits(((k.clamp(-1022, 1023) + 1023) as u64) << 52)
 }
 
 #[cfg(test)]
@@ -126,5 +70,29 @@ mod tests {
         }
         let g = sampling_probs(&logits, &SamplingParams::default());
         assert_eq!(g, vec![0.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+    }
+
+    /// The probabilities are the kept weights over their sum, exactly.
+    #[test]
+    fn is_the_kept_weights_normalised() {
+        let logits = [0.5f32, 2.0, f32::NAN, -1.0, 2.0, f32::NEG_INFINITY];
+        let params = SamplingParams {
+            temperature: 0.6,
+            top_k: 4,
+            top_p: 0.9,
+            seed: 3,
+        };
+        let (ids, w) = crate::sample::kept_weights(&logits, &params);
+        let total: u64 = w.iter().sum();
+        let p = sampling_probs(&logits, &params);
+        for (t, &q) in p.iter().enumerate() {
+            let want = ids
+                .iter()
+                .position(|&i| i as usize == t)
+                .map_or(0.0, |n| (w[n] as f64 / total as f64) as f32);
+            assert_eq!(q.to_bits(), want.to_bits(), "token {t}");
+        }
+        assert_eq!(sampling_probs(&[], &params), Vec::<f32>::new());
+        assert_eq!(sampling_probs(&[f32::NAN; 3], &params), vec![1.0, 0.0, 0.0]);
     }
 }

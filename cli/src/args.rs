@@ -29,6 +29,23 @@ pub enum BackendArg {
     /// The GPU (an error, saying why, when none is usable).
     #[value(alias = "cuda")]
     Gpu,
+    /// The GPU's op-parity harness: host weights and cache, every op one
+    /// kernel from host slices (slow; for finding which op differs).
+    #[value(name = "gpu-ops", hide = true)]
+    GpuOps,
+}
+
+/// The GPU op harness as a backend whose loaded model is a `HostRunner`
+/// over its `run_op` (the op path, end to end).
+struct OpsHarness(m3_gpu::GpuBackend);
+
+impl Backend for OpsHarness {
+    fn name(&self) -> &str {
+        "gpu-ops"
+    }
+    fn run_op(&self, op: m3_core::backend::Op<'_>) -> Result<(), m3_core::backend::BackendError> {
+        self.0.run_op(op)
+    }
 }
 
 /// `--kv-dtype` / `--kv-cache-dtype`.
@@ -186,6 +203,10 @@ pub struct EngineArgs {
     /// on it).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// GPU: run every step with direct kernel launches, never a captured
+    /// CUDA graph (slower; for debugging, vLLM's flag).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 impl EngineArgs {
@@ -211,20 +232,31 @@ impl EngineArgs {
 }
 
 /// Open the backend `--backend` names. `auto` says on stderr what it chose
-/// and why.
-pub fn open_backend(choice: BackendArg) -> Result<Box<dyn Backend + Sync>> {
+/// and why. `eager`: a GPU runs every step with direct launches (no CUDA
+/// graphs; `--enforce-eager`).
+pub fn open_backend(choice: BackendArg, eager: bool) -> Result<Box<dyn Backend + Sync>> {
     let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
+    let gpu = |mut g: m3_gpu::GpuBackend| -> Box<dyn Backend + Sync> {
+        if eager {
+            g.path_options.graph_max_rows = 0;
+        }
+        Box::new(g)
+    };
     match choice {
         BackendArg::Cpu => Ok(cpu()),
+        BackendArg::GpuOps => match m3_gpu::GpuBackend::open() {
+            Ok(g) => Ok(Box::new(OpsHarness(g))),
+            Err(e) => bail!("--backend gpu-ops: no usable GPU: {e}"),
+        },
         BackendArg::Gpu => match m3_gpu::GpuBackend::open() {
-            Ok(g) => Ok(Box::new(g)),
+            Ok(g) => Ok(gpu(g)),
             Err(e) => bail!("--backend gpu: no usable GPU: {e}"),
         },
         BackendArg::Auto => match m3_gpu::GpuBackend::open() {
             Ok(g) => {
                 let i = g.gpu().info();
                 eprintln!("info: --backend auto: using gpu ({}, {})", i.name, i.arch);
-                Ok(Box::new(g))
+                Ok(gpu(g))
             }
             Err(e) => {
                 eprintln!("info: --backend auto: using cpu (no usable GPU: {e})");
@@ -234,7 +266,7 @@ pub fn open_backend(choice: BackendArg) -> Result<Box<dyn Backend + Sync>> {
     }
 }
 
-/// Whether `be` is the GPU backend.
+/// Whether `be` is the GPU backend (its loaded models live on the device).
 pub fn is_gpu(be: &dyn Backend) -> bool {
     be.name() == "gpu"
 }
@@ -395,14 +427,14 @@ mod tests {
     #[test]
     fn cpu_and_auto_always_give_a_backend() {
         assert_eq!(
-            open_backend(BackendArg::Cpu)
+            open_backend(BackendArg::Cpu, false)
                 .map(|b| b.name().to_string())
                 .ok()
                 .as_deref(),
             Some("cpu")
         );
         // auto: gpu where a device opens, else cpu; never an error
-        let name = open_backend(BackendArg::Auto).map(|b| b.name().to_string());
+        let name = open_backend(BackendArg::Auto, false).map(|b| b.name().to_string());
         assert!(matches!(name.as_deref(), Ok("cpu") | Ok("gpu")));
     }
 
@@ -411,7 +443,9 @@ mod tests {
         if m3_gpu::GpuBackend::open().is_ok() {
             return; // a device is present: nothing to check here
         }
-        let e = open_backend(BackendArg::Gpu).err().map(|e| e.to_string());
+        let e = open_backend(BackendArg::Gpu, false)
+            .err()
+            .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
     }
 
@@ -438,6 +472,7 @@ mod tests {
             max_batch_tokens: 8,
             max_seqs: 2,
             threads: 0,
+            enforce_eager: false,
         };
         let m = ModelArgs {
             model: None,

@@ -248,6 +248,12 @@ pub struct LayerDiag {
     /// selections differ.
     pub expert_rows_differ: usize,
     pub block_rows_differ: usize,
+    /// With MXFP4 expert activations (`--act mxfp4`): the E2M1 codes of the
+    /// routed experts' input (`ffn_in.{l}`, MXFP4 `even` per 32) that
+    /// differ between the two sides: one flipped code moves a row by a
+    /// whole E2M1 step, so the count says how much of a residual's
+    /// difference is quantization, not arithmetic. `None` when not counted.
+    pub act_code_flips: Option<usize>,
 }
 
 /// One discrete choice that differs.
@@ -329,6 +335,59 @@ pub fn rel_l2(reference: &[f32], be: &[f32]) -> (f64, f64) {
 /// Whether a rel L2 is a jump: above `jump`, or NaN (non-finite values).
 pub fn is_jump(rel: f64, jump: f64) -> bool {
     rel.is_nan() || rel >= jump
+}
+
+/// E2M1 codes that differ between the MXFP4 (`even`) quantizations of `a`
+/// and `b` (`[rows, width]`, row-major); `None` when they cannot be
+/// quantized (shapes, non-finite values).
+pub fn mxfp4_code_flips(a: &[f32], b: &[f32], width: usize) -> Option<usize> {
+    use m3_core::formats::{MxElem, MxTensor, ScaleRule};
+    if a.len() != b.len() || width == 0 || !a.len().is_multiple_of(width) {
+        return None;
+    }
+    let rows = a.len() / width;
+    let qa = MxTensor::quantize(a, rows, width, MxElem::Fp4E2M1, ScaleRule::Even).ok()?;
+    let qb = MxTensor::quantize(b, rows, width, MxElem::Fp4E2M1, ScaleRule::Even).ok()?;
+    let (da, db) = (qa.dequantize(), qb.dequantize());
+    Some(
+        da.iter()
+            .zip(&db)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count(),
+    )
+}
+
+/// The upstream rule under teacher forcing: the backend ran the prefix with
+/// every layer's input taken from the reference's residuals, so a layer's
+/// difference is its own, not accumulated. A logits `MISMATCH` of the
+/// free-running streams is `near-tie-upstream` when the diagnosis' own
+/// upstream rule says so, or when no teacher-forced layer jumps, no
+/// discrete choice differs, and the teacher-forced logits (`tf`, both sides
+/// from the reference's last residual) pick the same token or a near tie:
+/// then every layer agrees on the reference's inputs and the streams parted
+/// by accumulated rounding.
+pub fn judge_teacher_forced(g: &Diagnosis, tf: &Judgement) -> Upstream {
+    if g.upstream.near_tie {
+        return g.upstream.clone();
+    }
+    let agree = g.first_discrete.is_none() && g.first_jump_layer_any_row.is_none();
+    if agree && matches!(tf.verdict, Verdict::Identical | Verdict::NearTie) && !tf.nonfinite {
+        let worst = g
+            .layers
+            .iter()
+            .map(|d| d.residual_rel_l2_max_row)
+            .fold(0.0, f64::max);
+        return Upstream {
+            near_tie: true,
+            reason: format!(
+                "teacher-forced on the reference's residuals every layer agrees (worst residual rel L2 {worst:.2e} < {:.0e}, no discrete choice differs) and the teacher-forced logits agree ({}, rel L2 {:.2e}): the free-running streams parted by accumulated rounding",
+                g.residual_jump,
+                tf.verdict.as_str(),
+                tf.rel_l2
+            ),
+        };
+    }
+    g.upstream.clone()
 }
 
 /// The upstream rule. `residual` is each layer's worst-row residual rel L2
@@ -518,6 +577,7 @@ pub fn diagnose(
     bt: &Taps,
     router_scores: &mut RouterScores<'_>,
     margins: Margins,
+    count_act_flips: bool,
 ) -> Result<Diagnosis> {
     let h = c.hidden_size;
     let Some(last) = rows.checked_sub(1) else {
@@ -573,7 +633,16 @@ pub fn diagnose(
             ffn_out_rel_l2_last: side("ffn_out"),
             expert_rows_differ: 0,
             block_rows_differ: 0,
+            act_code_flips: None,
         };
+        if count_act_flips && c.mlp_kinds.get(l) == Some(&m3_core::config::MlpKind::Moe) {
+            if let (Some(a), Some(b)) = (
+                rt.f32(&format!("ffn_in.{l}")),
+                bt.f32(&format!("ffn_in.{l}")),
+            ) {
+                ld.act_code_flips = mxfp4_code_flips(a, b, c.hidden_size);
+            }
+        }
         // the indexer's blocks
         let tb = format!("topk_blocks.{l}");
         if let (Some(ra), Some(ba)) = (rt.i32(&tb), bt.i32(&tb)) {
@@ -904,5 +973,67 @@ mod tests {
         assert!((r - 0.1).abs() < 1e-12 && (m - 0.5).abs() < 1e-12);
         assert!(rel_l2(&[1.0], &[f32::INFINITY]).0.is_nan());
         assert!(rel_l2(&[1.0], &[1.0, 2.0]).0.is_nan());
+    }
+
+    fn diag(first_jump: Option<usize>, diffs: Vec<DiscreteDiff>) -> Diagnosis {
+        let layer = |l: usize| LayerDiag {
+            layer: l,
+            residual_rel_l2_last: 1e-4,
+            residual_max_abs_last: 1e-4,
+            residual_rel_l2_max_row: if Some(l) == first_jump { 0.5 } else { 2e-4 },
+            residual_worst_row: 0,
+            attn_out_rel_l2_last: None,
+            ffn_out_rel_l2_last: None,
+            expert_rows_differ: 0,
+            block_rows_differ: 0,
+            act_code_flips: None,
+        };
+        let worst: Vec<f64> = (0..3).map(|l| layer(l).residual_rel_l2_max_row).collect();
+        Diagnosis {
+            rows: 4,
+            residual_jump: RESIDUAL_JUMP,
+            layers: (0..3).map(layer).collect(),
+            first_jump_layer_last_row: None,
+            first_jump_layer_any_row: first_jump,
+            discrete_differences: diffs.len(),
+            first_discrete: diffs.first().cloned(),
+            upstream: judge_upstream(&worst, &diffs, RESIDUAL_JUMP),
+            discrete: diffs,
+            router_gap_note: None,
+        }
+    }
+
+    #[test]
+    fn teacher_forced_agreement_explains_a_free_running_mismatch() {
+        // free-running logits disagree (a real MISMATCH by the logits
+        // alone), but teacher-forced every layer agrees and so do the
+        // teacher-forced logits: near-tie-upstream
+        let a = row(64, &[(7, 3.0), (9, 1.0)]);
+        let b = row(64, &[(7, 1.0), (9, 3.0)]);
+        let free = judge(&a, &b, 7, 9, 1e-3).expect("judge");
+        let tf_same = judge(&a, &a, 7, 7, 1e-3).expect("judge");
+        let u = judge_teacher_forced(&diag(None, vec![]), &tf_same);
+        assert!(u.near_tie, "{u:?}");
+        assert_eq!(final_verdict(&free, Some(&u)), Verdict::NearTieUpstream);
+        // the comparison can fail: teacher-forced logits that still
+        // disagree, a teacher-forced layer that jumps, or a flip that is
+        // not a near tie keep the MISMATCH
+        let tf_diff = judge(&a, &b, 7, 9, 1e-3).expect("judge");
+        assert!(!judge_teacher_forced(&diag(None, vec![]), &tf_diff).near_tie);
+        assert!(!judge_teacher_forced(&diag(Some(1), vec![]), &tf_same).near_tie);
+        let d = flip(1, ChoiceKind::Experts, 0, Some(4e-2));
+        assert!(!judge_teacher_forced(&diag(None, vec![d]), &tf_same).near_tie);
+    }
+
+    #[test]
+    fn mxfp4_code_flips_are_counted() {
+        let a: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        assert_eq!(mxfp4_code_flips(&a, &a, 32), Some(0));
+        // one value's sign flipped (not its block's largest magnitude, so
+        // the block scale stays): exactly one code differs
+        let mut b = a.clone();
+        b[5] = -b[5];
+        assert_eq!(mxfp4_code_flips(&a, &b, 32), Some(1));
+        assert_eq!(mxfp4_code_flips(&a, &a[..32], 32), None);
     }
 }

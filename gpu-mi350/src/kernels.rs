@@ -133,6 +133,7 @@ pub const ALL: &[KernelSource] = &[
     crate::ops::attention::ATTENTION,
     crate::ops::moe::MOE,
     crate::ops::sample::SAMPLE,
+    crate::sampling::SAMPLE_KEYED,
     crate::standard::STANDARD,
     crate::standard::GEN,
 ];

@@ -38,7 +38,7 @@ use m3_core::sample::{sample, SampleParams};
 use m3_core::weights::{FfnWeights, LinearWeight, ModelWeights};
 use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
 use m3_cpu_ref::CpuBackend;
-use m3_golden::parity::{diagnose, judge, Margins, Verdict, LOGIT_MARGIN};
+use m3_golden::parity::{diagnose, judge, Margins, Verdict};
 use m3_gpu::GpuBackend;
 
 const PAGE: usize = 16;
@@ -61,6 +61,15 @@ struct Case {
     /// roundings at every op boundary (2^-9 each) in another summation
     /// order stay under it over 4 layers; a wrong op gives O(1).
     tol: f64,
+    /// Judge residuals by their worst row (else by the whole tensor: with
+    /// MXFP4 activations one flipped activation code moves a single row).
+    worst_row: bool,
+    /// Logit gap below which a decode token swap is a near tie. The decode
+    /// steps run on each side's own cache, so the sides drift by bf16
+    /// roundings (logits rel L2 ~5e-3 over 4 layers, see the prefill
+    /// lines); an fp8 cache turns a rounding flip of a key into a whole
+    /// E4M3 step (2^-4 relative).
+    logit_margin: f64,
 }
 
 const MX: Formats = Formats {
@@ -77,6 +86,8 @@ const CASES: &[Case] = &[
         selection: IndexSelection::PerKvHead,
         full_layers: 0,
         tol: 1e-2,
+        worst_row: true,
+        logit_margin: 5e-2,
     },
     Case {
         name: "mxfp4/mxfp8, bf16 cache",
@@ -86,6 +97,8 @@ const CASES: &[Case] = &[
         selection: IndexSelection::PerKvHead,
         full_layers: 0,
         tol: 1e-2,
+        worst_row: true,
+        logit_margin: 2e-2,
     },
     Case {
         name: "bf16 weights, bf16 cache",
@@ -98,6 +111,8 @@ const CASES: &[Case] = &[
         selection: IndexSelection::PerKvHead,
         full_layers: 0,
         tol: 1e-2,
+        worst_row: true,
+        logit_margin: 2e-2,
     },
     Case {
         name: "nvfp4 experts / mxfp8 e5m2 rest",
@@ -110,6 +125,8 @@ const CASES: &[Case] = &[
         selection: IndexSelection::PerKvHead,
         full_layers: 0,
         tol: 1e-2,
+        worst_row: true,
+        logit_margin: 2e-2,
     },
     Case {
         name: "mxfp4 a4 (--act mxfp4)",
@@ -118,8 +135,10 @@ const CASES: &[Case] = &[
         act: ActMode::Mxfp4,
         selection: IndexSelection::PerKvHead,
         full_layers: 0,
-        // one flipped activation code moves a row (golden's stated floor)
+        // golden's stated floor for MXFP4 activations
         tol: 3e-2,
+        worst_row: false,
+        logit_margin: 5e-2,
     },
     Case {
         name: "shared selection, M3-style full layers 0-1",
@@ -129,6 +148,8 @@ const CASES: &[Case] = &[
         selection: IndexSelection::Shared,
         full_layers: 2,
         tol: 1e-2,
+        worst_row: true,
+        logit_margin: 2e-2,
     },
 ];
 
@@ -246,13 +267,14 @@ fn run_case(gpu: &GpuBackend, case: &Case, m: Arc<ModelWeights>) -> Vec<String> 
         &bt.taps,
         &mut scores,
         Margins::default(),
+        case.act == ActMode::Mxfp4,
     ) {
         Err(e) => fail.push(format!("{}: diagnosis failed: {e}", case.name)),
         Ok(g) => {
             let first_flip = g.first_discrete.as_ref().map(|d| d.layer);
             for d in &g.layers {
                 println!(
-                    "[{}] prefill layer {}: residual rel L2 last row {:.2e}, worst row {:.2e}; attn out {:.2e}; ffn out {:.2e}; experts differ {} rows, blocks differ {} head-rows",
+                    "[{}] prefill layer {}: residual rel L2 last row {:.2e}, worst row {:.2e}; attn out {:.2e}; ffn out {:.2e}; experts differ {} rows, blocks differ {} head-rows; MXFP4 activation codes flipped {:?}",
                     case.name,
                     d.layer,
                     d.residual_rel_l2_last,
@@ -260,13 +282,23 @@ fn run_case(gpu: &GpuBackend, case: &Case, m: Arc<ModelWeights>) -> Vec<String> 
                     d.attn_out_rel_l2_last.unwrap_or(f64::NAN),
                     d.ffn_out_rel_l2_last.unwrap_or(f64::NAN),
                     d.expert_rows_differ,
-                    d.block_rows_differ
+                    d.block_rows_differ,
+                    d.act_code_flips
                 );
                 let before_flip = first_flip.is_none_or(|f| d.layer < f);
-                if before_flip && within(d.residual_rel_l2_max_row, case.tol).is_err() {
+                let name = format!("residual.{}", d.layer);
+                let judged = if case.worst_row {
+                    d.residual_rel_l2_max_row
+                } else {
+                    match (rt.taps.f32(&name), bt.taps.f32(&name)) {
+                        (Some(a), Some(b)) => rel_l2(a, b),
+                        _ => f64::NAN,
+                    }
+                };
+                if before_flip && within(judged, case.tol).is_err() {
                     fail.push(format!(
-                        "{}: prefill residual.{} rel L2 {:.3e} > {:.1e}",
-                        case.name, d.layer, d.residual_rel_l2_max_row, case.tol
+                        "{}: prefill {name} rel L2 {judged:.3e} > {:.1e}",
+                        case.name, case.tol
                     ));
                 }
             }
@@ -298,7 +330,13 @@ fn run_case(gpu: &GpuBackend, case: &Case, m: Arc<ModelWeights>) -> Vec<String> 
         let st = StepBatch::contiguous(0, &[fed], pos, &table, PAGE, true);
         let a = step(&mut cpu, &st, &[SampleParams::GREEDY], TapRequest::NONE);
         let b = step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE);
-        match judge(&a.logits, &b.logits, a.tokens[0], b.tokens[0], LOGIT_MARGIN) {
+        match judge(
+            &a.logits,
+            &b.logits,
+            a.tokens[0],
+            b.tokens[0],
+            case.logit_margin,
+        ) {
             Ok(j) if j.verdict == Verdict::Identical => same += 1,
             Ok(j) if j.verdict == Verdict::NearTie => {
                 ties += 1;
@@ -411,6 +449,7 @@ fn planted_gap(
         &bt.taps,
         &mut scores,
         Margins::default(),
+        false,
     ) {
         Err(e) => out.push(e.to_string()),
         Ok(g) => {
@@ -496,4 +535,196 @@ fn device_sampling_graphs_and_block_copies() {
     );
     // and a copy outside the pool is an error, not a crash
     assert!(dev.copy_blocks(&[(0, 10_000)]).is_err());
+}
+
+/// One decode-consistency configuration.
+#[derive(Clone, Copy, Debug)]
+struct Consistency {
+    preset: &'static str,
+    cache: CacheDtype,
+    act: ActMode,
+    graphs: bool,
+}
+
+/// The GPU against itself: the logits of a prompt's rows from one prefill
+/// step, and from a shorter prefill followed by one decode step per row
+/// (the incremental path every generation takes), agree within bf16 noise.
+/// Printed per configuration (preset, cache, activations, kernel variant,
+/// graphs), so a failure names the path at fault.
+#[test]
+fn decode_matches_prefill_on_the_gpu() {
+    let Some(cuda) = gpu_or_skip("decode_matches_prefill_on_the_gpu") else {
+        return;
+    };
+    let mut gpu = GpuBackend::new(cuda);
+    let mut failures = Vec::new();
+    let mut configs = Vec::new();
+    for preset in ["tiny", "small"] {
+        for cache in [CacheDtype::Bf16, CacheDtype::Fp8E4M3] {
+            for act in [ActMode::Bf16, ActMode::Mxfp4] {
+                for graphs in [true, false] {
+                    configs.push(Consistency {
+                        preset,
+                        cache,
+                        act,
+                        graphs,
+                    });
+                }
+            }
+        }
+    }
+    let mut models = std::collections::BTreeMap::new();
+    for cfg in configs {
+        let m = models
+            .entry(cfg.preset)
+            .or_insert_with(|| {
+                let c = ModelConfig::preset(cfg.preset).expect("preset");
+                Arc::new(synthetic::model(&c, MX, 5).expect("synthetic model"))
+            })
+            .clone();
+        gpu.path_options.graph_max_rows = if cfg.graphs { 128 } else { 0 };
+        let spec = LoadSpec {
+            cache_dtype: cfg.cache,
+            block_size: PAGE,
+            kv: KvBudget::Blocks(8),
+            max_rows: 64,
+            max_seqs: 1,
+            max_context: 128,
+            act: cfg.act,
+            selection: None,
+        };
+        let mut dev = gpu
+            .load(ModelSource::Weights(m.clone()), &spec, &mut |_| {})
+            .expect("gpu load");
+        let vocab = m.config.vocab_size;
+        let n = 40;
+        let half = 20;
+        let p = prompt(vocab)[..n].to_vec();
+        let table: Vec<u32> = (0..8).collect();
+        let all = step(
+            &mut dev,
+            &StepBatch::contiguous(0, &p, 0, &table, PAGE, true),
+            &vec![SampleParams::GREEDY; n],
+            TapRequest::NONE,
+        );
+        let first = step(
+            &mut dev,
+            &StepBatch::contiguous(0, &p[..half], 0, &table, PAGE, true),
+            &vec![SampleParams::GREEDY; half],
+            TapRequest::NONE,
+        );
+        let row = |o: &StepOutput, i: usize| o.logits[i * vocab..(i + 1) * vocab].to_vec();
+        let mut worst_prefill: f64 = 0.0;
+        for i in 0..half {
+            worst_prefill = worst_prefill.max(rel_l2(&row(&all, i), &row(&first, i)));
+        }
+        let (mut worst_decode, mut argmax_differ) = (0f64, 0usize);
+        let mut per_row = Vec::new();
+        for i in half..n {
+            let d = step(
+                &mut dev,
+                &StepBatch::contiguous(0, &p[i..i + 1], i as u32, &table, PAGE, true),
+                &[SampleParams::GREEDY],
+                TapRequest::NONE,
+            );
+            let e = rel_l2(&row(&all, i), &row(&d, 0));
+            per_row.push(format!("{e:.1e}"));
+            worst_decode = worst_decode.max(if e.is_nan() { f64::INFINITY } else { e });
+            if d.tokens[0] != all.tokens[i] {
+                argmax_differ += 1;
+            }
+        }
+        println!(
+            "[{} cache {:?} act {:?} graphs {}] prefill-20 vs prefill-40 worst row rel L2 {worst_prefill:.2e}; decode vs prefill worst row {worst_decode:.2e}, argmax differs in {argmax_differ} of {}; per row {}",
+            cfg.preset,
+            cfg.cache,
+            cfg.act,
+            cfg.graphs,
+            n - half,
+            per_row.join(" ")
+        );
+        // the same kernels on the same inputs: bit for bit (a decode row
+        // is computed as its prefill row is)
+        if within(worst_decode, 1e-6).is_err() || within(worst_prefill, 1e-6).is_err() {
+            failures.push(format!(
+                "{cfg:?}: decode {worst_decode:.3e}, prefill {worst_prefill:.3e}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A decode step's per-layer taps equal its prefill row's (the default
+/// options), on `small`, whose K = 1024 linears once hid a decode-only
+/// departure (bench/NOTES.md session 3): attention and FFN outputs,
+/// router input and residual, layer by layer.
+#[test]
+fn decode_taps_match_prefill_taps_by_layer() {
+    let Some(cuda) = gpu_or_skip("decode_taps_match_prefill_taps_by_layer") else {
+        return;
+    };
+    let gpu = GpuBackend::new(cuda);
+    let c = ModelConfig::preset("small").expect("preset");
+    let m = Arc::new(synthetic::model(&c, MX, 5).expect("synthetic model"));
+    let spec = LoadSpec {
+        cache_dtype: CacheDtype::Bf16,
+        block_size: PAGE,
+        kv: KvBudget::Blocks(8),
+        max_rows: 64,
+        max_seqs: 1,
+        max_context: 128,
+        act: ActMode::Bf16,
+        selection: None,
+    };
+    let mut dev = gpu
+        .load(ModelSource::Weights(m.clone()), &spec, &mut |_| {})
+        .expect("gpu load");
+    let h = c.hidden_size;
+    let p = prompt(c.vocab_size)[..24].to_vec();
+    let table: Vec<u32> = (0..8).collect();
+    let all = step(
+        &mut dev,
+        &StepBatch::contiguous(0, &p, 0, &table, PAGE, true),
+        &[SampleParams::GREEDY; 24],
+        TapRequest::DIAGNOSE,
+    );
+    step(
+        &mut dev,
+        &StepBatch::contiguous(0, &p[..20], 0, &table, PAGE, true),
+        &[SampleParams::GREEDY; 20],
+        TapRequest::NONE,
+    );
+    let mut failures = Vec::new();
+    for i in 20..24 {
+        // plain decode steps (graphs), the last one tapped
+        let tapped = i == 23;
+        let d = step(
+            &mut dev,
+            &StepBatch::contiguous(0, &p[i..i + 1], i as u32, &table, PAGE, true),
+            &[SampleParams::GREEDY],
+            if tapped {
+                TapRequest::DIAGNOSE
+            } else {
+                TapRequest::NONE
+            },
+        );
+        if !tapped {
+            continue;
+        }
+        for l in 0..c.num_hidden_layers {
+            let mut line = format!("decode row {i} layer {l}:");
+            for fam in ["attn_out", "ffn_in", "ffn_out", "residual"] {
+                let name = format!("{fam}.{l}");
+                if let (Some(a), Some(b)) = (all.taps.f32(&name), d.taps.f32(&name)) {
+                    let e = rel_l2(&a[i * h..(i + 1) * h], &b[..h]);
+                    line += &format!(" {fam} {e:.2e}");
+                    if within(e, 1e-6).is_err() {
+                        failures.push(format!("{name}: rel L2 {e:.3e}"));
+                    }
+                }
+            }
+            println!("{line}");
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

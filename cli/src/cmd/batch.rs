@@ -202,7 +202,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.spec_tokens > 7 {
         bail!("--spec-tokens {} is above 7 (MODEL.md 6)", args.spec_tokens);
     }
-    let be = args::open_backend(args.engine.backend)?;
+    let be = args::open_backend(args.engine.backend, args.engine.enforce_eager)?;
     let input = std::fs::read_to_string(&args.input)
         .with_context(|| format!("reading --input {}", args.input.display()))?;
     let ck = args.model.open()?;
@@ -276,14 +276,26 @@ pub fn run(args: Args) -> Result<()> {
         );
         // the clock starts once the model is loaded
         t0 = Instant::now();
+        // time of the decode-only steps and the rows they ran (one token a
+        // row without speculation): the serving rate once prompts are in
+        let mut last = Instant::now();
+        let mut decode = (0usize, 0f64);
         let done = sr
-            .run(|_, fin| bar.inc(fin.len() as u64))
+            .run(|step, fin| {
+                let now = Instant::now();
+                if !step.is_empty() && step.decode_rows() == step.rows.len() {
+                    decode.0 += step.rows.len();
+                    decode.1 += now.duration_since(last).as_secs_f64();
+                }
+                last = now;
+                bar.inc(fin.len() as u64)
+            })
             .map_err(|e| anyhow!("batch generation on {}: {e}", be.name()))?;
         bar.finish_and_clear();
         Ok::<_, anyhow::Error>((
             done,
             *sr.sched.counters(),
-            (sr.ran_mono, sr.ran_standard),
+            (sr.ran_mono, sr.ran_standard, decode),
             layout,
         ))
     })??;
@@ -341,9 +353,11 @@ pub fn run(args: Args) -> Result<()> {
         .mean_acceptance_length()
         .map_or_else(|| "n/a".to_string(), |a| format!("{a:.2}"));
     println!(
-        "{n_jobs} requests ({errors} bad lines) in {secs:.2} s: {:.2} requests/s, {:.1} output tokens/s, mean acceptance length {acc}, preemptions {}, prefix-cache hit tokens {}, prefill tokens {}, steps {} mono / {} standard planned ({} / {} run)",
+        "{n_jobs} requests ({errors} bad lines) in {secs:.2} s: {:.2} requests/s, {:.1} output tokens/s ({:.1} tokens/s over the decode-only steps, {} rows), mean acceptance length {acc}, preemptions {}, prefix-cache hit tokens {}, prefill tokens {}, steps {} mono / {} standard planned ({} / {} run)",
         n_jobs as f64 / secs.max(1e-9),
         out_tokens as f64 / secs.max(1e-9),
+        ran.2 .0 as f64 / ran.2 .1.max(1e-9),
+        ran.2 .0,
         counters.preemptions,
         counters.prefix_hit_tokens,
         counters.prefill_tokens,

@@ -219,7 +219,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.backend != "cpu" {
         bail!("--backend `{}` is not one of cpu, gpu", args.backend);
     }
-    let be = args::open_backend(args::BackendArg::Cpu)?;
+    let be = args::open_backend(args::BackendArg::Cpu, false)?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
     if let Some(l) = args.layers {
         cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;

@@ -100,7 +100,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.spec_tokens > 7 {
         bail!("--spec-tokens {} is above 7 (MODEL.md 6)", args.spec_tokens);
     }
-    let be = args::open_backend(args.engine.backend)?;
+    let be = args::open_backend(args.engine.backend, args.engine.enforce_eager)?;
     let ck = args.model.open()?;
     let c = ck.config().clone();
     let tokenizer = args::tokenizer(ck.dir())?;

@@ -45,6 +45,7 @@
 //! Any `MISMATCH` makes the command exit non-zero (after printing every
 //! prompt's line and writing `--json`); `near-tie-upstream` does not.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -54,12 +55,12 @@ use m3_core::backend::{
 };
 use m3_core::checkpoint::writer::write_file_atomic;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
-use m3_core::sample::SampleParams;
+use m3_core::sample::{greedy, SampleParams};
 use m3_core::sched::runner::SchedRunner;
 use m3_core::sched::{Request, SchedulerConfig};
 use m3_golden::parity::{
-    self, diagnose, final_verdict, judge, ChoiceKind, Diagnosis, DiscreteDiff, Judgement, Margins,
-    Verdict, RESIDUAL_JUMP,
+    self, diagnose, final_verdict, judge, judge_teacher_forced, ChoiceKind, Diagnosis,
+    DiscreteDiff, Judgement, Margins, Verdict, RESIDUAL_JUMP,
 };
 use serde::Serialize;
 
@@ -134,6 +135,9 @@ pub struct Args {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// GPU backend under test: direct launches only, no CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// Threads for a CPU backend (0 = all cores; results do not depend on it).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -228,12 +232,12 @@ fn fmt_diff(d: &DiscreteDiff) -> String {
 
 fn print_diagnosis(g: &Diagnosis) {
     println!(
-        "  diagnosis: teacher-forced prefill of {} rows, reference vs backend per layer (rel L2; last row, worst row):",
+        "  diagnosis: prefill of {} rows, the backend teacher-forced on the reference's residuals, per layer (rel L2; last row, worst row):",
         g.rows
     );
     for d in &g.layers {
         println!(
-            "    layer {:>3}: residual {:.3e} (max abs {:.3e}), worst row {} {:.3e}; attn out {}; ffn out {}; experts differ in {} row(s); blocks differ in {} head-row(s)",
+            "    layer {:>3}: residual {:.3e} (max abs {:.3e}), worst row {} {:.3e}; attn out {}; ffn out {}; experts differ in {} row(s); blocks differ in {} head-row(s){}",
             d.layer,
             d.residual_rel_l2_last,
             d.residual_max_abs_last,
@@ -242,7 +246,10 @@ fn print_diagnosis(g: &Diagnosis) {
             fmt_opt(d.attn_out_rel_l2_last),
             fmt_opt(d.ffn_out_rel_l2_last),
             d.expert_rows_differ,
-            d.block_rows_differ
+            d.block_rows_differ,
+            d.act_code_flips
+                .map(|n| format!("; MXFP4 activation codes flipped: {n}"))
+                .unwrap_or_default()
         );
     }
     let jl = |v: Option<usize>| v.map_or("none".to_string(), |l| format!("layer {l}"));
@@ -312,8 +319,14 @@ impl Side<'_> {
     }
 
     /// Logits of the last row of `tokens`, run as one prefill step (teacher
-    /// forcing on the common prefix), with the taps of `req`.
-    fn last_logits(&mut self, tokens: &[u32], req: TapRequest) -> Result<(Vec<f32>, Taps)> {
+    /// forcing on the common prefix), with the taps of `req`; `teacher`:
+    /// every layer's input taken from these residuals.
+    fn last_logits(
+        &mut self,
+        tokens: &[u32],
+        req: TapRequest,
+        teacher: Option<&BTreeMap<usize, Vec<f32>>>,
+    ) -> Result<(Vec<f32>, Taps)> {
         let bs = self.runner.kv_layout().page_size;
         let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32).collect();
         let step = StepBatch::contiguous(0, tokens, 0, &table, bs, false);
@@ -327,7 +340,7 @@ impl Side<'_> {
                     logits: vec![0],
                     taps: req,
                 },
-                teacher: None,
+                teacher,
             })
             .map_err(|e| anyhow!("teacher-forced step on {}: {e}", self.name))?;
         Ok((out.logits, out.taps))
@@ -380,6 +393,8 @@ struct Judging {
     /// Diagnose every divergence, not only a logits MISMATCH.
     diagnose_always: bool,
     max_batch_tokens: usize,
+    /// Count MXFP4 activation code flips per layer (`--act mxfp4` runs).
+    count_act_flips: bool,
 }
 
 /// One prompt: both greedy streams, and the judgement at the first
@@ -410,27 +425,39 @@ fn run_prompt(
     } else {
         let mut prefix = prompt.clone();
         prefix.extend_from_slice(&a[..agreed]);
-        let (ra, _) = rs.last_logits(&prefix, TapRequest::NONE)?;
-        let (rb, _) = bs.last_logits(&prefix, TapRequest::NONE)?;
+        let (ra, rt) = rs.last_logits(&prefix, TapRequest::ALL, None)?;
+        let (rb, _) = bs.last_logits(&prefix, TapRequest::NONE, None)?;
         let j = judge(&ra, &rb, a[agreed], b[agreed], how.margin)
             .with_context(|| format!("prompt {index}: judging generated token {agreed}"))?;
         let mut verdict = final_verdict(&j, None);
         if verdict == Verdict::Mismatch || how.diagnose_always {
             let g = (|| -> Result<Diagnosis> {
-                // the reference's index scores give its own block gaps
-                let (_, rt) = rs.last_logits(&prefix, TapRequest::ALL)?;
-                let (_, bt) = bs.last_logits(&prefix, TapRequest::DIAGNOSE)?;
+                // the backend teacher-forced on the reference's residuals:
+                // each layer's difference is its own
+                let nl = ck.config().num_hidden_layers;
+                let mut teacher = BTreeMap::new();
+                for l in 0..nl {
+                    let r = rt
+                        .f32(&format!("residual.{l}"))
+                        .ok_or_else(|| anyhow!("the reference gave no residual.{l}"))?;
+                    teacher.insert(l, r.to_vec());
+                }
+                let (rbt, bt) = bs.last_logits(&prefix, TapRequest::DIAGNOSE, Some(&teacher))?;
                 let mut scores = |l: usize, x: &[f32], rows: usize| {
                     router_scores(ck, l, x, rows).map_err(|e| format!("{e:#}"))
                 };
-                Ok(diagnose(
+                let mut g = diagnose(
                     ck.config(),
                     prefix.len(),
                     &rt,
                     &bt,
                     &mut scores,
                     how.margins,
-                )?)
+                    how.count_act_flips,
+                )?;
+                let tf = judge(&ra, &rbt, a[agreed], greedy(&rbt), how.margin)?;
+                g.upstream = judge_teacher_forced(&g, &tf);
+                Ok(g)
             })();
             match g {
                 Ok(g) => {
@@ -532,8 +559,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.prompts == Some(0) {
         bail!("--prompts must be at least 1");
     }
-    let reference = args::open_backend(args.reference).context("--reference")?;
-    let be = args::open_backend(args.backend)?;
+    let reference = args::open_backend(args.reference, false).context("--reference")?;
+    let be = args::open_backend(args.backend, args.enforce_eager)?;
     let ck = args.model.open()?;
     let vocab = ck.config().vocab_size;
     let prompts: Vec<Vec<u32>> = match (args.prompts, &args.tokens, &args.prompt) {
@@ -576,6 +603,7 @@ pub fn run(args: Args) -> Result<()> {
         max_batch_tokens: longest,
         max_seqs: 1,
         threads: args.threads,
+        enforce_eager: args.enforce_eager,
     };
     let re = engine(args.reference, args.kv_dtype, args.act);
     let bee = engine(
@@ -591,6 +619,8 @@ pub fn run(args: Args) -> Result<()> {
         },
         diagnose_always: args.diagnose,
         max_batch_tokens: longest,
+        count_act_flips: args.act == ActArg::Mxfp4
+            || args.backend_act.is_some_and(|a| a == ActArg::Mxfp4),
     };
     let opts = args.model.load_options();
     let (ref_name, be_name) = (

@@ -36,8 +36,10 @@ pub enum KvBudget {
     Blocks(usize),
     /// As many blocks as fit in this fraction of the device's memory, after
     /// the weights and the step buffers (`--gpu-memory-utilization`, vLLM's
-    /// meaning: the fraction of *total* memory this process may hold). A
-    /// host runner, which has no device, treats it as
+    /// meaning: the fraction of *total* memory this process may hold), but
+    /// no more than four times what `max_seqs` sequences of `max_context`
+    /// positions can hold at once (the rest is prefix-cache room). A host
+    /// runner, which has no device, treats it as
     /// [`LoadSpec::host_default_blocks`].
     MemoryFraction(f32),
 }

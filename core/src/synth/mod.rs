@@ -311,6 +311,37 @@ fn le_bytes_f32(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// Make the row chunks `[r0, r0 + n)` of a `rows`-row tensor with `make` on
+/// every core, a batch of chunks at a time, and hand them to `emit` in row
+/// order. Chunks are independent (counter-based values; blocks never cross
+/// rows), so the bytes do not depend on the thread count.
+fn for_row_chunks<T: Send>(
+    tensor: &str,
+    rows: usize,
+    chunk_rows: usize,
+    make: impl Fn(usize, usize) -> Result<T, FormatError> + Sync,
+    mut emit: impl FnMut(T) -> Result<(), SynthError>,
+) -> Result<(), SynthError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let starts: Vec<usize> = (0..rows).step_by(chunk_rows.max(1)).collect();
+    for batch in starts.chunks(threads) {
+        let made: Vec<Result<T, FormatError>> = std::thread::scope(|sc| {
+            let make = &make;
+            let jobs: Vec<_> = batch
+                .iter()
+                .map(|&r0| sc.spawn(move || make(r0, chunk_rows.min(rows - r0))))
+                .collect();
+            jobs.into_iter()
+                .map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for m in made {
+            emit(m.map_err(fmt_err(tensor))?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Generate one unit and write its tensors, in row chunks where the format
 /// allows (bf16, f32, MX: blocks never cross rows), whole for NVFP4 (its
 /// global scale needs the whole tensor's amax).
@@ -327,21 +358,27 @@ fn emit_unit(
     let entries = unit.entries();
     match unit.storage {
         Storage::F32 | Storage::Bf16 => {
-            let mut r0 = 0;
-            while r0 < rows {
-                let n = chunk_rows.min(rows - r0);
-                let v = unit_values(unit, &st, r0, n);
-                let bytes = if unit.storage == Storage::F32 {
-                    le_bytes_f32(&v)
-                } else {
-                    v.iter()
-                        .flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes())
-                        .collect()
-                };
-                w.write(name, &bytes)?;
-                progress.advance(bytes.len() as u64, name);
-                r0 += n;
-            }
+            let f32_out = unit.storage == Storage::F32;
+            for_row_chunks(
+                name,
+                rows,
+                chunk_rows,
+                |r0, n| {
+                    let v = unit_values(unit, &st, r0, n);
+                    Ok::<_, FormatError>(if f32_out {
+                        le_bytes_f32(&v)
+                    } else {
+                        v.iter()
+                            .flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes())
+                            .collect()
+                    })
+                },
+                |bytes: Vec<u8>| {
+                    w.write(name, &bytes)?;
+                    progress.advance(bytes.len() as u64, name);
+                    Ok(())
+                },
+            )?;
         }
         Storage::Mxfp4 | Storage::Mxfp8 => {
             let (elem, rule) = if unit.storage == Storage::Mxfp4 {
@@ -350,35 +387,21 @@ fn emit_unit(
                 (MxElem::Fp8E4M3, MXFP8_RULE)
             };
             let mut scales = Vec::with_capacity(rows * cols / MxElem::BLOCK);
-            // Row chunks are independent (counter-based values, blocks never
-            // cross rows): quantize a batch of them on all cores, then write
-            // in order. The bytes do not depend on the thread count.
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let starts: Vec<usize> = (0..rows).step_by(chunk_rows).collect();
-            for batch in starts.chunks(threads) {
-                let quantized: Vec<Result<MxTensor, FormatError>> = std::thread::scope(|sc| {
-                    let jobs: Vec<_> = batch
-                        .iter()
-                        .map(|&r0| {
-                            let st = &st;
-                            sc.spawn(move || {
-                                let n = chunk_rows.min(rows - r0);
-                                let v = unit_values(unit, st, r0, n);
-                                MxTensor::quantize(&v, n, cols, elem, rule)
-                            })
-                        })
-                        .collect();
-                    jobs.into_iter()
-                        .map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                        .collect()
-                });
-                for q in quantized {
-                    let q = q.map_err(fmt_err(name))?;
+            for_row_chunks(
+                name,
+                rows,
+                chunk_rows,
+                |r0, n| {
+                    let v = unit_values(unit, &st, r0, n);
+                    MxTensor::quantize(&v, n, cols, elem, rule)
+                },
+                |q: MxTensor| {
                     w.write(name, q.codes())?;
                     progress.advance(q.codes().len() as u64, name);
                     scales.extend_from_slice(q.scales());
-                }
-            }
+                    Ok(())
+                },
+            )?;
             w.write(&entries[1].name, &scales)?;
             progress.advance(scales.len() as u64, &entries[1].name);
         }

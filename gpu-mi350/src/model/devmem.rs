@@ -68,20 +68,22 @@ impl DevBuf {
         self.bytes
     }
 
+    /// Whether `[off, off + len)` is a non-empty range inside the buffer;
+    /// an error (naming `what`) when it runs past the end.
+    fn in_bounds(&self, what: &'static str, off: usize, len: usize) -> Result<bool> {
+        if off.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(GpuError::input(
+                what,
+                format!("{len} bytes at {off} past a buffer of {}", self.bytes),
+            ));
+        }
+        Ok(len > 0)
+    }
+
     /// Copy `bytes` to byte offset `off`, synchronously (weight loading:
     /// the source may be a mapped file page that is released right after).
     pub fn write_sync(&self, off: usize, bytes: &[u8]) -> Result<()> {
-        if off + bytes.len() > self.bytes {
-            return Err(GpuError::input(
-                "device write",
-                format!(
-                    "{} bytes at {off} past a buffer of {}",
-                    bytes.len(),
-                    self.bytes
-                ),
-            ));
-        }
-        if bytes.is_empty() {
+        if !self.in_bounds("device write", off, bytes.len())? {
             return Ok(());
         }
         self.ctx
@@ -100,17 +102,7 @@ impl DevBuf {
         data: &[T],
     ) -> Result<()> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        if off + bytes.len() > self.bytes {
-            return Err(GpuError::input(
-                "device write",
-                format!(
-                    "{} bytes at {off} past a buffer of {}",
-                    bytes.len(),
-                    self.bytes
-                ),
-            ));
-        }
-        if bytes.is_empty() {
+        if !self.in_bounds("device write", off, bytes.len())? {
             return Ok(());
         }
         // SAFETY: bounds checked above; pageable source is staged before return.
@@ -126,20 +118,11 @@ impl DevBuf {
         out: &mut [T],
     ) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        if off + bytes.len() > self.bytes {
-            return Err(GpuError::input(
-                "device read",
-                format!(
-                    "{} bytes at {off} past a buffer of {}",
-                    bytes.len(),
-                    self.bytes
-                ),
-            ));
-        }
+        let nonempty = self.in_bounds("device read", off, bytes.len())?;
         stream
             .synchronize()
             .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
-        if bytes.is_empty() {
+        if !nonempty {
             return Ok(());
         }
         // SAFETY: bounds checked above; the stream is idle.

@@ -306,3 +306,275 @@ mod tests {
         assert_eq!(std::mem::align_of::<MmaSegs>(), 8);
     }
 }
+
+/// The tensor-core linear against an f64 reference, per compiled variant,
+/// in plain and routed mode (runs on a GPU; skips without one unless
+/// REQUIRE_GPU=1). Products of bf16 inputs and exactly dequantized weights
+/// are exact; only the f32 summation order differs, so every output must
+/// be within a few f32 ulps of the sum's magnitude.
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::model::DevBuf;
+    use m3_core::formats::{bf16, MxElem, MxTensor, ScaleRule};
+    use m3_core::weights::LinearWeight;
+
+    fn gpu() -> Option<CudaGpu> {
+        match CudaGpu::open(0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                assert!(
+                    std::env::var("REQUIRE_GPU").map_or(true, |v| v != "1"),
+                    "REQUIRE_GPU=1 but no GPU: {e}"
+                );
+                println!("skipped: {e}");
+                None
+            }
+        }
+    }
+
+    fn rand(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
+        let v: Vec<f32> = (0..rows * cols).map(|_| rand(seed) * 0.05).collect();
+        match fmt {
+            "bf16" => LinearWeight::Bf16 {
+                rows,
+                cols,
+                data: v.iter().map(|&x| bf16::from_f32(x)).collect(),
+            },
+            "e4m3" => LinearWeight::Mx(
+                MxTensor::quantize(&v, rows, cols, MxElem::Fp8E4M3, ScaleRule::Floor).unwrap(),
+            ),
+            _ => LinearWeight::Mx(
+                MxTensor::quantize(&v, rows, cols, MxElem::Fp4E2M1, ScaleRule::Floor).unwrap(),
+            ),
+        }
+    }
+
+    fn dequant(w: &LinearWeight) -> Vec<f32> {
+        match w {
+            LinearWeight::Bf16 { data, .. } => data.iter().map(|&b| bf16::to_f32(b)).collect(),
+            LinearWeight::Mx(t) => t.dequantize(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn variants_match_an_f64_reference() {
+        let Some(gpu) = gpu() else { return };
+        let l = Launcher::new(gpu.context(), true).unwrap();
+        let mut k = LinearKernels {
+            mma: Vec::new(),
+            f32w: gpu
+                .function(&super::super::STANDARD, "m3s_linear_f32w")
+                .unwrap(),
+        };
+        let variants = [
+            "",
+            SMALL_STEP_VARIANT,
+            "S_MMA_WARPS=4",
+            "S_MMA_WARPS=2",
+            "S_MMA_MAXBT=2",
+        ];
+        for v in variants {
+            k.mma
+                .push(MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap());
+        }
+        let ctx = gpu.context();
+        let mut seed = 7u64;
+        let mut failures = Vec::new();
+        for fmt in ["bf16", "e4m3", "fp4"] {
+            for &(n, kk) in &[(48usize, 128usize), (64, 1024), (40, 2048), (16, 512)] {
+                // 2 stacked matrices: plain mode uses the first, routed both
+                let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut seed)).collect();
+                let refs: Vec<&LinearWeight> = ws.iter().collect();
+                let dev = DevLinear::upload(ctx, "test", &refs).unwrap();
+                let wf: Vec<Vec<f32>> = ws.iter().map(dequant).collect();
+                for &m in &[1usize, 2, 7, 16] {
+                    let xs: Vec<u16> = (0..m * kk)
+                        .map(|_| bf16::from_f32(rand(&mut seed)))
+                        .collect();
+                    let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+                    let x = |r: usize, c: usize| f64::from(bf16::to_f32(xs[r * kk + c]));
+                    // plain: y[r][o] = x[r] . W0[o]
+                    let want = |e: usize, r: usize, o: usize| -> (f64, f64) {
+                        let (mut s, mut a) = (0f64, 0f64);
+                        for c in 0..kk {
+                            let p = x(r, c) * f64::from(wf[e][o * kk + c]);
+                            s += p;
+                            a += p.abs();
+                        }
+                        (s, a)
+                    };
+                    // outputs of `got` (rows of n) off the f64 reference by more
+                    // than 1e-5 of the row's absolute sum; `which(row)` names the
+                    // (expert, x row) the output row was computed from
+                    let count_off =
+                        |got: &[f32], n: usize, which: &dyn Fn(usize) -> (usize, usize)| {
+                            let mut bad = 0;
+                            for (r, out) in got.chunks(n).enumerate() {
+                                let (e, xr) = which(r);
+                                for (o, &g) in out.iter().enumerate() {
+                                    let (s, a) = want(e, xr, o);
+                                    if (f64::from(g) - s).abs() > 1e-5 * a + 1e-30 {
+                                        bad += 1;
+                                    }
+                                }
+                            }
+                            bad
+                        };
+                    for (vi, v) in variants.iter().enumerate() {
+                        let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
+                        linears(
+                            &l,
+                            &k,
+                            vi,
+                            &[(&dev, LinOut::F32(y.ptr()))],
+                            xd.ptr(),
+                            m,
+                            None,
+                            m,
+                        )
+                        .unwrap();
+                        let mut got = vec![0f32; m * n];
+                        y.read(l.stream(), 0, &mut got).unwrap();
+                        let bad = count_off(&got, n, &|r| (0, r));
+                        if bad > 0 {
+                            failures.push(format!(
+                                "plain {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
+                                m * n
+                            ));
+                        }
+                        // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
+                        // x row p / 2, output row p
+                        let pairs = m * 2;
+                        let stride = 2 + pairs;
+                        let mut rec = vec![0i32; 2 * stride];
+                        for e in 0..2 {
+                            let rows: Vec<i32> = (0..pairs)
+                                .filter(|&p| (p / 2 + p % 2) % 2 == e)
+                                .map(|p| p as i32)
+                                .collect();
+                            rec[e * stride] = e as i32;
+                            rec[e * stride + 1] = rows.len() as i32;
+                            rec[e * stride + 2..e * stride + 2 + rows.len()].copy_from_slice(&rows);
+                        }
+                        let rt = DevBuf::from_slice(ctx, &rec).unwrap();
+                        let y = DevBuf::zeroed(ctx, pairs * n * 4).unwrap();
+                        linears(
+                            &l,
+                            &k,
+                            vi,
+                            &[(&dev, LinOut::F32(y.ptr()))],
+                            xd.ptr(),
+                            m,
+                            Some(Route {
+                                table: rt.ptr(),
+                                slots: 2,
+                                xdiv: 2,
+                            }),
+                            pairs,
+                        )
+                        .unwrap();
+                        let mut got = vec![0f32; pairs * n];
+                        y.read(l.stream(), 0, &mut got).unwrap();
+                        let bad = count_off(&got, n, &|p| ((p / 2 + p % 2) % 2, p / 2));
+                        if bad > 0 {
+                            failures.push(format!(
+                                "routed {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
+                                pairs * n
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        // fused pairs with bf16 and accumulating outputs, the runner's
+        // shapes (gate/up of one x, then a down projection added into f32)
+        for fmt in ["bf16", "e4m3"] {
+            for &(n, kk) in &[
+                (512usize, 1024usize),
+                (1024, 512),
+                (1024, 1024),
+                (2048, 1024),
+            ] {
+                let wa = weight(fmt, n, kk, &mut seed);
+                let wb = weight(fmt, n, kk, &mut seed);
+                let (da, db) = (
+                    DevLinear::upload(ctx, "a", &[&wa]).unwrap(),
+                    DevLinear::upload(ctx, "b", &[&wb]).unwrap(),
+                );
+                let (fa, fb) = (dequant(&wa), dequant(&wb));
+                for &m in &[1usize, 3, 16] {
+                    let xs: Vec<u16> = (0..m * kk)
+                        .map(|_| bf16::from_f32(rand(&mut seed)))
+                        .collect();
+                    let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+                    let dot = |w: &[f32], r: usize, o: usize| -> f64 {
+                        (0..kk)
+                            .map(|c| {
+                                f64::from(bf16::to_f32(xs[r * kk + c])) * f64::from(w[o * kk + c])
+                            })
+                            .sum()
+                    };
+                    for (vi, v) in variants.iter().enumerate() {
+                        let ya = DevBuf::zeroed(ctx, m * n * 2 + 64).unwrap();
+                        let init: Vec<f32> = (0..m * n + 16).map(|i| i as f32 * 0.25).collect();
+                        let yb = DevBuf::from_slice(ctx, &init).unwrap();
+                        linears(
+                            &l,
+                            &k,
+                            vi,
+                            &[
+                                (&da, LinOut::Bf16(ya.ptr())),
+                                (&db, LinOut::AddF32(yb.ptr())),
+                            ],
+                            xd.ptr(),
+                            m,
+                            None,
+                            m,
+                        )
+                        .unwrap();
+                        let mut ga = vec![0u16; m * n + 32];
+                        ya.read(l.stream(), 0, &mut ga).unwrap();
+                        let mut gb = vec![0f32; m * n + 16];
+                        yb.read(l.stream(), 0, &mut gb).unwrap();
+                        let mut bad = 0;
+                        for r in 0..m {
+                            for o in 0..n {
+                                let want = dot(&fa, r, o) as f32;
+                                let got = bf16::to_f32(ga[r * n + o]);
+                                if (got - want).abs() > want.abs() / 64.0 + 1e-6 {
+                                    bad += 1;
+                                }
+                                let want = init[r * n + o]
+                                    + bf16::to_f32(bf16::from_f32(dot(&fb, r, o) as f32));
+                                if (gb[r * n + o] - want).abs() > want.abs() / 64.0 + 1e-6 {
+                                    bad += 1;
+                                }
+                            }
+                        }
+                        // nothing written past the outputs
+                        let tail_a = ga[m * n..].iter().filter(|&&b| b != 0).count();
+                        let tail_b = (m * n..m * n + 16).filter(|&i| gb[i] != init[i]).count();
+                        if bad + tail_a + tail_b > 0 {
+                            failures.push(format!(
+                                "fused {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} outputs off, {tail_a} + {tail_b} written past the end"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        for f in &failures {
+            println!("{f}");
+        }
+        assert!(failures.is_empty(), "{} failing cases", failures.len());
+    }
+}

@@ -1,0 +1,33 @@
+//! Serving pieces for an OpenAI-compatible m3 server.
+//!
+//! The first piece is [`OutputParser`]: MiniMax models write their reasoning,
+//! their answer and their tool calls into one text stream, marked up with
+//! tags (`<think>…</think>`, `<minimax:tool_call><invoke name="…">…`). An
+//! OpenAI-style API returns those as three separate things
+//! (`reasoning_content`, `content`, `tool_calls`), and it has to do so while
+//! the text is still being generated, one detokenized delta at a time. The
+//! parser therefore works incrementally and gives the same result for every
+//! way of cutting the text into deltas: it holds back any suffix that might
+//! still become a tag, so tag text never leaks into what a client sees.
+//!
+//! ```
+//! use m3_serve::{Event, OutputParser, ParserOptions};
+//!
+//! let mut p = OutputParser::new(ParserOptions::default()).unwrap();
+//! let mut events = p.push("<think>hmm</think>Hi!<minimax:tool_call>\n<invoke name=\"f\">");
+//! events.extend(p.push("\n<parameter name=\"n\">3</parameter>\n</invoke>\n</minimax:tool_call>"));
+//! let fin = p.finish();
+//! assert!(fin.events.is_empty() && fin.truncated_tool_call.is_none());
+//! assert_eq!(events[0], Event::Reasoning("hmm".into()));
+//! assert_eq!(events[1], Event::Content("Hi!".into()));
+//! let Event::ToolCall(call) = &events[2] else { panic!() };
+//! assert_eq!(call.arguments_json(), r#"{"n":3}"#);
+//! ```
+
+mod parser;
+mod schema;
+mod tags;
+
+pub use parser::{Event, Finish, OutputParser, PartialToolCall, ToolCall};
+pub use schema::{convert_value, ToolSchemas};
+pub use tags::{ConfigError, ParserOptions, Tags};

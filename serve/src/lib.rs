@@ -23,11 +23,28 @@
 //! let Event::ToolCall(call) = &events[2] else { panic!() };
 //! assert_eq!(call.arguments_json(), r#"{"n":3}"#);
 //! ```
+//!
+//! Around it:
+//!
+//! * [`protocol`]: OpenAI request types for `/v1/completions` and
+//!   `/v1/chat/completions`, their validation (errors name the field and
+//!   serialize to OpenAI's 400 body), and the response / stream-chunk types.
+//! * [`StopMatcher`] ([`stop`]): `stop` strings matched on the generated
+//!   text while it streams, holding back only what might still become a
+//!   stop string.
+//! * [`IncrementalDetokenizer`] ([`detok`]): token ids to text deltas that
+//!   never split a UTF-8 character and keep context-dependent spacing right.
 
+pub mod detok;
 mod parser;
+pub mod protocol;
 mod schema;
+pub mod stop;
 mod tags;
 
+pub use detok::IncrementalDetokenizer;
 pub use parser::{Event, Finish, OutputParser, PartialToolCall, ToolCall};
+pub use protocol::{check_prompt_len, parse_chat, parse_completion, Limits, RequestError};
 pub use schema::{convert_value, ToolSchemas};
+pub use stop::{StopMatcher, StopStep};
 pub use tags::{ConfigError, ParserOptions, Tags};

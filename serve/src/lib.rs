@@ -34,6 +34,10 @@
 //!   stop string.
 //! * [`IncrementalDetokenizer`] ([`detok`]): token ids to text deltas that
 //!   never split a UTF-8 character and keep context-dependent spacing right.
+//! * [`ChatTemplate`] ([`template`]): HuggingFace chat templates from
+//!   `tokenizer_config.json`, rendered with minijinja, plus a built-in
+//!   MiniMax-style template ([`MINIMAX_STYLE_TEMPLATE`]) and
+//!   [`starts_in_reasoning`] to tell whether a prompt opens a `<think>` block.
 
 pub mod detok;
 mod parser;
@@ -41,6 +45,7 @@ pub mod protocol;
 mod schema;
 pub mod stop;
 mod tags;
+pub mod template;
 
 pub use detok::IncrementalDetokenizer;
 pub use parser::{Event, Finish, OutputParser, PartialToolCall, ToolCall};
@@ -48,3 +53,4 @@ pub use protocol::{check_prompt_len, parse_chat, parse_completion, Limits, Reque
 pub use schema::{convert_value, ToolSchemas};
 pub use stop::{StopMatcher, StopStep};
 pub use tags::{ConfigError, ParserOptions, Tags};
+pub use template::{starts_in_reasoning, ChatTemplate, TemplateError, MINIMAX_STYLE_TEMPLATE};

@@ -693,34 +693,6 @@ pub struct CompletionChoice {
     pub finish_reason: Option<FinishReason>,
 }
 
-/// A `/v1/completions` response (`object: "text_completion"`); streaming
-/// sends a sequence of these, each with the new text.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CompletionResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
-impl CompletionResponse {
-    pub const OBJECT: &'static str = "text_completion";
-
-    pub fn new(id: String, created: u64, model: String, choices: Vec<CompletionChoice>) -> Self {
-        CompletionResponse {
-            id,
-            object: Self::OBJECT,
-            created,
-            model,
-            choices,
-            usage: None,
-        }
-    }
-}
-
 /// The function part of a tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FunctionCall {
@@ -778,33 +750,6 @@ pub struct ChatChoice {
     pub finish_reason: Option<FinishReason>,
 }
 
-/// A non-streaming `/v1/chat/completions` response.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChatCompletionResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<ChatChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
-
-impl ChatCompletionResponse {
-    pub const OBJECT: &'static str = "chat.completion";
-
-    pub fn new(id: String, created: u64, model: String, choices: Vec<ChatChoice>) -> Self {
-        ChatCompletionResponse {
-            id,
-            object: Self::OBJECT,
-            created,
-            model,
-            choices,
-            usage: None,
-        }
-    }
-}
-
 /// The function part of a streamed tool-call delta.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct FunctionCallDelta {
@@ -851,26 +796,31 @@ pub struct ChunkChoice {
     pub finish_reason: Option<FinishReason>,
 }
 
-/// A streamed chat chunk (`object: "chat.completion.chunk"`). With
-/// `include_usage`, the last chunk has empty `choices` and `usage` set.
+/// The envelope shared by every response body and stream chunk: the
+/// `object` string is fixed by the kind of choice it carries.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChatCompletionChunk {
+pub struct Response<C: Choice> {
     pub id: String,
     pub object: &'static str,
     pub created: u64,
     pub model: String,
-    pub choices: Vec<ChunkChoice>,
+    pub choices: Vec<C>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
 
-impl ChatCompletionChunk {
-    pub const OBJECT: &'static str = "chat.completion.chunk";
+/// A kind of `choices[]` entry, naming the `object` of its envelope.
+pub trait Choice: Serialize {
+    /// The envelope's `object` field.
+    const OBJECT: &'static str;
+}
 
-    pub fn new(id: String, created: u64, model: String, choices: Vec<ChunkChoice>) -> Self {
-        ChatCompletionChunk {
+impl<C: Choice> Response<C> {
+    /// An envelope without `usage` (set it on the final body or chunk).
+    pub fn new(id: String, created: u64, model: String, choices: Vec<C>) -> Self {
+        Response {
             id,
-            object: Self::OBJECT,
+            object: C::OBJECT,
             created,
             model,
             choices,
@@ -878,6 +828,27 @@ impl ChatCompletionChunk {
         }
     }
 }
+
+impl Choice for CompletionChoice {
+    const OBJECT: &'static str = "text_completion";
+}
+
+impl Choice for ChatChoice {
+    const OBJECT: &'static str = "chat.completion";
+}
+
+impl Choice for ChunkChoice {
+    const OBJECT: &'static str = "chat.completion.chunk";
+}
+
+/// A `/v1/completions` response; streaming sends a sequence of these, each
+/// with the new text.
+pub type CompletionResponse = Response<CompletionChoice>;
+/// A non-streaming `/v1/chat/completions` response.
+pub type ChatCompletionResponse = Response<ChatChoice>;
+/// A streamed chat chunk. With `include_usage`, the last chunk has empty
+/// `choices` and `usage` set.
+pub type ChatCompletionChunk = Response<ChunkChoice>;
 
 #[cfg(test)]
 mod tests {

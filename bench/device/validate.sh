@@ -15,17 +15,20 @@ export REQUIRE_GPU=1 M3_KERNEL_CACHE=/tmp/m3-kernels XDG_CACHE_HOME=/tmp/xdg
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 M3=$BIN/m3
 step() { echo; echo "=== $* ($(date +%T))"; }
+# SECTIONS picks what runs (default: all): tests golden parity forward generate
+SECTIONS=${SECTIONS:-tests golden parity forward generate}
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 
-{
+want tests && {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active --format=csv
-  for t in runner sampling compile ops formats spec_vectors backend_ops; do
+  for t in ${TESTS:-runner sampling compile ops formats spec_vectors backend_ops}; do
     step "test $t"
     timeout 120 "$BIN/test-$t" --test-threads=1 --nocapture 2>&1 | grep -v "^test .* ok$" | tail -80
     echo "exit ${PIPESTATUS[0]}"
   done
 } > "$OUT/tests.log" 2>&1
 
-{
+want golden && {
   step "golden --backend gpu"
   M3_BIN=$M3 M3_ROOT=$PWD timeout 400 "$BIN/xtask" golden --backend gpu 2>&1 | tail -60
   echo "exit ${PIPESTATUS[0]}"
@@ -36,12 +39,16 @@ mkdir -p $CK
 synth() { # name preset experts dense [draft-layers]
   [ -e "$CK/$1/config.json" ] || $M3 synth --preset "$2" --experts "$3" --dense "$4" --out "$CK/$1" --draft-layers "${5:-0}" -q
 }
-{
-  synth tiny-mx tiny mxfp4 mxfp8 2
-  synth tiny-nv tiny nvfp4 mxfp8
-  synth tiny-bf tiny bf16 bf16
-  synth small-mx small mxfp4 mxfp8
-  synth small-nv small nvfp4 mxfp8
+if want parity || want forward || want generate; then
+  {
+    synth tiny-mx tiny mxfp4 mxfp8 2
+    synth tiny-nv tiny nvfp4 mxfp8
+    synth tiny-bf tiny bf16 bf16
+    synth small-mx small mxfp4 mxfp8
+    synth small-nv small nvfp4 mxfp8
+  } > "$OUT/synth.log" 2>&1
+fi
+want parity && {
   for m in tiny-mx tiny-nv tiny-bf small-mx small-nv; do
     for kv in bf16 fp8_e4m3; do
       step "parity $m kv $kv"
@@ -62,10 +69,10 @@ synth() { # name preset experts dense [draft-layers]
   echo "exit ${PIPESTATUS[0]}"
 } > "$OUT/parity.log" 2>&1
 
-{
+want forward && {
   # teacher-forced per-layer rel L2: the CPU's own dump is the teacher
   TOK=$(python3 -c "print(','.join(str((i*7919+13)%512) for i in range(120)))")
-  for m in tiny-mx tiny-nv tiny-bf; do
+  for m in ${FORWARD_MODELS:-tiny-mx tiny-nv tiny-bf small-mx}; do
     for act in bf16 mxfp4; do
       step "forward --teacher $m act $act"
       $M3 forward --model $CK/$m --tokens "$TOK" --act $act --backend cpu --dump /tmp/cpu.st --diagnose >/dev/null &&
@@ -88,7 +95,7 @@ PY
   done
 } > "$OUT/forward.log" 2>&1
 
-{
+want generate && {
   step "generate tiny-mx gpu"
   $M3 generate --model $CK/tiny-mx --backend gpu --max-tokens 64 --ignore-eos 2>&1 | tail -3
   step "generate tiny-mx cpu"

@@ -42,6 +42,15 @@ pub const ROUTER_MARGIN: f64 = 1e-3;
 pub const TOPK_MARGIN: f64 = 2e-2;
 /// The logit margin of a token swap.
 pub const LOGIT_MARGIN: f64 = 1e-3;
+/// The near-tie margin of an MXFP4 activation code flip: a flipped value
+/// may differ by this fraction of `|value| + rms(row)`. The routed experts'
+/// input is a bf16 row after an RMSNorm, so two correct backends differ
+/// per value by one bf16 rounding step (2^-7 of the value at most) or, for
+/// values near zero, by the upstream summation noise, which is a fraction
+/// of the row's RMS (rows agree to [`RESIDUAL_JUMP`] = 1e-2 in rel L2, so
+/// a typical value moves by up to ~1e-2 of the RMS). 2^-7 (+1%) covers the
+/// first exactly and the second at 0.8%.
+pub const ACT_CODE_MARGIN: f64 = 1.01 / 128.0;
 
 /// Why a judgement could not be made (bad inputs, not a verdict).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -211,14 +220,19 @@ pub fn judge(
 }
 
 /// Which discrete choice differs. Declared in the order a layer makes them
-/// (the indexer's blocks before the router's experts), which is the order
-/// "first difference" follows within a layer.
+/// (the indexer's blocks, the router's experts, then the MXFP4 codes of the
+/// experts' input under `--act mxfp4`), which is the order "first
+/// difference" follows within a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub enum ChoiceKind {
     #[serde(rename = "blocks")]
     Blocks,
     #[serde(rename = "experts")]
     Experts,
+    /// E2M1 codes of the routed experts' input row (`ffn_in.{l}`, MXFP4
+    /// `even` per 32): the ids are the flipped columns.
+    #[serde(rename = "act_codes")]
+    ActCodes,
 }
 
 impl ChoiceKind {
@@ -226,6 +240,7 @@ impl ChoiceKind {
         match self {
             ChoiceKind::Blocks => "blocks",
             ChoiceKind::Experts => "experts",
+            ChoiceKind::ActCodes => "MXFP4 activation codes",
         }
     }
 }
@@ -254,6 +269,13 @@ pub struct LayerDiag {
     /// whole E2M1 step, so the count says how much of a residual's
     /// difference is quantization, not arithmetic. `None` when not counted.
     pub act_code_flips: Option<usize>,
+    /// Rows whose residual rel L2 is at or above the jump (or non-finite),
+    /// and of those the rows with no discrete difference of their own in
+    /// this layer. Under teacher forcing every row of a layer starts from
+    /// the reference's residual and a row's choices move only that row, so
+    /// a jump with no choice of its own is the layer's arithmetic.
+    pub jump_rows: usize,
+    pub unexplained_jump_rows: usize,
 }
 
 /// One discrete choice that differs.
@@ -273,7 +295,10 @@ pub struct DiscreteDiff {
     /// The reference's own score gap: the highest reference score among
     /// `ref_only` minus the lowest among `be_only` (router: biased sigmoid
     /// score; indexer: block score). `None`: unknown (no scores, or a
-    /// non-finite score).
+    /// non-finite score). For activation codes: the largest difference
+    /// `|be - ref| / (|ref| + rms(row))` of a flipped value (of its block's
+    /// largest magnitude where the block scale differs), an upper bound on
+    /// how far the reference's value is from the boundary the flip crossed.
     pub gap: Option<f64>,
     pub margin: f64,
     /// `|gap| < margin` (a gap is >= 0 when the scores are the ones the
@@ -310,6 +335,13 @@ pub struct Diagnosis {
     /// Set when router gaps could not be computed ("router gap unknown").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub router_gap_note: Option<String>,
+    /// Discrete differences that are not near ties (counted before the
+    /// list is cut to `MAX_LISTED`).
+    pub not_near_ties: usize,
+    /// (layer, row) residual jumps with no discrete difference of their
+    /// own at that layer and row: the count, and the first.
+    pub unexplained_jumps: usize,
+    pub first_unexplained_jump: Option<(usize, usize)>,
     pub upstream: Upstream,
 }
 
@@ -357,37 +389,150 @@ pub fn mxfp4_code_flips(a: &[f32], b: &[f32], width: usize) -> Option<usize> {
     )
 }
 
+/// The MXFP4 (`even`) activation codes of one row that differ between the
+/// reference's values `a` and the backend's `b` (`width` values, a multiple
+/// of 32), as a discrete difference of `layer`, `row`; `None` when no code
+/// differs or the row cannot be quantized. Near tie when every flipped
+/// value (or, where the block scale differs, the block's largest
+/// magnitude) differs by less than [`ACT_CODE_MARGIN`] of `|value| +
+/// rms(row)`: a boundary lies between the two values, so the reference's
+/// value is at most that far from it.
+pub fn act_code_diff(layer: usize, row: usize, a: &[f32], b: &[f32]) -> Option<DiscreteDiff> {
+    use m3_core::formats::{MxElem, MxTensor, ScaleRule};
+    const LISTED: usize = 16;
+    let n = a.len();
+    if n != b.len() || n == 0 || !n.is_multiple_of(MxElem::BLOCK) {
+        return None;
+    }
+    let qa = MxTensor::quantize(a, 1, n, MxElem::Fp4E2M1, ScaleRule::Even).ok()?;
+    let qb = MxTensor::quantize(b, 1, n, MxElem::Fp4E2M1, ScaleRule::Even).ok()?;
+    let (da, db) = (qa.dequantize(), qb.dequantize());
+    let rms = (a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / n as f64).sqrt();
+    let rel = |x: f32, y: f32| {
+        let (x, y) = (f64::from(x), f64::from(y));
+        (y - x).abs() / (x.abs() + rms).max(f64::MIN_POSITIVE)
+    };
+    let amax = |v: &[f32]| v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let mut flipped: Vec<i32> = Vec::new();
+    let mut gap = 0.0f64;
+    for (blk, (sa, sb)) in qa.scales().iter().zip(qb.scales()).enumerate() {
+        let cols = blk * MxElem::BLOCK..(blk + 1) * MxElem::BLOCK;
+        let flips: Vec<usize> = cols
+            .clone()
+            .filter(|&j| da[j].to_bits() != db[j].to_bits())
+            .collect();
+        if flips.is_empty() {
+            continue;
+        }
+        if sa == sb {
+            for &j in &flips {
+                gap = gap.max(rel(a[j], b[j]));
+            }
+        } else {
+            gap = gap.max(rel(amax(&a[cols.clone()]), amax(&b[cols])));
+        }
+        flipped.extend(flips.iter().map(|&j| j as i32));
+    }
+    if flipped.is_empty() {
+        return None;
+    }
+    let listed: Vec<i32> = flipped.iter().copied().take(LISTED).collect();
+    Some(DiscreteDiff {
+        layer,
+        kind: ChoiceKind::ActCodes,
+        row,
+        kv_head: None,
+        ref_ids: listed.clone(),
+        be_ids: listed,
+        ref_only: Vec::new(),
+        be_only: Vec::new(),
+        gap: gap.is_finite().then_some(gap),
+        margin: ACT_CODE_MARGIN,
+        near_tie: gap < ACT_CODE_MARGIN,
+    })
+}
+
 /// The upstream rule under teacher forcing: the backend ran the prefix with
 /// every layer's input taken from the reference's residuals, so a layer's
-/// difference is its own, not accumulated. A logits `MISMATCH` of the
-/// free-running streams is `near-tie-upstream` when the diagnosis' own
-/// upstream rule says so, or when no teacher-forced layer jumps, no
-/// discrete choice differs, and the teacher-forced logits (`tf`, both sides
-/// from the reference's last residual) pick the same token or a near tie:
-/// then every layer agrees on the reference's inputs and the streams parted
-/// by accumulated rounding.
+/// difference is its own, not accumulated, and a row's discrete choices
+/// (its blocks, its experts, its activation codes) move only that row. A
+/// logits `MISMATCH` of the free-running streams is `near-tie-upstream`
+/// when every discrete difference is a near tie of the reference, every
+/// row whose residual jumps in a layer has a discrete difference of its own
+/// in that layer, and the teacher-forced logits (`tf`, both sides from the
+/// reference's last residual) pick the same token or a near tie: then every
+/// layer agrees on the reference's inputs up to near-tie choices, and the
+/// streams parted by accumulated rounding or by such a choice.
 pub fn judge_teacher_forced(g: &Diagnosis, tf: &Judgement) -> Upstream {
-    if g.upstream.near_tie {
-        return g.upstream.clone();
+    let logits_agree =
+        matches!(tf.verdict, Verdict::Identical | Verdict::NearTie) && !tf.nonfinite;
+    let fail = |why: String| Upstream {
+        near_tie: false,
+        reason: why,
+    };
+    if !logits_agree {
+        return fail(format!(
+            "teacher-forced on the reference's residuals the logits still differ ({}, rel L2 {:.2e})",
+            tf.verdict.as_str(),
+            tf.rel_l2
+        ));
     }
-    let agree = g.first_discrete.is_none() && g.first_jump_layer_any_row.is_none();
-    if agree && matches!(tf.verdict, Verdict::Identical | Verdict::NearTie) && !tf.nonfinite {
-        let worst = g
-            .layers
-            .iter()
-            .map(|d| d.residual_rel_l2_max_row)
-            .fold(0.0, f64::max);
-        return Upstream {
-            near_tie: true,
-            reason: format!(
-                "teacher-forced on the reference's residuals every layer agrees (worst residual rel L2 {worst:.2e} < {:.0e}, no discrete choice differs) and the teacher-forced logits agree ({}, rel L2 {:.2e}): the free-running streams parted by accumulated rounding",
-                g.residual_jump,
-                tf.verdict.as_str(),
-                tf.rel_l2
-            ),
-        };
+    if g.not_near_ties > 0 {
+        let d = g.discrete.iter().find(|d| !d.near_tie);
+        return fail(format!(
+            "{} discrete difference(s) are not near ties of the reference{}",
+            g.not_near_ties,
+            d.map(|d| format!(
+                " (first: layer {} row {} {}, gap {} vs margin {:.1e})",
+                d.layer,
+                d.row,
+                d.kind.as_str(),
+                d.gap.map_or("unknown".to_string(), |x| format!("{x:.3e}")),
+                d.margin
+            ))
+            .unwrap_or_default()
+        ));
     }
-    g.upstream.clone()
+    if let Some((l, t)) = g.first_unexplained_jump {
+        let r = g.layers.get(l).map_or(f64::NAN, |d| d.residual_rel_l2_max_row);
+        return fail(format!(
+            "teacher-forced, {} row(s) jump above residual rel L2 {:.0e} with no discrete choice of their own (first: layer {l} row {t}; the layer's worst row {r:.3e}): a numeric difference",
+            g.unexplained_jumps, g.residual_jump
+        ));
+    }
+    let worst = g
+        .layers
+        .iter()
+        .map(|d| d.residual_rel_l2_max_row)
+        .fold(0.0, f64::max);
+    let jumps: usize = g.layers.iter().map(|d| d.jump_rows).sum();
+    let count = |k: ChoiceKind| g.discrete.iter().filter(|d| d.kind == k).count();
+    let flips: usize = g.layers.iter().filter_map(|d| d.act_code_flips).sum();
+    let choices = if g.discrete_differences == 0 {
+        "no discrete choice differs".to_string()
+    } else {
+        format!(
+            "{} discrete difference(s), all near ties of the reference ({} block, {} expert, {} activation-code row(s){}; {} MXFP4 codes flipped in all), explaining the {jumps} row jump(s)",
+            g.discrete_differences,
+            count(ChoiceKind::Blocks),
+            count(ChoiceKind::Experts),
+            count(ChoiceKind::ActCodes),
+            if g.discrete_differences > g.discrete.len() {
+                " among those listed"
+            } else {
+                ""
+            },
+            flips
+        )
+    };
+    Upstream {
+        near_tie: true,
+        reason: format!(
+            "teacher-forced on the reference's residuals every layer agrees (worst residual rel L2 {worst:.2e}; {choices}) and the teacher-forced logits agree ({}, rel L2 {:.2e}): the free-running streams parted by accumulated rounding or a near-tie choice",
+            tf.verdict.as_str(),
+            tf.rel_l2
+        ),
+    }
 }
 
 /// The upstream rule. `residual` is each layer's worst-row residual rel L2
@@ -589,6 +734,7 @@ pub fn diagnose(
     let mut layers = Vec::with_capacity(nl);
     let mut diffs: Vec<DiscreteDiff> = Vec::new();
     let mut router_notes: Vec<String> = Vec::new();
+    let (mut unexplained, mut first_unexplained) = (0usize, None);
     for l in 0..nl {
         let name = format!("residual.{l}");
         let (Some(ra), Some(ba)) = (rt.f32(&name), bt.f32(&name)) else {
@@ -604,16 +750,18 @@ pub fn diagnose(
         }
         let (last_rel, last_abs) = rel_l2(&row(ra, last), &row(ba, last));
         let (mut worst, mut worst_row) = (0.0f64, 0usize);
+        let mut jumped: Vec<usize> = Vec::new();
         for t in 0..rows {
             let (r, _) = rel_l2(&row(ra, t), &row(ba, t));
-            if r.is_nan() || r > worst {
+            if is_jump(r, RESIDUAL_JUMP) {
+                jumped.push(t);
+            }
+            if !worst.is_nan() && (r.is_nan() || r > worst) {
                 worst = r;
                 worst_row = t;
-                if r.is_nan() {
-                    break;
-                }
             }
         }
+        let first_diff_of_layer = diffs.len();
         let side = |name: &str| match (
             rt.f32(&format!("{name}.{l}")),
             bt.f32(&format!("{name}.{l}")),
@@ -634,15 +782,9 @@ pub fn diagnose(
             expert_rows_differ: 0,
             block_rows_differ: 0,
             act_code_flips: None,
+            jump_rows: jumped.len(),
+            unexplained_jump_rows: 0,
         };
-        if count_act_flips && c.mlp_kinds.get(l) == Some(&m3_core::config::MlpKind::Moe) {
-            if let (Some(a), Some(b)) = (
-                rt.f32(&format!("ffn_in.{l}")),
-                bt.f32(&format!("ffn_in.{l}")),
-            ) {
-                ld.act_code_flips = mxfp4_code_flips(a, b, c.hidden_size);
-            }
-        }
         // the indexer's blocks
         let tb = format!("topk_blocks.{l}");
         if let (Some(ra), Some(ba)) = (rt.i32(&tb), bt.i32(&tb)) {
@@ -744,9 +886,34 @@ pub fn diagnose(
                 }
             }
         }
+        // the MXFP4 codes of the routed experts' input (`--act mxfp4`)
+        if count_act_flips && c.mlp_kinds.get(l) == Some(&m3_core::config::MlpKind::Moe) {
+            if let (Some(a), Some(b)) = (
+                rt.f32(&format!("ffn_in.{l}")),
+                bt.f32(&format!("ffn_in.{l}")),
+            ) {
+                ld.act_code_flips = mxfp4_code_flips(a, b, h);
+                if a.len() == rows * h && b.len() == rows * h {
+                    for t in 0..rows {
+                        if let Some(d) = act_code_diff(l, t, &row(a, t), &row(b, t)) {
+                            diffs.push(d);
+                        }
+                    }
+                }
+            }
+        }
+        let own: BTreeSet<usize> = diffs[first_diff_of_layer..].iter().map(|d| d.row).collect();
+        for &t in &jumped {
+            if !own.contains(&t) {
+                ld.unexplained_jump_rows += 1;
+                unexplained += 1;
+                first_unexplained.get_or_insert((l, t));
+            }
+        }
         layers.push(ld);
     }
     diffs.sort_by_key(|d| (d.layer, d.kind, d.row, d.kv_head));
+    let not_near_ties = diffs.iter().filter(|d| !d.near_tie).count();
     let worst: Vec<f64> = layers.iter().map(|d| d.residual_rel_l2_max_row).collect();
     let upstream = judge_upstream(&worst, &diffs, RESIDUAL_JUMP);
     let jump = |f: fn(&LayerDiag) -> f64| layers.iter().position(|d| is_jump(f(d), RESIDUAL_JUMP));
@@ -760,6 +927,9 @@ pub fn diagnose(
         discrete: diffs.into_iter().take(MAX_LISTED).collect(),
         router_gap_note: (!router_notes.is_empty())
             .then(|| format!("router gap unknown: {}", router_notes.join("; "))),
+        not_near_ties,
+        unexplained_jumps: unexplained,
+        first_unexplained_jump: first_unexplained,
         layers,
         upstream,
     })
@@ -859,7 +1029,7 @@ mod tests {
     fn flip(layer: usize, kind: ChoiceKind, row: usize, gap: Option<f64>) -> DiscreteDiff {
         let margin = match kind {
             ChoiceKind::Experts => 1e-3,
-            ChoiceKind::Blocks => 2e-2,
+            ChoiceKind::Blocks | ChoiceKind::ActCodes => 2e-2,
         };
         diff_of(
             layer,
@@ -975,7 +1145,12 @@ mod tests {
         assert!(rel_l2(&[1.0], &[1.0, 2.0]).0.is_nan());
     }
 
+    /// A diagnosis of 3 layers x 4 rows: `first_jump` the layer whose row 0
+    /// jumps (explained when `diffs` holds a difference at that layer and
+    /// row 0).
     fn diag(first_jump: Option<usize>, diffs: Vec<DiscreteDiff>) -> Diagnosis {
+        let explained = |l: usize| diffs.iter().any(|d| d.layer == l && d.row == 0);
+        let unexplained = first_jump.filter(|&l| !explained(l));
         let layer = |l: usize| LayerDiag {
             layer: l,
             residual_rel_l2_last: 1e-4,
@@ -987,6 +1162,8 @@ mod tests {
             expert_rows_differ: 0,
             block_rows_differ: 0,
             act_code_flips: None,
+            jump_rows: usize::from(Some(l) == first_jump),
+            unexplained_jump_rows: usize::from(Some(l) == unexplained),
         };
         let worst: Vec<f64> = (0..3).map(|l| layer(l).residual_rel_l2_max_row).collect();
         Diagnosis {
@@ -998,6 +1175,9 @@ mod tests {
             discrete_differences: diffs.len(),
             first_discrete: diffs.first().cloned(),
             upstream: judge_upstream(&worst, &diffs, RESIDUAL_JUMP),
+            not_near_ties: diffs.iter().filter(|d| !d.near_tie).count(),
+            unexplained_jumps: usize::from(unexplained.is_some()),
+            first_unexplained_jump: unexplained.map(|l| (l, 0)),
             discrete: diffs,
             router_gap_note: None,
         }
@@ -1023,6 +1203,44 @@ mod tests {
         assert!(!judge_teacher_forced(&diag(Some(1), vec![]), &tf_same).near_tie);
         let d = flip(1, ChoiceKind::Experts, 0, Some(4e-2));
         assert!(!judge_teacher_forced(&diag(None, vec![d]), &tf_same).near_tie);
+        // a row that jumps at its own near-tie choice is explained; the same
+        // jump on a layer whose only choice is another layer's is not
+        let d = flip(1, ChoiceKind::Experts, 0, Some(3e-4));
+        let u = judge_teacher_forced(&diag(Some(1), vec![d.clone()]), &tf_same);
+        assert!(u.near_tie, "{u:?}");
+        let u = judge_teacher_forced(&diag(Some(2), vec![d]), &tf_same);
+        assert!(!u.near_tie && u.reason.contains("layer 2 row 0"), "{u:?}");
+    }
+
+    #[test]
+    fn activation_code_flips_are_near_ties_only_within_a_bf16_step() {
+        // a row of 64 values; value 5 sits just above the E2M1 rounding
+        // boundary between 2 and 3 (x scale) and the backend's is one bf16
+        // step below it: one code flips, a near tie
+        let mut a: Vec<f32> = (0..64).map(|i| ((i as f32) * 0.37).sin()).collect();
+        a[0] = 6.0; // block 0's scale: 1
+        a[5] = 2.515625; // one bf16 step (2^-6) above the 2.5 boundary: 3
+        let mut b = a.clone();
+        b[5] = 2.5; // on the boundary, ties to even: 2
+        let d = act_code_diff(3, 7, &a, &b).expect("a code differs");
+        assert_eq!((d.layer, d.row, d.kind), (3, 7, ChoiceKind::ActCodes));
+        assert_eq!(d.ref_ids, vec![5]);
+        assert!(d.near_tie, "{d:?}");
+        assert!(act_code_diff(3, 7, &a, &a).is_none());
+        // the planted error: a value moved by 10% flips a code too, and is
+        // not a near tie
+        let mut c = a.clone();
+        c[5] = 2.25;
+        let d = act_code_diff(3, 7, &a, &c).expect("a code differs");
+        assert!(!d.near_tie && d.gap.is_some_and(|g| g > 0.05), "{d:?}");
+        // a block whose scale moves: judged on the block's largest value
+        let mut e = a.clone();
+        e[0] = 12.5; // the scale doubles: many codes move, gap ~1.08
+        let d = act_code_diff(0, 0, &a, &e).expect("codes differ");
+        assert!(!d.near_tie, "{d:?}");
+        // shapes that cannot be judged
+        assert!(act_code_diff(0, 0, &a[..30], &b[..30]).is_none());
+        assert!(act_code_diff(0, 0, &a, &b[..32]).is_none());
     }
 
     #[test]

@@ -223,6 +223,7 @@ fn fmt_diff(d: &DiscreteDiff) -> String {
         match d.kind {
             ChoiceKind::Blocks => "index-score",
             ChoiceKind::Experts => "router-score",
+            ChoiceKind::ActCodes => "relative value",
         },
         d.gap.map_or("unknown".to_string(), |g| format!("{g:.3e}")),
         if d.near_tie { "near tie" } else { "NOT a near tie" },
@@ -237,7 +238,7 @@ fn print_diagnosis(g: &Diagnosis) {
     );
     for d in &g.layers {
         println!(
-            "    layer {:>3}: residual {:.3e} (max abs {:.3e}), worst row {} {:.3e}; attn out {}; ffn out {}; experts differ in {} row(s); blocks differ in {} head-row(s){}",
+            "    layer {:>3}: residual {:.3e} (max abs {:.3e}), worst row {} {:.3e}; attn out {}; ffn out {}; experts differ in {} row(s); blocks differ in {} head-row(s){}{}",
             d.layer,
             d.residual_rel_l2_last,
             d.residual_max_abs_last,
@@ -249,7 +250,15 @@ fn print_diagnosis(g: &Diagnosis) {
             d.block_rows_differ,
             d.act_code_flips
                 .map(|n| format!("; MXFP4 activation codes flipped: {n}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if d.jump_rows > 0 {
+                format!(
+                    "; {} row(s) above {:.0e}, {} with no choice of their own",
+                    d.jump_rows, g.residual_jump, d.unexplained_jump_rows
+                )
+            } else {
+                String::new()
+            }
         );
     }
     let jl = |v: Option<usize>| v.map_or("none".to_string(), |l| format!("layer {l}"));

@@ -464,8 +464,7 @@ pub fn act_code_diff(layer: usize, row: usize, a: &[f32], b: &[f32]) -> Option<D
 /// layer agrees on the reference's inputs up to near-tie choices, and the
 /// streams parted by accumulated rounding or by such a choice.
 pub fn judge_teacher_forced(g: &Diagnosis, tf: &Judgement) -> Upstream {
-    let logits_agree =
-        matches!(tf.verdict, Verdict::Identical | Verdict::NearTie) && !tf.nonfinite;
+    let logits_agree = matches!(tf.verdict, Verdict::Identical | Verdict::NearTie) && !tf.nonfinite;
     let fail = |why: String| Upstream {
         near_tie: false,
         reason: why,
@@ -494,7 +493,10 @@ pub fn judge_teacher_forced(g: &Diagnosis, tf: &Judgement) -> Upstream {
         ));
     }
     if let Some((l, t)) = g.first_unexplained_jump {
-        let r = g.layers.get(l).map_or(f64::NAN, |d| d.residual_rel_l2_max_row);
+        let r = g
+            .layers
+            .get(l)
+            .map_or(f64::NAN, |d| d.residual_rel_l2_max_row);
         return fail(format!(
             "teacher-forced, {} row(s) jump above residual rel L2 {:.0e} with no discrete choice of their own (first: layer {l} row {t}; the layer's worst row {r:.3e}): a numeric difference",
             g.unexplained_jumps, g.residual_jump

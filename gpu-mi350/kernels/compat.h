@@ -226,6 +226,14 @@ M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+/// Two bf16 products, lane by lane (bf16x2; round to nearest even; bf16
+/// arithmetic has no flush-to-zero, so subnormal inputs are values). The
+/// addend -0 keeps every product's own sign, zeros included.
+M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
 #else
 // HIP: the same tile product from lane shuffles within each 32-thread group
 // (correct, not fast: the MFMA version for gfx950 is still to be written).
@@ -252,6 +260,9 @@ M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
 }
 M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
   return (u32)m3_bf16_from_f32(lo) | ((u32)m3_bf16_from_f32(hi) << 16);
+}
+M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
+  return m3_pack_bf16x2(m3_f32(a << 16) * m3_f32(b << 16), m3_f32(a & 0xffff0000u) * m3_f32(b & 0xffff0000u));
 }
 #endif
 

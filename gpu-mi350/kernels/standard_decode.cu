@@ -54,6 +54,12 @@
 #ifndef S_MMA_DBUF
 #define S_MMA_DBUF 0
 #endif
+// 1: the E2M1 / E4M3 device-layout decode handles rare scales with a second
+// bf16x2 multiply instead of the stored-layout fallback (less code in the
+// inner loop).
+#ifndef S_DEC_NOFALLBACK
+#define S_DEC_NOFALLBACK 0
+#endif
 // Minimum CTAs per SM the register allocation must allow (launch bounds):
 // more means fewer registers per thread and more warps to hide latency.
 #ifndef S_MMA_MINB
@@ -169,10 +175,10 @@ M3_DEV float s_nv_factor(u32 c) {
   return (c & 0x7fu) == 0x7fu ? m3_nan() : e * m3_f32((u32)(127 + 126 - S_NV_SHIFT) << 23);
 }
 
-/// One row's 32-value segment as 16 bf16x2 words (word w = values 2w, 2w+1).
-/// s: the segment's E8M0 scale byte, or (NVFP4) its two E4M3 scale bytes
-/// (bits 0-7: values 0-15, bits 8-15: values 16-31).
-template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
+/// s_seg_frag on a segment in the stored layout (FORMATS.md order: every
+/// format's codes as the checkpoint holds them). The E2M1 / E4M3 formats
+/// reach it only for scales the device-layout fast path cannot take.
+template <int F> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_BF16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -259,6 +265,129 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
       }
     }
   }
+}
+
+/// A device-layout segment (gpu-mi350/src/model/layout.rs) back in the
+/// stored layout, for s_seg_frag_stored.
+template <int F> M3_DEV void s_seg_unpermute(const uint4* raw, uint4* st) {
+  const u32 n = SSeg<F>::B / 16u;
+#pragma unroll
+  for (u32 r = 0; r < n; ++r) {
+    const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (F == S_FMT_E4M3) {
+        // device bytes [v2, v0, v3, v1] of stored [v0, v1, v2, v3]
+        w[i] = ((d[i] >> 8) & 0xffu) | (((d[i] >> 24) & 0xffu) << 8) | ((d[i] & 0xffu) << 16) |
+               (((d[i] >> 16) & 0xffu) << 24);
+      } else {
+        u32 x = 0u;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          x |= (((d[i] >> (12 - 4 * j)) & 0xfu) << (8 * j)) | (((d[i] >> (28 - 4 * j)) & 0xfu) << (8 * j + 4));
+        w[i] = x;
+      }
+    }
+    st[r] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+/// One row's 32-value segment as 16 bf16x2 words (word w = values 2w, 2w+1).
+/// s: the segment's E8M0 scale byte, or (NVFP4) its two E4M3 scale bytes
+/// (bits 0-7: values 0-15, bits 8-15: values 16-31).
+///
+/// E2M1 (MXFP4, NVFP4) and E4M3 codes come in the device layout
+/// (model/layout.rs), where one mask-and-shift turns a u32 into one word of
+/// codes placed as bf16 bits, value * 2^-126 (E2M1) or * 2^-120 (E4M3),
+/// subnormal codes as bf16 subnormals; one bf16x2 multiply by 2^126 (2^120)
+/// times the scale makes each exact (a product of at most 4 significant
+/// bits by a power of two, or NVFP4's e4m3 scale, inside bf16's normal
+/// range): about 1.5 instructions a value against 4.5 for the stored-layout
+/// decode. Scales whose factor leaves bf16's normal range take the stored
+/// path after s_seg_unpermute.
+template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
+  if (F == S_FMT_FP4 || F == S_FMT_NVFP4 || F == S_FMT_E4M3) {
+    u32 fac[2];
+    bool fast;
+#if S_DEC_NOFALLBACK
+    // variant: no stored-layout fallback; a scale outside the one-multiply
+    // range takes a second multiply (2^126 or 2^120 first: the code's
+    // value exactly, then 2^(s-127); a NaN scale byte gives NaN)
+    if (F != S_FMT_NVFP4) {
+      const u32 lo = F == S_FMT_FP4 ? 2u : 17u, hi = F == S_FMT_FP4 ? 128u : 134u;
+      const u32 bias = F == S_FMT_FP4 ? 126u : 120u;
+      if (s < lo || s > hi) {
+        const u32 f1 = (bias + 127u) << 7, f2 = s == 255u ? 0x7fc0u : (s == 0u ? 0x0040u : (s << 7));
+        const u32 a = f1 | (f1 << 16), b = f2 | (f2 << 16);
+        const u32 n = SSeg<F>::B / 16u;
+#pragma unroll
+        for (u32 r = 0; r < n; ++r) {
+          const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            u32 q = d[i];
+#pragma unroll
+            for (int j = 0; j < (F == S_FMT_E4M3 ? 2 : 4); ++j) {
+              const u32 w = F == S_FMT_E4M3 ? ((q & 0x80008000u) | ((q >> 4) & 0x07f007f0u))
+                                            : ((q & 0x80008000u) | ((q >> 6) & 0x01c001c0u));
+              out[F == S_FMT_E4M3 ? 8 * r + 2 * i + j : 4 * i + j] = m3_mul_bf16x2(m3_mul_bf16x2(w, a), b);
+              q <<= F == S_FMT_E4M3 ? 8 : 4;
+            }
+          }
+        }
+        return;
+      }
+    }
+#endif
+    if (F == S_FMT_NVFP4) {
+      // e4m3 * 2^(126 - S_NV_SHIFT): at most 4 significant bits, exponent
+      // within [2^110, 2^128): exact in bf16 (NaN scales stay NaN)
+      const u32 a = m3_bits(s_nv_factor(s & 0xffu)) >> 16, b = m3_bits(s_nv_factor((s >> 8) & 0xffu)) >> 16;
+      fac[0] = a | (a << 16);
+      fac[1] = b | (b << 16);
+      fast = true;
+    } else if (F == S_FMT_FP4) {
+      // 2^(s - 1) = 2^126 * 2^(s - 127); products >= 0.5 * 2^(s-127) stay normal
+      fast = s >= 2u && s <= 128u;
+      fac[0] = fac[1] = ((s + 126u) << 7) | ((s + 126u) << 23);
+    } else {
+      // 2^(s - 7) = 2^120 * 2^(s - 127); subnormal codes (>= 2^-9) stay normal
+      fast = s >= 17u && s <= 134u;
+      fac[0] = fac[1] = ((s + 120u) << 7) | ((s + 120u) << 23);
+    }
+    if (!fast) {
+      uint4 st[SSeg<F>::B / 16u];
+      s_seg_unpermute<F>(raw, st);
+      s_seg_frag_stored<F>(st, s, out);
+      return;
+    }
+    const u32 n = SSeg<F>::B / 16u;
+#pragma unroll
+    for (u32 r = 0; r < n; ++r) {
+      const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        u32 q = d[i];
+        if (F == S_FMT_E4M3) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            out[8 * r + 2 * i + j] = m3_mul_bf16x2((q & 0x80008000u) | ((q >> 4) & 0x07f007f0u), fac[0]);
+            q <<= 8;
+          }
+        } else {
+          const u32 f = fac[i / 2];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            out[4 * i + j] = m3_mul_bf16x2((q & 0x80008000u) | ((q >> 6) & 0x01c001c0u), f);
+            q <<= 4;
+          }
+        }
+      }
+    }
+    return;
+  }
+  s_seg_frag_stored<F>(raw, s, out);
 }
 
 template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {

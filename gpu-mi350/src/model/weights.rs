@@ -169,7 +169,9 @@ impl DevLinear {
     }
 
     /// Write matrix `i` of the stack from its stored parts (`codes`,
-    /// `scales`, NVFP4 `global`), synchronously. Sizes are checked.
+    /// `scales`, NVFP4 `global`), synchronously. Sizes are checked. Codes
+    /// are given in the stored layout and kept in the device layout
+    /// ([`super::layout`]).
     pub fn write(&self, i: usize, codes: &[u8], scales: &[u8], global: f32) -> Result<()> {
         let (cs, ss) = self.strides();
         let bad = |what: &str, got: usize, want: u64| {
@@ -193,7 +195,9 @@ impl DevLinear {
         if scales.len() as u64 != ss {
             return Err(bad("scales", scales.len(), ss));
         }
-        self.codes.write_sync(i * cs as usize, codes)?;
+        // the kernels read E2M1 / E4M3 codes in the device layout
+        let codes = super::layout::to_device(self.fmt, codes);
+        self.codes.write_sync(i * cs as usize, &codes)?;
         if let Some(s) = &self.scales {
             s.write_sync(i * ss as usize, scales)?;
         }

@@ -583,6 +583,11 @@ fn decode_matches_prefill_on_the_gpu() {
             })
             .clone();
         gpu.path_options.graph_max_rows = if cfg.graphs { 128 } else { 0 };
+        // bit for bit needs the same kernels for both: the small-step
+        // variant (4 warps) splits K across warps in another order than the
+        // default (8 warps) the 40-row prefill runs; it is checked against
+        // the default within summation noise in the next test
+        gpu.path_options.small_step_variant = false;
         let spec = LoadSpec {
             cache_dtype: cfg.cache,
             block_size: PAGE,
@@ -654,76 +659,89 @@ fn decode_matches_prefill_on_the_gpu() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// A decode step's per-layer taps equal its prefill row's (the default
-/// options), on `small`, whose K = 1024 linears once hid a decode-only
-/// departure (bench/NOTES.md session 3): attention and FFN outputs,
-/// router input and residual, layer by layer.
+/// A decode step's per-layer taps against its prefill row's, on `small`
+/// (K = 1024), layer by layer (attention and FFN outputs, router input,
+/// residual): bit for bit with the small-step variant off (the same
+/// kernels as the prefill), and within summation noise (rel L2 < 1e-2, the
+/// parity judge's jump) with it on: its 4 warps add K's partial sums in
+/// another order than the prefill's 8, which moves bf16 roundings from
+/// layer 1 on (layer 0's sums of bf16 embeddings are exact in f32 either
+/// way). Session 3 read that departure as a kernel bug (bench/NOTES.md);
+/// session 4 found it is the order, and the variant agrees with the CPU
+/// reference as the default does.
 #[test]
 fn decode_taps_match_prefill_taps_by_layer() {
     let Some(cuda) = gpu_or_skip("decode_taps_match_prefill_taps_by_layer") else {
         return;
     };
-    let gpu = GpuBackend::new(cuda);
+    let mut gpu = GpuBackend::new(cuda);
     let c = ModelConfig::preset("small").expect("preset");
-    let m = Arc::new(synthetic::model(&c, MX, 5).expect("synthetic model"));
-    let spec = LoadSpec {
-        cache_dtype: CacheDtype::Bf16,
-        block_size: PAGE,
-        kv: KvBudget::Blocks(8),
-        max_rows: 64,
-        max_seqs: 1,
-        max_context: 128,
-        act: ActMode::Bf16,
-        selection: None,
-    };
-    let mut dev = gpu
-        .load(ModelSource::Weights(m.clone()), &spec, &mut |_| {})
-        .expect("gpu load");
-    let h = c.hidden_size;
-    let p = prompt(c.vocab_size)[..24].to_vec();
-    let table: Vec<u32> = (0..8).collect();
-    let all = step(
-        &mut dev,
-        &StepBatch::contiguous(0, &p, 0, &table, PAGE, true),
-        &[SampleParams::GREEDY; 24],
-        TapRequest::DIAGNOSE,
-    );
-    step(
-        &mut dev,
-        &StepBatch::contiguous(0, &p[..20], 0, &table, PAGE, true),
-        &[SampleParams::GREEDY; 20],
-        TapRequest::NONE,
-    );
     let mut failures = Vec::new();
-    for i in 20..24 {
-        // plain decode steps (graphs), the last one tapped
-        let tapped = i == 23;
-        let d = step(
+    for small_step in [false, true] {
+        gpu.path_options.small_step_variant = small_step;
+        let tol = if small_step { 1e-2 } else { 1e-6 };
+        let m = Arc::new(synthetic::model(&c, MX, 5).expect("synthetic model"));
+        let spec = LoadSpec {
+            cache_dtype: CacheDtype::Bf16,
+            block_size: PAGE,
+            kv: KvBudget::Blocks(8),
+            max_rows: 64,
+            max_seqs: 1,
+            max_context: 128,
+            act: ActMode::Bf16,
+            selection: None,
+        };
+        let mut dev = gpu
+            .load(ModelSource::Weights(m.clone()), &spec, &mut |_| {})
+            .expect("gpu load");
+        let h = c.hidden_size;
+        let p = prompt(c.vocab_size)[..24].to_vec();
+        let table: Vec<u32> = (0..8).collect();
+        let all = step(
             &mut dev,
-            &StepBatch::contiguous(0, &p[i..i + 1], i as u32, &table, PAGE, true),
-            &[SampleParams::GREEDY],
-            if tapped {
-                TapRequest::DIAGNOSE
-            } else {
-                TapRequest::NONE
-            },
+            &StepBatch::contiguous(0, &p, 0, &table, PAGE, true),
+            &[SampleParams::GREEDY; 24],
+            TapRequest::DIAGNOSE,
         );
-        if !tapped {
-            continue;
-        }
-        for l in 0..c.num_hidden_layers {
-            let mut line = format!("decode row {i} layer {l}:");
-            for fam in ["attn_out", "ffn_in", "ffn_out", "residual"] {
-                let name = format!("{fam}.{l}");
-                if let (Some(a), Some(b)) = (all.taps.f32(&name), d.taps.f32(&name)) {
-                    let e = rel_l2(&a[i * h..(i + 1) * h], &b[..h]);
-                    line += &format!(" {fam} {e:.2e}");
-                    if within(e, 1e-6).is_err() {
-                        failures.push(format!("{name}: rel L2 {e:.3e}"));
+        step(
+            &mut dev,
+            &StepBatch::contiguous(0, &p[..20], 0, &table, PAGE, true),
+            &[SampleParams::GREEDY; 20],
+            TapRequest::NONE,
+        );
+        for i in 20..24 {
+            // plain decode steps (graphs), the last one tapped
+            let tapped = i == 23;
+            let d = step(
+                &mut dev,
+                &StepBatch::contiguous(0, &p[i..i + 1], i as u32, &table, PAGE, true),
+                &[SampleParams::GREEDY],
+                if tapped {
+                    TapRequest::DIAGNOSE
+                } else {
+                    TapRequest::NONE
+                },
+            );
+            if !tapped {
+                continue;
+            }
+            for l in 0..c.num_hidden_layers {
+                let mut line =
+                    format!("small-step variant {small_step}: decode row {i} layer {l}:");
+                for fam in ["attn_out", "ffn_in", "ffn_out", "residual"] {
+                    let name = format!("{fam}.{l}");
+                    if let (Some(a), Some(b)) = (all.taps.f32(&name), d.taps.f32(&name)) {
+                        let e = rel_l2(&a[i * h..(i + 1) * h], &b[..h]);
+                        line += &format!(" {fam} {e:.2e}");
+                        if within(e, tol).is_err() {
+                            failures.push(format!(
+                            "small-step variant {small_step}: {name}: rel L2 {e:.3e} (tolerance {tol:.0e})"
+                        ));
+                        }
                     }
                 }
+                println!("{line}");
             }
-            println!("{line}");
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

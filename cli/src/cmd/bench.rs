@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// GPU: tensor-core linear variants to time against the defaults,
-    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_DBUF=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
+    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_DBUF=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1, S_DEC_NOFALLBACK=0|1,
     /// S_UNROLL_MUL=1..4), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]
     pub variants: String,
@@ -73,6 +73,30 @@ pub struct Args {
     /// Override the number of layers.
     #[arg(long)]
     pub layers: Option<usize>,
+    /// GPU: also time the bench model at this many layers in the same run
+    /// and print PERF.md's per-layer figure (difference in bytes over
+    /// difference in time) and the projected full-depth step, e.g.
+    /// `--preset m3.1 --layers 12 --per-layer 6`.
+    #[arg(long)]
+    pub per_layer: Option<usize>,
+    /// GPU: the linear-kernel microbench instead of the step (every weight
+    /// format at --kernel-rows x rows on a stack of 8 [hidden, hidden]
+    /// matrices, and the fused expert gate+up at the preset's shapes over
+    /// 4..64 distinct experts; each case checked against an f64 reference,
+    /// then timed; GB/s of stored bytes and % of the in-run ceiling).
+    #[arg(long)]
+    pub kernels: bool,
+    /// GPU, --kernels: x rows of each case.
+    #[arg(long, default_value = "1,2,4,8,16")]
+    pub kernel_rows: String,
+    /// GPU, --kernels: weight formats (bf16, mxfp8, mxfp8-e5m2, mxfp4,
+    /// nvfp4).
+    #[arg(long, default_value = "bf16,mxfp8,mxfp8-e5m2,mxfp4,nvfp4")]
+    pub kernel_formats: String,
+    /// GPU, --kernels: distinct-expert counts of the expert cases ("" =
+    /// none).
+    #[arg(long, default_value = "4,16,64")]
+    pub kernel_experts: String,
     /// Prompt length of the prefill step.
     #[arg(long, default_value_t = 256)]
     pub prompt_len: usize,

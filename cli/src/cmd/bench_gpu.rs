@@ -148,56 +148,234 @@ fn case_step(
     (s, batch * pps)
 }
 
-pub fn run(args: &Args) -> Result<()> {
-    let kind = match args.weights.as_str() {
-        "mxfp4" | "mx" => BenchWeights::Mx,
-        "bf16" => BenchWeights::Bf16,
-        o => bail!("--weights `{o}` is not one of mxfp4, bf16"),
-    };
-    let batches: Vec<usize> = args
-        .batch
-        .split(',')
-        .map(|s| s.trim().parse::<usize>())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| anyhow!("--batch `{}`: {e}", args.batch))?;
-    if batches.is_empty() || batches.contains(&0) {
-        bail!("--batch needs positive sizes");
-    }
-    if args.iters == 0 || args.rounds == 0 {
-        bail!("--iters and --rounds must be at least 1");
-    }
-    let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
-    if let Some(l) = args.layers {
-        cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
-    }
-    let smi_before = nvidia_smi();
-    println!("clocks before: {smi_before}");
-    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
-    let info = gpu.info().clone();
-    println!(
-        "device: {} ({}, {} SMs, {:.1} GiB)",
-        info.name,
-        info.arch,
-        info.sm_count,
-        info.total_mem_bytes as f64 / (1u64 << 30) as f64
-    );
+/// The in-run bandwidth ceiling (PERF.md step 2).
+struct Ceiling {
+    copy_gbs: f64,
+    read_gbs: f64,
+    /// The larger of the two.
+    quoted: f64,
+    tc: m3_gpu::Timing,
+    tr: m3_gpu::Timing,
+}
 
-    // 2. ceiling
+fn measure_ceiling(gpu: &CudaGpu) -> Result<Ceiling> {
     let copy_bytes = 2usize << 30;
     let read_bytes = 4usize << 30;
     let tc = gpu.probe_copy(copy_bytes, 20).context("copy probe")?;
     let tr = gpu.probe_read(read_bytes, 20).context("read probe")?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (tc.median_ms * 1e-3) / 1e9;
     let read_gbs = read_bytes as f64 / (tr.median_ms * 1e-3) / 1e9;
-    let ceiling = copy_gbs.max(read_gbs);
+    let quoted = copy_gbs.max(read_gbs);
     println!(
-        "ceiling: copy {copy_gbs:.0} GB/s (read+write of 2 GiB), stream read {read_gbs:.0} GB/s (4 GiB) -> {ceiling:.0} GB/s"
+        "ceiling: copy {copy_gbs:.0} GB/s (read+write of 2 GiB), stream read {read_gbs:.0} GB/s (4 GiB) -> {quoted:.0} GB/s"
     );
+    Ok(Ceiling {
+        copy_gbs,
+        read_gbs,
+        quoted,
+        tc,
+        tr,
+    })
+}
 
+fn list<T: std::str::FromStr>(what: &str, s: &str) -> Result<Vec<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    s.split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse::<T>().map_err(|e| anyhow!("{what} `{v}`: {e}")))
+        .collect()
+}
+
+/// `m3 bench --backend gpu --kernels`: the linear-kernel microbench
+/// (`m3_gpu::standard::kernel_bench`) at `cfg`'s shapes.
+fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
+    use m3_gpu::model::WFmt;
+    use m3_gpu::standard::kernel_bench::{kernel_bench, KernelBenchSpec, KernelRow};
+    let formats = args
+        .kernel_formats
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|f| {
+            Ok(match f {
+                "bf16" => WFmt::Bf16,
+                "mxfp8" | "mxfp8-e4m3" => WFmt::Mxfp8E4M3,
+                "mxfp8-e5m2" => WFmt::Mxfp8E5M2,
+                "mxfp4" => WFmt::Mxfp4,
+                "nvfp4" => WFmt::Nvfp4,
+                o => bail!(
+                    "--kernel-formats `{o}` is not one of bf16, mxfp8, mxfp8-e5m2, mxfp4, nvfp4"
+                ),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let spec = KernelBenchSpec {
+        formats,
+        rows: list("--kernel-rows", &args.kernel_rows)?,
+        n: cfg.hidden_size,
+        k: cfg.hidden_size,
+        stack: 8,
+        experts: cfg.num_local_experts,
+        expert_n: cfg.intermediate_size,
+        top_k: cfg.num_experts_per_tok,
+        distinct: list("--kernel-experts", &args.kernel_experts)?,
+        iters: args.iters,
+        variants: args
+            .variants
+            .split(';')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(String::from)
+            .collect(),
+    };
+    let smi_before = nvidia_smi();
+    println!("clocks before: {smi_before}");
+    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
+    let info = gpu.info().clone();
+    println!(
+        "device: {} ({}, {} SMs)",
+        info.name, info.arch, info.sm_count
+    );
+    let c = measure_ceiling(&gpu)?;
+    println!("| format | case | variant | median ms | p10 ms | MB | GB/s | % of ceiling | checked (worst rel err) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let show = |r: &KernelRow| {
+        let (med, p10, _) = stats(&r.samples_ms);
+        let gbs = r.bytes as f64 / (med * 1e-3) / 1e9;
+        println!(
+            "| {:?} | {} | {} | {med:.4} | {p10:.4} | {:.1} | {gbs:.0} | {:.1}% | {} ({:.1e}) |",
+            r.fmt,
+            r.case,
+            r.variant,
+            r.bytes as f64 / 1e6,
+            100.0 * gbs / c.quoted,
+            r.checked,
+            r.worst
+        );
+    };
+    let rows = kernel_bench(&gpu, &spec, &mut |r| show(r)).context("kernel microbench")?;
+    let smi_after = nvidia_smi();
+    println!("clocks after: {smi_after}");
+    let cases: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let (med, p10, p90) = stats(&r.samples_ms);
+            let gbs = r.bytes as f64 / (med * 1e-3) / 1e9;
+            json!({"format": format!("{:?}", r.fmt), "case": r.case, "rows": r.rows, "variant": r.variant,
+                "bytes": r.bytes, "median_ms": med, "p10_ms": p10, "p90_ms": p90, "gb_per_s": gbs,
+                "pct_of_ceiling": 100.0 * gbs / c.quoted, "checked": r.checked, "worst_rel_err": r.worst,
+                "samples_ms": r.samples_ms})
+        })
+        .collect();
+    let doc = json!({
+        "what": "m3 bench --backend gpu --kernels: tensor-core linear microbench",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "device": {"name": info.name, "arch": info.arch, "sm_count": info.sm_count},
+        "clocks_before": smi_before, "clocks_after": smi_after,
+        "ceiling": {"copy_gb_per_s": c.copy_gbs, "read_gb_per_s": c.read_gbs, "quoted_gb_per_s": c.quoted},
+        "shapes": {"n": spec.n, "k": spec.k, "stack": spec.stack, "experts": spec.experts,
+                    "expert_n": spec.expert_n, "top_k": spec.top_k},
+        "cases": cases,
+    });
+    write_json(
+        args.out.clone().unwrap_or_else(|| {
+            std::path::PathBuf::from(format!("bench/results/{}-gpu-kernels.json", today()))
+        }),
+        &doc,
+    )
+}
+
+/// Write `doc` to `out` through a temp file and a rename.
+fn write_json(out: std::path::PathBuf, doc: &serde_json::Value) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = out.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(doc)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &out).with_context(|| format!("renaming to {}", out.display()))?;
+    println!("\nwrote {}", out.display());
+    Ok(())
+}
+
+/// PERF.md's per-layer figure from two depths of the same model timed in
+/// one run: per case, the difference in bytes over the difference in time
+/// (the added layers' own streaming rate, the LM head and the fixed costs
+/// cancelling), the time a layer adds, and the full-depth step projected by
+/// adding the missing layers at that rate.
+fn print_per_layer(
+    a: &ModelRun,
+    b: &ModelRun,
+    full: &ModelConfig,
+    ceiling: f64,
+) -> serde_json::Value {
+    let (la, lb) = (a.layers, b.layers);
+    let nfull = full.num_hidden_layers;
+    println!(
+        "\nper layer: --layers {la} minus --layers {lb} ({} layers; both past the {} dense layers: {}), full depth {nfull}",
+        la.abs_diff(lb),
+        full.first_k_dense(),
+        if la.min(lb) > full.first_k_dense() { "yes, the difference is MoE layers" } else { "NO: the difference includes dense layers" }
+    );
+    println!("| case | step ms ({la} / {lb}) | ms per layer | MB per layer | layer GB/s | layer % of ceiling | whole-step % of ceiling | projected {nfull}-layer step ms |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (label, v, ta, ba) in &a.medians {
+        let Some((_, _, tb, bb)) = b.medians.iter().find(|(l, vb, _, _)| l == label && vb == v)
+        else {
+            continue;
+        };
+        let dl = la as f64 - lb as f64;
+        if dl == 0.0 {
+            continue;
+        }
+        let (dt, db) = ((ta - tb) / dl, (ba - bb) / dl);
+        let gbs = db / (dt * 1e-3) / 1e9;
+        let whole = ba / (ta * 1e-3) / 1e9;
+        let projected = ta + (nfull as f64 - la as f64) * dt;
+        println!(
+            "| {label}{} | {ta:.3} / {tb:.3} | {dt:.4} | {:.1} | {gbs:.0} | {:.1}% | {:.1}% | {projected:.2} |",
+            if *v > 0 { format!(" [variant {v}]") } else { String::new() },
+            db / 1e6,
+            100.0 * gbs / ceiling,
+            100.0 * whole / ceiling
+        );
+        rows.push(json!({"case": label, "variant": v, "layers": [la, lb], "step_ms": [ta, tb],
+            "ms_per_layer": dt, "bytes_per_layer": db, "layer_gb_per_s": gbs,
+            "layer_pct_of_ceiling": 100.0 * gbs / ceiling, "whole_step_pct_of_ceiling": 100.0 * whole / ceiling,
+            "projected_full_depth_ms": projected, "full_depth_layers": nfull}));
+    }
+    json!(rows)
+}
+
+/// One bench model's timed cases.
+struct ModelRun {
+    layers: usize,
+    gen_s: f64,
+    capture_s: f64,
+    out_cases: Vec<serde_json::Value>,
+    profiles: Vec<serde_json::Value>,
+    /// (case label, variant index, median ms, bytes per step).
+    medians: Vec<(String, usize, f64, f64)>,
+}
+
+/// Generate the bench model of `cfg` on the device, capture every case
+/// (and variant), time them in interleaved rounds and print the table.
+fn bench_model(
+    args: &Args,
+    gpu: &CudaGpu,
+    cfg: &ModelConfig,
+    kind: BenchWeights,
+    batches: &[usize],
+    ceiling: f64,
+) -> Result<ModelRun> {
     // 3. model, cache, graphs
     let t0 = Instant::now();
     let model =
-        benchmodel::generate(&gpu, &cfg, kind, 0x5eed).context("generating the bench model")?;
+        benchmodel::generate(gpu, cfg, kind, 0x5eed).context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
     // cases: every batch at --context, then the long-context and verify
@@ -214,7 +392,7 @@ pub fn run(args: &Args) -> Result<()> {
             step,
         });
     };
-    for &b in &batches {
+    for &b in batches {
         add(
             format!("decode b{b} ctx{}", args.context),
             b,
@@ -246,7 +424,7 @@ pub fn run(args: &Args) -> Result<()> {
         .unwrap_or(1);
     let max_seqs = cases.iter().map(|c| c.step.seqs.len()).max().unwrap_or(1);
     let mut sp = StandardPath::new(
-        &gpu,
+        gpu,
         model,
         Capacity {
             max_rows,
@@ -260,7 +438,7 @@ pub fn run(args: &Args) -> Result<()> {
         PathOptions::default(),
     )
     .context("standard path")?;
-    sp.fill_cache(&gpu, 0xcafe).context("filling the cache")?;
+    sp.fill_cache(gpu, 0xcafe).context("filling the cache")?;
     println!(
         "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {pages} pages of {page}",
         args.preset, cfg.num_hidden_layers, kind,
@@ -276,7 +454,7 @@ pub fn run(args: &Args) -> Result<()> {
         .filter(|v| !v.is_empty())
     {
         let id = sp
-            .add_variant(&gpu, v)
+            .add_variant(gpu, v)
             .with_context(|| format!("--variants: compiling `{v}`"))?;
         vlabels.push(v.to_string());
         vids.push(Some(id));
@@ -357,8 +535,6 @@ pub fn run(args: &Args) -> Result<()> {
             samples[i].push(v);
         }
     }
-    let smi_after = nvidia_smi();
-    println!("clocks after: {smi_after}");
 
     println!(
         "\nstandard path, {} --layers {}, weights {:?}, fp8 KV/index cache, {} rounds x {} replays",
@@ -367,6 +543,7 @@ pub fn run(args: &Args) -> Result<()> {
     println!("| case | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut out_cases = Vec::new();
+    let mut medians = Vec::new();
     for (i, &(vi, ci)) in runs.iter().enumerate() {
         let c = &cases[ci];
         let b = c.batch;
@@ -391,6 +568,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" / ")
         );
+        medians.push((c.label.clone(), vi, med, by));
         out_cases.push(json!({
             "case": c.label,
             "variant": vlabels[vi],
@@ -405,6 +583,82 @@ pub fn run(args: &Args) -> Result<()> {
             "samples_ms_per_round": samples[i],
         }));
     }
+    Ok(ModelRun {
+        layers: cfg.num_hidden_layers,
+        gen_s,
+        capture_s,
+        out_cases,
+        profiles,
+        medians,
+    })
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let kind = match args.weights.as_str() {
+        "mxfp4" | "mx" => BenchWeights::Mx,
+        "bf16" => BenchWeights::Bf16,
+        o => bail!("--weights `{o}` is not one of mxfp4, bf16"),
+    };
+    let batches: Vec<usize> = args
+        .batch
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| anyhow!("--batch `{}`: {e}", args.batch))?;
+    if batches.is_empty() || batches.contains(&0) {
+        bail!("--batch needs positive sizes");
+    }
+    if args.iters == 0 || args.rounds == 0 {
+        bail!("--iters and --rounds must be at least 1");
+    }
+    let base = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
+    let mut cfg = base.clone();
+    if let Some(l) = args.layers {
+        cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
+    }
+    if args.kernels {
+        return run_kernels(args, &cfg);
+    }
+    let smi_before = nvidia_smi();
+    println!("clocks before: {smi_before}");
+    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
+    let info = gpu.info().clone();
+    println!(
+        "device: {} ({}, {} SMs, {:.1} GiB)",
+        info.name,
+        info.arch,
+        info.sm_count,
+        info.total_mem_bytes as f64 / (1u64 << 30) as f64
+    );
+
+    // 2. ceiling
+    let Ceiling {
+        copy_gbs,
+        read_gbs,
+        quoted: ceiling,
+        tc,
+        tr,
+    } = measure_ceiling(&gpu)?;
+
+    let mut runs = vec![bench_model(args, &gpu, &cfg, kind, &batches, ceiling)?];
+    let mut per_layer = serde_json::Value::Null;
+    if let Some(l2) = args.per_layer {
+        let cfg2 = base
+            .clone()
+            .with_layers(l2)
+            .map_err(|e| anyhow!("--per-layer: {e}"))?;
+        runs.push(bench_model(args, &gpu, &cfg2, kind, &batches, ceiling)?);
+        per_layer = print_per_layer(&runs[0], &runs[1], &base, ceiling);
+    }
+    let smi_after = nvidia_smi();
+    println!("clocks after: {smi_after}");
+    let ModelRun {
+        gen_s,
+        capture_s,
+        out_cases,
+        profiles,
+        ..
+    } = runs.swap_remove(0);
     let doc = json!({
         "what": "m3 bench --backend gpu: graph-captured standard path, pure decode",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
@@ -420,17 +674,14 @@ pub fn run(args: &Args) -> Result<()> {
                       "generate_s": gen_s, "capture_and_warmup_s": capture_s},
         "cases": out_cases,
         "profiles": profiles,
+        "per_layer": per_layer,
+        "second_model": runs.first().map(|r| json!({"layers": r.layers, "generate_s": r.gen_s,
+            "capture_and_warmup_s": r.capture_s, "cases": r.out_cases})),
     });
-    let out = args.out.clone().unwrap_or_else(|| {
-        std::path::PathBuf::from(format!("bench/results/{}-gpu-standard.json", today()))
-    });
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let tmp = out.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &out).with_context(|| format!("renaming to {}", out.display()))?;
-    println!("\nwrote {}", out.display());
-    Ok(())
+    write_json(
+        args.out.clone().unwrap_or_else(|| {
+            std::path::PathBuf::from(format!("bench/results/{}-gpu-standard.json", today()))
+        }),
+        &doc,
+    )
 }

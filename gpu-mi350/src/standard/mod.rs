@@ -10,7 +10,9 @@
 //! Code map: [`launch`] (the stream and launches), [`linear`] (tensor-core
 //! linear layers), [`attn`] (indexer and attention launches), [`step`] (the
 //! launch sequence of a step: layers, head, sampling, taps), [`bench`]
-//! (bench-only: timed replays, per-launch profiles, kernel variants).
+//! (bench-only: timed replays, per-launch profiles, kernel variants),
+//! [`kernel_bench`] (the linear kernels alone, per format, checked and
+//! timed).
 //!
 //! Limits: CUDA only (the HIP build compiles the kernels but has no runtime
 //! path here); head dims multiples of 32 up to 256; at most 1024 routed
@@ -21,6 +23,7 @@ pub mod bench;
 pub mod exec;
 pub mod graphs;
 pub mod inputs;
+pub mod kernel_bench;
 pub mod kv;
 pub(crate) mod launch;
 pub(crate) mod linear;
@@ -122,12 +125,15 @@ pub struct PathOptions {
     /// Most graphs kept (past it, new shapes launch directly).
     pub max_graphs: usize,
     /// Steps of at most 16 rows use the small-step tensor-core variant
-    /// (`small_step_defines`). Off by default: with fewer than 8 warps per
-    /// CTA, decode steps of `small` (K = 1024) depart from the prefill of
-    /// the same rows from the second decode step on, while the kernel
-    /// matches an f64 reference in isolation (bench/NOTES.md session 3,
-    /// runs V2-V5: an interaction not yet found; the plain, non-routed
-    /// linears carry it).
+    /// (`small_step_defines`: 4 warps a CTA, 8-12% faster per step at
+    /// batch 1 and 20% at batch 16 on the H200, bench/NOTES.md session 4).
+    /// Its 4 warps add K's partial sums in another order than the default's
+    /// 8, so a decode row is not bit-identical to the same row in a prefill
+    /// of more than 16 rows (session 3 took that for a kernel bug; it is the
+    /// summation order: the variant matches an f64 reference, and the CPU
+    /// reference under `m3 parity` as the default does). On by default;
+    /// `M3_SMALL_STEP_VARIANT=0` turns it off and `M3_SMALL_STEP_DEFINES`
+    /// replaces its defines (diagnosis).
     pub small_step_variant: bool,
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
@@ -139,8 +145,13 @@ impl Default for PathOptions {
             pdl: true,
             graph_max_rows: 128,
             max_graphs: 256,
-            small_step_variant: false,
-            small_step_defines: SMALL_STEP_VARIANT,
+            // diagnostic switches (bench/NOTES.md session 4): the variant
+            // on, and its defines, for bisecting the bug above on a device
+            small_step_variant: std::env::var("M3_SMALL_STEP_VARIANT").map_or(true, |v| v != "0"),
+            small_step_defines: std::env::var("M3_SMALL_STEP_DEFINES")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map_or(SMALL_STEP_VARIANT, |v| Box::leak(v.into_boxed_str())),
         }
     }
 }

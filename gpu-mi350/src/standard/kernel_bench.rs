@@ -1,0 +1,572 @@
+//! The linear-kernel microbench (`m3 bench --backend gpu --kernels`): the
+//! tensor-core linear alone, per weight format, at decode row counts, on
+//! weights far larger than L2, so a figure is the kernel's own streaming
+//! rate and not the step's.
+//!
+//! Two kinds of case, each captured into a CUDA graph and timed over graph
+//! replays (one event pair each):
+//! * **plain**: a stack of `stack` separate `[n, k]` matrices, one launch
+//!   each (the shape of a layer's dense linears), `rows` x rows;
+//! * **experts**: the fused gate+up launch of routed experts (two stacks of
+//!   `experts` matrices `[expert_n, k]`) on a route of `rows x top_k` pairs
+//!   spread over `distinct` experts, each read once.
+//!
+//! Bytes are the stored bytes the launch must read (codes + scales of every
+//! matrix it touches); x and the outputs are not counted.
+//!
+//! Every case is checked before it is timed: sampled outputs (f32 stores)
+//! against an f64 sum of the same exactly dequantized weights (downloaded
+//! and put back in the stored layout) times the same bf16 x, within
+//! [`CHECK_TOL`] of the sum of absolute products; and the comparison is
+//! shown to fail on a planted one-code error.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor};
+
+use super::graphs::{GraphKey, Graphs};
+use super::launch::Launcher;
+use super::linear::{linears, LinOut, LinearKernels, MmaVariant, Route, SMALL_STEP_VARIANT};
+use super::STANDARD;
+use crate::error::{GpuError, Result};
+use crate::model::generated::Gen;
+use crate::model::{layout, DevBuf, DevLinear, WFmt};
+use crate::CudaGpu;
+
+/// Largest accepted `|y - ref| / sum |w x|` of a checked output: products
+/// are exact (bf16 x times exactly dequantized weights) and only the f32
+/// summation order differs, worth ~log2(K) f32 ulps (~1e-6); one wrong code
+/// moves an output by ~1/K of the sum (1.6e-4 at K = 6144).
+pub const CHECK_TOL: f64 = 1.0 / 65536.0;
+/// Output features checked per case (spread over the matrix).
+const CHECKED_FEATURES: usize = 64;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct KernelBenchSpec {
+    pub formats: Vec<WFmt>,
+    /// x rows of each case.
+    pub rows: Vec<usize>,
+    /// Plain stack: `stack` matrices of `[n, k]`.
+    pub n: usize,
+    pub k: usize,
+    pub stack: usize,
+    /// Experts: `experts` matrices of `[expert_n, k]` in each of the gate
+    /// and up stacks; each case routes `rows * top_k` pairs over each
+    /// `distinct` count of experts.
+    pub experts: usize,
+    pub expert_n: usize,
+    pub top_k: usize,
+    pub distinct: Vec<usize>,
+    pub iters: usize,
+    /// Extra compiled variants of the tensor-core kernels
+    /// (`NAME=VALUE ...`), timed beside the defaults.
+    pub variants: Vec<String>,
+}
+
+/// One timed case.
+#[derive(Clone, Debug)]
+pub struct KernelRow {
+    pub case: String,
+    pub fmt: WFmt,
+    pub rows: usize,
+    pub variant: String,
+    /// Stored weight bytes one replay reads.
+    pub bytes: u64,
+    /// Per replay.
+    pub samples_ms: Vec<f64>,
+    /// Outputs checked and the worst `|y - ref| / sum |w x|`.
+    pub checked: usize,
+    pub worst: f64,
+}
+
+/// Stored-layout parts of one matrix, downloaded.
+struct HostMatrix {
+    fmt: WFmt,
+    cols: usize,
+    codes: Vec<u8>,
+    scales: Vec<u8>,
+    global: f32,
+}
+
+impl HostMatrix {
+    fn download(l: &Launcher, w: &DevLinear, i: usize) -> Result<Self> {
+        let (cs, ss) = w.strides();
+        let mut codes = vec![0u8; cs as usize];
+        w.codes.read(l.stream(), i * cs as usize, &mut codes)?;
+        let codes = layout::from_device(w.fmt, &codes).into_owned();
+        let mut scales = vec![0u8; ss as usize];
+        if let Some(s) = &w.scales {
+            s.read(l.stream(), i * ss as usize, &mut scales)?;
+        }
+        let mut global = [1.0f32];
+        if let Some(g) = &w.globals {
+            g.read(l.stream(), 4 * i, &mut global)?;
+        }
+        Ok(HostMatrix {
+            fmt: w.fmt,
+            cols: w.cols,
+            codes,
+            scales,
+            global: global[0],
+        })
+    }
+
+    /// Row `r`, exactly dequantized (NVFP4: the global scale applied after
+    /// the block products, as the kernel's epilogue does: returned apart).
+    fn row(&self, r: usize) -> Result<(Vec<f64>, f64)> {
+        let k = self.cols;
+        let bad = |e: m3_core::formats::FormatError| GpuError::input("kernel bench", e.to_string());
+        let mx = |elem: MxElem, per: usize| -> Result<Vec<f64>> {
+            let cb = elem.packed_len(k);
+            let t = MxTensor::from_parts(
+                elem,
+                1,
+                k,
+                self.codes[r * cb..(r + 1) * cb].to_vec(),
+                self.scales[r * k / per..(r + 1) * k / per].to_vec(),
+            )
+            .map_err(bad)?;
+            let mut out = vec![0f32; k];
+            t.dequantize_row(0, &mut out);
+            Ok(out.into_iter().map(f64::from).collect())
+        };
+        Ok(match self.fmt {
+            WFmt::Bf16 => (
+                self.codes[2 * r * k..2 * (r + 1) * k]
+                    .chunks_exact(2)
+                    .map(|b| f64::from(bf16::to_f32(u16::from_le_bytes([b[0], b[1]]))))
+                    .collect(),
+                1.0,
+            ),
+            WFmt::Mxfp8E4M3 => (mx(MxElem::Fp8E4M3, 32)?, 1.0),
+            WFmt::Mxfp8E5M2 => (mx(MxElem::Fp8E5M2, 32)?, 1.0),
+            WFmt::Mxfp4 => (mx(MxElem::Fp4E2M1, 32)?, 1.0),
+            WFmt::Nvfp4 => {
+                let t = Nvfp4Tensor::from_parts(
+                    1,
+                    k,
+                    self.codes[r * k / 2..(r + 1) * k / 2].to_vec(),
+                    self.scales[r * k / 16..(r + 1) * k / 16].to_vec(),
+                    1.0,
+                )
+                .map_err(bad)?;
+                let mut out = vec![0f64; k];
+                t.row_f64(0, &mut out);
+                (out, f64::from(self.global))
+            }
+            WFmt::F32 => return Err(GpuError::input("kernel bench", "f32 weights")),
+        })
+    }
+}
+
+/// `|y - ref| / sum |w x|` of output feature `o` for x row `x` (bf16 bits).
+fn rel_err(w: &[f64], global: f64, x: &[u16], y: f32) -> f64 {
+    let (mut s, mut a) = (0f64, 0f64);
+    for (wi, &xi) in w.iter().zip(x) {
+        let p = wi * f64::from(bf16::to_f32(xi));
+        s += p;
+        a += p.abs();
+    }
+    let want = s * global;
+    let scale = (a * global.abs()).max(f64::MIN_POSITIVE);
+    if !y.is_finite() {
+        return f64::INFINITY;
+    }
+    (f64::from(y) - want).abs() / scale
+}
+
+/// Generate a stack with codes covering the format's finite values
+/// (subnormals included) and one scale byte per matrix near real weights'.
+fn gen_stack(
+    g: &Gen,
+    fmt: WFmt,
+    rows: usize,
+    cols: usize,
+    count: usize,
+    tid: &mut u32,
+) -> Result<DevLinear> {
+    let w = DevLinear::alloc(g.context(), fmt, rows, cols, count)?;
+    let seed = 0x6b62u64;
+    *tid += 1;
+    match fmt {
+        WFmt::Bf16 => g.bf16(&w.codes, seed, *tid, 118)?,
+        WFmt::Mxfp4 | WFmt::Nvfp4 => g.bytes(&w.codes, seed, *tid, 0xff, 0)?,
+        // every exponent, no NaN (0x7f & 0xfe = 0x7e)
+        WFmt::Mxfp8E4M3 => g.bytes(&w.codes, seed, *tid, 0xfe, 0)?,
+        // exponents 0..15 (subnormals too), no Inf / NaN
+        WFmt::Mxfp8E5M2 => g.bytes(&w.codes, seed, *tid, 0xbf, 0)?,
+        WFmt::F32 => return Err(GpuError::input("kernel bench", "f32 weights")),
+    }
+    if let Some(s) = &w.scales {
+        *tid += 1;
+        match fmt {
+            // positive E4M3 scales, exponent field 0..7 (subnormals too)
+            WFmt::Nvfp4 => g.bytes(s, seed, *tid, 0x3f, 0)?,
+            _ => g.bytes(s, seed, *tid, 0x03, 116)?,
+        }
+    }
+    if let Some(gl) = &w.globals {
+        let v: Vec<f32> = (0..count).map(|i| 2f32.powi(-8 - (i % 3) as i32)).collect();
+        gl.write_sync(0, bytemuck::cast_slice(&v))?;
+    }
+    Ok(w)
+}
+
+/// A kernel variant's launches for one case.
+struct Ctx<'a> {
+    l: &'a Launcher,
+    kern: &'a LinearKernels,
+    ctx: Arc<CudaContext>,
+}
+
+/// Time `iters` replays of `enqueue` captured as one graph.
+fn time(
+    c: &Ctx<'_>,
+    graphs: &mut Graphs,
+    key: GraphKey,
+    iters: usize,
+    enqueue: &dyn Fn() -> Result<()>,
+) -> Result<Vec<f64>> {
+    graphs.run(c.l, key, enqueue)?;
+    for _ in 0..3 {
+        graphs.run(c.l, key, enqueue)?;
+    }
+    let mut pairs = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let (a, b) = (c.l.event()?, c.l.event()?);
+        a.record(c.l.stream())
+            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        graphs.run(c.l, key, enqueue)?;
+        b.record(c.l.stream())
+            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        pairs.push((a, b));
+    }
+    c.l.sync()?;
+    pairs
+        .iter()
+        .map(|(a, b)| {
+            a.elapsed_ms(b)
+                .map(f64::from)
+                .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+        })
+        .collect()
+}
+
+/// Run the microbench; `report` sees each row as it is measured.
+pub fn kernel_bench(
+    gpu: &CudaGpu,
+    spec: &KernelBenchSpec,
+    report: &mut dyn FnMut(&KernelRow),
+) -> Result<Vec<KernelRow>> {
+    let bad = |why: String| GpuError::input("kernel bench", why);
+    if spec.k == 0 || !spec.k.is_multiple_of(32) || spec.n == 0 || spec.expert_n == 0 {
+        return Err(bad(format!(
+            "shapes n {} x k {} (k a multiple of 32), expert n {}",
+            spec.n, spec.k, spec.expert_n
+        )));
+    }
+    let max_rows = spec.rows.iter().copied().max().unwrap_or(0);
+    if max_rows == 0 || spec.rows.contains(&0) || spec.iters == 0 {
+        return Err(bad("rows and iters must be positive".into()));
+    }
+    if spec.distinct.iter().any(|&d| d == 0 || d > spec.experts) {
+        return Err(bad(format!(
+            "distinct expert counts {:?} must be in 1..={}",
+            spec.distinct, spec.experts
+        )));
+    }
+    let ctx = gpu.context().clone();
+    let l = Launcher::new(&ctx, gpu.info().cc.0 >= 9)?;
+    let mut kern = LinearKernels {
+        mma: vec![
+            MmaVariant::load(gpu, &STANDARD, "")?,
+            MmaVariant::load(gpu, &STANDARD, SMALL_STEP_VARIANT)?,
+        ],
+        f32w: gpu.function(&STANDARD, "m3s_linear_f32w")?,
+    };
+    for v in &spec.variants {
+        kern.mma.push(MmaVariant::load(gpu, &STANDARD, v)?);
+    }
+    let c = Ctx {
+        l: &l,
+        kern: &kern,
+        ctx: ctx.clone(),
+    };
+    let g = Gen::new(gpu)?;
+    let mut tid = 0u32;
+    // x: the largest case's rows (pairs for experts: rows * top_k of them
+    // point into these rows), bf16 values in [2^-9, 2^-7) of random sign
+    let x = DevBuf::new(&ctx, 2 * max_rows * spec.k)?;
+    g.bf16(&x, 0x78, 1, 118)?;
+    let ybytes = 4 * max_rows * spec.top_k.max(1) * spec.n.max(spec.expert_n);
+    let y = DevBuf::zeroed(&ctx, ybytes)?;
+    let y2 = DevBuf::zeroed(&ctx, ybytes)?;
+    g.sync()?;
+    let mut xh = vec![0u16; max_rows * spec.k];
+    x.read(l.stream(), 0, &mut xh)?;
+    let mut out = Vec::new();
+    let mut graphs = Graphs::new(usize::MAX);
+    let mut key_n = 0usize;
+    let mut planted_checked = false;
+    for &fmt in &spec.formats {
+        if fmt.mma_kernel().is_none() {
+            return Err(bad(format!("{fmt:?} has no tensor-core kernel")));
+        }
+        // ---- plain stack -------------------------------------------------
+        let mats: Vec<DevLinear> = (0..spec.stack.max(1))
+            .map(|_| gen_stack(&g, fmt, spec.n, spec.k, 1, &mut tid))
+            .collect::<Result<_>>()?;
+        g.sync()?;
+        let host0 = HostMatrix::download(&l, &mats[0], 0)?;
+        let stack_bytes: u64 = mats.iter().map(|m| m.bytes() as u64).sum();
+        for &m in &spec.rows {
+            for v in 0..kern.mma.len() {
+                // check: matrix 0 alone, f32 out
+                linears(
+                    c.l,
+                    c.kern,
+                    v,
+                    &[(&mats[0], LinOut::F32(y.ptr()))],
+                    x.ptr(),
+                    m,
+                    None,
+                    m,
+                )?;
+                l.sync()?;
+                let mut yh = vec![0f32; m * spec.n];
+                y.read(l.stream(), 0, &mut yh)?;
+                let (checked, worst) = check_plain(&host0, &xh, &yh, m, spec.k, spec.n)?;
+                if !planted_checked {
+                    planted_self_check(&host0, &xh, &yh, spec.k, spec.n)?;
+                    planted_checked = true;
+                }
+                let enqueue = || -> Result<()> {
+                    for w in &mats {
+                        linears(
+                            c.l,
+                            c.kern,
+                            v,
+                            &[(w, LinOut::F32(y.ptr()))],
+                            x.ptr(),
+                            m,
+                            None,
+                            m,
+                        )?;
+                    }
+                    Ok(())
+                };
+                key_n += 1;
+                let key = GraphKey {
+                    rows: key_n,
+                    logits_rows: 0,
+                    variant: v,
+                };
+                let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
+                let row = KernelRow {
+                    case: format!("{} x [{}, {}] m{m}", mats.len(), spec.n, spec.k),
+                    fmt,
+                    rows: m,
+                    variant: kern.mma[v].label.clone(),
+                    bytes: stack_bytes,
+                    samples_ms,
+                    checked,
+                    worst,
+                };
+                report(&row);
+                out.push(row);
+            }
+        }
+        drop(mats);
+        graphs.clear();
+        // ---- routed experts (gate + up fused) ------------------------------
+        if spec.distinct.is_empty() {
+            continue;
+        }
+        let gate = gen_stack(&g, fmt, spec.expert_n, spec.k, spec.experts, &mut tid)?;
+        let up = gen_stack(&g, fmt, spec.expert_n, spec.k, spec.experts, &mut tid)?;
+        g.sync()?;
+        for &m in &spec.rows {
+            let pairs = m * spec.top_k.max(1);
+            let mut ds: Vec<usize> = spec.distinct.iter().map(|&d| d.min(pairs)).collect();
+            ds.dedup();
+            for d in ds {
+                let (table, slots, first) = route(&c, spec.experts, d, m, spec.top_k.max(1))?;
+                let per_expert = gate.matrix_bytes() as u64 * 2;
+                let host_g = HostMatrix::download(&l, &gate, first.0)?;
+                for v in 0..kern.mma.len() {
+                    let mats = [(&gate, LinOut::F32(y.ptr())), (&up, LinOut::F32(y2.ptr()))];
+                    let r = Some(Route {
+                        table: table.ptr(),
+                        slots,
+                        xdiv: spec.top_k.max(1),
+                    });
+                    linears(c.l, c.kern, v, &mats, x.ptr(), m, r, m)?;
+                    l.sync()?;
+                    let mut yh = vec![0f32; pairs * spec.expert_n];
+                    y.read(l.stream(), 0, &mut yh)?;
+                    // slot 0's pairs: output row = pair id, x row = pair / top_k
+                    let (checked, worst) = check_pairs(&host_g, &xh, &yh, &first.1, spec)?;
+                    let enqueue = || linears(c.l, c.kern, v, &mats, x.ptr(), m, r, m);
+                    key_n += 1;
+                    let key = GraphKey {
+                        rows: key_n,
+                        logits_rows: 0,
+                        variant: v,
+                    };
+                    let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
+                    let row = KernelRow {
+                        case: format!(
+                            "experts gate+up {d} of {} x 2 x [{}, {}] m{m}",
+                            spec.experts, spec.expert_n, spec.k
+                        ),
+                        fmt,
+                        rows: m,
+                        variant: kern.mma[v].label.clone(),
+                        bytes: per_expert * d as u64,
+                        samples_ms,
+                        checked,
+                        worst,
+                    };
+                    report(&row);
+                    out.push(row);
+                }
+            }
+        }
+        graphs.clear();
+    }
+    drop(c);
+    Ok(out)
+}
+
+/// The route of `m` rows choosing `top_k` experts each, `distinct` experts
+/// in all (pair p goes to expert slot p % distinct; experts spread over the
+/// stack): (device records, slots, (slot 0's expert, its pair ids)).
+#[allow(clippy::type_complexity)]
+fn route(
+    c: &Ctx<'_>,
+    experts: usize,
+    distinct: usize,
+    m: usize,
+    top_k: usize,
+) -> Result<(DevBuf, usize, (usize, Vec<usize>))> {
+    let stride = 2 + m;
+    let mut rec = vec![0i32; distinct * stride];
+    let mut first = (0usize, Vec::new());
+    for s in 0..distinct {
+        let e = s * (experts / distinct);
+        let ps: Vec<usize> = (0..m * top_k).filter(|p| p % distinct == s).collect();
+        // a row may pick an expert once: keep the first pair of each row
+        let mut seen = std::collections::BTreeSet::new();
+        let ps: Vec<usize> = ps.into_iter().filter(|p| seen.insert(p / top_k)).collect();
+        rec[s * stride] = e as i32;
+        rec[s * stride + 1] = ps.len() as i32;
+        for (i, &p) in ps.iter().enumerate() {
+            rec[s * stride + 2 + i] = p as i32;
+        }
+        if s == 0 {
+            first = (e, ps);
+        }
+    }
+    Ok((DevBuf::from_slice(&c.ctx, &rec)?, distinct, first))
+}
+
+/// The features checked: spread over `n`.
+fn features(n: usize) -> impl Iterator<Item = usize> {
+    let step = (n / CHECKED_FEATURES).max(1);
+    (0..n).step_by(step).take(CHECKED_FEATURES)
+}
+
+fn check_plain(
+    w: &HostMatrix,
+    xh: &[u16],
+    yh: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(usize, f64)> {
+    let mut worst = 0f64;
+    let mut checked = 0;
+    for o in features(n) {
+        let (row, global) = w.row(o)?;
+        for r in 0..m {
+            worst = worst.max(rel_err(
+                &row,
+                global,
+                &xh[r * k..(r + 1) * k],
+                yh[r * n + o],
+            ));
+            checked += 1;
+        }
+    }
+    fail_if(worst, checked, w.fmt, "plain")
+}
+
+fn check_pairs(
+    w: &HostMatrix,
+    xh: &[u16],
+    yh: &[f32],
+    pairs: &[usize],
+    spec: &KernelBenchSpec,
+) -> Result<(usize, f64)> {
+    let (k, n) = (spec.k, spec.expert_n);
+    let mut worst = 0f64;
+    let mut checked = 0;
+    for o in features(n) {
+        let (row, global) = w.row(o)?;
+        for &p in pairs {
+            let r = p / spec.top_k.max(1);
+            worst = worst.max(rel_err(
+                &row,
+                global,
+                &xh[r * k..(r + 1) * k],
+                yh[p * n + o],
+            ));
+            checked += 1;
+        }
+    }
+    fail_if(worst, checked, w.fmt, "experts")
+}
+
+fn fail_if(worst: f64, checked: usize, fmt: WFmt, what: &str) -> Result<(usize, f64)> {
+    if worst.is_nan() || worst > CHECK_TOL {
+        return Err(GpuError::input(
+            "kernel bench",
+            format!(
+                "{fmt:?} {what}: an output is off the f64 reference by {worst:.3e} of its absolute sum (tolerance {CHECK_TOL:.1e}, {checked} outputs)"
+            ),
+        ));
+    }
+    Ok((checked, worst))
+}
+
+/// The check must catch one wrong code: the first checked row's first
+/// value replaced by another code is not within the tolerance.
+fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize, n: usize) -> Result<()> {
+    let mut bent = HostMatrix {
+        codes: w.codes.clone(),
+        scales: w.scales.clone(),
+        ..*w
+    };
+    // flip the top code bit of value 0 of row 0 (sign for E2M1 / FP8,
+    // bf16 sign for bf16)
+    let at = match w.fmt {
+        WFmt::Bf16 => 1,
+        _ => 0,
+    };
+    bent.codes[at] ^= match w.fmt {
+        WFmt::Mxfp4 | WFmt::Nvfp4 => 0x04, // magnitude bit of the low nibble
+        _ => 0x40,
+    };
+    let (row, global) = bent.row(0)?;
+    let e = rel_err(&row, global, &xh[..k], yh[0]);
+    let _ = n;
+    if e <= CHECK_TOL {
+        return Err(GpuError::input(
+            "kernel bench",
+            format!("self-check: a planted code error moved output 0 by only {e:.3e} (the check cannot fail)"),
+        ));
+    }
+    Ok(())
+}

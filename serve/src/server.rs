@@ -1,0 +1,1224 @@
+//! The OpenAI-compatible HTTP server (axum on tokio) in front of the
+//! engine thread ([`crate::engine`]).
+//!
+//! Who owns what:
+//! - the **engine thread** owns the loaded model and the scheduler; it sees
+//!   token ids only;
+//! - an **HTTP handler** owns its request's text side: it validates the body
+//!   ([`crate::protocol`], every 400 names its field), renders the chat
+//!   template, tokenizes, submits token ids, then turns the engine's token
+//!   events into text with an [`IncrementalDetokenizer`], a [`StopMatcher`]
+//!   and (chat) an [`OutputParser`] for reasoning and tool calls. Stop
+//!   strings are matched here, on text; on a match the handler drops its
+//!   receiver, which the engine sees as an abort (as it does a client that
+//!   disconnects).
+//!
+//! Endpoints: `GET /v1/models`, `POST /v1/completions`,
+//! `POST /v1/chat/completions` (behind `--api-key` when set), `GET /health`,
+//! `GET /metrics` (Prometheus text).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Request as HttpRequest, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use m3_core::sched::{FinishReason as CoreFinish, Request, SamplingParams};
+use serde_json::{json, Map, Value};
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::engine::{EngineEvent, EngineHandle, OwnedSlot, Submission, SubmitError, TokenLogprob};
+use crate::parser::{Event, OutputParser};
+use crate::protocol::{
+    self, ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChunkChoice, CompletionChoice,
+    CompletionResponse, Delta, FinishReason, FunctionCallDelta, GenParams, Limits, Prompt,
+    RequestError, ResponseMessage, ResponseToolCall, ToolCallDelta, Usage,
+};
+use crate::schema::ToolSchemas;
+use crate::stop::StopMatcher;
+use crate::tags::ParserOptions;
+use crate::template::{starts_in_reasoning, ChatTemplate};
+use crate::IncrementalDetokenizer;
+
+/// Sampling defaults from the checkpoint's `generation_config.json`, used
+/// for fields a request leaves out.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GenDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
+
+impl GenDefaults {
+    /// `temperature`, `top_p`, `top_k` of a `generation_config.json` text
+    /// (absent or mistyped fields are ignored: they are only defaults).
+    pub fn from_generation_config(text: &str) -> Self {
+        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        GenDefaults {
+            temperature: v
+                .get("temperature")
+                .and_then(Value::as_f64)
+                .map(|x| x as f32),
+            top_p: v.get("top_p").and_then(Value::as_f64).map(|x| x as f32),
+            top_k: v.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
+        }
+    }
+}
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The model name clients send and `/v1/models` lists.
+    pub served_model_name: String,
+    pub limits: Limits,
+    /// `Authorization: Bearer <key>` required on `/v1/*` when set.
+    pub api_key: Option<String>,
+    /// Token ids that end generation (unless a request sets `ignore_eos`).
+    pub eos: Vec<u32>,
+    pub defaults: GenDefaults,
+    /// Unix time the server started (`created` of `/v1/models`).
+    pub created: u64,
+}
+
+/// A detokenizer's decode function.
+type DecodeFn = Arc<dyn Fn(&[u32]) -> String + Send + Sync>;
+/// The same, boxed (what [`IncrementalDetokenizer`] takes).
+type BoxedDecode = Box<dyn Fn(&[u32]) -> String + Send + Sync>;
+
+/// Everything a handler needs.
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub tokenizer: Option<Arc<tokenizers::Tokenizer>>,
+    /// The chat template (`None`: chat requests get a 400 saying so).
+    pub template: Option<ChatTemplate>,
+    pub engine: Arc<EngineHandle>,
+}
+
+impl AppState {
+    /// Text of `ids` (special tokens skipped); ids without a tokenizer are
+    /// printed as `<id>`.
+    fn decoder(&self) -> DecodeFn {
+        match &self.tokenizer {
+            Some(tk) => {
+                let tk = Arc::clone(tk);
+                Arc::new(move |ids: &[u32]| tk.decode(ids, true).unwrap_or_default())
+            }
+            None => Arc::new(|ids: &[u32]| ids.iter().map(|i| format!("<{i}>")).collect()),
+        }
+    }
+
+    /// One token's text for logprobs (special tokens kept).
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer
+            .as_ref()
+            .and_then(|tk| tk.decode(&[id], false).ok())
+            .unwrap_or_else(|| format!("<{id}>"))
+    }
+}
+
+/// The router with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Resolves on SIGINT or SIGTERM (what `m3 serve` drains on).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+// ------------------------------------------------------------------ errors
+
+/// An error answer: status and OpenAI-shaped JSON body.
+struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+fn error_response(
+    status: StatusCode,
+    kind: &str,
+    message: String,
+    param: Option<&str>,
+) -> ApiError {
+    ApiError {
+        status,
+        body: json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}}),
+    }
+}
+
+fn bad_request(e: RequestError) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_REQUEST,
+        body: e.to_json(),
+    }
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Full(_) => error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            e.to_string(),
+            None,
+        ),
+        SubmitError::Stopped => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            e.to_string(),
+            None,
+        ),
+    }
+}
+
+async fn not_found() -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "no such endpoint".into(),
+        None,
+    )
+    .into_response()
+}
+
+async fn auth(State(st): State<Arc<AppState>>, req: HttpRequest, next: Next) -> Response {
+    if let Some(key) = &st.cfg.api_key {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.strip_prefix("Bearer "))
+            .is_some_and(|given| bool::from(given.as_bytes().ct_eq(key.as_bytes())));
+        if !ok {
+            return error_response(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong API key (Authorization: Bearer <key>)".into(),
+                None,
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+// --------------------------------------------------------- small endpoints
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.engine.is_running() {
+        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
+    } else {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the engine is not running".into(),
+            None,
+        )
+        .into_response()
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let mut r = st.engine.metrics.render();
+    r.push_str(&format!(
+        "# HELP m3_requests_in_flight Requests admitted by the HTTP side and not yet done.\n# TYPE m3_requests_in_flight gauge\nm3_requests_in_flight {}\n",
+        st.engine.in_flight()
+    ));
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        r,
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.cfg.served_model_name,
+            "object": "model",
+            "created": st.cfg.created,
+            "owned_by": "m3",
+            "max_model_len": st.cfg.limits.max_model_len,
+        }]
+    }))
+    .into_response()
+}
+
+// ------------------------------------------------------------- generation
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A seed for a request that gave none: distinct per request.
+fn fresh_seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 finalizer, so close timestamps give unrelated seeds
+    let mut z = t.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What differs between the two endpoints' outputs.
+enum Kind {
+    Completion {
+        /// The prompt text to prepend (`echo`).
+        echo: Option<String>,
+    },
+    Chat {
+        parser: Box<ParserOptions>,
+    },
+}
+
+/// A validated request, tokenized and ready to submit.
+struct Prepared {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    params: GenParams,
+    /// Explicitly sent sampling fields (else generation_config defaults).
+    sent: (Option<f64>, Option<f64>, Option<i64>),
+    logprobs: Option<u32>,
+    ignore_eos: bool,
+    return_token_ids: bool,
+    kind: Kind,
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if *m != st.cfg.served_model_name => Err(error_response(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!(
+                "the model `{m}` does not exist (this server serves `{}`)",
+                st.cfg.served_model_name
+            ),
+            Some("model"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn check_n(params: &GenParams) -> Result<(), ApiError> {
+    if params.n > 1 {
+        return Err(bad_request(RequestError::new(
+            "n",
+            "n > 1 is not supported by this server (send n separate requests)",
+        )));
+    }
+    Ok(())
+}
+
+fn encode(st: &AppState, text: &str, special: bool, field: &str) -> Result<Vec<u32>, ApiError> {
+    let tk = st.tokenizer.as_ref().ok_or_else(|| {
+        bad_request(RequestError::new(
+            field,
+            "this checkpoint has no tokenizer.json: send token ids",
+        ))
+    })?;
+    let enc = tk.encode(text, special).map_err(|e| {
+        bad_request(RequestError::new(
+            field,
+            format!("tokenization failed: {e}"),
+        ))
+    })?;
+    let ids = enc.get_ids().to_vec();
+    if ids.is_empty() {
+        return Err(bad_request(RequestError::new(
+            field,
+            "the prompt has no tokens",
+        )));
+    }
+    if let Some(&bad) = ids
+        .iter()
+        .find(|&&t| t as usize >= st.cfg.limits.vocab_size)
+    {
+        return Err(bad_request(RequestError::new(
+            field,
+            format!("the tokenizer produced id {bad}, outside the model's vocabulary"),
+        )));
+    }
+    Ok(ids)
+}
+
+fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let v = protocol::parse_completion(body, &st.cfg.limits).map_err(bad_request)?;
+    check_model(st, &v.request.model)?;
+    check_n(&v.params)?;
+    let (prompt, text) = match &v.request.prompt {
+        Prompt::Text(t) => (encode(st, t, true, "prompt")?, t.clone()),
+        Prompt::Tokens(ids) => (ids.clone(), (st.decoder())(ids)),
+    };
+    let max_tokens =
+        protocol::check_prompt_len(prompt.len(), v.params.max_tokens, "prompt", &st.cfg.limits)
+            .map_err(bad_request)?;
+    Ok(Prepared {
+        prompt,
+        max_tokens,
+        sent: (v.request.temperature, v.request.top_p, v.request.top_k),
+        params: v.params,
+        logprobs: v.logprobs,
+        ignore_eos: v.request.ignore_eos.unwrap_or(false),
+        return_token_ids: v.request.return_token_ids.unwrap_or(false),
+        kind: Kind::Completion {
+            echo: v.request.echo.unwrap_or(false).then_some(text),
+        },
+    })
+}
+
+/// A chat message as the template sees it (HF conventions; tool-call
+/// arguments as an object).
+fn message_json(m: &protocol::ChatMessage) -> Value {
+    let mut o = Map::new();
+    o.insert("role".into(), Value::from(m.role.as_str()));
+    o.insert(
+        "content".into(),
+        m.content
+            .as_ref()
+            .map_or(Value::Null, |c| Value::from(c.text())),
+    );
+    if let Some(calls) = &m.tool_calls {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if let Some(f) = c.get_mut("function").and_then(Value::as_object_mut) {
+                    if let Some(Value::String(a)) = f.get("arguments") {
+                        if let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(a) {
+                            f.insert("arguments".into(), parsed);
+                        }
+                    }
+                }
+                c
+            })
+            .collect();
+        o.insert("tool_calls".into(), Value::from(calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), Value::from(id.as_str()));
+    }
+    if let Some(n) = &m.name {
+        o.insert("name".into(), Value::from(n.as_str()));
+    }
+    Value::Object(o)
+}
+
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let v = protocol::parse_chat(body, &st.cfg.limits).map_err(bad_request)?;
+    check_model(st, &v.request.model)?;
+    check_n(&v.params)?;
+    let template = st.template.as_ref().ok_or_else(|| {
+        bad_request(RequestError::new(
+            "messages",
+            "this checkpoint has no chat template (tokenizer_config.json `chat_template`): use /v1/completions",
+        ))
+    })?;
+    let use_tools = match &v.request.tool_choice {
+        None => true,
+        Some(Value::String(s)) if s == "auto" => true,
+        Some(Value::String(s)) if s == "none" => false,
+        Some(_) => {
+            return Err(bad_request(RequestError::new(
+                "tool_choice",
+                "only \"auto\" and \"none\" are supported (no constrained decoding)",
+            )))
+        }
+    };
+    let tools = v
+        .request
+        .tools
+        .as_deref()
+        .filter(|t| use_tools && !t.is_empty());
+    let messages: Vec<Value> = v.request.messages.iter().map(message_json).collect();
+    let kwargs = v.request.chat_template_kwargs.clone().unwrap_or_default();
+    let rendered = template
+        .render(&messages, tools, true, &kwargs)
+        .map_err(|e| bad_request(RequestError::new("messages", e.to_string())))?;
+    let prompt = encode(st, &rendered, false, "messages")?;
+    let max_tokens = protocol::check_prompt_len(
+        prompt.len(),
+        v.params.max_tokens,
+        if v.request.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "messages"
+        },
+        &st.cfg.limits,
+    )
+    .map_err(bad_request)?;
+    let parser = ParserOptions {
+        starts_in_reasoning: starts_in_reasoning(&rendered),
+        tool_schemas: tools
+            .map(|t| ToolSchemas::from_openai_tools(&Value::from(t.to_vec())))
+            .unwrap_or_default(),
+        ..ParserOptions::default()
+    };
+    Ok(Prepared {
+        prompt,
+        max_tokens,
+        sent: (v.request.temperature, v.request.top_p, v.request.top_k),
+        params: v.params,
+        logprobs: v.logprobs,
+        ignore_eos: v.request.ignore_eos.unwrap_or(false),
+        return_token_ids: v.request.return_token_ids.unwrap_or(false),
+        kind: Kind::Chat {
+            parser: Box::new(parser),
+        },
+    })
+}
+
+/// The engine request for `p`.
+fn engine_request(st: &AppState, p: &Prepared) -> Request {
+    let d = st.cfg.defaults;
+    let s = &p.params.sampling;
+    let sampling = SamplingParams {
+        temperature: match p.sent.0 {
+            Some(_) => s.temperature,
+            None => d.temperature.unwrap_or(s.temperature),
+        },
+        top_p: match p.sent.1 {
+            Some(_) => s.top_p,
+            None => d.top_p.unwrap_or(s.top_p),
+        },
+        top_k: match p.sent.2 {
+            Some(_) => s.top_k.unwrap_or(0),
+            None => d.top_k.or(s.top_k).unwrap_or(0),
+        },
+        seed: s.seed.unwrap_or_else(fresh_seed),
+    };
+    let mut r = Request::greedy(0, p.prompt.clone(), p.max_tokens);
+    r.sampling = sampling;
+    if !p.ignore_eos {
+        r.eos = st.cfg.eos.clone();
+    }
+    r
+}
+
+/// The text side of one request: detokenize, match stop strings, parse.
+struct Pipeline {
+    detok: Option<IncrementalDetokenizer<BoxedDecode>>,
+    stop: Option<StopMatcher>,
+    parser: Option<OutputParser>,
+    /// A stop string matched: later tokens are dropped.
+    stopped: bool,
+    /// Tokens accepted (up to and including the one completing a stop).
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    /// Tool calls emitted so far.
+    tool_calls: usize,
+}
+
+impl Pipeline {
+    fn new(st: &AppState, p: &Prepared) -> Result<Self, ApiError> {
+        let decode = st.decoder();
+        // A few prompt tokens as context, so the first token's leading
+        // space decodes as it would mid-text.
+        let ctx_len = p.prompt.len().min(4);
+        let ctx = p.prompt[p.prompt.len() - ctx_len..].to_vec();
+        let parser = match &p.kind {
+            Kind::Chat { parser } => Some(OutputParser::new((**parser).clone()).map_err(|e| {
+                error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("output parser: {e}"),
+                    None,
+                )
+            })?),
+            Kind::Completion { .. } => None,
+        };
+        Ok(Pipeline {
+            detok: Some(IncrementalDetokenizer::with_context(
+                Box::new(move |ids: &[u32]| decode(ids)) as BoxedDecode,
+                ctx,
+                ctx_len,
+            )),
+            stop: Some(StopMatcher::new(p.params.stop.clone())),
+            parser,
+            stopped: false,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            tool_calls: 0,
+        })
+    }
+
+    fn route(&mut self, text: String, out: &mut Vec<Event>) {
+        if text.is_empty() {
+            return;
+        }
+        match &mut self.parser {
+            Some(p) => out.extend(p.push(&text)),
+            None => out.push(Event::Content(text)),
+        }
+    }
+
+    /// Feed tokens; returns the events now final and how many of the tokens
+    /// were accepted (all, unless a stop string completed).
+    fn push(&mut self, ids: &[u32], lps: Option<&[TokenLogprob]>) -> (Vec<Event>, usize) {
+        let mut out = Vec::new();
+        let mut n = 0;
+        for (j, &t) in ids.iter().enumerate() {
+            if self.stopped {
+                break;
+            }
+            n += 1;
+            self.tokens.push(t);
+            if let Some(lp) = lps.and_then(|l| l.get(j)) {
+                self.logprobs.push(lp.clone());
+            }
+            let delta = match self.detok.as_mut() {
+                Some(d) => d.push(t),
+                None => String::new(),
+            };
+            if let Some(stop) = self.stop.as_mut() {
+                let s = stop.push(&delta);
+                self.route(s.emit, &mut out);
+                if s.stopped {
+                    self.stopped = true;
+                }
+            }
+        }
+        self.count_calls(&out);
+        (out, n)
+    }
+
+    fn count_calls(&mut self, evs: &[Event]) {
+        self.tool_calls += evs
+            .iter()
+            .filter(|e| matches!(e, Event::ToolCall(_)))
+            .count();
+    }
+
+    /// End of output: flush what was held back.
+    fn finish(&mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        if !self.stopped {
+            let rest = self.detok.take().map(|d| d.finish()).unwrap_or_default();
+            if let Some(stop) = self.stop.as_mut() {
+                let s = stop.push(&rest);
+                self.route(s.emit, &mut out);
+                self.stopped |= s.stopped;
+            }
+            if !self.stopped {
+                if let Some(stop) = self.stop.take() {
+                    let tail = stop.finish();
+                    self.route(tail, &mut out);
+                }
+            }
+        }
+        if let Some(p) = self.parser.take() {
+            let fin = p.finish();
+            out.extend(fin.events);
+            if let Some(t) = fin.truncated_tool_call {
+                tracing::debug!(name = ?t.name, "output ended inside a tool call");
+            }
+        }
+        self.count_calls(&out);
+        out
+    }
+
+    fn finish_reason(&self, done: CoreFinish) -> FinishReason {
+        if self.tool_calls > 0 {
+            FinishReason::ToolCalls
+        } else if self.stopped {
+            FinishReason::Stop
+        } else {
+            match done {
+                CoreFinish::Length => FinishReason::Length,
+                _ => FinishReason::Stop,
+            }
+        }
+    }
+}
+
+/// OpenAI chat `logprobs` for `lps`.
+fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let t = st.token_text(id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    json!({"content": lps.iter().map(|l| {
+        let mut e = entry(l.token, l.logprob);
+        e["top_logprobs"] = Value::from(l.top.iter().map(|&(t, p)| entry(t, p)).collect::<Vec<_>>());
+        e
+    }).collect::<Vec<_>>()})
+}
+
+/// OpenAI completions `logprobs` for `lps`; `offset` is the text offset of
+/// the first token.
+fn completion_logprobs(st: &AppState, lps: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut lp = Vec::new();
+    let mut top = Vec::new();
+    let mut offs = Vec::new();
+    for l in lps {
+        let t = st.token_text(l.token);
+        offs.push(offset);
+        offset += t.len();
+        tokens.push(t);
+        lp.push(l.logprob);
+        let m: Map<String, Value> = l
+            .top
+            .iter()
+            .map(|&(id, p)| (st.token_text(id), Value::from(p)))
+            .collect();
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offs})
+}
+
+/// A submitted request: its event receiver and admission slot.
+struct Running {
+    id: u64,
+    rx: mpsc::UnboundedReceiver<EngineEvent>,
+    _slot: OwnedSlot,
+    prompt_tokens: usize,
+}
+
+fn submit(st: &AppState, p: &Prepared, arrival: Instant) -> Result<Running, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (id, slot) = st
+        .engine
+        .submit(Submission {
+            request: engine_request(st, p),
+            logprobs: p.logprobs,
+            arrival,
+            events: tx,
+        })
+        .map_err(submit_error)?;
+    Ok(Running {
+        id,
+        rx,
+        _slot: slot,
+        prompt_tokens: p.prompt.len(),
+    })
+}
+
+fn engine_gone() -> ApiError {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the engine stopped before the request finished".into(),
+        None,
+    )
+}
+
+fn rejected(prompt: usize, max_tokens: usize) -> ApiError {
+    bad_request(RequestError::new(
+        "max_tokens",
+        format!("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) does not fit this server's KV cache"),
+    ))
+}
+
+/// Drive a request to its end without streaming; `None` reason: a stop
+/// string ended it.
+async fn collect(
+    run: &mut Running,
+    pipe: &mut Pipeline,
+) -> Result<(Vec<Event>, Option<CoreFinish>), ApiError> {
+    let mut events = Vec::new();
+    loop {
+        match run.rx.recv().await {
+            Some(EngineEvent::Tokens { ids, logprobs }) => {
+                let (evs, _) = pipe.push(&ids, logprobs.as_deref());
+                events.extend(evs);
+                if pipe.stopped {
+                    // Dropping the receiver (when `run` goes) aborts the
+                    // request in the engine.
+                    run.rx.close();
+                    events.extend(pipe.finish());
+                    return Ok((events, None));
+                }
+            }
+            Some(EngineEvent::Done { reason, .. }) => {
+                events.extend(pipe.finish());
+                return Ok((events, Some(reason)));
+            }
+            Some(EngineEvent::Error(e)) => {
+                return Err(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    e,
+                    None,
+                ))
+            }
+            None => return Err(engine_gone()),
+        }
+    }
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let arrival = Instant::now();
+    let p = match prepare_completion(&st, &body) {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    let mut pipe = match Pipeline::new(&st, &p) {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    let mut run = match submit(&st, &p, arrival) {
+        Ok(r) => r,
+        Err(r) => return r.into_response(),
+    };
+    let created = now_unix();
+    let rid = format!("cmpl-{}", run.id);
+    if p.params.stream {
+        return stream_completion(st, p, pipe, run, rid, created);
+    }
+    let (events, done) = match collect(&mut run, &mut pipe).await {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    if done == Some(CoreFinish::Rejected) {
+        return rejected(p.prompt.len(), p.max_tokens).into_response();
+    }
+    let mut text = String::new();
+    if let Kind::Completion { echo: Some(e) } = &p.kind {
+        text.push_str(e);
+    }
+    let start = text.len();
+    for e in events {
+        if let Event::Content(s) | Event::Reasoning(s) = e {
+            text.push_str(&s);
+        }
+    }
+    let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
+    let mut r = CompletionResponse::new(
+        rid,
+        created,
+        st.cfg.served_model_name.clone(),
+        vec![CompletionChoice {
+            index: 0,
+            text,
+            logprobs: p
+                .logprobs
+                .map(|_| completion_logprobs(&st, &pipe.logprobs, start)),
+            finish_reason: Some(reason),
+            token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
+        }],
+    );
+    r.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+    Json(r).into_response()
+}
+
+async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let arrival = Instant::now();
+    let p = match prepare_chat(&st, &body) {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    let mut pipe = match Pipeline::new(&st, &p) {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    let mut run = match submit(&st, &p, arrival) {
+        Ok(r) => r,
+        Err(r) => return r.into_response(),
+    };
+    let created = now_unix();
+    let rid = format!("chatcmpl-{}", run.id);
+    if p.params.stream {
+        return stream_chat(st, p, pipe, run, rid, created);
+    }
+    let (events, done) = match collect(&mut run, &mut pipe).await {
+        Ok(x) => x,
+        Err(r) => return r.into_response(),
+    };
+    if done == Some(CoreFinish::Rejected) {
+        return rejected(p.prompt.len(), p.max_tokens).into_response();
+    }
+    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+    for e in events {
+        match e {
+            Event::Content(s) => content.push_str(&s),
+            Event::Reasoning(s) => reasoning.push_str(&s),
+            Event::ToolCall(c) => calls.push(ResponseToolCall::from_parsed(
+                format!("call_{}_{}", run.id, c.index),
+                &c,
+            )),
+        }
+    }
+    let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
+    let mut r = ChatCompletionResponse::new(
+        rid,
+        created,
+        st.cfg.served_model_name.clone(),
+        vec![ChatChoice {
+            index: 0,
+            message: ResponseMessage {
+                role: "assistant",
+                content: (!content.is_empty()).then_some(content),
+                reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                tool_calls: (!calls.is_empty()).then_some(calls),
+            },
+            logprobs: p.logprobs.map(|_| chat_logprobs(&st, &pipe.logprobs)),
+            finish_reason: Some(reason),
+            token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
+        }],
+    );
+    r.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+    Json(r).into_response()
+}
+
+// --------------------------------------------------------------- streaming
+
+/// SSE data line of a serializable chunk.
+fn sse_json<T: serde::Serialize>(v: &T) -> SseEvent {
+    SseEvent::default().data(serde_json::to_string(v).unwrap_or_else(|e| {
+        json!({"error": {"message": format!("serializing a chunk: {e}")}}).to_string()
+    }))
+}
+
+fn sse_error(status: u16, message: &str) -> SseEvent {
+    SseEvent::default().data(
+        json!({"error": {"message": message, "type": "server_error", "code": status}}).to_string(),
+    )
+}
+
+type SseTx = mpsc::Sender<Result<SseEvent, Infallible>>;
+
+/// Run `body` as the producer of an SSE stream. The stream ends when it
+/// returns (with `[DONE]` appended), or when the client goes away: then the
+/// producer is dropped mid-flight, which drops its engine receiver, which
+/// aborts the request in the engine.
+fn sse_response<F, Fut>(body: F) -> Response
+where
+    F: FnOnce(SseTx) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
+    tokio::spawn(async move {
+        let closed = tx.clone();
+        tokio::select! {
+            _ = closed.closed() => {}
+            _ = async {
+                body(tx.clone()).await;
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+            } => {}
+        }
+    });
+    Sse::new(ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// Next engine event, mapped to `Err(sse error)` when the engine failed.
+async fn next_event(run: &mut Running) -> Result<EngineEvent, SseEvent> {
+    match run.rx.recv().await {
+        Some(EngineEvent::Error(e)) => Err(sse_error(500, &e)),
+        Some(ev) => Ok(ev),
+        None => Err(sse_error(
+            503,
+            "the engine stopped before the request finished",
+        )),
+    }
+}
+
+fn stream_completion(
+    st: Arc<AppState>,
+    p: Prepared,
+    mut pipe: Pipeline,
+    mut run: Running,
+    rid: String,
+    created: u64,
+) -> Response {
+    sse_response(move |tx| async move {
+        let model = st.cfg.served_model_name.clone();
+        let chunk =
+            |text: String, lps: Option<Value>, ids: Option<Vec<u32>>, fin: Option<FinishReason>| {
+                CompletionResponse::new(
+                    rid.clone(),
+                    created,
+                    model.clone(),
+                    vec![CompletionChoice {
+                        index: 0,
+                        text,
+                        logprobs: lps,
+                        finish_reason: fin,
+                        token_ids: ids,
+                    }],
+                )
+            };
+        let mut offset = 0usize;
+        if let Kind::Completion { echo: Some(e) } = &p.kind {
+            offset = e.len();
+            if tx
+                .send(Ok(sse_json(&chunk(e.clone(), None, None, None))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let mut lp_from = 0usize;
+        let mut ids_from = 0usize;
+        let done = loop {
+            let ev = match next_event(&mut run).await {
+                Ok(ev) => ev,
+                Err(e) => {
+                    let _ = tx.send(Ok(e)).await;
+                    return;
+                }
+            };
+            let (events, done) = match ev {
+                EngineEvent::Tokens { ids, logprobs } => {
+                    let (mut evs, _) = pipe.push(&ids, logprobs.as_deref());
+                    if pipe.stopped {
+                        run.rx.close();
+                        evs.extend(pipe.finish());
+                        (evs, Some(None))
+                    } else {
+                        (evs, None)
+                    }
+                }
+                EngineEvent::Done { reason, .. } => (pipe.finish(), Some(Some(reason))),
+                EngineEvent::Error(_) => (Vec::new(), Some(None)),
+            };
+            let text: String = events
+                .into_iter()
+                .filter_map(|e| match e {
+                    Event::Content(s) | Event::Reasoning(s) => Some(s),
+                    Event::ToolCall(_) => None,
+                })
+                .collect();
+            let new_lps = &pipe.logprobs[lp_from..];
+            // Tokens whose text is still held back (an incomplete UTF-8
+            // character, a possible stop string) get a chunk of their own
+            // only when the client asked for their ids or logprobs.
+            let wants_tokens = p.return_token_ids || p.logprobs.is_some();
+            let has_new = !text.is_empty() || (wants_tokens && pipe.tokens.len() > ids_from);
+            if has_new && done != Some(Some(CoreFinish::Rejected)) {
+                let lps = p
+                    .logprobs
+                    .map(|_| completion_logprobs(&st, new_lps, offset));
+                let ids = p.return_token_ids.then(|| pipe.tokens[ids_from..].to_vec());
+                offset += text.len();
+                lp_from = pipe.logprobs.len();
+                ids_from = pipe.tokens.len();
+                if tx
+                    .send(Ok(sse_json(&chunk(text, lps, ids, None))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if let Some(d) = done {
+                break d;
+            }
+        };
+        if done == Some(CoreFinish::Rejected) {
+            let e = rejected_message(p.prompt.len(), p.max_tokens);
+            let _ = tx.send(Ok(sse_error(400, &e))).await;
+            return;
+        }
+        let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
+        if tx
+            .send(Ok(sse_json(&chunk(
+                String::new(),
+                None,
+                None,
+                Some(reason),
+            ))))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if p.params.include_usage {
+            let mut u = CompletionResponse::new(rid.clone(), created, model.clone(), vec![]);
+            u.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+            let _ = tx.send(Ok(sse_json(&u))).await;
+        }
+    })
+}
+
+fn rejected_message(prompt: usize, max_tokens: usize) -> String {
+    format!("invalid request: field `max_tokens`: the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) does not fit this server's KV cache")
+}
+
+fn stream_chat(
+    st: Arc<AppState>,
+    p: Prepared,
+    mut pipe: Pipeline,
+    mut run: Running,
+    rid: String,
+    created: u64,
+) -> Response {
+    sse_response(move |tx| async move {
+        let model = st.cfg.served_model_name.clone();
+        let chunk =
+            |delta: Delta, lps: Option<Value>, ids: Option<Vec<u32>>, fin: Option<FinishReason>| {
+                ChatCompletionChunk::new(
+                    rid.clone(),
+                    created,
+                    model.clone(),
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta,
+                        logprobs: lps,
+                        finish_reason: fin,
+                        token_ids: ids,
+                    }],
+                )
+            };
+        let first = Delta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..Delta::default()
+        };
+        if tx
+            .send(Ok(sse_json(&chunk(first, None, None, None))))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut lp_from = 0usize;
+        let mut ids_from = 0usize;
+        let done = loop {
+            let ev = match next_event(&mut run).await {
+                Ok(ev) => ev,
+                Err(e) => {
+                    let _ = tx.send(Ok(e)).await;
+                    return;
+                }
+            };
+            let (events, done) = match ev {
+                EngineEvent::Tokens { ids, logprobs } => {
+                    let (mut evs, _) = pipe.push(&ids, logprobs.as_deref());
+                    if pipe.stopped {
+                        run.rx.close();
+                        evs.extend(pipe.finish());
+                        (evs, Some(None))
+                    } else {
+                        (evs, None)
+                    }
+                }
+                EngineEvent::Done { reason, .. } => (pipe.finish(), Some(Some(reason))),
+                EngineEvent::Error(_) => (Vec::new(), Some(None)),
+            };
+            if done == Some(Some(CoreFinish::Rejected)) {
+                let e = rejected_message(p.prompt.len(), p.max_tokens);
+                let _ = tx.send(Ok(sse_error(400, &e))).await;
+                return;
+            }
+            // One chunk per event; the token ids and logprobs of this batch
+            // ride on the first chunk sent after they arrived.
+            let mut deltas: Vec<Delta> = events
+                .into_iter()
+                .map(|e| match e {
+                    Event::Content(s) => Delta {
+                        content: Some(s),
+                        ..Delta::default()
+                    },
+                    Event::Reasoning(s) => Delta {
+                        reasoning_content: Some(s),
+                        ..Delta::default()
+                    },
+                    Event::ToolCall(c) => Delta {
+                        tool_calls: Some(vec![ToolCallDelta {
+                            index: c.index,
+                            id: Some(format!("call_{}_{}", run.id, c.index)),
+                            kind: Some("function"),
+                            function: FunctionCallDelta {
+                                name: Some(c.name.clone()),
+                                arguments: Some(c.arguments_json()),
+                            },
+                        }]),
+                        ..Delta::default()
+                    },
+                })
+                .collect();
+            let pending = pipe.tokens.len() > ids_from;
+            if deltas.is_empty() && pending && (p.return_token_ids || p.logprobs.is_some()) {
+                deltas.push(Delta::default());
+            }
+            for d in deltas {
+                let lps = p
+                    .logprobs
+                    .filter(|_| pipe.logprobs.len() > lp_from)
+                    .map(|_| chat_logprobs(&st, &pipe.logprobs[lp_from..]));
+                let ids = p.return_token_ids.then(|| pipe.tokens[ids_from..].to_vec());
+                lp_from = pipe.logprobs.len();
+                ids_from = pipe.tokens.len();
+                if tx
+                    .send(Ok(sse_json(&chunk(d, lps, ids, None))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if let Some(d) = done {
+                break d;
+            }
+        };
+        let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
+        if tx
+            .send(Ok(sse_json(&chunk(
+                Delta::default(),
+                None,
+                None,
+                Some(reason),
+            ))))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if p.params.include_usage {
+            let mut u = ChatCompletionChunk::new(rid.clone(), created, model.clone(), vec![]);
+            u.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+            let _ = tx.send(Ok(sse_json(&u))).await;
+        }
+    })
+}

@@ -47,9 +47,11 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub id_range: u32,
     /// Seed of the prompts (each request's prompt differs, so the prefix
-    /// cache does not serve them).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// cache does not serve them). Default: from the clock, so a second run
+    /// against the same server does not hit the first run's cached
+    /// prompts; the report records the seed used.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Bearer token for a server started with --api-key.
     #[arg(long)]
     pub api_key: Option<String>,
@@ -186,6 +188,11 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--concurrency, --input-len and --output-len must be at least 1");
     }
     let total = a.num_prompts.unwrap_or(4 * a.concurrency);
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -226,7 +233,7 @@ pub fn run(a: Args) -> Result<()> {
             let (client, next, url, model) =
                 (client.clone(), Arc::clone(&next), url.clone(), model.clone());
             let key = a.api_key.clone();
-            let (seed, il, ol, range) = (a.seed, a.input_len, a.output_len, a.id_range);
+            let (il, ol, range) = (a.input_len, a.output_len, a.id_range);
             workers.push(tokio::spawn(async move {
                 let mut out: Vec<Result<Sample>> = Vec::new();
                 loop {
@@ -266,6 +273,7 @@ pub fn run(a: Args) -> Result<()> {
             "url": base,
             "model": model,
             "concurrency": a.concurrency,
+            "seed": seed,
             "requests": total,
             "completed": samples.len(),
             "failed": errors.len(),

@@ -265,9 +265,16 @@ pub fn run_engine(
     metrics: &Metrics,
     stopped: &AtomicBool,
 ) -> Result<(), RunnerError> {
-    let r = engine_loop(sr, rx, metrics);
-    stopped.store(true, Ordering::Release);
-    r
+    /// Sets `stopped` however the loop ends, a panic included, so the
+    /// HTTP side stops admitting requests and `m3 serve` can exit.
+    struct Stopped<'a>(&'a AtomicBool);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let _guard = Stopped(stopped);
+    engine_loop(sr, rx, metrics)
 }
 
 fn engine_loop(

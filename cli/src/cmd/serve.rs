@@ -261,8 +261,23 @@ pub fn run(a: Args) -> Result<()> {
                 a.max_queue,
                 if a.api_key.is_some() { ", API key required" } else { "" }
             );
+            // Stop on a signal, or when the engine thread has ended (a
+            // backend error): then the process exits with that error.
+            let engine_down = {
+                let stopped = Arc::clone(&stopped);
+                async move {
+                    while !stopped.load(std::sync::atomic::Ordering::Acquire) {
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                }
+            };
             axum::serve(listener, server::router(state))
-                .with_graceful_shutdown(server::shutdown_signal())
+                .with_graceful_shutdown(async move {
+                    tokio::select! {
+                        _ = server::shutdown_signal() => {}
+                        _ = engine_down => eprintln!("the engine stopped: shutting the server down"),
+                    }
+                })
                 .await
                 .context("serving HTTP")
         });

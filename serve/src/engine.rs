@@ -363,6 +363,28 @@ fn engine_loop(
             };
             let now = Instant::now();
             let finished = sr.sched.take_finished();
+            // Gauges and counters first, so a client that has seen this
+            // step's tokens also sees its state in /metrics.
+            let c = *sr.sched.counters();
+            let pool = sr.sched.pool();
+            let used = pool.num_blocks() - pool.num_available();
+            let (running, waiting) = (sr.sched.num_running(), sr.sched.num_waiting());
+            metrics.update(|m| {
+                m.running = running;
+                m.waiting = waiting;
+                m.kv_blocks_used = used;
+                m.preemptions = c.preemptions;
+                m.prefix_cache_hit_tokens = c.prefix_hit_tokens;
+                m.prefill_tokens = c.prefill_tokens;
+                m.generation_tokens = c.tokens_generated;
+                m.spec_proposed = c.spec_proposed;
+                m.spec_accepted = c.spec_accepted;
+                m.requests_finished = c.requests_finished;
+                m.requests_aborted = c.requests_aborted;
+                if !step.is_empty() {
+                    m.steps += 1;
+                }
+            });
             let mut itl = Vec::new();
             let mut ttft = Vec::new();
             let mut e2e = Vec::new();
@@ -411,10 +433,6 @@ fn engine_loop(
                     });
                 }
             }
-            let c = *sr.sched.counters();
-            let pool = sr.sched.pool();
-            let used = pool.num_blocks() - pool.num_available();
-            let (running, waiting) = (sr.sched.num_running(), sr.sched.num_waiting());
             metrics.update(|m| {
                 for x in ttft {
                     m.ttft.observe(x);
@@ -424,20 +442,6 @@ fn engine_loop(
                 }
                 for x in e2e {
                     m.e2e.observe(x);
-                }
-                m.running = running;
-                m.waiting = waiting;
-                m.kv_blocks_used = used;
-                m.preemptions = c.preemptions;
-                m.prefix_cache_hit_tokens = c.prefix_hit_tokens;
-                m.prefill_tokens = c.prefill_tokens;
-                m.generation_tokens = c.tokens_generated;
-                m.spec_proposed = c.spec_proposed;
-                m.spec_accepted = c.spec_accepted;
-                m.requests_finished = c.requests_finished;
-                m.requests_aborted = c.requests_aborted;
-                if !step.is_empty() {
-                    m.steps += 1;
                 }
             });
         } else {

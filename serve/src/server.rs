@@ -33,7 +33,8 @@ use m3_core::sched::{FinishReason as CoreFinish, Request, SamplingParams};
 use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::{StreamExt as _, StreamMap};
 
 use crate::engine::{EngineEvent, EngineHandle, OwnedSlot, Submission, SubmitError, TokenLogprob};
 use crate::parser::{Event, OutputParser};
@@ -347,16 +348,6 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     }
 }
 
-fn check_n(params: &GenParams) -> Result<(), ApiError> {
-    if params.n > 1 {
-        return Err(bad_request(RequestError::new(
-            "n",
-            "n > 1 is not supported by this server (send n separate requests)",
-        )));
-    }
-    Ok(())
-}
-
 fn encode(st: &AppState, text: &str, special: bool, field: &str) -> Result<Vec<u32>, ApiError> {
     let tk = st.tokenizer.as_ref().ok_or_else(|| {
         bad_request(RequestError::new(
@@ -392,7 +383,6 @@ fn encode(st: &AppState, text: &str, special: bool, field: &str) -> Result<Vec<u
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let v = protocol::parse_completion(body, &st.cfg.limits).map_err(bad_request)?;
     check_model(st, &v.request.model)?;
-    check_n(&v.params)?;
     let (prompt, text) = match &v.request.prompt {
         Prompt::Text(t) => (encode(st, t, true, "prompt")?, t.clone()),
         Prompt::Tokens(ids) => (ids.clone(), (st.decoder())(ids)),
@@ -454,7 +444,6 @@ fn message_json(m: &protocol::ChatMessage) -> Value {
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let v = protocol::parse_chat(body, &st.cfg.limits).map_err(bad_request)?;
     check_model(st, &v.request.model)?;
-    check_n(&v.params)?;
     let template = st.template.as_ref().ok_or_else(|| {
         bad_request(RequestError::new(
             "messages",
@@ -516,7 +505,9 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
 }
 
 /// The engine request for `p`.
-fn engine_request(st: &AppState, p: &Prepared) -> Request {
+/// The engine request for choice `i` of `p`: with a `seed`, choice `i`
+/// samples with `seed + i` (reproducible, and the choices differ).
+fn engine_request(st: &AppState, p: &Prepared, i: usize) -> Request {
     let d = st.cfg.defaults;
     let s = &p.params.sampling;
     let sampling = SamplingParams {
@@ -532,7 +523,7 @@ fn engine_request(st: &AppState, p: &Prepared) -> Request {
             Some(_) => s.top_k.unwrap_or(0),
             None => d.top_k.or(s.top_k).unwrap_or(0),
         },
-        seed: s.seed.unwrap_or_else(fresh_seed),
+        seed: s.seed.map_or_else(fresh_seed, |x| x.wrapping_add(i as u64)),
     };
     let mut r = Request::greedy(0, p.prompt.clone(), p.max_tokens);
     r.sampling = sampling;
@@ -714,29 +705,58 @@ fn completion_logprobs(st: &AppState, lps: &[TokenLogprob], mut offset: usize) -
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offs})
 }
 
-/// A submitted request: its event receiver and admission slot.
+/// One submitted choice: its event receiver and admission slot.
 struct Running {
-    id: u64,
     rx: mpsc::UnboundedReceiver<EngineEvent>,
     _slot: OwnedSlot,
+}
+
+/// A request's choices (`n` engine requests sharing one prompt; the prefix
+/// cache shares its blocks) and their text pipelines.
+struct Submitted {
+    /// Engine id of the first choice (names the response and tool calls).
+    id: u64,
+    runs: Vec<Running>,
+    pipes: Vec<Pipeline>,
     prompt_tokens: usize,
 }
 
-fn submit(st: &AppState, p: &Prepared, arrival: Instant) -> Result<Running, ApiError> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let (id, slot) = st
-        .engine
-        .submit(Submission {
-            request: engine_request(st, p),
-            logprobs: p.logprobs,
-            arrival,
-            events: tx,
-        })
-        .map_err(submit_error)?;
-    Ok(Running {
-        id,
-        rx,
-        _slot: slot,
+impl Submitted {
+    fn usage(&self) -> Usage {
+        Usage::new(
+            self.prompt_tokens,
+            self.pipes.iter().map(|p| p.tokens.len()).sum(),
+        )
+    }
+}
+
+/// Submit every choice of `p`. All or nothing: when one is refused, the
+/// ones already submitted are dropped, which aborts them.
+fn submit(st: &AppState, p: &Prepared, arrival: Instant) -> Result<Submitted, ApiError> {
+    let mut runs = Vec::with_capacity(p.params.n);
+    let mut pipes = Vec::with_capacity(p.params.n);
+    let mut first = 0;
+    for i in 0..p.params.n {
+        pipes.push(Pipeline::new(st, p)?);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (id, slot) = st
+            .engine
+            .submit(Submission {
+                request: engine_request(st, p, i),
+                logprobs: p.logprobs,
+                arrival,
+                events: tx,
+            })
+            .map_err(submit_error)?;
+        if i == 0 {
+            first = id;
+        }
+        runs.push(Running { rx, _slot: slot });
+    }
+    Ok(Submitted {
+        id: first,
+        runs,
+        pipes,
         prompt_tokens: p.prompt.len(),
     })
 }
@@ -750,14 +770,18 @@ fn engine_gone() -> ApiError {
     )
 }
 
+fn rejected_message(prompt: usize, max_tokens: usize) -> String {
+    format!("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) does not fit this server's KV cache")
+}
+
 fn rejected(prompt: usize, max_tokens: usize) -> ApiError {
     bad_request(RequestError::new(
         "max_tokens",
-        format!("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) does not fit this server's KV cache"),
+        rejected_message(prompt, max_tokens),
     ))
 }
 
-/// Drive a request to its end without streaming; `None` reason: a stop
+/// Drive one choice to its end without streaming; `None` reason: a stop
 /// string ended it.
 async fn collect(
     run: &mut Running,
@@ -770,8 +794,7 @@ async fn collect(
                 let (evs, _) = pipe.push(&ids, logprobs.as_deref());
                 events.extend(evs);
                 if pipe.stopped {
-                    // Dropping the receiver (when `run` goes) aborts the
-                    // request in the engine.
+                    // Closing the receiver aborts the request in the engine.
                     run.rx.close();
                     events.extend(pipe.finish());
                     return Ok((events, None));
@@ -794,58 +817,76 @@ async fn collect(
     }
 }
 
+/// Every choice of `sub` collected (concurrently), with its finish reason.
+async fn collect_all(
+    sub: &mut Submitted,
+    p: &Prepared,
+) -> Result<Vec<(Vec<Event>, FinishReason)>, ApiError> {
+    let results = futures_util::future::join_all(
+        sub.runs
+            .iter_mut()
+            .zip(sub.pipes.iter_mut())
+            .map(|(run, pipe)| collect(run, pipe)),
+    )
+    .await;
+    let mut out = Vec::with_capacity(results.len());
+    for (r, pipe) in results.into_iter().zip(&sub.pipes) {
+        let (events, done) = r?;
+        if done == Some(CoreFinish::Rejected) {
+            return Err(rejected(p.prompt.len(), p.max_tokens));
+        }
+        out.push((events, pipe.finish_reason(done.unwrap_or(CoreFinish::Stop))));
+    }
+    Ok(out)
+}
+
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let arrival = Instant::now();
     let p = match prepare_completion(&st, &body) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
     };
-    let mut pipe = match Pipeline::new(&st, &p) {
-        Ok(x) => x,
-        Err(r) => return r.into_response(),
-    };
-    let mut run = match submit(&st, &p, arrival) {
+    let mut sub = match submit(&st, &p, arrival) {
         Ok(r) => r,
         Err(r) => return r.into_response(),
     };
     let created = now_unix();
-    let rid = format!("cmpl-{}", run.id);
+    let rid = format!("cmpl-{}", sub.id);
     if p.params.stream {
-        return stream_completion(st, p, pipe, run, rid, created);
+        return stream_completion(st, p, sub, rid, created);
     }
-    let (events, done) = match collect(&mut run, &mut pipe).await {
+    let results = match collect_all(&mut sub, &p).await {
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };
-    if done == Some(CoreFinish::Rejected) {
-        return rejected(p.prompt.len(), p.max_tokens).into_response();
-    }
-    let mut text = String::new();
-    if let Kind::Completion { echo: Some(e) } = &p.kind {
-        text.push_str(e);
-    }
-    let start = text.len();
-    for e in events {
-        if let Event::Content(s) | Event::Reasoning(s) = e {
-            text.push_str(&s);
-        }
-    }
-    let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
-    let mut r = CompletionResponse::new(
-        rid,
-        created,
-        st.cfg.served_model_name.clone(),
-        vec![CompletionChoice {
-            index: 0,
-            text,
-            logprobs: p
-                .logprobs
-                .map(|_| completion_logprobs(&st, &pipe.logprobs, start)),
-            finish_reason: Some(reason),
-            token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
-        }],
-    );
-    r.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+    let echo = match &p.kind {
+        Kind::Completion { echo: Some(e) } => e.as_str(),
+        _ => "",
+    };
+    let choices = results
+        .into_iter()
+        .zip(&sub.pipes)
+        .enumerate()
+        .map(|(i, ((events, reason), pipe))| {
+            let mut text = echo.to_string();
+            for e in events {
+                if let Event::Content(s) | Event::Reasoning(s) = e {
+                    text.push_str(&s);
+                }
+            }
+            CompletionChoice {
+                index: i,
+                text,
+                logprobs: p
+                    .logprobs
+                    .map(|_| completion_logprobs(&st, &pipe.logprobs, echo.len())),
+                finish_reason: Some(reason),
+                token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
+            }
+        })
+        .collect();
+    let mut r = CompletionResponse::new(rid, created, st.cfg.served_model_name.clone(), choices);
+    r.usage = Some(sub.usage());
     Json(r).into_response()
 }
 
@@ -855,57 +896,59 @@ async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Respo
         Ok(p) => p,
         Err(r) => return r.into_response(),
     };
-    let mut pipe = match Pipeline::new(&st, &p) {
-        Ok(x) => x,
-        Err(r) => return r.into_response(),
-    };
-    let mut run = match submit(&st, &p, arrival) {
+    let mut sub = match submit(&st, &p, arrival) {
         Ok(r) => r,
         Err(r) => return r.into_response(),
     };
     let created = now_unix();
-    let rid = format!("chatcmpl-{}", run.id);
+    let rid = format!("chatcmpl-{}", sub.id);
     if p.params.stream {
-        return stream_chat(st, p, pipe, run, rid, created);
+        return stream_chat(st, p, sub, rid, created);
     }
-    let (events, done) = match collect(&mut run, &mut pipe).await {
+    let results = match collect_all(&mut sub, &p).await {
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };
-    if done == Some(CoreFinish::Rejected) {
-        return rejected(p.prompt.len(), p.max_tokens).into_response();
-    }
-    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-    for e in events {
-        match e {
-            Event::Content(s) => content.push_str(&s),
-            Event::Reasoning(s) => reasoning.push_str(&s),
-            Event::ToolCall(c) => calls.push(ResponseToolCall::from_parsed(
-                format!("call_{}_{}", run.id, c.index),
-                &c,
-            )),
-        }
-    }
-    let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
-    let mut r = ChatCompletionResponse::new(
-        rid,
-        created,
-        st.cfg.served_model_name.clone(),
-        vec![ChatChoice {
-            index: 0,
-            message: ResponseMessage {
-                role: "assistant",
-                content: (!content.is_empty()).then_some(content),
-                reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                tool_calls: (!calls.is_empty()).then_some(calls),
-            },
-            logprobs: p.logprobs.map(|_| chat_logprobs(&st, &pipe.logprobs)),
-            finish_reason: Some(reason),
-            token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
-        }],
-    );
-    r.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+    let id = sub.id;
+    let choices = results
+        .into_iter()
+        .zip(&sub.pipes)
+        .enumerate()
+        .map(|(i, ((events, reason), pipe))| {
+            let (mut content, mut reasoning, mut calls) =
+                (String::new(), String::new(), Vec::new());
+            for e in events {
+                match e {
+                    Event::Content(s) => content.push_str(&s),
+                    Event::Reasoning(s) => reasoning.push_str(&s),
+                    Event::ToolCall(c) => {
+                        calls.push(ResponseToolCall::from_parsed(call_id(id, i, c.index), &c))
+                    }
+                }
+            }
+            ChatChoice {
+                index: i,
+                message: ResponseMessage {
+                    role: "assistant",
+                    content: (!content.is_empty()).then_some(content),
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls: (!calls.is_empty()).then_some(calls),
+                },
+                logprobs: p.logprobs.map(|_| chat_logprobs(&st, &pipe.logprobs)),
+                finish_reason: Some(reason),
+                token_ids: p.return_token_ids.then(|| pipe.tokens.clone()),
+            }
+        })
+        .collect();
+    let mut r =
+        ChatCompletionResponse::new(rid, created, st.cfg.served_model_name.clone(), choices);
+    r.usage = Some(sub.usage());
     Json(r).into_response()
+}
+
+/// A tool call's id: unique per request, choice and call.
+fn call_id(request: u64, choice: usize, call: usize) -> String {
+    format!("call_{request}_{choice}_{call}")
 }
 
 // --------------------------------------------------------------- streaming
@@ -919,7 +962,7 @@ fn sse_json<T: serde::Serialize>(v: &T) -> SseEvent {
 
 fn sse_error(status: u16, message: &str) -> SseEvent {
     SseEvent::default().data(
-        json!({"error": {"message": message, "type": "server_error", "code": status}}).to_string(),
+        json!({"error": {"message": message, "type": if status == 400 { "invalid_request_error" } else { "server_error" }, "code": status}}).to_string(),
     )
 }
 
@@ -927,8 +970,8 @@ type SseTx = mpsc::Sender<Result<SseEvent, Infallible>>;
 
 /// Run `body` as the producer of an SSE stream. The stream ends when it
 /// returns (with `[DONE]` appended), or when the client goes away: then the
-/// producer is dropped mid-flight, which drops its engine receiver, which
-/// aborts the request in the engine.
+/// producer is dropped mid-flight, which drops its engine receivers, which
+/// aborts the requests in the engine.
 fn sse_response<F, Fut>(body: F) -> Response
 where
     F: FnOnce(SseTx) -> Fut + Send + 'static,
@@ -950,274 +993,281 @@ where
         .into_response()
 }
 
-/// Next engine event, mapped to `Err(sse error)` when the engine failed.
-async fn next_event(run: &mut Running) -> Result<EngineEvent, SseEvent> {
-    match run.rx.recv().await {
-        Some(EngineEvent::Error(e)) => Err(sse_error(500, &e)),
-        Some(ev) => Ok(ev),
-        None => Err(sse_error(
-            503,
-            "the engine stopped before the request finished",
-        )),
+/// What a choice's stream renderer is told.
+enum Update {
+    /// Parsed output of newly arrived tokens (possibly none).
+    Events(Vec<Event>),
+    /// The choice is over.
+    End(FinishReason),
+}
+
+/// How far a choice's stream has got: logprobs and token ids already sent,
+/// and the text offset (completions' `text_offset`).
+#[derive(Clone, Copy, Default)]
+struct Cursor {
+    lp_from: usize,
+    ids_from: usize,
+    offset: usize,
+}
+
+/// Drive every choice of `sub` through its pipeline as events arrive (in
+/// whatever order the choices produce them), sending what `render` makes
+/// of each update. Returns whether every choice ended normally (errors are
+/// sent as an SSE error event). A choice that hits a stop string has its
+/// receiver dropped at once (its engine request aborts).
+async fn drive_stream(
+    sub: &mut Submitted,
+    p: &Prepared,
+    tx: &SseTx,
+    mut render: impl FnMut(usize, &Pipeline, &mut Cursor, Update) -> Vec<SseEvent>,
+) -> bool {
+    let n = sub.runs.len();
+    let mut map = StreamMap::new();
+    for (i, run) in sub.runs.iter_mut().enumerate() {
+        // Move the receiver out (the slot stays with `sub`).
+        let (_, dead) = mpsc::unbounded_channel();
+        let rx = std::mem::replace(&mut run.rx, dead);
+        map.insert(i, UnboundedReceiverStream::new(rx));
+    }
+    let mut cursors = vec![Cursor::default(); n];
+    let mut ended = vec![false; n];
+    while let Some((i, ev)) = map.next().await {
+        let pipe = &mut sub.pipes[i];
+        let updates = match ev {
+            EngineEvent::Tokens { ids, logprobs } => {
+                let (mut evs, _) = pipe.push(&ids, logprobs.as_deref());
+                if pipe.stopped {
+                    map.remove(&i); // aborts it in the engine
+                    evs.extend(pipe.finish());
+                    vec![
+                        Update::Events(evs),
+                        Update::End(pipe.finish_reason(CoreFinish::Stop)),
+                    ]
+                } else {
+                    vec![Update::Events(evs)]
+                }
+            }
+            EngineEvent::Done {
+                reason: CoreFinish::Rejected,
+                ..
+            } => {
+                let m = rejected_message(p.prompt.len(), p.max_tokens);
+                let _ = tx.send(Ok(sse_error(400, &m))).await;
+                return false;
+            }
+            EngineEvent::Done { reason, .. } => {
+                let evs = pipe.finish();
+                vec![Update::Events(evs), Update::End(pipe.finish_reason(reason))]
+            }
+            EngineEvent::Error(e) => {
+                let _ = tx.send(Ok(sse_error(500, &e))).await;
+                return false;
+            }
+        };
+        for u in updates {
+            if matches!(u, Update::End(_)) {
+                ended[i] = true;
+            }
+            for ev in render(i, &sub.pipes[i], &mut cursors[i], u) {
+                if tx.send(Ok(ev)).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+    if ended.iter().all(|&e| e) {
+        true
+    } else {
+        let _ = tx
+            .send(Ok(sse_error(
+                503,
+                "the engine stopped before the request finished",
+            )))
+            .await;
+        false
     }
 }
 
 fn stream_completion(
     st: Arc<AppState>,
     p: Prepared,
-    mut pipe: Pipeline,
-    mut run: Running,
+    mut sub: Submitted,
     rid: String,
     created: u64,
 ) -> Response {
     sse_response(move |tx| async move {
         let model = st.cfg.served_model_name.clone();
-        let chunk =
-            |text: String, lps: Option<Value>, ids: Option<Vec<u32>>, fin: Option<FinishReason>| {
-                CompletionResponse::new(
-                    rid.clone(),
-                    created,
-                    model.clone(),
-                    vec![CompletionChoice {
-                        index: 0,
-                        text,
-                        logprobs: lps,
-                        finish_reason: fin,
-                        token_ids: ids,
-                    }],
-                )
+        let chunk = |i: usize,
+                     text: String,
+                     lps: Option<Value>,
+                     ids: Option<Vec<u32>>,
+                     fin: Option<FinishReason>| {
+            sse_json(&CompletionResponse::new(
+                rid.clone(),
+                created,
+                model.clone(),
+                vec![CompletionChoice {
+                    index: i,
+                    text,
+                    logprobs: lps,
+                    finish_reason: fin,
+                    token_ids: ids,
+                }],
+            ))
+        };
+        let echo = match &p.kind {
+            Kind::Completion { echo: Some(e) } => e.clone(),
+            _ => String::new(),
+        };
+        if !echo.is_empty() {
+            for i in 0..sub.runs.len() {
+                if tx
+                    .send(Ok(chunk(i, echo.clone(), None, None, None)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+        let wants_tokens = p.return_token_ids || p.logprobs.is_some();
+        let ok = drive_stream(&mut sub, &p, &tx, |i, pipe, cur, u| match u {
+            Update::Events(events) => {
+                let text: String = events
+                    .into_iter()
+                    .filter_map(|e| match e {
+                        Event::Content(s) | Event::Reasoning(s) => Some(s),
+                        Event::ToolCall(_) => None,
+                    })
+                    .collect();
+                // Tokens whose text is still held back (an incomplete
+                // UTF-8 character, a possible stop string) get a chunk of
+                // their own only when the client asked for their ids or
+                // logprobs.
+                if text.is_empty() && !(wants_tokens && pipe.tokens.len() > cur.ids_from) {
+                    return Vec::new();
+                }
+                if cur.offset == 0 {
+                    cur.offset = echo.len();
+                }
+                let lps = p
+                    .logprobs
+                    .map(|_| completion_logprobs(&st, &pipe.logprobs[cur.lp_from..], cur.offset));
+                let ids = p
+                    .return_token_ids
+                    .then(|| pipe.tokens[cur.ids_from..].to_vec());
+                cur.offset += text.len();
+                cur.lp_from = pipe.logprobs.len();
+                cur.ids_from = pipe.tokens.len();
+                vec![chunk(i, text, lps, ids, None)]
+            }
+            Update::End(reason) => vec![chunk(i, String::new(), None, None, Some(reason))],
+        })
+        .await;
+        if ok && p.params.include_usage {
+            let mut u = CompletionResponse::new(rid.clone(), created, model.clone(), vec![]);
+            u.usage = Some(sub.usage());
+            let _ = tx.send(Ok(sse_json(&u))).await;
+        }
+    })
+}
+
+fn stream_chat(
+    st: Arc<AppState>,
+    p: Prepared,
+    mut sub: Submitted,
+    rid: String,
+    created: u64,
+) -> Response {
+    sse_response(move |tx| async move {
+        let model = st.cfg.served_model_name.clone();
+        let chunk = |i: usize,
+                     delta: Delta,
+                     lps: Option<Value>,
+                     ids: Option<Vec<u32>>,
+                     fin: Option<FinishReason>| {
+            sse_json(&ChatCompletionChunk::new(
+                rid.clone(),
+                created,
+                model.clone(),
+                vec![ChunkChoice {
+                    index: i,
+                    delta,
+                    logprobs: lps,
+                    finish_reason: fin,
+                    token_ids: ids,
+                }],
+            ))
+        };
+        for i in 0..sub.runs.len() {
+            let first = Delta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                ..Delta::default()
             };
-        let mut offset = 0usize;
-        if let Kind::Completion { echo: Some(e) } = &p.kind {
-            offset = e.len();
             if tx
-                .send(Ok(sse_json(&chunk(e.clone(), None, None, None))))
+                .send(Ok(chunk(i, first, None, None, None)))
                 .await
                 .is_err()
             {
                 return;
             }
         }
-        let mut lp_from = 0usize;
-        let mut ids_from = 0usize;
-        let done = loop {
-            let ev = match next_event(&mut run).await {
-                Ok(ev) => ev,
-                Err(e) => {
-                    let _ = tx.send(Ok(e)).await;
-                    return;
+        let id = sub.id;
+        let wants_tokens = p.return_token_ids || p.logprobs.is_some();
+        let ok = drive_stream(&mut sub, &p, &tx, |i, pipe, cur, u| match u {
+            Update::Events(events) => {
+                // One chunk per event; the token ids and logprobs that
+                // arrived ride on the first chunk sent after them.
+                let mut deltas: Vec<Delta> = events
+                    .into_iter()
+                    .map(|e| match e {
+                        Event::Content(s) => Delta {
+                            content: Some(s),
+                            ..Delta::default()
+                        },
+                        Event::Reasoning(s) => Delta {
+                            reasoning_content: Some(s),
+                            ..Delta::default()
+                        },
+                        Event::ToolCall(c) => Delta {
+                            tool_calls: Some(vec![ToolCallDelta {
+                                index: c.index,
+                                id: Some(call_id(id, i, c.index)),
+                                kind: Some("function"),
+                                function: FunctionCallDelta {
+                                    name: Some(c.name.clone()),
+                                    arguments: Some(c.arguments_json()),
+                                },
+                            }]),
+                            ..Delta::default()
+                        },
+                    })
+                    .collect();
+                if deltas.is_empty() && wants_tokens && pipe.tokens.len() > cur.ids_from {
+                    deltas.push(Delta::default());
                 }
-            };
-            let (events, done) = match ev {
-                EngineEvent::Tokens { ids, logprobs } => {
-                    let (mut evs, _) = pipe.push(&ids, logprobs.as_deref());
-                    if pipe.stopped {
-                        run.rx.close();
-                        evs.extend(pipe.finish());
-                        (evs, Some(None))
-                    } else {
-                        (evs, None)
-                    }
+                let mut out = Vec::with_capacity(deltas.len());
+                for d in deltas {
+                    let lps = p
+                        .logprobs
+                        .filter(|_| pipe.logprobs.len() > cur.lp_from)
+                        .map(|_| chat_logprobs(&st, &pipe.logprobs[cur.lp_from..]));
+                    let ids = p
+                        .return_token_ids
+                        .then(|| pipe.tokens[cur.ids_from..].to_vec());
+                    cur.lp_from = pipe.logprobs.len();
+                    cur.ids_from = pipe.tokens.len();
+                    out.push(chunk(i, d, lps, ids, None));
                 }
-                EngineEvent::Done { reason, .. } => (pipe.finish(), Some(Some(reason))),
-                EngineEvent::Error(_) => (Vec::new(), Some(None)),
-            };
-            let text: String = events
-                .into_iter()
-                .filter_map(|e| match e {
-                    Event::Content(s) | Event::Reasoning(s) => Some(s),
-                    Event::ToolCall(_) => None,
-                })
-                .collect();
-            let new_lps = &pipe.logprobs[lp_from..];
-            // Tokens whose text is still held back (an incomplete UTF-8
-            // character, a possible stop string) get a chunk of their own
-            // only when the client asked for their ids or logprobs.
-            let wants_tokens = p.return_token_ids || p.logprobs.is_some();
-            let has_new = !text.is_empty() || (wants_tokens && pipe.tokens.len() > ids_from);
-            if has_new && done != Some(Some(CoreFinish::Rejected)) {
-                let lps = p
-                    .logprobs
-                    .map(|_| completion_logprobs(&st, new_lps, offset));
-                let ids = p.return_token_ids.then(|| pipe.tokens[ids_from..].to_vec());
-                offset += text.len();
-                lp_from = pipe.logprobs.len();
-                ids_from = pipe.tokens.len();
-                if tx
-                    .send(Ok(sse_json(&chunk(text, lps, ids, None))))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+                out
             }
-            if let Some(d) = done {
-                break d;
-            }
-        };
-        if done == Some(CoreFinish::Rejected) {
-            let e = rejected_message(p.prompt.len(), p.max_tokens);
-            let _ = tx.send(Ok(sse_error(400, &e))).await;
-            return;
-        }
-        let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
-        if tx
-            .send(Ok(sse_json(&chunk(
-                String::new(),
-                None,
-                None,
-                Some(reason),
-            ))))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        if p.params.include_usage {
-            let mut u = CompletionResponse::new(rid.clone(), created, model.clone(), vec![]);
-            u.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
-            let _ = tx.send(Ok(sse_json(&u))).await;
-        }
-    })
-}
-
-fn rejected_message(prompt: usize, max_tokens: usize) -> String {
-    format!("invalid request: field `max_tokens`: the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) does not fit this server's KV cache")
-}
-
-fn stream_chat(
-    st: Arc<AppState>,
-    p: Prepared,
-    mut pipe: Pipeline,
-    mut run: Running,
-    rid: String,
-    created: u64,
-) -> Response {
-    sse_response(move |tx| async move {
-        let model = st.cfg.served_model_name.clone();
-        let chunk =
-            |delta: Delta, lps: Option<Value>, ids: Option<Vec<u32>>, fin: Option<FinishReason>| {
-                ChatCompletionChunk::new(
-                    rid.clone(),
-                    created,
-                    model.clone(),
-                    vec![ChunkChoice {
-                        index: 0,
-                        delta,
-                        logprobs: lps,
-                        finish_reason: fin,
-                        token_ids: ids,
-                    }],
-                )
-            };
-        let first = Delta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-            ..Delta::default()
-        };
-        if tx
-            .send(Ok(sse_json(&chunk(first, None, None, None))))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let mut lp_from = 0usize;
-        let mut ids_from = 0usize;
-        let done = loop {
-            let ev = match next_event(&mut run).await {
-                Ok(ev) => ev,
-                Err(e) => {
-                    let _ = tx.send(Ok(e)).await;
-                    return;
-                }
-            };
-            let (events, done) = match ev {
-                EngineEvent::Tokens { ids, logprobs } => {
-                    let (mut evs, _) = pipe.push(&ids, logprobs.as_deref());
-                    if pipe.stopped {
-                        run.rx.close();
-                        evs.extend(pipe.finish());
-                        (evs, Some(None))
-                    } else {
-                        (evs, None)
-                    }
-                }
-                EngineEvent::Done { reason, .. } => (pipe.finish(), Some(Some(reason))),
-                EngineEvent::Error(_) => (Vec::new(), Some(None)),
-            };
-            if done == Some(Some(CoreFinish::Rejected)) {
-                let e = rejected_message(p.prompt.len(), p.max_tokens);
-                let _ = tx.send(Ok(sse_error(400, &e))).await;
-                return;
-            }
-            // One chunk per event; the token ids and logprobs of this batch
-            // ride on the first chunk sent after they arrived.
-            let mut deltas: Vec<Delta> = events
-                .into_iter()
-                .map(|e| match e {
-                    Event::Content(s) => Delta {
-                        content: Some(s),
-                        ..Delta::default()
-                    },
-                    Event::Reasoning(s) => Delta {
-                        reasoning_content: Some(s),
-                        ..Delta::default()
-                    },
-                    Event::ToolCall(c) => Delta {
-                        tool_calls: Some(vec![ToolCallDelta {
-                            index: c.index,
-                            id: Some(format!("call_{}_{}", run.id, c.index)),
-                            kind: Some("function"),
-                            function: FunctionCallDelta {
-                                name: Some(c.name.clone()),
-                                arguments: Some(c.arguments_json()),
-                            },
-                        }]),
-                        ..Delta::default()
-                    },
-                })
-                .collect();
-            let pending = pipe.tokens.len() > ids_from;
-            if deltas.is_empty() && pending && (p.return_token_ids || p.logprobs.is_some()) {
-                deltas.push(Delta::default());
-            }
-            for d in deltas {
-                let lps = p
-                    .logprobs
-                    .filter(|_| pipe.logprobs.len() > lp_from)
-                    .map(|_| chat_logprobs(&st, &pipe.logprobs[lp_from..]));
-                let ids = p.return_token_ids.then(|| pipe.tokens[ids_from..].to_vec());
-                lp_from = pipe.logprobs.len();
-                ids_from = pipe.tokens.len();
-                if tx
-                    .send(Ok(sse_json(&chunk(d, lps, ids, None))))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
-            if let Some(d) = done {
-                break d;
-            }
-        };
-        let reason = pipe.finish_reason(done.unwrap_or(CoreFinish::Stop));
-        if tx
-            .send(Ok(sse_json(&chunk(
-                Delta::default(),
-                None,
-                None,
-                Some(reason),
-            ))))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        if p.params.include_usage {
+            Update::End(reason) => vec![chunk(i, Delta::default(), None, None, Some(reason))],
+        })
+        .await;
+        if ok && p.params.include_usage {
             let mut u = ChatCompletionChunk::new(rid.clone(), created, model.clone(), vec![]);
-            u.usage = Some(Usage::new(run.prompt_tokens, pipe.tokens.len()));
+            u.usage = Some(sub.usage());
             let _ = tx.send(Ok(sse_json(&u))).await;
         }
     })

@@ -253,6 +253,18 @@ def logprobs(c):
     assert all(len(t) <= 2 for t in l.top_logprobs)
 
 
+@check("n choices")
+def n_choices(c):
+    r = c.client.completions.create(model=c.model, prompt="abc", max_tokens=6, temperature=1.0, seed=5, n=3, extra_body={"ignore_eos": True})
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert_usage(r.usage, 18)
+    # seeded: the same request gives the same choices
+    r2 = c.client.completions.create(model=c.model, prompt="abc", max_tokens=6, temperature=1.0, seed=5, n=3, extra_body={"ignore_eos": True})
+    assert [ch.text for ch in r.choices] == [ch.text for ch in r2.choices]
+    g = c.client.completions.create(model=c.model, prompt="abc", max_tokens=6, temperature=0, n=2, extra_body={"ignore_eos": True})
+    assert g.choices[0].text == g.choices[1].text, "greedy choices differ"
+
+
 @check("usage")
 def usage(c):
     r = c.client.completions.create(model=c.model, prompt=[1, 2, 3, 4], max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
@@ -296,7 +308,7 @@ def malformed(c):
         ("/v1/completions", too_long, "prompt"),
         ("/v1/chat/completions", json.dumps({"model": c.model, "messages": "hi"}), "messages"),
         ("/v1/chat/completions", json.dumps({"model": c.model, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}), "stream"),
-        ("/v1/chat/completions", json.dumps({"model": c.model, "messages": [{"role": "user", "content": "x"}], "n": 3}), "n"),
+        ("/v1/chat/completions", json.dumps({"model": c.model, "messages": [{"role": "user", "content": "x"}], "n": 9}), "n"),
     ]
     for path, body, field in cases:
         status, v = c.raw("POST", path, body)

@@ -458,7 +458,7 @@ async fn bad_requests_name_the_field_and_change_nothing() {
         ),
         (
             "/v1/completions",
-            r#"{"prompt":"a","n":2}"#.into(),
+            r#"{"prompt":"a","n":9}"#.into(),
             400,
             "n",
         ),
@@ -676,4 +676,67 @@ async fn queue_overflow_is_429_and_shutdown_drains() {
     tokio::task::spawn_blocking(move || e.join().unwrap())
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices() {
+    let s = start(Opts::default()).await;
+    let (st, v) = s
+        .post(
+            "/v1/completions",
+            r#"{"prompt":"abc","max_tokens":300,"n":3}"#,
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 3);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["text"], SCRIPT);
+    }
+    let one = s
+        .post("/v1/completions", r#"{"prompt":"abc","max_tokens":300}"#)
+        .await
+        .1;
+    let per = one["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().unwrap(), 3 * per);
+    assert_eq!(v["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+    // Streaming chat with n = 2: each choice gets its role chunk, its
+    // reasoning, content and tool call, and its own finish.
+    let data = s
+        .sse(
+            "/v1/chat/completions",
+            json!({"messages":[{"role":"user","content":"x"}],"n":2,"stream":true,
+                   "max_tokens":300,"stream_options":{"include_usage":true}}),
+        )
+        .await;
+    let c = chunks(&data);
+    for i in 0..2 {
+        let mine: Vec<&Value> = c
+            .iter()
+            .filter_map(|ch| ch["choices"].as_array()?.iter().find(|x| x["index"] == i))
+            .collect();
+        assert_eq!(mine[0]["delta"]["role"], "assistant");
+        let content: String = mine
+            .iter()
+            .map(|x| x["delta"]["content"].as_str().unwrap_or(""))
+            .collect();
+        let reasoning: String = mine
+            .iter()
+            .map(|x| x["delta"]["reasoning_content"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            (content.as_str(), reasoning.as_str()),
+            ("Hi there!", "plan")
+        );
+        let fins: Vec<&Value> = mine.iter().filter_map(|x| x.get("finish_reason")).collect();
+        assert_eq!(fins, [&json!("tool_calls")], "choice {i}");
+    }
+    assert!(
+        c.last().unwrap()["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    s.stop().await;
 }

@@ -383,9 +383,10 @@ fn encode(st: &AppState, text: &str, special: bool, field: &str) -> Result<Vec<u
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let v = protocol::parse_completion(body, &st.cfg.limits).map_err(bad_request)?;
     check_model(st, &v.request.model)?;
+    let echo = v.request.echo.unwrap_or(false);
     let (prompt, text) = match &v.request.prompt {
-        Prompt::Text(t) => (encode(st, t, true, "prompt")?, t.clone()),
-        Prompt::Tokens(ids) => (ids.clone(), (st.decoder())(ids)),
+        Prompt::Text(t) => (encode(st, t, true, "prompt")?, echo.then(|| t.clone())),
+        Prompt::Tokens(ids) => (ids.clone(), echo.then(|| (st.decoder())(ids))),
     };
     let max_tokens =
         protocol::check_prompt_len(prompt.len(), v.params.max_tokens, "prompt", &st.cfg.limits)
@@ -398,9 +399,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         logprobs: v.logprobs,
         ignore_eos: v.request.ignore_eos.unwrap_or(false),
         return_token_ids: v.request.return_token_ids.unwrap_or(false),
-        kind: Kind::Completion {
-            echo: v.request.echo.unwrap_or(false).then_some(text),
-        },
+        kind: Kind::Completion { echo: text },
     })
 }
 

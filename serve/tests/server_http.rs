@@ -740,3 +740,60 @@ async fn n_choices() {
     );
     s.stop().await;
 }
+
+/// Many streams at once, half of them dropped at different points: the
+/// others all complete with the full text, and once everything is over no
+/// block is held and nothing is running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_of_disconnects_leaves_no_blocks() {
+    let s = start(Opts {
+        step_delay: Duration::from_millis(2),
+        ..Opts::default()
+    })
+    .await;
+    let base = s.base.clone();
+    let mut tasks = Vec::new();
+    for i in 0..16usize {
+        let (c, base) = (s.client.clone(), base.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut r = c
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": format!("request {i}"), "max_tokens": 300, "stream": true}))
+                .send()
+                .await
+                .unwrap();
+            let mut body = String::new();
+            let mut chunks = 0;
+            while let Some(ch) = r.chunk().await.unwrap() {
+                body.push_str(&String::from_utf8_lossy(&ch));
+                chunks += 1;
+                if i % 2 == 1 && chunks == i {
+                    return None; // disconnect after `i` chunks
+                }
+            }
+            Some(body)
+        }));
+    }
+    let mut completed = 0;
+    for t in tasks {
+        if let Some(body) = t.await.unwrap() {
+            let c = chunks(&sse_data(&body));
+            let text: String = c
+                .iter()
+                .map(|ch| ch["choices"][0]["text"].as_str().unwrap_or("").to_string())
+                .collect();
+            assert_eq!(text, SCRIPT);
+            completed += 1;
+        }
+    }
+    assert_eq!(completed, 8);
+    let t0 = Instant::now();
+    while s.metric("m3_num_requests_running").await > 0.0
+        || s.metric("m3_kv_blocks_used").await > 0.0
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "blocks still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.metric("m3_requests_finished_total").await, 8.0);
+    s.stop().await;
+}

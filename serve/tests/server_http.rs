@@ -9,7 +9,7 @@
 //! queue, API key, draining on shutdown).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,8 @@ struct Scripted {
     step_delay: Duration,
     /// Position of each request's first logits row (its last prompt token).
     base: BTreeMap<u64, u32>,
+    /// Logits rows read back so far (only logprobs requests should).
+    rows_read: Arc<AtomicUsize>,
 }
 
 impl ModelRunner for Scripted {
@@ -71,6 +73,8 @@ impl ModelRunner for Scripted {
         let vocab = self.cfg.vocab_size;
         // Logits rows asked for: a peak at the emitted token.
         let mut logits = Vec::new();
+        self.rows_read
+            .fetch_add(input.read.logits.len(), Ordering::Relaxed);
         for &i in &input.read.logits {
             let mut row = vec![0.0f32; vocab];
             row[tokens[i as usize] as usize] = 5.0;
@@ -89,6 +93,7 @@ impl ModelRunner for Scripted {
 
 struct Server {
     base: String,
+    rows_read: Arc<AtomicUsize>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<()>>,
     engine: Option<std::thread::JoinHandle<()>>,
@@ -124,7 +129,9 @@ async fn start(o: Opts) -> Server {
     let metrics = Arc::new(Metrics::default());
     let stopped = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
+    let rows_read = Arc::new(AtomicUsize::new(0));
     let engine = {
+        let rows_read = Arc::clone(&rows_read);
         let (metrics, stopped) = (Arc::clone(&metrics), Arc::clone(&stopped));
         let (max_seqs, pages, delay) = (o.max_seqs, o.pages, o.step_delay);
         std::thread::spawn(move || {
@@ -135,6 +142,7 @@ async fn start(o: Opts) -> Server {
                 pages,
                 step_delay: delay,
                 base: BTreeMap::new(),
+                rows_read,
             };
             let sc = SchedulerConfig {
                 max_seqs,
@@ -182,6 +190,7 @@ async fn start(o: Opts) -> Server {
     });
     Server {
         base,
+        rows_read,
         shutdown: Some(stx),
         served: Some(served),
         engine: Some(engine),
@@ -374,6 +383,8 @@ async fn completions_stop_logprobs_and_token_ids() {
         v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
         ids
     );
+    // No logits were read back for requests without logprobs.
+    assert_eq!(s.rows_read.load(Ordering::Relaxed), 0);
     // A stop string cuts the text right before it (matched on text) and
     // ends the request early.
     let (_, v) = s
@@ -390,6 +401,8 @@ async fn completions_stop_logprobs_and_token_ids() {
     assert_eq!(lp["tokens"].as_array().unwrap().len(), n);
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
     assert!(lp["token_logprobs"][0].as_f64().unwrap() < 0.0);
+    // One row per token of the logprobs request (and no more).
+    assert!(s.rows_read.load(Ordering::Relaxed) >= n);
     // max_tokens: finish_reason length.
     let (_, v) = s
         .post("/v1/completions", r#"{"prompt":[5,6,7],"max_tokens":3}"#)

@@ -147,4 +147,11 @@ fn startup_refusals_are_one_line_errors() {
     );
     let e = run(&["--host", "not a host"]);
     assert!(e.contains("--host"), "{e}");
+    let bad = tmp.path().join("bad.jinja");
+    std::fs::write(&bad, "{% if %}").unwrap();
+    let e = run(&["--chat-template", bad.to_str().unwrap()]);
+    assert!(
+        e.contains("--chat-template") && e.contains("syntax error"),
+        "{e}"
+    );
 }

@@ -544,6 +544,9 @@ struct Pipeline {
     logprobs: Vec<TokenLogprob>,
     /// Tool calls emitted so far.
     tool_calls: usize,
+    /// Prompt tokens the engine served from the prefix cache (known at the
+    /// end).
+    cached_tokens: Option<usize>,
 }
 
 impl Pipeline {
@@ -576,6 +579,7 @@ impl Pipeline {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             tool_calls: 0,
+            cached_tokens: None,
         })
     }
 
@@ -722,10 +726,15 @@ struct Submitted {
 
 impl Submitted {
     fn usage(&self) -> Usage {
-        Usage::new(
+        let u = Usage::new(
             self.prompt_tokens,
             self.pipes.iter().map(|p| p.tokens.len()).sum(),
-        )
+        );
+        // The first choice's count (the others share its cached prompt).
+        match self.pipes.first().and_then(|p| p.cached_tokens) {
+            Some(c) => u.with_cached(c),
+            None => u,
+        }
     }
 }
 
@@ -799,7 +808,11 @@ async fn collect(
                     return Ok((events, None));
                 }
             }
-            Some(EngineEvent::Done { reason, .. }) => {
+            Some(EngineEvent::Done {
+                reason,
+                cached_tokens,
+            }) => {
+                pipe.cached_tokens = Some(cached_tokens);
                 events.extend(pipe.finish());
                 return Ok((events, Some(reason)));
             }
@@ -1054,7 +1067,11 @@ async fn drive_stream(
                 let _ = tx.send(Ok(sse_error(400, &m))).await;
                 return false;
             }
-            EngineEvent::Done { reason, .. } => {
+            EngineEvent::Done {
+                reason,
+                cached_tokens,
+            } => {
+                pipe.cached_tokens = Some(cached_tokens);
                 let evs = pipe.finish();
                 vec![Update::Events(evs), Update::End(pipe.finish_reason(reason))]
             }

@@ -410,8 +410,16 @@ async fn completions_stop_logprobs_and_token_ids() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens":3,"completion_tokens":3,"total_tokens":6})
+        json!({"prompt_tokens":3,"completion_tokens":3,"total_tokens":6,
+               "prompt_tokens_details":{"cached_tokens":0}})
     );
+    // The same long prompt twice: the second is served from the prefix
+    // cache, and usage says how much of it.
+    let long = json!({"prompt": (0..40).collect::<Vec<u32>>(), "max_tokens": 2}).to_string();
+    let (_, first) = s.post("/v1/completions", &long).await;
+    let (_, again) = s.post("/v1/completions", &long).await;
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
     // Streaming completions: text chunks concatenate to the full text.
     let data = s
         .sse(

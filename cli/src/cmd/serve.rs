@@ -51,6 +51,11 @@ pub struct Args {
     /// `/metrics` stay open).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// A Jinja chat template file to use instead of the checkpoint's
+    /// (vLLM's flag); its `bos_token` / `eos_token` come from the
+    /// checkpoint's tokenizer_config.json when it has one.
+    #[arg(long)]
+    pub chat_template: Option<std::path::PathBuf>,
     /// Requests waiting beyond the `--max-num-seqs` running ones before new
     /// ones get 429.
     #[arg(long, default_value_t = 256)]
@@ -126,7 +131,24 @@ pub fn run(a: Args) -> Result<()> {
     let ck = a.model.open()?;
     let vocab = ck.config().vocab_size;
     let tokenizer = args::tokenizer(ck.dir())?.map(Arc::new);
-    let template = chat_template(&ck)?;
+    let template = match &a.chat_template {
+        None => chat_template(&ck)?,
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading --chat-template {}", p.display()))?;
+            let base = chat_template(&ck).ok().flatten();
+            let bos = base
+                .as_ref()
+                .and_then(|t| t.bos_token().map(str::to_string));
+            let eos = base
+                .as_ref()
+                .and_then(|t| t.eos_token().map(str::to_string));
+            Some(
+                ChatTemplate::from_template(&text, bos, eos, &p.display().to_string())
+                    .map_err(|e| anyhow!("--chat-template: {e}"))?,
+            )
+        }
+    };
     let eos = eos_ids(&ck, tokenizer.as_deref(), template.as_ref());
     let defaults = std::fs::read_to_string(ck.dir().join("generation_config.json"))
         .map(|t| GenDefaults::from_generation_config(&t))

@@ -854,9 +854,24 @@ async fn collect_all(
 
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let arrival = Instant::now();
-    let p = match prepare_completion(&st, &body) {
-        Ok(p) => p,
-        Err(r) => return r.into_response(),
+    // Templating and tokenization are CPU work (long prompts take
+    // milliseconds): off the async workers, which keep streaming.
+    let prepared = {
+        let st = Arc::clone(&st);
+        tokio::task::spawn_blocking(move || prepare_completion(&st, &body)).await
+    };
+    let p = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(r)) => return r.into_response(),
+        Err(e) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("preparing the request failed: {e}"),
+                None,
+            )
+            .into_response()
+        }
     };
     let mut sub = match submit(&st, &p, arrival) {
         Ok(r) => r,
@@ -904,9 +919,24 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
 
 async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let arrival = Instant::now();
-    let p = match prepare_chat(&st, &body) {
-        Ok(p) => p,
-        Err(r) => return r.into_response(),
+    // Templating and tokenization are CPU work (long prompts take
+    // milliseconds): off the async workers, which keep streaming.
+    let prepared = {
+        let st = Arc::clone(&st);
+        tokio::task::spawn_blocking(move || prepare_chat(&st, &body)).await
+    };
+    let p = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(r)) => return r.into_response(),
+        Err(e) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("preparing the request failed: {e}"),
+                None,
+            )
+            .into_response()
+        }
     };
     let mut sub = match submit(&st, &p, arrival) {
         Ok(r) => r,

@@ -174,7 +174,12 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendArg,
     /// KV and index cache dtype.
-    #[arg(long, value_enum, default_value = "bf16", alias = "kv-cache-dtype")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "bf16",
+        visible_alias = "kv-cache-dtype"
+    )]
     pub kv_dtype: KvDtypeArg,
     /// Routed-expert activation mode.
     #[arg(long, value_enum, default_value = "bf16")]
@@ -192,13 +197,13 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
     /// Longest sequence, prompt plus output, in positions.
-    #[arg(long, default_value_t = 4096, alias = "max-model-len")]
+    #[arg(long, default_value_t = 4096, visible_alias = "max-model-len")]
     pub max_context: usize,
     /// Most rows (tokens) per step: decode rows plus prefill chunks.
-    #[arg(long, default_value_t = 256, alias = "max-num-batched-tokens")]
+    #[arg(long, default_value_t = 256, visible_alias = "max-num-batched-tokens")]
     pub max_batch_tokens: usize,
     /// Most sequences per step.
-    #[arg(long, default_value_t = 64, alias = "max-num-seqs")]
+    #[arg(long, default_value_t = 64, visible_alias = "max-num-seqs")]
     pub max_seqs: usize,
     /// Threads for the CPU backend (0 = all cores; results do not depend
     /// on it).

@@ -17,6 +17,7 @@ use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::{IndexSelection, ModelConfig};
 use m3_core::formats::ScaleRule;
 use m3_core::kv::CacheDtype;
+use m3_core::sched::runner::VerifyMode;
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 
 /// `--backend`.
@@ -173,7 +174,12 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendArg,
     /// KV and index cache dtype.
-    #[arg(long, value_enum, default_value = "bf16", alias = "kv-cache-dtype")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "bf16",
+        visible_alias = "kv-cache-dtype"
+    )]
     pub kv_dtype: KvDtypeArg,
     /// Routed-expert activation mode.
     #[arg(long, value_enum, default_value = "bf16")]
@@ -191,13 +197,13 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
     /// Longest sequence, prompt plus output, in positions.
-    #[arg(long, default_value_t = 4096, alias = "max-model-len")]
+    #[arg(long, default_value_t = 4096, visible_alias = "max-model-len")]
     pub max_context: usize,
     /// Most rows (tokens) per step: decode rows plus prefill chunks.
-    #[arg(long, default_value_t = 256, alias = "max-num-batched-tokens")]
+    #[arg(long, default_value_t = 256, visible_alias = "max-num-batched-tokens")]
     pub max_batch_tokens: usize,
     /// Most sequences per step.
-    #[arg(long, default_value_t = 64, alias = "max-num-seqs")]
+    #[arg(long, default_value_t = 64, visible_alias = "max-num-seqs")]
     pub max_seqs: usize,
     /// Threads for the CPU backend (0 = all cores; results do not depend
     /// on it).
@@ -207,9 +213,26 @@ pub struct EngineArgs {
     /// CUDA graph (slower; for debugging, vLLM's flag).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// GPUs to shard the model over (vLLM's flag). Only 1 until multi-GPU
+    /// exists; larger values are refused with a message.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
 }
 
 impl EngineArgs {
+    /// Open `--backend` (with `--enforce-eager`), after refusing what this
+    /// build cannot do (`--tensor-parallel-size` above 1).
+    pub fn open_backend(&self) -> Result<Box<dyn Backend + Sync>> {
+        match self.tensor_parallel_size {
+            0 => bail!("--tensor-parallel-size must be at least 1"),
+            1 => {}
+            n => bail!(
+                "--tensor-parallel-size {n}: m3 runs a model on one device for now (multi-GPU sharding is not implemented); use 1"
+            ),
+        }
+        open_backend(self.backend, self.enforce_eager)
+    }
+
     /// The load spec; `host_blocks` is the CPU's block count when
     /// `--kv-blocks` is not given.
     pub fn load_spec(&self, on_gpu: bool, host_blocks: usize, model: &ModelArgs) -> LoadSpec {
@@ -228,6 +251,70 @@ impl EngineArgs {
             act: self.act.into(),
             selection: model.selection.map(Into::into),
         }
+    }
+}
+
+/// `--verify`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifyArg {
+    Greedy,
+    Rejection,
+    Block,
+}
+
+impl From<VerifyArg> for VerifyMode {
+    fn from(v: VerifyArg) -> Self {
+        match v {
+            VerifyArg::Greedy => VerifyMode::Greedy,
+            VerifyArg::Rejection => VerifyMode::Rejection,
+            VerifyArg::Block => VerifyMode::Block,
+        }
+    }
+}
+
+/// Scheduler options shared by every command that runs the scheduler
+/// (`generate`, `batch`, `serve`): speculative decoding and the prefix
+/// cache, with vLLM's names as aliases.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SchedArgs {
+    /// Draft tokens verified per decode step (0 = no speculation; at most
+    /// 7). Drafts come from the checkpoint's DSpark draft (`dspark/`), else
+    /// from prompt lookup; the run says which.
+    #[arg(
+        long,
+        default_value_t = 0,
+        visible_alias = "speculative-tokens",
+        alias = "num-speculative-tokens"
+    )]
+    pub spec_tokens: usize,
+    /// Verifier for speculative steps (greedy requests always verify
+    /// greedily).
+    #[arg(long, value_enum, default_value = "greedy")]
+    pub verify: VerifyArg,
+    /// Disable the prefix cache.
+    #[arg(
+        long = "no-enable-prefix-caching",
+        visible_alias = "no-prefix-cache",
+        overrides_with = "enable_prefix_caching"
+    )]
+    pub no_prefix_cache: bool,
+    /// Enable the prefix cache (the default).
+    #[arg(long, overrides_with = "no_prefix_cache")]
+    pub enable_prefix_caching: bool,
+}
+
+impl SchedArgs {
+    /// Refuse a speculation depth the verifier does not support.
+    pub fn check(&self) -> Result<()> {
+        if self.spec_tokens > 7 {
+            bail!("--spec-tokens {} is above 7 (MODEL.md 6)", self.spec_tokens);
+        }
+        Ok(())
+    }
+
+    /// Whether the prefix cache is on (the last of the two flags wins).
+    pub fn prefix_cache(&self) -> bool {
+        !self.no_prefix_cache
     }
 }
 
@@ -345,7 +432,9 @@ fn cache_dir() -> Result<PathBuf> {
 /// The default synthetic checkpoint, made on first use (staged and renamed
 /// into place by the writer, so a half-written one never looks complete).
 pub fn default_model() -> Result<PathBuf> {
-    let dir = cache_dir()?.join("synthetic-tiny-mxfp4-v1");
+    // v2: adds tokenizer_config.json (chat template) and
+    // generation_config.json; the weights and tokenizer are v1's.
+    let dir = cache_dir()?.join("synthetic-tiny-mxfp4-v2");
     if dir.join("config.json").is_file() {
         return Ok(dir);
     }
@@ -354,6 +443,7 @@ pub fn default_model() -> Result<PathBuf> {
     let cfg = ModelConfig::preset("tiny").map_err(|e| anyhow!("preset tiny: {e}"))?;
     let mut spec = SynthSpec::new(cfg, ExpertFormat::Mxfp4, DenseFormat::Mxfp8);
     spec.draft = None;
+    spec.chat_template = Some(m3_serve::MINIMAX_STYLE_TEMPLATE.to_string());
     eprintln!(
         "making the synthetic tiny checkpoint in {} (once)",
         dir.display()
@@ -459,6 +549,64 @@ mod tests {
         assert!(parse_tokens(" , ", 10).is_err());
     }
 
+    /// vLLM's flag names parse into the same fields as the old spellings.
+    #[test]
+    fn vllm_flag_names() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            e: EngineArgs,
+            #[command(flatten)]
+            s: SchedArgs,
+        }
+        let t = T::try_parse_from([
+            "t",
+            "--max-model-len",
+            "100",
+            "--max-num-seqs",
+            "3",
+            "--max-num-batched-tokens",
+            "5",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+            "--gpu-memory-utilization",
+            "0.5",
+            "--speculative-tokens",
+            "2",
+            "--no-enable-prefix-caching",
+            "--tensor-parallel-size",
+            "2",
+            "--backend",
+            "cpu",
+        ])
+        .unwrap();
+        assert_eq!(
+            (t.e.max_context, t.e.max_seqs, t.e.max_batch_tokens),
+            (100, 3, 5)
+        );
+        assert_eq!(t.e.kv_dtype, KvDtypeArg::Fp8E4m3);
+        assert_eq!(t.s.spec_tokens, 2);
+        assert!(!t.s.prefix_cache());
+        let err = t.e.open_backend().err().unwrap().to_string();
+        assert!(err.contains("--tensor-parallel-size 2"), "{err}");
+        // The old spellings still work, and the last prefix-cache flag wins.
+        let t = T::try_parse_from([
+            "t",
+            "--max-context",
+            "7",
+            "--spec-tokens",
+            "1",
+            "--no-prefix-cache",
+            "--enable-prefix-caching",
+        ])
+        .unwrap();
+        assert_eq!(t.e.max_context, 7);
+        assert_eq!(t.s.spec_tokens, 1);
+        assert!(t.s.prefix_cache());
+        assert!(t.e.open_backend().is_ok());
+    }
+
     #[test]
     fn load_spec_budget_follows_the_flags() {
         let e = EngineArgs {
@@ -473,6 +621,7 @@ mod tests {
             max_seqs: 2,
             threads: 0,
             enforce_eager: false,
+            tensor_parallel_size: 1,
         };
         let m = ModelArgs {
             model: None,

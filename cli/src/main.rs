@@ -37,6 +37,11 @@ enum Command {
     Batch(cmd::batch::Args),
     /// Greedy parity of two backends (identical / near-tie / MISMATCH).
     Parity(cmd::parity::Args),
+    /// OpenAI-compatible HTTP server (defaults to a synthetic `tiny` checkpoint).
+    Serve(cmd::serve::Args),
+    /// Benchmark a running server: concurrent streaming requests, TTFT /
+    /// inter-token latency / throughput percentiles as JSON.
+    BenchServe(cmd::bench_serve::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +65,8 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Batch(a) => cmd::batch::run(a),
         Command::Parity(a) => cmd::parity::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::BenchServe(a) => cmd::bench_serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

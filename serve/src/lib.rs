@@ -38,11 +38,18 @@
 //!   `tokenizer_config.json`, rendered with minijinja, plus a built-in
 //!   MiniMax-style template ([`MINIMAX_STYLE_TEMPLATE`]) and
 //!   [`starts_in_reasoning`] to tell whether a prompt opens a `<think>` block.
+//! * [`engine`]: the engine thread that owns the loaded model and runs the
+//!   scheduler loop, fed through channels; [`metrics`] what it records.
+//! * [`server`]: the axum router (`/v1/models`, `/v1/completions`,
+//!   `/v1/chat/completions`, `/health`, `/metrics`), SSE streaming, API key.
 
 pub mod detok;
+pub mod engine;
+pub mod metrics;
 mod parser;
 pub mod protocol;
 mod schema;
+pub mod server;
 pub mod stop;
 mod tags;
 pub mod template;

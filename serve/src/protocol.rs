@@ -125,6 +125,11 @@ pub struct CompletionRequest {
     pub logprobs: Option<i64>,
     /// Prepend the prompt to the completion text.
     pub echo: Option<bool>,
+    /// vLLM extension: keep generating past end-of-text tokens.
+    pub ignore_eos: Option<bool>,
+    /// vLLM extension: return the generated token ids (`token_ids` in each
+    /// choice / chunk choice).
+    pub return_token_ids: Option<bool>,
 }
 
 /// A chat message role.
@@ -204,6 +209,10 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// vLLM extension: keep generating past end-of-text tokens.
+    pub ignore_eos: Option<bool>,
+    /// vLLM extension: return the generated token ids.
+    pub return_token_ids: Option<bool>,
 }
 
 /// Sampling settings with defaults applied.
@@ -496,6 +505,8 @@ pub fn parse_completion(body: &[u8], limits: &Limits) -> Result<ValidCompletion,
         stream_options: field(&o, "stream_options")?,
         logprobs: field(&o, "logprobs")?,
         echo: field(&o, "echo")?,
+        ignore_eos: field(&o, "ignore_eos")?,
+        return_token_ids: field(&o, "return_token_ids")?,
     };
     if let Prompt::Tokens(t) = &request.prompt {
         if t.is_empty() {
@@ -568,6 +579,8 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Result<ValidChat, RequestErro
         tools: field(&o, "tools")?,
         tool_choice: field(&o, "tool_choice")?,
         chat_template_kwargs: field(&o, "chat_template_kwargs")?,
+        ignore_eos: field(&o, "ignore_eos")?,
+        return_token_ids: field(&o, "return_token_ids")?,
     };
     if request.messages.is_empty() {
         return Err(RequestError::new("messages", "must not be empty"));
@@ -669,6 +682,17 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// OpenAI's `prompt_tokens_details` (prompt tokens served from the
+    /// prefix cache), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -678,7 +702,14 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
         }
+    }
+
+    /// With `prompt_tokens_details.cached_tokens`.
+    pub fn with_cached(mut self, cached_tokens: usize) -> Self {
+        self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
+        self
     }
 }
 
@@ -691,6 +722,9 @@ pub struct CompletionChoice {
     pub logprobs: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
+    /// Generated token ids (vLLM's `return_token_ids` extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The function part of a tool call.
@@ -748,6 +782,9 @@ pub struct ChatChoice {
     pub logprobs: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
+    /// Generated token ids (vLLM's `return_token_ids` extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The function part of a streamed tool-call delta.
@@ -794,6 +831,9 @@ pub struct ChunkChoice {
     pub logprobs: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
+    /// Generated token ids (vLLM's `return_token_ids` extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The envelope shared by every response body and stream chunk: the
@@ -1077,6 +1117,7 @@ mod tests {
                 },
                 logprobs: None,
                 finish_reason: Some(FinishReason::ToolCalls),
+                token_ids: None,
             }],
         );
         r.usage = Some(Usage::new(3, 4));
@@ -1100,6 +1141,7 @@ mod tests {
                 },
                 logprobs: None,
                 finish_reason: None,
+                token_ids: None,
             }],
         );
         assert_eq!(
@@ -1116,6 +1158,7 @@ mod tests {
                 text: "x".into(),
                 logprobs: None,
                 finish_reason: Some(FinishReason::Length),
+                token_ids: None,
             }],
         );
         assert_eq!(

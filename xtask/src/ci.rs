@@ -61,6 +61,8 @@ pub fn ci(args: CiArgs) -> Result<()> {
         // what it makes.
         cargo(&["xtask", "conform"])?;
         cargo(&["xtask", "gen-spec"])?;
+        // `m3 serve` end to end with the official `openai` client.
+        cargo(&["xtask", "serve-e2e"])?;
         // Golden parity of the CPU backend against the numpy reference.
         cargo(&["xtask", "golden", "--backend", "cpu"])?;
         // Every GPU kernel compiles for NVIDIA (NVRTC) and AMD (hipcc).

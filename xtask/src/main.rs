@@ -6,6 +6,7 @@ mod ci;
 mod fuzz;
 mod golden;
 mod kernels;
+mod serve_e2e;
 mod spec;
 mod venv;
 
@@ -31,6 +32,8 @@ enum Task {
     Kernels(kernels::KernelsArgs),
     /// Run the safetensors header / index fuzz target for a short while.
     Fuzz(fuzz::FuzzArgs),
+    /// `m3 serve` on the tiny default, driven by the `openai` Python client.
+    ServeE2e(serve_e2e::ServeE2eArgs),
     /// Everything CI runs: the README's test command.
     Ci(ci::CiArgs),
 }
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Task::Golden(a) => golden::golden(a),
         Task::Kernels(a) => kernels::kernels(a),
         Task::Fuzz(a) => fuzz::fuzz(a),
+        Task::ServeE2e(a) => serve_e2e::serve_e2e(a),
         Task::Ci(a) => ci::ci(a),
     }
 }

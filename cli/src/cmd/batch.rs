@@ -22,7 +22,7 @@ use m3_core::sched::runner::SchedRunner;
 use m3_core::sched::{FinishReason, FinishedRequest, Request, SamplingParams, SchedulerConfig};
 use serde_json::{json, Value};
 
-use crate::args::{self, EngineArgs, ModelArgs};
+use crate::args::{self, EngineArgs, ModelArgs, SchedArgs};
 use crate::drafting;
 
 #[derive(clap::Args)]
@@ -40,14 +40,8 @@ pub struct Args {
     /// Default `max_tokens` for lines that do not set it.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// Draft tokens verified per decode step (0 = no speculation; at most
-    /// 7). Drafts come from the checkpoint's DSpark draft (`dspark/`), else
-    /// from prompt lookup; the run says which.
-    #[arg(long, default_value_t = 0)]
-    pub spec_tokens: usize,
-    /// Disable the prefix cache.
-    #[arg(long)]
-    pub no_prefix_cache: bool,
+    #[command(flatten)]
+    pub sched: SchedArgs,
     /// Keep generating past the end-of-text token.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -199,10 +193,8 @@ fn reason_str(r: FinishReason) -> &'static str {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.spec_tokens > 7 {
-        bail!("--spec-tokens {} is above 7 (MODEL.md 6)", args.spec_tokens);
-    }
-    let be = args::open_backend(args.engine.backend, args.engine.enforce_eager)?;
+    args.sched.check()?;
+    let be = args.engine.open_backend()?;
     let input = std::fs::read_to_string(&args.input)
         .with_context(|| format!("reading --input {}", args.input.display()))?;
     let ck = args.model.open()?;
@@ -240,12 +232,12 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = SchedulerConfig {
         max_batch_tokens: e.max_batch_tokens,
         max_seqs: e.max_seqs,
-        enable_prefix_cache: !args.no_prefix_cache,
+        enable_prefix_cache: args.sched.prefix_cache(),
         ..SchedulerConfig::default()
     };
     let spec = e.load_spec(args::is_gpu(&*be), HOST_DEFAULT_BLOCKS, &args.model);
     let n_jobs = jobs.len();
-    let draft = if args.spec_tokens > 0 {
+    let draft = if args.sched.spec_tokens > 0 {
         drafting::load_draft(&ck)?
     } else {
         None
@@ -255,12 +247,13 @@ pub fn run(args: Args) -> Result<()> {
         let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
         let layout = runner.kv_layout();
         let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
-        sr.spec_tokens = args.spec_tokens;
-        if args.spec_tokens > 0 {
+        sr.spec_tokens = args.sched.spec_tokens;
+        sr.verify = args.sched.verify.into();
+        if args.sched.spec_tokens > 0 {
             let (d, name) = drafting::make_drafter(&*be, draft.as_ref())?;
             eprintln!(
                 "speculative decoding: {} draft tokens, drafter {name}",
-                args.spec_tokens
+                args.sched.spec_tokens
             );
             sr.drafter = Some(d);
         }

@@ -18,26 +18,8 @@ use m3_core::sample::SampleParams;
 use m3_core::sched::runner::{SchedRunner, VerifyMode};
 use m3_core::sched::{Request, SchedulerConfig};
 
-use crate::args::{self, EngineArgs, ModelArgs};
+use crate::args::{self, EngineArgs, ModelArgs, SchedArgs};
 use crate::drafting;
-
-/// `--verify`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum VerifyArg {
-    Greedy,
-    Rejection,
-    Block,
-}
-
-impl From<VerifyArg> for VerifyMode {
-    fn from(v: VerifyArg) -> Self {
-        match v {
-            VerifyArg::Greedy => VerifyMode::Greedy,
-            VerifyArg::Rejection => VerifyMode::Rejection,
-            VerifyArg::Block => VerifyMode::Block,
-        }
-    }
-}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -69,14 +51,8 @@ pub struct Args {
     /// Keep generating past the end-of-text token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Draft tokens verified per decode step (0 = no speculation; at most
-    /// 7). Uses the checkpoint's DSpark draft, else prompt lookup.
-    #[arg(long, default_value_t = 0)]
-    pub spec_tokens: usize,
-    /// Verifier for speculative steps (greedy requests always verify
-    /// greedily).
-    #[arg(long, value_enum, default_value = "greedy")]
-    pub verify: VerifyArg,
+    #[command(flatten)]
+    pub sched: SchedArgs,
 }
 
 /// (tokens, seconds) over a set of steps.
@@ -97,10 +73,8 @@ impl Rate {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.spec_tokens > 7 {
-        bail!("--spec-tokens {} is above 7 (MODEL.md 6)", args.spec_tokens);
-    }
-    let be = args::open_backend(args.engine.backend, args.engine.enforce_eager)?;
+    args.sched.check()?;
+    let be = args.engine.open_backend()?;
     let ck = args.model.open()?;
     let c = ck.config().clone();
     let tokenizer = args::tokenizer(ck.dir())?;
@@ -131,13 +105,13 @@ pub fn run(args: Args) -> Result<()> {
         (None, None) => vec![1, 2, 3, 4],
     };
     // Room for the draft rows past the last position as well.
-    let need = prompt.len() + args.max_tokens + args.spec_tokens;
+    let need = prompt.len() + args.max_tokens + args.sched.spec_tokens;
     if need > args.engine.max_context {
         bail!(
             "prompt ({} tokens) + --max-tokens {} (+ --spec-tokens {}) = {need} exceeds --max-context {}",
             prompt.len(),
             args.max_tokens,
-            args.spec_tokens,
+            args.sched.spec_tokens,
             args.engine.max_context
         );
     }
@@ -145,7 +119,7 @@ pub fn run(args: Args) -> Result<()> {
     let spec = args
         .engine
         .load_spec(args::is_gpu(&*be), need.div_ceil(bs) + 1, &args.model);
-    let draft = if args.spec_tokens > 0 {
+    let draft = if args.sched.spec_tokens > 0 {
         drafting::load_draft(&ck)?
     } else {
         None
@@ -161,22 +135,23 @@ pub fn run(args: Args) -> Result<()> {
     if !args.ignore_eos {
         req.eos = args::eos_ids(&ck);
     }
-    let verify: VerifyMode = args.verify.into();
+    let verify: VerifyMode = args.sched.verify.into();
     let (pre, dec, out, drafter_name, stats) = args::with_threads(args.engine.threads, || {
         {
             let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
             let cfg = SchedulerConfig {
                 max_batch_tokens: args.engine.max_batch_tokens,
                 max_seqs: 1,
-                max_draft_tokens: args.spec_tokens,
+                max_draft_tokens: args.sched.spec_tokens,
+                enable_prefix_cache: args.sched.prefix_cache(),
                 ..SchedulerConfig::default()
             };
             let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
             let mut drafter_name = "";
-            if args.spec_tokens > 0 {
+            if args.sched.spec_tokens > 0 {
                 let (d, name) = drafting::make_drafter(&*be, draft.as_ref())?;
                 sr.drafter = Some(d);
-                sr.spec_tokens = args.spec_tokens;
+                sr.spec_tokens = args.sched.spec_tokens;
                 sr.verify = verify;
                 drafter_name = name;
             }
@@ -221,10 +196,10 @@ pub fn run(args: Args) -> Result<()> {
         None => format!("{out:?}"),
     };
     println!("{text}");
-    let spec_line = if args.spec_tokens > 0 {
+    let spec_line = if args.sched.spec_tokens > 0 {
         format!(
             " | drafter {drafter_name} | verify {verify:?} | spec-tokens {}: {} verifies, {} drafted, {} accepted, mean acceptance length {}",
-            args.spec_tokens,
+            args.sched.spec_tokens,
             stats.verifies,
             stats.proposed,
             stats.accepted,

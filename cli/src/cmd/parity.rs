@@ -613,6 +613,7 @@ pub fn run(args: Args) -> Result<()> {
         max_seqs: 1,
         threads: args.threads,
         enforce_eager: args.enforce_eager,
+        tensor_parallel_size: 1,
     };
     let re = engine(args.reference, args.kv_dtype, args.act);
     let bee = engine(

@@ -28,7 +28,9 @@ pub enum DenseArg {
 
 /// Write a deterministic synthetic checkpoint: config.json with a matching
 /// quantization_config, sharded safetensors + index (text weights under
-/// `language_model.`), a byte-level BPE tokenizer.json and a dspark/ draft.
+/// `language_model.`), a byte-level BPE tokenizer.json, a tokenizer_config.json
+/// with a MiniMax-style chat template (reasoning `<think>`, tool calls),
+/// generation_config.json and a dspark/ draft.
 /// Same arguments and seed give byte-identical files. The output appears
 /// only when complete (written as DIR.tmp-<pid>, then renamed).
 #[derive(clap::Args)]
@@ -113,6 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         DenseArg::Bf16 => DenseFormat::Bf16,
     };
     let mut spec = SynthSpec::new(cfg, experts, dense);
+    spec.chat_template = Some(m3_serve::MINIMAX_STYLE_TEMPLATE.to_string());
     spec.seed = args.seed;
     spec.force = args.force;
     if let Some(mb) = args.shard_mb {

@@ -32,7 +32,7 @@
 //! drafts), which is how DSpark gets its context.
 
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
 use super::request::SamplingParams;
@@ -220,6 +220,13 @@ pub struct SchedRunner<'a> {
     /// without a mono path, or when the batch's own rule refuses it).
     pub ran_mono: u64,
     pub ran_standard: u64,
+    /// Requests whose logits rows the caller wants back (a server's
+    /// `logprobs`): only these rows are read back from the runner.
+    pub want_logits: BTreeSet<RequestId>,
+    /// After each step: for every request in `want_logits` that committed
+    /// tokens, one `vocab`-long row of raw logits per committed token, in
+    /// order (the distribution that token was sampled from), concatenated.
+    pub step_logits: BTreeMap<RequestId, Vec<f32>>,
 }
 
 impl<'a> SchedRunner<'a> {
@@ -244,12 +251,15 @@ impl<'a> SchedRunner<'a> {
             proposals: BTreeMap::new(),
             ran_mono: 0,
             ran_standard: 0,
+            want_logits: BTreeSet::new(),
+            step_logits: BTreeMap::new(),
         })
     }
 
     /// Plan, run and commit one step; returns the step.
     pub fn step(&mut self) -> Result<ScheduledStep, RunnerError> {
         self.proposals.clear();
+        self.step_logits.clear();
         if self.spec_tokens > 0 {
             if let Some(d) = self.drafter.as_mut() {
                 let ready: Vec<(RequestId, Vec<u32>)> = self
@@ -321,7 +331,16 @@ impl<'a> SchedRunner<'a> {
                 }
             }
         }
+        for s in &step.seqs {
+            if s.needs_logits && self.want_logits.contains(&s.request_id) {
+                read.logits.extend(
+                    (s.first_row..s.first_row + s.num_rows)
+                        .filter_map(|r| row_of.get(&r).map(|&i| i as u32)),
+                );
+            }
+        }
         read.logits.sort_unstable();
+        read.logits.dedup();
         if let (Some(d), true) = (&self.drafter, self.spec_tokens > 0) {
             read.taps = d.taps();
         }
@@ -417,6 +436,17 @@ impl<'a> SchedRunner<'a> {
                     rows.last().map(|&i| out.tokens[i]).into_iter().collect()
                 }
             };
+            if self.want_logits.contains(&s.request_id) {
+                // Row `j` of the sequence's logits rows is the distribution
+                // its `j`-th committed token was sampled from.
+                let mut rows_out = Vec::with_capacity(tokens.len() * vocab);
+                for i in rows.iter().take(tokens.len()) {
+                    if let Some(&j) = logits_at.get(i) {
+                        rows_out.extend_from_slice(out.logits_row(j, vocab));
+                    }
+                }
+                self.step_logits.insert(s.request_id, rows_out);
+            }
             results.push(SeqTokens {
                 request_id: s.request_id,
                 tokens,
@@ -431,6 +461,18 @@ impl<'a> SchedRunner<'a> {
         }
         self.sched.commit(&step, &results)?;
         Ok(step)
+    }
+
+    /// Drop request `id` (its client went away): the scheduler frees its
+    /// blocks, the drafter forgets it. Between steps only.
+    pub fn abort(&mut self, id: RequestId) -> Result<bool, RunnerError> {
+        let live = self.sched.abort(id)?;
+        if let Some(d) = self.drafter.as_mut() {
+            d.forget(id);
+        }
+        self.want_logits.remove(&id);
+        self.spec_stats.remove(&id);
+        Ok(live)
     }
 
     /// Whether a verify of `n` drafts for request `id` uses a stochastic

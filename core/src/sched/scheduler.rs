@@ -214,6 +214,42 @@ impl Scheduler {
             .map(|s| &s.req)
     }
 
+    /// Generated tokens so far of the queued or running request `id` (a
+    /// preempted request keeps its output: it is recomputed, not redone).
+    pub fn output(&self, id: RequestId) -> Option<&[u32]> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.req.id == id)
+            .map(Seq::output)
+    }
+
+    /// Drop the queued or running request `id` (a client went away): its
+    /// blocks go back to the pool (full computed blocks stay in the prefix
+    /// cache as idle entries), and it is not reported as finished. Returns
+    /// whether it was live. Only between steps: refused while a planned
+    /// step awaits its commit, since that step's rows name its blocks.
+    pub fn abort(&mut self, id: RequestId) -> Result<bool, SchedError> {
+        if self.pending.is_some() {
+            return Err(SchedError::StepPending);
+        }
+        if let Some(pos) = self.waiting.iter().position(|s| s.req.id == id) {
+            // Waiting sequences hold no blocks.
+            self.waiting.remove(pos);
+            self.counters.requests_aborted += 1;
+            return Ok(true);
+        }
+        if let Some(pos) = self.running.iter().position(|s| s.req.id == id) {
+            let seq = self.running.remove(pos);
+            for &blk in &seq.blocks {
+                self.pool.release(blk)?;
+            }
+            self.counters.requests_aborted += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Running sequences ready for a decode step, with their tokens so far
     /// (what a draft model conditions on).
     pub fn decode_ready(&self) -> impl Iterator<Item = (RequestId, &[u32])> + '_ {

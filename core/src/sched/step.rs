@@ -124,6 +124,8 @@ pub struct StepCounters {
     pub preemptions: u64,
     pub cow_copies: u64,
     pub requests_finished: u64,
+    /// Requests dropped by [`super::Scheduler::abort`] before finishing.
+    pub requests_aborted: u64,
     pub tokens_generated: u64,
     /// Speculative verification: sequence-steps verified, draft tokens
     /// proposed and accepted.

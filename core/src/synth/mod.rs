@@ -82,8 +82,13 @@ pub struct SynthSpec {
     pub shard_bytes: Option<u64>,
     /// The DSpark draft to write under `dspark/` (None: no draft).
     pub draft: Option<DsparkConfig>,
-    /// Write `tokenizer.json`.
+    /// Write `tokenizer.json` and `generation_config.json`.
     pub tokenizer: bool,
+    /// With `tokenizer`: also write a `tokenizer_config.json` whose
+    /// `chat_template` is this text (the CLI passes its MiniMax-style
+    /// template, so a synthetic checkpoint exercises chat rendering,
+    /// reasoning and tool calls end to end).
+    pub chat_template: Option<String>,
     /// Replace an existing output directory.
     pub force: bool,
 }
@@ -107,6 +112,7 @@ impl SynthSpec {
             shard_bytes: None,
             draft: Some(draft),
             tokenizer: true,
+            chat_template: None,
             force: false,
         }
     }
@@ -197,8 +203,15 @@ pub fn write_checkpoint_with(
     let root = stage.path().to_path_buf();
     writer::write_file_atomic(&root.join("config.json"), config_json(spec)?.as_bytes())?;
     if spec.tokenizer {
-        let tok = tokenizer::tokenizer_json(spec.config.vocab_size).map_err(SynthError::Invalid)?;
+        let v = spec.config.vocab_size;
+        let tok = tokenizer::tokenizer_json(v).map_err(SynthError::Invalid)?;
         writer::write_file_atomic(&root.join("tokenizer.json"), tok.as_bytes())?;
+        let gen = tokenizer::generation_config_json(v).map_err(SynthError::Invalid)?;
+        writer::write_file_atomic(&root.join("generation_config.json"), gen.as_bytes())?;
+        if let Some(t) = &spec.chat_template {
+            let tc = tokenizer::tokenizer_config_json(v, t).map_err(SynthError::Invalid)?;
+            writer::write_file_atomic(&root.join("tokenizer_config.json"), tc.as_bytes())?;
+        }
     }
     write_shards(&root, &target, &units, spec.seed, |n| n.into(), progress)?;
     if let Some(d) = &spec.draft {

@@ -117,6 +117,56 @@ pub fn tokenizer_json(vocab: usize) -> Result<String, String> {
     serde_json::to_string(&t).map_err(|e| format!("tokenizer: {e}"))
 }
 
+/// `generation_config.json`: the end-of-text id and sampling defaults in
+/// the shape MiniMax ships (temperature 1.0, top_p 0.95, top_k 40), which
+/// a server applies to requests that leave those fields out.
+pub fn generation_config_json(vocab: usize) -> Result<String, String> {
+    if vocab < 258 {
+        return Err(format!(
+            "generation_config: vocab_size {vocab} is below 258"
+        ));
+    }
+    let g = json!({
+        "eos_token_id": eos_token_id(vocab),
+        "do_sample": true,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 40,
+    });
+    serde_json::to_string_pretty(&g).map_err(|e| format!("generation_config: {e}"))
+}
+
+/// `tokenizer_config.json` with `chat_template` (HF conventions): the
+/// special tokens as added tokens, `<|endoftext|>` as `eos_token`, no BOS.
+///
+/// The reasoning and tool-call tags (`<think>`, `<minimax:tool_call>`, ...)
+/// are *not* special tokens here: ids of this tokenizer are fixed by the
+/// golden cases, and the byte-level BPE spells any tag exactly as bytes, so
+/// the parser sees the same text either way.
+pub fn tokenizer_config_json(vocab: usize, chat_template: &str) -> Result<String, String> {
+    if vocab < 258 {
+        return Err(format!("tokenizer_config: vocab_size {vocab} is below 258"));
+    }
+    let added = |content: &str| {
+        json!({"content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    let mut decoder = serde_json::Map::new();
+    decoder.insert(eos_token_id(vocab).to_string(), added(EOS));
+    decoder.insert(mask_token_id(vocab).to_string(), added(MASK));
+    let t = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "bos_token": null,
+        "eos_token": EOS,
+        "pad_token": null,
+        "added_tokens_decoder": decoder,
+        "chat_template": chat_template,
+    });
+    serde_json::to_string_pretty(&t).map_err(|e| format!("tokenizer_config: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +195,16 @@ mod tests {
             assert_eq!(t["model"]["merges"].as_array().unwrap().len(), v - 258);
         }
         assert!(tokenizer_json(257).is_err());
+    }
+
+    #[test]
+    fn configs_name_the_special_tokens() {
+        let g: Value = serde_json::from_str(&generation_config_json(300).unwrap()).unwrap();
+        assert_eq!(g["eos_token_id"], 298);
+        let t: Value =
+            serde_json::from_str(&tokenizer_config_json(300, "{{ messages }}").unwrap()).unwrap();
+        assert_eq!(t["eos_token"], EOS);
+        assert_eq!(t["chat_template"], "{{ messages }}");
+        assert_eq!(t["added_tokens_decoder"]["299"]["content"], MASK);
     }
 }

@@ -435,7 +435,7 @@ fn bench_model(
             act: ActMode::Bf16,
         },
         KvBudget::Blocks(pages),
-        PathOptions::default(),
+        PathOptions::default().with_env_overrides(),
     )
     .context("standard path")?;
     sp.fill_cache(gpu, 0xcafe).context("filling the cache")?;

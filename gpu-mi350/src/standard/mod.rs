@@ -132,8 +132,8 @@ pub struct PathOptions {
     /// of more than 16 rows (session 3 took that for a kernel bug; it is the
     /// summation order: the variant matches an f64 reference, and the CPU
     /// reference under `m3 parity` as the default does). On by default;
-    /// `M3_SMALL_STEP_VARIANT=0` turns it off and `M3_SMALL_STEP_DEFINES`
-    /// replaces its defines (diagnosis).
+    /// the CLI reads `M3_SMALL_STEP_VARIANT=0` / `M3_SMALL_STEP_DEFINES`
+    /// for diagnosis ([`PathOptions::with_env_overrides`]).
     pub small_step_variant: bool,
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
@@ -145,14 +145,29 @@ impl Default for PathOptions {
             pdl: true,
             graph_max_rows: 128,
             max_graphs: 256,
-            // diagnostic switches (bench/NOTES.md session 4): the variant
-            // on, and its defines, for bisecting the bug above on a device
-            small_step_variant: std::env::var("M3_SMALL_STEP_VARIANT").map_or(true, |v| v != "0"),
-            small_step_defines: std::env::var("M3_SMALL_STEP_DEFINES")
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .map_or(SMALL_STEP_VARIANT, |v| Box::leak(v.into_boxed_str())),
+            small_step_variant: true,
+            small_step_defines: SMALL_STEP_VARIANT,
         }
+    }
+}
+
+impl PathOptions {
+    /// These options with the diagnosis switches of the environment applied
+    /// (for binaries; a runner itself reads no environment):
+    /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
+    /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines.
+    pub fn with_env_overrides(mut self) -> Self {
+        if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
+            self.small_step_variant = v.trim() != "0";
+        }
+        if let Some(d) = std::env::var("M3_SMALL_STEP_DEFINES")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            // kernel sources are &'static: one leak per process
+            self.small_step_defines = Box::leak(d.into_boxed_str());
+        }
+        self
     }
 }
 

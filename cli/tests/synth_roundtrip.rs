@@ -284,6 +284,24 @@ fn converted_experts_are_bit_exact() {
         "floor",
         "-q",
     ]);
+    // the same conversion on one thread and on three (chunks of consecutive
+    // weights converted in parallel, written in order): identical bytes
+    for threads in ["1", "3"] {
+        let t = root.path().join(format!("even-t{threads}"));
+        ok(&[
+            "convert",
+            "--from",
+            a.to_str().unwrap(),
+            "--to",
+            t.to_str().unwrap(),
+            "--chunk-elems",
+            "1000",
+            "--threads",
+            threads,
+            "-q",
+        ]);
+        assert_eq!(tree(&t), tree(&even), "--threads {threads}");
+    }
     let (ca, ce, cf) = (
         Checkpoint::open(&a).unwrap(),
         Checkpoint::open(&even).unwrap(),

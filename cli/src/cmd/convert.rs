@@ -90,6 +90,11 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Worker threads for the conversion (0 = every core). Row chunks of
+    /// consecutive expert weights convert in parallel and are written in
+    /// order, so the output does not depend on the thread count.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// Elements per row chunk when converting and verifying (bounds memory;
     /// tests make it small to exercise the chunking).
     #[arg(long, default_value_t = ROW_CHUNK_ELEMS, hide = true)]
@@ -223,31 +228,61 @@ fn chunk_rows(chunk_elems: usize, cols: usize) -> usize {
     (chunk_elems / cols).max(1)
 }
 
-/// Convert one expert weight in row chunks, writing the MXFP4 codes, then
-/// its E8M0 scales.
-fn convert_one(
+/// One converted row chunk: MXFP4 codes and E8M0 scales.
+type Converted = (Vec<u8>, Vec<u8>);
+
+/// Convert consecutive expert weights (`batch`, in output order) on every
+/// core of `pool`: their row chunks are independent (blocks never cross
+/// rows), so they are converted in parallel and written in order, each
+/// weight's codes then its scales. Memory is bounded by the batch, which
+/// the caller keeps to about one chunk per thread.
+fn convert_batch(
     src: &Source,
     w: &mut ShardWriter,
-    weight: &str,
-    job: &Job,
+    batch: &[(&str, &Job)],
     rule: ScaleRule,
+    pool: &rayon::ThreadPool,
     bar: &Bar,
 ) -> anyhow::Result<()> {
-    let global = global_of(src, weight)?;
-    let mut scales = Vec::with_capacity(job.rows * job.cols / 32);
-    let mut r0 = 0;
-    while r0 < job.rows {
-        let n = chunk_rows(job.chunk_elems, job.cols).min(job.rows - r0);
-        let nv = nvfp4_rows(src, weight, job, global, r0, n)?;
-        let mx =
-            convert::try_nvfp4_to_mxfp4(&nv, rule).with_context(|| format!("tensor `{weight}`"))?;
-        w.write(weight, mx.codes())?;
-        bar.0.inc(mx.codes().len() as u64);
-        scales.extend_from_slice(mx.scales());
-        r0 += n;
+    use rayon::prelude::*;
+    // (weight index, first row, rows) of every chunk, in output order
+    let mut work = Vec::new();
+    let mut globals = Vec::with_capacity(batch.len());
+    for (i, (weight, job)) in batch.iter().enumerate() {
+        globals.push(global_of(src, weight)?);
+        let step = chunk_rows(job.chunk_elems, job.cols);
+        work.extend(
+            (0..job.rows)
+                .step_by(step)
+                .map(|r0| (i, r0, step.min(job.rows - r0))),
+        );
     }
-    w.write(&names::sibling(weight, WEIGHT_SCALE), &scales)?;
-    bar.0.inc(scales.len() as u64);
+    let done: Vec<anyhow::Result<Converted>> = pool.install(|| {
+        work.par_iter()
+            .map(|&(i, r0, n)| {
+                let (weight, job) = batch[i];
+                let nv = nvfp4_rows(src, weight, job, globals[i], r0, n)?;
+                let mx = convert::try_nvfp4_to_mxfp4(&nv, rule)
+                    .with_context(|| format!("tensor `{weight}`"))?;
+                let (codes, scales) = mx.into_parts();
+                Ok((codes, scales))
+            })
+            .collect()
+    });
+    let mut done = done.into_iter();
+    for (i, (weight, _)) in batch.iter().enumerate() {
+        let mut scales = Vec::new();
+        for _ in work.iter().filter(|w| w.0 == i) {
+            let (codes, sc) = done
+                .next()
+                .context("internal: a converted chunk is missing")??;
+            w.write(weight, &codes)?;
+            bar.0.inc(codes.len() as u64);
+            scales.extend_from_slice(&sc);
+        }
+        w.write(&names::sibling(weight, WEIGHT_SCALE), &scales)?;
+        bar.0.inc(scales.len() as u64);
+    }
     Ok(())
 }
 
@@ -528,19 +563,61 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let bar = Bar::new(args.quiet);
     bar.0.set_length(total);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .context("--threads: starting the worker threads")?;
+    // a batch of expert weights holds about one row chunk per thread
+    let batch_elems = pool.current_num_threads().max(1) * args.chunk_elems.max(1);
+    // the MXFP4 scales a weight's conversion writes right after it
+    let converted_scales: BTreeSet<String> = jobs
+        .keys()
+        .map(|w| names::sibling(w, WEIGHT_SCALE))
+        .collect();
+    let t0 = std::time::Instant::now();
     for plan in &plans {
         let mut w = ShardWriter::create(&root.join(&plan.file), plan)?;
-        for t in &plan.tensors {
-            if w.current().map(|c| c.name != t.name).unwrap_or(true) {
-                continue; // a scale already written by its weight's conversion
+        let mut batch: Vec<(&str, &Job)> = Vec::new();
+        let mut elems = 0usize;
+        // tensors in output order; a weight's scale entry follows it
+        let order: Vec<&str> = plan
+            .tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .filter(|n| !converted_scales.contains(*n))
+            .collect();
+        for (k, name) in order.iter().enumerate() {
+            if let Some(j) = jobs.get(*name) {
+                batch.push((name, j));
+                elems += j.rows * j.cols;
+            } else {
+                bar.0.set_message(name.to_string());
+                let t = plan
+                    .tensors
+                    .iter()
+                    .find(|t| t.name == *name)
+                    .context("internal: a planned tensor is missing")?;
+                copy_one(&src, &mut w, name, t.nbytes(), &bar)?;
             }
-            bar.0.set_message(t.name.clone());
-            match jobs.get(&t.name) {
-                Some(j) => convert_one(&src, &mut w, &t.name, j, rule, &bar)?,
-                None => copy_one(&src, &mut w, &t.name, t.nbytes(), &bar)?,
+            let next_is_job = order.get(k + 1).is_some_and(|n| jobs.contains_key(*n));
+            if !batch.is_empty() && (elems >= batch_elems || !next_is_job) {
+                bar.0.set_message(batch[0].0.to_string());
+                convert_batch(&src, &mut w, &batch, rule, &pool, &bar)?;
+                batch.clear();
+                elems = 0;
             }
         }
         w.finish()?;
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let converted: usize = jobs.values().map(|j| j.rows * j.cols).sum();
+    if converted > 0 {
+        eprintln!(
+            "converted {:.1}M parameters in {elapsed:.2} s on {} threads: {:.0}M parameters/s",
+            converted as f64 / 1e6,
+            pool.current_num_threads(),
+            converted as f64 / elapsed.max(1e-9) / 1e6
+        );
     }
     if from.join(INDEX_FILE).is_file() {
         writer::write_file_atomic(

@@ -324,7 +324,7 @@ impl SchedArgs {
 pub fn open_backend(choice: BackendArg, eager: bool) -> Result<Box<dyn Backend + Sync>> {
     let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
     let gpu = |mut g: m3_gpu::GpuBackend| -> Box<dyn Backend + Sync> {
-        g.path_options = g.path_options.clone().with_env_overrides();
+        g.path_options = g.path_options.with_env_overrides();
         if eager {
             g.path_options.graph_max_rows = 0;
         }

@@ -134,6 +134,13 @@ pub struct ModelArgs {
     /// MX scale rule of `--nvfp4-to-mxfp4`.
     #[arg(long, value_enum, default_value = "even")]
     pub scale_rule: ScaleRuleArg,
+    /// Convert every MXFP8 weight to bf16 at load, losslessly (FORMATS.md
+    /// MXFP8 -> BF16: each value is already on the bf16 grid): a block
+    /// whose scale byte is NaN or outside the exact range is refused,
+    /// naming the tensor, row and block. Twice the weight bytes; the same
+    /// values, so the same outputs as the MXFP8 weights.
+    #[arg(long)]
+    pub mxfp8_to_bf16: bool,
     /// Block selection, overriding the config's `index_selection`.
     #[arg(long, value_enum)]
     pub selection: Option<SelectionArg>,
@@ -152,7 +159,7 @@ impl ModelArgs {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             nvfp4_experts_to_mxfp4: self.nvfp4_to_mxfp4.then(|| self.scale_rule.into()),
-            ..LoadOptions::default()
+            mxfp8_to_bf16_exact: self.mxfp8_to_bf16,
         }
     }
 

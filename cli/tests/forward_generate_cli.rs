@@ -207,3 +207,103 @@ fn generate_from_tokens_and_prompt() {
         "--max-context",
     );
 }
+
+/// `--mxfp8-to-bf16` converts every MXFP8 weight to bf16 at load without
+/// changing a value: the same greedy tokens and the same dumped taps as the
+/// MXFP8 weights; a scale byte outside the exact range is refused, naming
+/// the tensor (the planted error).
+#[test]
+fn mxfp8_to_bf16_at_load_is_lossless_and_refuses_inexact_blocks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = synth(dir.path());
+    let toks = "5,17,301,44,9,120,77";
+    let gen = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            &ck,
+            "--tokens",
+            toks,
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+        ];
+        a.extend_from_slice(extra);
+        let o = m3(&a);
+        ok(&o);
+        // the summary line, with the token ids, goes to stderr
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let tokens = |s: &str| {
+        s.lines()
+            .find_map(|l| l.split("tokens [").nth(1).map(str::to_string))
+            .unwrap_or_else(|| panic!("no token list in {s}"))
+    };
+    assert_eq!(tokens(&gen(&[])), tokens(&gen(&["--mxfp8-to-bf16"])));
+    let (d1, d2) = (dir.path().join("a.st"), dir.path().join("b.st"));
+    for (d, extra) in [(&d1, None), (&d2, Some("--mxfp8-to-bf16"))] {
+        let mut a = vec![
+            "forward",
+            "--model",
+            &ck,
+            "--tokens",
+            toks,
+            "--dump",
+            d.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        ok(&m3(&a));
+    }
+    assert_eq!(std::fs::read(&d1).unwrap(), std::fs::read(&d2).unwrap());
+
+    // a scale byte of 2 (2^-125) is outside E4M3's exact range (3..=246)
+    let mut planted = None;
+    for e in std::fs::read_dir(&ck).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let Some((name, t)) = h
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| k.contains("self_attn.q_proj.weight_scale"))
+        else {
+            continue;
+        };
+        let begin = t["data_offsets"][0].as_u64().unwrap() as usize;
+        bytes[8 + n + begin] = 2;
+        std::fs::write(&p, bytes).unwrap();
+        planted = Some(name.clone());
+        break;
+    }
+    let name = planted.expect("an MXFP8 q_proj scale to plant the error in");
+    let weight = name
+        .trim_end_matches("_scale_inv")
+        .trim_end_matches("_scale");
+    let o = m3(&[
+        "generate",
+        "--model",
+        &ck,
+        "--tokens",
+        toks,
+        "--max-tokens",
+        "2",
+        "--mxfp8-to-bf16",
+    ]);
+    one_line_error(&o, weight);
+    // without the conversion the same checkpoint still loads (the byte is a
+    // valid, if tiny, scale)
+    ok(&m3(&[
+        "generate",
+        "--model",
+        &ck,
+        "--tokens",
+        toks,
+        "--max-tokens",
+        "2",
+    ]));
+}

@@ -634,6 +634,7 @@ mod tests {
         let m = ModelArgs {
             model: None,
             nvfp4_to_mxfp4: false,
+            mxfp8_to_bf16: false,
             scale_rule: ScaleRuleArg::Even,
             selection: Some(SelectionArg::Shared),
         };

@@ -1,4 +1,5 @@
 set -u
+# (historical: S_DEC_NOFALLBACK was removed after this run; see bench/NOTES.md session 4 run 4)
 mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
 export REQUIRE_GPU=1 M3_KERNEL_CACHE=/tmp/m3-kernels XDG_CACHE_HOME=/tmp/xdg
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }

@@ -54,12 +54,6 @@
 #ifndef S_MMA_DBUF
 #define S_MMA_DBUF 0
 #endif
-// 1: the E2M1 / E4M3 device-layout decode handles rare scales with a second
-// bf16x2 multiply instead of the stored-layout fallback (less code in the
-// inner loop).
-#ifndef S_DEC_NOFALLBACK
-#define S_DEC_NOFALLBACK 0
-#endif
 // Minimum CTAs per SM the register allocation must allow (launch bounds):
 // more means fewer registers per thread and more warps to hide latency.
 #ifndef S_MMA_MINB
@@ -310,36 +304,6 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_FP4 || F == S_FMT_NVFP4 || F == S_FMT_E4M3) {
     u32 fac[2];
     bool fast;
-#if S_DEC_NOFALLBACK
-    // variant: no stored-layout fallback; a scale outside the one-multiply
-    // range takes a second multiply (2^126 or 2^120 first: the code's
-    // value exactly, then 2^(s-127); a NaN scale byte gives NaN)
-    if (F != S_FMT_NVFP4) {
-      const u32 lo = F == S_FMT_FP4 ? 2u : 17u, hi = F == S_FMT_FP4 ? 128u : 134u;
-      const u32 bias = F == S_FMT_FP4 ? 126u : 120u;
-      if (s < lo || s > hi) {
-        const u32 f1 = (bias + 127u) << 7, f2 = s == 255u ? 0x7fc0u : (s == 0u ? 0x0040u : (s << 7));
-        const u32 a = f1 | (f1 << 16), b = f2 | (f2 << 16);
-        const u32 n = SSeg<F>::B / 16u;
-#pragma unroll
-        for (u32 r = 0; r < n; ++r) {
-          const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            u32 q = d[i];
-#pragma unroll
-            for (int j = 0; j < (F == S_FMT_E4M3 ? 2 : 4); ++j) {
-              const u32 w = F == S_FMT_E4M3 ? ((q & 0x80008000u) | ((q >> 4) & 0x07f007f0u))
-                                            : ((q & 0x80008000u) | ((q >> 6) & 0x01c001c0u));
-              out[F == S_FMT_E4M3 ? 8 * r + 2 * i + j : 4 * i + j] = m3_mul_bf16x2(m3_mul_bf16x2(w, a), b);
-              q <<= F == S_FMT_E4M3 ? 8 : 4;
-            }
-          }
-        }
-        return;
-      }
-    }
-#endif
     if (F == S_FMT_NVFP4) {
       // e4m3 * 2^(126 - S_NV_SHIFT): at most 4 significant bits, exponent
       // within [2^110, 2^128): exact in bf16 (NaN scales stay NaN)

@@ -852,29 +852,37 @@ async fn collect_all(
     Ok(out)
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+/// Prepare a request (`prepare`: parse, template, tokenize) and submit it.
+/// Templating and tokenization are CPU work (long prompts take
+/// milliseconds), so they run off the async workers, which keep streaming.
+async fn prepare_and_submit(
+    st: &Arc<AppState>,
+    body: Bytes,
+    prepare: fn(&AppState, &[u8]) -> Result<Prepared, ApiError>,
+) -> Result<(Prepared, Submitted), ApiError> {
     let arrival = Instant::now();
-    // Templating and tokenization are CPU work (long prompts take
-    // milliseconds): off the async workers, which keep streaming.
     let prepared = {
-        let st = Arc::clone(&st);
-        tokio::task::spawn_blocking(move || prepare_completion(&st, &body)).await
+        let st = Arc::clone(st);
+        tokio::task::spawn_blocking(move || prepare(&st, &body)).await
     };
     let p = match prepared {
-        Ok(Ok(p)) => p,
-        Ok(Err(r)) => return r.into_response(),
+        Ok(r) => r?,
         Err(e) => {
-            return error_response(
+            return Err(error_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 format!("preparing the request failed: {e}"),
                 None,
-            )
-            .into_response()
+            ))
         }
     };
-    let mut sub = match submit(&st, &p, arrival) {
-        Ok(r) => r,
+    let sub = submit(st, &p, arrival)?;
+    Ok((p, sub))
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let (p, mut sub) = match prepare_and_submit(&st, body, prepare_completion).await {
+        Ok(x) => x,
         Err(r) => return r.into_response(),
     };
     let created = now_unix();
@@ -918,28 +926,8 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
 }
 
 async fn chat_completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let arrival = Instant::now();
-    // Templating and tokenization are CPU work (long prompts take
-    // milliseconds): off the async workers, which keep streaming.
-    let prepared = {
-        let st = Arc::clone(&st);
-        tokio::task::spawn_blocking(move || prepare_chat(&st, &body)).await
-    };
-    let p = match prepared {
-        Ok(Ok(p)) => p,
-        Ok(Err(r)) => return r.into_response(),
-        Err(e) => {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("preparing the request failed: {e}"),
-                None,
-            )
-            .into_response()
-        }
-    };
-    let mut sub = match submit(&st, &p, arrival) {
-        Ok(r) => r,
+    let (p, mut sub) = match prepare_and_submit(&st, body, prepare_chat).await {
+        Ok(x) => x,
         Err(r) => return r.into_response(),
     };
     let created = now_unix();

@@ -31,25 +31,8 @@ impl StandardPath {
     /// its own device event pair (ms per step).
     pub fn time_replays(&mut self, s: Shape, iters: usize) -> Result<Vec<f64>> {
         self.launch(s, true)?;
-        let mut pairs = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let (a, b) = (self.l.event()?, self.l.event()?);
-            a.record(self.l.stream())
-                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
-            self.launch(s, true)?;
-            b.record(self.l.stream())
-                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
-            pairs.push((a, b));
-        }
-        self.l.sync()?;
-        pairs
-            .iter()
-            .map(|(a, b)| {
-                a.elapsed_ms(b)
-                    .map(|v| v as f64)
-                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
-            })
-            .collect()
+        let (ctx, stream) = (self.l.context().clone(), self.l.stream().clone());
+        super::launch::time_each(&ctx, &stream, iters, || self.launch(s, true))
     }
 
     /// Run the uploaded step once with direct launches and an event after

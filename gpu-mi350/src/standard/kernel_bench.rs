@@ -221,7 +221,8 @@ struct Ctx<'a> {
     ctx: Arc<CudaContext>,
 }
 
-/// Time `iters` replays of `enqueue` captured as one graph.
+/// Time `iters` replays of `enqueue` captured as one graph (after a
+/// capture and three warm-up replays).
 fn time(
     c: &Ctx<'_>,
     graphs: &mut Graphs,
@@ -229,29 +230,10 @@ fn time(
     iters: usize,
     enqueue: &dyn Fn() -> Result<()>,
 ) -> Result<Vec<f64>> {
-    graphs.run(c.l, key, enqueue)?;
-    for _ in 0..3 {
+    for _ in 0..4 {
         graphs.run(c.l, key, enqueue)?;
     }
-    let mut pairs = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let (a, b) = (c.l.event()?, c.l.event()?);
-        a.record(c.l.stream())
-            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
-        graphs.run(c.l, key, enqueue)?;
-        b.record(c.l.stream())
-            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
-        pairs.push((a, b));
-    }
-    c.l.sync()?;
-    pairs
-        .iter()
-        .map(|(a, b)| {
-            a.elapsed_ms(b)
-                .map(f64::from)
-                .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
-        })
-        .collect()
+    c.l.time_each(iters, || graphs.run(c.l, key, enqueue))
 }
 
 /// Run the microbench; `report` sees each row as it is measured.
@@ -337,7 +319,8 @@ pub fn kernel_bench(
                 l.sync()?;
                 let mut yh = vec![0f32; m * spec.n];
                 y.read(l.stream(), 0, &mut yh)?;
-                let (checked, worst) = check_plain(&host0, &xh, &yh, m, spec.k, spec.n)?;
+                let rows: Vec<(usize, usize)> = (0..m).map(|r| (r, r)).collect();
+                let (checked, worst) = check(&host0, &xh, &yh, &rows, spec.k, spec.n, "plain")?;
                 if !planted_checked {
                     planted_self_check(&host0, &xh, &yh, spec.k, spec.n)?;
                     planted_checked = true;
@@ -407,7 +390,11 @@ pub fn kernel_bench(
                     let mut yh = vec![0f32; pairs * spec.expert_n];
                     y.read(l.stream(), 0, &mut yh)?;
                     // slot 0's pairs: output row = pair id, x row = pair / top_k
-                    let (checked, worst) = check_pairs(&host_g, &xh, &yh, &first.1, spec)?;
+                    let top_k = spec.top_k.max(1);
+                    let rows: Vec<(usize, usize)> =
+                        first.1.iter().map(|&p| (p / top_k, p)).collect();
+                    let (checked, worst) =
+                        check(&host_g, &xh, &yh, &rows, spec.k, spec.expert_n, "experts")?;
                     let enqueue = || linears(c.l, c.kern, v, &mats, x.ptr(), m, r, m);
                     key_n += 1;
                     let key = GraphKey {
@@ -478,55 +465,32 @@ fn features(n: usize) -> impl Iterator<Item = usize> {
     (0..n).step_by(step).take(CHECKED_FEATURES)
 }
 
-fn check_plain(
+/// Check the outputs `yh[out * n + o]` for sampled features `o` against
+/// matrix `w` on x rows `xh[x * k..]`, over `(x row, output row)` pairs.
+fn check(
     w: &HostMatrix,
     xh: &[u16],
     yh: &[f32],
-    m: usize,
+    rows: &[(usize, usize)],
     k: usize,
     n: usize,
+    what: &str,
 ) -> Result<(usize, f64)> {
     let mut worst = 0f64;
     let mut checked = 0;
     for o in features(n) {
         let (row, global) = w.row(o)?;
-        for r in 0..m {
+        for &(x, out) in rows {
             worst = worst.max(rel_err(
                 &row,
                 global,
-                &xh[r * k..(r + 1) * k],
-                yh[r * n + o],
+                &xh[x * k..(x + 1) * k],
+                yh[out * n + o],
             ));
             checked += 1;
         }
     }
-    fail_if(worst, checked, w.fmt, "plain")
-}
-
-fn check_pairs(
-    w: &HostMatrix,
-    xh: &[u16],
-    yh: &[f32],
-    pairs: &[usize],
-    spec: &KernelBenchSpec,
-) -> Result<(usize, f64)> {
-    let (k, n) = (spec.k, spec.expert_n);
-    let mut worst = 0f64;
-    let mut checked = 0;
-    for o in features(n) {
-        let (row, global) = w.row(o)?;
-        for &p in pairs {
-            let r = p / spec.top_k.max(1);
-            worst = worst.max(rel_err(
-                &row,
-                global,
-                &xh[r * k..(r + 1) * k],
-                yh[p * n + o],
-            ));
-            checked += 1;
-        }
-    }
-    fail_if(worst, checked, w.fmt, "experts")
+    fail_if(worst, checked, w.fmt, what)
 }
 
 fn fail_if(worst: f64, checked: usize, fmt: WFmt, what: &str) -> Result<(usize, f64)> {

@@ -179,6 +179,12 @@ impl Launcher {
             .map_err(|e| GpuError::driver("cuEventCreate", e))
     }
 
+    /// Run `enqueue` `iters` times between two recorded events each and
+    /// return each run's device time in ms (one sync at the end).
+    pub fn time_each(&self, iters: usize, enqueue: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+        time_each(&self.ctx, &self.stream, iters, enqueue)
+    }
+
     /// Start recording an event after every launch.
     pub(crate) fn profile_start(&self) -> Result<()> {
         *self.prof.borrow_mut() = Some(Vec::new());
@@ -211,4 +217,39 @@ impl Launcher {
         }
         Ok(())
     }
+}
+
+/// [`Launcher::time_each`] on a context and stream of a launcher (for a
+/// caller whose `enqueue` borrows the launcher's owner mutably).
+pub fn time_each(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    iters: usize,
+    mut enqueue: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let event = || {
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| GpuError::driver("cuEventCreate", e))
+    };
+    let mut pairs = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let (a, b) = (event()?, event()?);
+        a.record(stream)
+            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        enqueue()?;
+        b.record(stream)
+            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        pairs.push((a, b));
+    }
+    stream
+        .synchronize()
+        .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+    pairs
+        .iter()
+        .map(|(a, b)| {
+            a.elapsed_ms(b)
+                .map(f64::from)
+                .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+        })
+        .collect()
 }

@@ -105,7 +105,6 @@ impl MmaVariant {
                 "S_MMA_INTERLEAVE" if n <= 1 => {}
                 "S_MMA_DBUF" if n <= 1 => {}
                 "S_UNROLL_HALF" if n <= 1 => {}
-                "S_DEC_NOFALLBACK" if n <= 1 => {}
                 "S_MMA_MINB" if (1..=16).contains(&n) => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),

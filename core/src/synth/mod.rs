@@ -250,39 +250,89 @@ fn plan_units(units: &[Unit], shard_bytes: Option<u64>) -> Vec<ShardPlan> {
 }
 
 /// Write every shard of `shards` under `dir`, the units in order, then the
-/// index.
+/// index. Units are generated in batches of consecutive units of a shard,
+/// their pieces (row chunks, or a whole NVFP4 tensor) on every core, and
+/// written in order: the bytes do not depend on the thread count.
 fn write_shards(
     dir: &Path,
     shards: &[ShardPlan],
     units: &[Unit],
     seed: u64,
-    key: impl Fn(&str) -> String,
+    key: impl Fn(&str) -> String + Sync,
     progress: &mut dyn Progress,
 ) -> Result<(), SynthError> {
-    let mut next = units.iter();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // about two pieces per thread in flight: bounded memory, busy cores
+    let budget = 2 * threads * CHUNK_ELEMS;
+    let mut next = 0usize;
     for shard in shards {
-        let mut w = ShardWriter::create(&dir.join(&shard.file), shard)?;
-        while let Some(t) = w.current() {
-            let want = t.name.clone();
-            let Some(unit) = next.next() else {
+        // this shard's units, in order (each followed by its siblings)
+        let mut mine: Vec<&Unit> = Vec::new();
+        let mut i = 0;
+        while i < shard.tensors.len() {
+            let want = &shard.tensors[i].name;
+            let Some(unit) = units.get(next) else {
                 return Err(SynthError::Invalid(format!(
                     "{}: no unit left for `{want}`",
                     shard.file
                 )));
             };
-            if unit.name != want {
+            if &unit.name != want {
                 return Err(SynthError::Invalid(format!(
                     "{}: plan expects `{want}`, unit is `{}`",
                     shard.file, unit.name
                 )));
             }
-            emit_unit(
-                &mut w,
-                unit,
-                Stream::new(seed, &key(&unit.name)),
-                progress,
-                CHUNK_ELEMS,
-            )?;
+            mine.push(unit);
+            next += 1;
+            i += unit.entries().len();
+        }
+        let mut w = ShardWriter::create(&dir.join(&shard.file), shard)?;
+        let mut b0 = 0;
+        while b0 < mine.len() {
+            // a batch of whole units, at least one, up to the budget
+            let (mut b1, mut elems) = (b0, 0usize);
+            while b1 < mine.len()
+                && (b1 == b0 || elems + mine[b1].rows() * mine[b1].cols() <= budget)
+            {
+                elems += mine[b1].rows() * mine[b1].cols();
+                b1 += 1;
+            }
+            let batch = &mine[b0..b1];
+            let pieces: Vec<(usize, Piece)> = batch
+                .iter()
+                .enumerate()
+                .flat_map(|(u, unit)| {
+                    pieces_of(unit, CHUNK_ELEMS)
+                        .into_iter()
+                        .map(move |p| (u, p))
+                })
+                .collect();
+            let streams: Vec<Stream> = batch
+                .iter()
+                .map(|u| Stream::new(seed, &key(&u.name)))
+                .collect();
+            let made = par_map(&pieces, threads, |&(u, p)| {
+                make_piece(batch[u], &streams[u], p)
+            });
+            // write: per unit, every piece's part of entry 0, then of entry 1, ...
+            let mut made = made.into_iter();
+            for (u, unit) in batch.iter().enumerate() {
+                let n = pieces.iter().filter(|(pu, _)| *pu == u).count();
+                let outs: Vec<Vec<Vec<u8>>> = (&mut made)
+                    .take(n)
+                    .collect::<Result<_, _>>()
+                    .map_err(fmt_err(&unit.name))?;
+                for (e, entry) in unit.entries().iter().enumerate() {
+                    for parts in &outs {
+                        if let Some(bytes) = parts.get(e) {
+                            w.write(&entry.name, bytes)?;
+                            progress.advance(bytes.len() as u64, &entry.name);
+                        }
+                    }
+                }
+            }
+            b0 = b1;
         }
         w.finish()?;
     }
@@ -291,6 +341,89 @@ fn write_shards(
         writer::index_json(shards)?.as_bytes(),
     )?;
     Ok(())
+}
+
+/// A piece of a unit generated on its own: rows `r0 .. r0 + n` (bf16, f32,
+/// MX: blocks never cross rows), or the whole tensor (NVFP4: its global
+/// scale needs the whole tensor's amax).
+#[derive(Clone, Copy, Debug)]
+enum Piece {
+    Rows(usize, usize),
+    Whole,
+}
+
+fn pieces_of(unit: &Unit, chunk_elems: usize) -> Vec<Piece> {
+    let (rows, cols) = (unit.rows(), unit.cols());
+    if unit.storage == Storage::Nvfp4 {
+        return vec![Piece::Whole];
+    }
+    let step = (chunk_elems / cols.max(1)).max(1);
+    (0..rows)
+        .step_by(step)
+        .map(|r0| Piece::Rows(r0, step.min(rows - r0)))
+        .collect()
+}
+
+/// The bytes of one piece, one `Vec` per entry of the unit it holds (in
+/// [`Unit::entries`] order: codes, then scales; NVFP4 also its global and
+/// input scales).
+fn make_piece(unit: &Unit, st: &Stream, p: Piece) -> Result<Vec<Vec<u8>>, FormatError> {
+    let (rows, cols) = (unit.rows(), unit.cols());
+    Ok(match (unit.storage, p) {
+        (Storage::F32, Piece::Rows(r0, n)) => vec![le_bytes_f32(&unit_values(unit, st, r0, n))],
+        (Storage::Bf16, Piece::Rows(r0, n)) => vec![unit_values(unit, st, r0, n)
+            .iter()
+            .flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes())
+            .collect()],
+        (Storage::Mxfp4 | Storage::Mxfp8, Piece::Rows(r0, n)) => {
+            let (elem, rule) = if unit.storage == Storage::Mxfp4 {
+                (MxElem::Fp4E2M1, MXFP4_RULE)
+            } else {
+                (MxElem::Fp8E4M3, MXFP8_RULE)
+            };
+            let q = MxTensor::quantize(&unit_values(unit, st, r0, n), n, cols, elem, rule)?;
+            let (codes, scales) = q.into_parts();
+            vec![codes, scales]
+        }
+        (Storage::Nvfp4, _) => {
+            let v = unit_values(unit, st, 0, rows);
+            let q = Nvfp4Tensor::quantize(&v, rows, cols)?;
+            vec![
+                q.codes().to_vec(),
+                q.scales().to_vec(),
+                q.global().to_le_bytes().to_vec(),
+                NVFP4_INPUT_SCALE.to_le_bytes().to_vec(),
+            ]
+        }
+        // only NVFP4 (above) is generated whole
+        (_, Piece::Whole) => return make_piece(unit, st, Piece::Rows(0, rows)),
+    })
+}
+
+/// `f` over `items` on `threads` threads, results in item order.
+fn par_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<(usize, R)> = std::thread::scope(|sc| {
+        let jobs: Vec<_> = (0..threads.min(items.len()).max(1))
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .flat_map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
 }
 
 /// The f32 values of rows `r0 .. r0 + rows` of `unit` (row-major).
@@ -322,121 +455,6 @@ fn fmt_err(tensor: &str) -> impl FnOnce(FormatError) -> SynthError + '_ {
 
 fn le_bytes_f32(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Make the row chunks `[r0, r0 + n)` of a `rows`-row tensor with `make` on
-/// every core, a batch of chunks at a time, and hand them to `emit` in row
-/// order. Chunks are independent (counter-based values; blocks never cross
-/// rows), so the bytes do not depend on the thread count.
-fn for_row_chunks<T: Send>(
-    tensor: &str,
-    rows: usize,
-    chunk_rows: usize,
-    make: impl Fn(usize, usize) -> Result<T, FormatError> + Sync,
-    mut emit: impl FnMut(T) -> Result<(), SynthError>,
-) -> Result<(), SynthError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let starts: Vec<usize> = (0..rows).step_by(chunk_rows.max(1)).collect();
-    for batch in starts.chunks(threads) {
-        let made: Vec<Result<T, FormatError>> = std::thread::scope(|sc| {
-            let make = &make;
-            let jobs: Vec<_> = batch
-                .iter()
-                .map(|&r0| sc.spawn(move || make(r0, chunk_rows.min(rows - r0))))
-                .collect();
-            jobs.into_iter()
-                .map(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
-        for m in made {
-            emit(m.map_err(fmt_err(tensor))?)?;
-        }
-    }
-    Ok(())
-}
-
-/// Generate one unit and write its tensors, in row chunks where the format
-/// allows (bf16, f32, MX: blocks never cross rows), whole for NVFP4 (its
-/// global scale needs the whole tensor's amax).
-fn emit_unit(
-    w: &mut ShardWriter,
-    unit: &Unit,
-    st: Stream,
-    progress: &mut dyn Progress,
-    chunk_elems: usize,
-) -> Result<(), SynthError> {
-    let (rows, cols) = (unit.rows(), unit.cols());
-    let chunk_rows = (chunk_elems / cols).max(1);
-    let name = unit.name.as_str();
-    let entries = unit.entries();
-    match unit.storage {
-        Storage::F32 | Storage::Bf16 => {
-            let f32_out = unit.storage == Storage::F32;
-            for_row_chunks(
-                name,
-                rows,
-                chunk_rows,
-                |r0, n| {
-                    let v = unit_values(unit, &st, r0, n);
-                    Ok::<_, FormatError>(if f32_out {
-                        le_bytes_f32(&v)
-                    } else {
-                        v.iter()
-                            .flat_map(|&x| formats::bf16::from_f32(x).to_le_bytes())
-                            .collect()
-                    })
-                },
-                |bytes: Vec<u8>| {
-                    w.write(name, &bytes)?;
-                    progress.advance(bytes.len() as u64, name);
-                    Ok(())
-                },
-            )?;
-        }
-        Storage::Mxfp4 | Storage::Mxfp8 => {
-            let (elem, rule) = if unit.storage == Storage::Mxfp4 {
-                (MxElem::Fp4E2M1, MXFP4_RULE)
-            } else {
-                (MxElem::Fp8E4M3, MXFP8_RULE)
-            };
-            let mut scales = Vec::with_capacity(rows * cols / MxElem::BLOCK);
-            for_row_chunks(
-                name,
-                rows,
-                chunk_rows,
-                |r0, n| {
-                    let v = unit_values(unit, &st, r0, n);
-                    MxTensor::quantize(&v, n, cols, elem, rule)
-                },
-                |q: MxTensor| {
-                    w.write(name, q.codes())?;
-                    progress.advance(q.codes().len() as u64, name);
-                    scales.extend_from_slice(q.scales());
-                    Ok(())
-                },
-            )?;
-            w.write(&entries[1].name, &scales)?;
-            progress.advance(scales.len() as u64, &entries[1].name);
-        }
-        Storage::Nvfp4 => {
-            let v = unit_values(unit, &st, 0, rows);
-            let q = Nvfp4Tensor::quantize(&v, rows, cols).map_err(fmt_err(name))?;
-            drop(v);
-            let global = q.global().to_le_bytes();
-            let input = NVFP4_INPUT_SCALE.to_le_bytes();
-            let parts: [(&str, &[u8]); 4] = [
-                (name, q.codes()),
-                (&entries[1].name, q.scales()),
-                (&entries[2].name, &global),
-                (&entries[3].name, &input),
-            ];
-            for (n, b) in parts {
-                w.write(n, b)?;
-                progress.advance(b.len() as u64, n);
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -486,19 +504,24 @@ mod tests {
                 storage: s,
             })
             .collect();
-        let shard = ShardPlan {
-            file: "s".into(),
-            tensors: units.iter().flat_map(Unit::entries).collect(),
+        // every entry's bytes: its part of every piece, in order
+        let write = |_: &Path, chunk: usize| -> Vec<u8> {
+            let mut out = Vec::new();
+            for u in &units {
+                let st = Stream::new(9, &u.name);
+                let parts: Vec<Vec<Vec<u8>>> = pieces_of(u, chunk)
+                    .into_iter()
+                    .map(|p| make_piece(u, &st, p).unwrap())
+                    .collect();
+                for e in 0..u.entries().len() {
+                    for p in &parts {
+                        out.extend_from_slice(&p[e]);
+                    }
+                }
+            }
+            out
         };
         let dir = tempfile::tempdir().unwrap();
-        let write = |path: &Path, chunk: usize| {
-            let mut w = ShardWriter::create(path, &shard).unwrap();
-            for u in &units {
-                emit_unit(&mut w, u, Stream::new(9, &u.name), &mut NoProgress, chunk).unwrap();
-            }
-            w.finish().unwrap();
-            std::fs::read(path).unwrap()
-        };
         let whole = write(&dir.path().join("a"), 1 << 20);
         let chunked = write(&dir.path().join("b"), 3 * 64);
         assert_eq!(whole.len(), chunked.len());
@@ -506,6 +529,21 @@ mod tests {
             whole == chunked,
             "row-chunked bytes differ from whole-tensor bytes"
         );
+    }
+
+    /// `par_map` keeps item order whatever the thread count.
+    #[test]
+    fn par_map_keeps_order() {
+        let items: Vec<u64> = (0..97).collect();
+        for t in [1, 2, 5, 64] {
+            let got = par_map(&items, t, |&x| x * x + 1);
+            assert_eq!(
+                got,
+                items.iter().map(|&x| x * x + 1).collect::<Vec<_>>(),
+                "{t} threads"
+            );
+        }
+        assert!(par_map(&[] as &[u8], 4, |&x| x).is_empty());
     }
 
     /// The bytes on disk (data areas of the shards) add up to the planned

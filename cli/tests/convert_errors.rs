@@ -163,3 +163,141 @@ fn verify_reports_rel_l2_summary_and_lossy_note() {
     );
     assert!(summary.ends_with("copied tensors identical"), "{summary}");
 }
+
+/// `m3 convert --mxfp8-to-bf16`: the MXFP8 weights outside the routed
+/// experts become their exact bf16 copies (a forward pass dumps the same
+/// bytes as on the input), with NVFP4 experts converted in the same run;
+/// a block outside the exact range is refused by tensor and leaves no
+/// output; MXFP8 experts are refused (the output config is Quark's).
+#[test]
+fn mxfp8_to_bf16_copies_exactly_and_refuses_inexact_blocks() {
+    let root = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let synth = |dir: &Path, experts: &str| {
+        let o = m3(&[
+            "synth",
+            "--experts",
+            experts,
+            "--dense",
+            "mxfp8",
+            "--draft-layers",
+            "0",
+            "--out",
+            &s(dir),
+            "-q",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    synth(&a, "mxfp4");
+    let o = m3(&[
+        "convert",
+        "--from",
+        &s(&a),
+        "--to",
+        &s(&b),
+        "--mxfp8-to-bf16",
+        "--verify",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("copied to bf16 with identical values"));
+    let dump = |ck: &Path, out: &Path| {
+        let o = m3(&[
+            "forward",
+            "--model",
+            &s(ck),
+            "--tokens",
+            "3,141,59,26,5",
+            "--dump",
+            &s(out),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(out).unwrap()
+    };
+    let da = dump(&a, &root.path().join("a.st"));
+    assert_eq!(
+        da,
+        dump(&b, &root.path().join("b.st")),
+        "bf16 copy changed a tap"
+    );
+
+    // NVFP4 experts: both conversions in one run
+    let (n, nb) = (root.path().join("n"), root.path().join("nb"));
+    synth(&n, "nvfp4");
+    let o = m3(&[
+        "convert",
+        "--from",
+        &s(&n),
+        "--to",
+        &s(&nb),
+        "--mxfp8-to-bf16",
+        "-q",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // the planted error: a q_proj scale byte of 2 is outside E4M3's exact range
+    let mut planted = None;
+    for e in std::fs::read_dir(&a).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&p).unwrap();
+        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+        let hit = h.as_object().unwrap().iter().find_map(|(k, t)| {
+            k.ends_with("self_attn.q_proj.weight_scale_inv")
+                .then(|| (k.clone(), t["data_offsets"][0].as_u64().unwrap() as usize))
+        });
+        if let Some((k, begin)) = hit {
+            bytes[8 + len + begin] = 2;
+            std::fs::write(&p, bytes).unwrap();
+            planted = Some(k);
+            break;
+        }
+    }
+    let scale = planted.expect("an MXFP8 q_proj scale");
+    let c = root.path().join("c");
+    let o = m3(&[
+        "convert",
+        "--from",
+        &s(&a),
+        "--to",
+        &s(&c),
+        "--mxfp8-to-bf16",
+        "-q",
+    ]);
+    // one error line (after the "converting ..." notice), naming the weight
+    // and the block
+    let err = String::from_utf8_lossy(&o.stderr);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert!(!o.status.success() && errors.len() == 1, "{err}");
+    assert!(
+        errors[0].contains(scale.trim_end_matches("_scale_inv"))
+            && errors[0].contains("row 0, block 0"),
+        "{err}"
+    );
+    assert!(!c.exists(), "a refused conversion left an output");
+    let leftovers: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("c.tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp output left behind");
+
+    // MXFP8 experts: refused, by name of the reason
+    let (x, xo) = (root.path().join("x"), root.path().join("xo"));
+    synth(&x, "mxfp8");
+    fails_with(
+        &m3(&[
+            "convert",
+            "--from",
+            &s(&x),
+            "--to",
+            &s(&xo),
+            "--mxfp8-to-bf16",
+        ]),
+        "routed experts are mxfp8",
+    );
+}

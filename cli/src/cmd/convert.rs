@@ -14,11 +14,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use m3_core::checkpoint::index::{INDEX_FILE, SINGLE_FILE};
-use m3_core::checkpoint::names::{self, Family, INPUT_SCALE, WEIGHT_SCALE, WEIGHT_SCALE_2};
+use m3_core::checkpoint::names::{
+    self, Family, INPUT_SCALE, WEIGHT_SCALE, WEIGHT_SCALE_2, WEIGHT_SCALE_INV,
+};
 use m3_core::checkpoint::writer::{self, ShardPlan, ShardWriter, StagedDir, TensorEntry};
-use m3_core::checkpoint::{Checkpoint, Dtype, WeightFormat};
+use m3_core::checkpoint::{Checkpoint, Dtype, LoadOptions, StoredLinear, WeightFormat};
 use m3_core::formats::{convert, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
 use m3_core::synth::quant_config;
+use m3_core::weights::LinearWeight;
 use serde_json::Value;
 
 use super::synth::Bar;
@@ -90,6 +93,14 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Also convert the MXFP8 weights of attention, the indexer, the dense
+    /// MLP and the shared expert to bf16, losslessly (FORMATS.md MXFP8 ->
+    /// BF16: every value is already on the bf16 grid); a block whose scale
+    /// byte is NaN or outside the exact range is refused, naming the tensor,
+    /// row and block, and nothing is written. Routed experts must be MXFP4
+    /// or NVFP4 (the output config is Quark's).
+    #[arg(long)]
+    pub mxfp8_to_bf16: bool,
     /// Worker threads for the conversion (0 = every core). Row chunks of
     /// consecutive expert weights convert in parallel and are written in
     /// order, so the output does not depend on the thread count.
@@ -286,6 +297,38 @@ fn convert_batch(
     Ok(())
 }
 
+/// The bf16 bytes (little-endian) of MXFP8 weight `name`, through the
+/// loader's exact conversion (refusing, by tensor, row and block, a block
+/// that is not exact in bf16).
+fn mxfp8_as_bf16(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> anyhow::Result<Vec<u8>> {
+    let opts = LoadOptions {
+        mxfp8_to_bf16_exact: true,
+        ..LoadOptions::default()
+    };
+    match ck.stored_linear(name, rows, cols, false, &opts)? {
+        StoredLinear::Owned(LinearWeight::Bf16 { data, .. }) => {
+            Ok(data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+        _ => bail!("tensor `{name}`: not converted to bf16 (not MXFP8?)"),
+    }
+}
+
+/// Write MXFP8 weight `name` as its exact bf16 copy (the whole tensor in
+/// memory: the largest non-expert linear, ~150 MB for M3.1's dense MLP).
+fn write_bf16(
+    src: &Source,
+    w: &mut ShardWriter,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    bar: &Bar,
+) -> anyhow::Result<()> {
+    let bytes = mxfp8_as_bf16(&src.ckpt, name, rows, cols)?;
+    w.write(name, &bytes)?;
+    bar.0.inc(bytes.len() as u64);
+    Ok(())
+}
+
 fn copy_one(
     src: &Source,
     w: &mut ShardWriter,
@@ -321,7 +364,10 @@ fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
 
 /// The module-name families of the non-expert linears and whether each is
 /// MXFP8 (true) or plain (false), from the tensors present.
-fn rest_formats(src: &Source) -> anyhow::Result<(Vec<&'static str>, Vec<&'static str>)> {
+fn rest_formats(
+    src: &Source,
+    to_bf16: &BTreeSet<String>,
+) -> anyhow::Result<(Vec<&'static str>, Vec<&'static str>)> {
     let mut seen: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     for t in src.ckpt.tensors() {
         if !t.name.ends_with(".weight") {
@@ -335,7 +381,11 @@ fn rest_formats(src: &Source) -> anyhow::Result<(Vec<&'static str>, Vec<&'static
             Family::SharedExpert => quant_config::SHARED,
             _ => continue,
         };
-        let f = src.ckpt.detect_format(&t.name)?;
+        let f = if to_bf16.contains(&t.name) {
+            WeightFormat::Bf16
+        } else {
+            src.ckpt.detect_format(&t.name)?
+        };
         let e = seen.entry(fam).or_default();
         match f {
             WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2 => e.0 += 1,
@@ -366,8 +416,12 @@ fn rest_formats(src: &Source) -> anyhow::Result<(Vec<&'static str>, Vec<&'static
 
 /// The output config.json: the input's, with `quantization_config` (where
 /// the input had it: top level or under `text_config`) replaced.
-fn output_config(src: &Source, rule: RuleArg) -> anyhow::Result<Vec<u8>> {
-    let (mx8, plain) = rest_formats(src)?;
+fn output_config(
+    src: &Source,
+    rule: RuleArg,
+    to_bf16: &BTreeSet<String>,
+) -> anyhow::Result<Vec<u8>> {
+    let (mx8, plain) = rest_formats(src, to_bf16)?;
     let mut q = quant_config::quark(&mx8, &plain);
     q["global_quant_config"]["weight"]["scale_calculation_mode"] = Value::from(rule.label());
     let mut cfg = src.ckpt.config_json().clone();
@@ -512,9 +566,46 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    // What to copy as bf16: MXFP8 weights outside the routed experts.
+    let mut to_bf16: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    if args.mxfp8_to_bf16 {
+        let mut expert_formats = BTreeSet::new();
+        for t in src.ckpt.tensors() {
+            let linear = matches!(
+                t.family,
+                Family::AttnQ
+                    | Family::AttnK
+                    | Family::AttnV
+                    | Family::AttnO
+                    | Family::Indexer
+                    | Family::DenseMlp
+                    | Family::SharedExpert
+                    | Family::RoutedExpert
+            );
+            if !t.name.ends_with(".weight") || !linear {
+                continue;
+            }
+            let (rows, cols, f) = src.ckpt.logical_shape(&t.name)?;
+            if t.family == Family::RoutedExpert {
+                expert_formats.insert(f.label());
+            } else if matches!(f, WeightFormat::Mxfp8E4M3 | WeightFormat::Mxfp8E5M2) {
+                to_bf16.insert(t.name.clone(), (rows, cols));
+            }
+        }
+        if let Some(bad) = expert_formats
+            .iter()
+            .find(|f| !["mxfp4", "nvfp4"].contains(f))
+        {
+            bail!(
+                "--mxfp8-to-bf16: the routed experts are {bad}; m3 convert writes a Quark (MXFP4 experts) config, so it needs MXFP4 or NVFP4 experts (use --mxfp8-to-bf16 at load instead)"
+            );
+        }
+    }
+    let bf16_set: BTreeSet<String> = to_bf16.keys().cloned().collect();
     let dropped: BTreeSet<String> = jobs
         .keys()
         .flat_map(|w| [WEIGHT_SCALE, WEIGHT_SCALE_2, INPUT_SCALE].map(|s| names::sibling(w, s)))
+        .chain(to_bf16.keys().map(|w| names::sibling(w, WEIGHT_SCALE_INV)))
         .collect();
 
     // Output plan: the input's shards, expert groups replaced in place.
@@ -533,6 +624,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     Dtype::U8,
                     &[j.rows, j.cols / 32],
                 ));
+            } else if let Some(&(rows, cols)) = to_bf16.get(&name) {
+                tensors.push(TensorEntry::new(name, Dtype::BF16, &[rows, cols]));
             } else if !dropped.contains(&name) {
                 tensors.push(TensorEntry::new(name, dtype, &shape));
             }
@@ -547,12 +640,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let total: u64 = plans.iter().map(ShardPlan::nbytes).sum();
     let stage = StagedDir::create(&args.to, args.force).context("--to")?;
     let root = stage.path().to_path_buf();
-    if jobs.is_empty() {
+    if !to_bf16.is_empty() {
+        eprintln!(
+            "converting {} MXFP8 weights (attention, indexer, dense MLP, shared expert) to bf16, losslessly",
+            to_bf16.len()
+        );
+    }
+    if jobs.is_empty() && to_bf16.is_empty() {
         eprintln!(
             "no NVFP4 routed experts in {}: the output is a byte-for-byte copy",
             from.display()
         );
-    } else {
+    } else if !jobs.is_empty() {
         eprintln!(
             "converting {} NVFP4 routed-expert weights to MXFP4 (scale rule {}); NVFP4 -> MXFP4 is lossy{}",
             jobs.len(),
@@ -590,6 +689,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if let Some(j) = jobs.get(*name) {
                 batch.push((name, j));
                 elems += j.rows * j.cols;
+            } else if let Some(&(rows, cols)) = to_bf16.get(*name) {
+                bar.0.set_message(name.to_string());
+                write_bf16(&src, &mut w, name, rows, cols, &bar)?;
             } else {
                 bar.0.set_message(name.to_string());
                 let t = plan
@@ -625,11 +727,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             writer::index_json(&plans)?.as_bytes(),
         )?;
     }
-    let config = if jobs.is_empty() {
+    let config = if jobs.is_empty() && to_bf16.is_empty() {
         fs::read(from.join("config.json"))
             .with_context(|| format!("{}/config.json", from.display()))?
     } else {
-        output_config(&src, args.scale_rule)?
+        output_config(&src, args.scale_rule, &bf16_set)?
     };
     writer::write_file_atomic(&root.join("config.json"), &config)?;
     // Everything else: tokenizer, dspark/, generation config, ... (top-level
@@ -661,8 +763,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             worst = worst.max(c.rel_l2);
             sum += c.rel_l2;
         }
+        for (name, &(rows, cols)) in &to_bf16 {
+            let want = mxfp8_as_bf16(&src.ckpt, name, rows, cols)?;
+            let got = out.read_all(name)?;
+            anyhow::ensure!(
+                got == want,
+                "--verify: `{name}` is not the exact bf16 copy of its MXFP8 values"
+            );
+        }
+        if !to_bf16.is_empty() {
+            println!(
+                "verify: {} MXFP8 weights copied to bf16 with identical values",
+                to_bf16.len()
+            );
+        }
         for t in src.ckpt.tensors() {
-            if jobs.contains_key(&t.name) || dropped.contains(&t.name) {
+            if jobs.contains_key(&t.name)
+                || dropped.contains(&t.name)
+                || to_bf16.contains_key(&t.name)
+            {
                 continue;
             }
             if !same_bytes(&src, &out, &t.name)? {

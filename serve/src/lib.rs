@@ -60,4 +60,7 @@ pub use protocol::{check_prompt_len, parse_chat, parse_completion, Limits, Reque
 pub use schema::{convert_value, ToolSchemas};
 pub use stop::{StopMatcher, StopStep};
 pub use tags::{ConfigError, ParserOptions, Tags};
-pub use template::{starts_in_reasoning, ChatTemplate, TemplateError, MINIMAX_STYLE_TEMPLATE};
+pub use template::{
+    starts_in_reasoning, starts_in_reasoning_with, ChatTemplate, TemplateError,
+    MINIMAX_STYLE_TEMPLATE,
+};

@@ -45,8 +45,9 @@ use crate::protocol::{
 };
 use crate::schema::ToolSchemas;
 use crate::stop::StopMatcher;
-use crate::tags::ParserOptions;
-use crate::template::{starts_in_reasoning, ChatTemplate};
+use crate::tags::{ParserOptions, Tags};
+use crate::template::starts_in_reasoning_with;
+use crate::template::ChatTemplate;
 use crate::IncrementalDetokenizer;
 
 /// Sampling defaults from the checkpoint's `generation_config.json`, used
@@ -100,6 +101,9 @@ pub struct AppState {
     pub tokenizer: Option<Arc<tokenizers::Tokenizer>>,
     /// The chat template (`None`: chat requests get a 400 saying so).
     pub template: Option<ChatTemplate>,
+    /// The reasoning / tool-call tag spellings (the checkpoint's where its
+    /// tokenizer defines them: [`Tags::from_added_tokens`]).
+    pub tags: Tags,
     pub engine: Arc<EngineHandle>,
 }
 
@@ -483,7 +487,12 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     )
     .map_err(bad_request)?;
     let parser = ParserOptions {
-        starts_in_reasoning: starts_in_reasoning(&rendered),
+        tags: st.tags.clone(),
+        starts_in_reasoning: starts_in_reasoning_with(
+            &rendered,
+            &st.tags.think_start,
+            &st.tags.think_end,
+        ),
         tool_schemas: tools
             .map(|t| ToolSchemas::from_openai_tools(&Value::from(t.to_vec())))
             .unwrap_or_default(),

@@ -50,7 +50,63 @@ impl Default for Tags {
     }
 }
 
+/// One spelling of [`Tags`], for the role table of
+/// [`Tags::from_added_tokens`].
+type TagField = fn(&mut Tags) -> &mut String;
+
 impl Tags {
+    /// The spellings a checkpoint defines among its tokenizer's added
+    /// (special) tokens, the defaults where it does not: for each of the
+    /// reasoning and tool-call blocks, an opening token `<…think…>` /
+    /// `<…tool_call…>` and a closing `</…think…>` / `</…tool_call…>`. The
+    /// default spelling wins when the tokenizer has it; another spelling is
+    /// taken when it is the only candidate; two or more candidates without
+    /// the default keep the default and say so. Returns the tags and one
+    /// note per choice that is not simply the default.
+    pub fn from_added_tokens<'a>(tokens: impl IntoIterator<Item = &'a str>) -> (Tags, Vec<String>) {
+        let tokens: Vec<&str> = tokens.into_iter().collect();
+        let mut tags = Tags::default();
+        let mut notes = Vec::new();
+        let roles: [(&str, bool, TagField); 4] = [
+            ("think", false, |t| &mut t.think_start),
+            ("think", true, |t| &mut t.think_end),
+            ("tool_call", false, |t| &mut t.tool_call_start),
+            ("tool_call", true, |t| &mut t.tool_call_end),
+        ];
+        for (word, closing, field) in roles {
+            let slot = field(&mut tags);
+            let candidates: Vec<&str> = tokens
+                .iter()
+                .copied()
+                .filter(|t| {
+                    t.ends_with('>')
+                        && t.contains(word)
+                        && if closing {
+                            t.starts_with("</")
+                        } else {
+                            t.starts_with('<') && !t.starts_with("</")
+                        }
+                })
+                .collect();
+            if candidates.contains(&slot.as_str()) {
+                continue;
+            }
+            match candidates.as_slice() {
+                [] => {}
+                [one] => {
+                    notes.push(format!("`{slot}` spelled `{one}` by the tokenizer"));
+                    *slot = (*one).to_string();
+                }
+                many => notes.push(format!(
+                    "`{slot}` kept: the tokenizer has {} candidates ({})",
+                    many.len(),
+                    many.join(", ")
+                )),
+            }
+        }
+        (tags, notes)
+    }
+
     /// Rejects spellings the parser cannot work with. An empty tag would
     /// match everywhere (and never consume input), so it is refused up
     /// front instead of looping or guessing.
@@ -99,6 +155,37 @@ impl Default for ParserOptions {
             starts_in_reasoning: false,
             tool_schemas: ToolSchemas::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_come_from_the_added_tokens() {
+        // the defaults present (among other specials): the defaults
+        let (t, notes) = Tags::from_added_tokens([
+            "<|endoftext|>",
+            "<think>",
+            "</think>",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+        ]);
+        assert_eq!(t, Tags::default());
+        assert!(notes.is_empty(), "{notes:?}");
+        // a renamed tool-call block is taken, with a note; the think tags
+        // absent: the defaults
+        let (t, notes) = Tags::from_added_tokens(["<tool_calls>", "</tool_calls>"]);
+        assert_eq!(t.tool_call_start, "<tool_calls>");
+        assert_eq!(t.tool_call_end, "</tool_calls>");
+        assert_eq!(t.think_start, "<think>");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        // ambiguous: the default kept, and said
+        let (t, notes) = Tags::from_added_tokens(["<thinking>", "<think_fast>"]);
+        assert_eq!(t.think_start, "<think>");
+        assert!(notes[0].contains("2 candidates"), "{notes:?}");
+        assert!(t.validate().is_ok());
     }
 }
 

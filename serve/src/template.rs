@@ -462,9 +462,15 @@ impl ChatTemplate {
 /// Whether `rendered` ends inside an open `<think>` block (the last `<think>`
 /// has no `</think>` after it), i.e. the model starts out reasoning.
 pub fn starts_in_reasoning(rendered: &str) -> bool {
-    rendered
-        .rfind("<think>")
-        .is_some_and(|i| !rendered[i..].contains("</think>"))
+    starts_in_reasoning_with(rendered, "<think>", "</think>")
+}
+
+/// [`starts_in_reasoning`] with the checkpoint's spellings of the tags.
+pub fn starts_in_reasoning_with(rendered: &str, open: &str, close: &str) -> bool {
+    !open.is_empty()
+        && rendered
+            .rfind(open)
+            .is_some_and(|i| !rendered[i..].contains(close))
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {

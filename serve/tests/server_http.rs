@@ -160,6 +160,7 @@ async fn start(o: Opts) -> Server {
         stopped,
     ));
     let state = Arc::new(AppState {
+        tags: m3_serve::Tags::default(),
         cfg: ServerConfig {
             served_model_name: "scripted".into(),
             limits: Limits {

@@ -25,6 +25,7 @@ use m3_serve::metrics::Metrics;
 use m3_serve::protocol::Limits;
 use m3_serve::server::{self, AppState, GenDefaults, ServerConfig};
 use m3_serve::ChatTemplate;
+use m3_serve::Tags;
 
 use crate::args::{self, EngineArgs, ModelArgs, SchedArgs};
 use crate::drafting;
@@ -131,6 +132,18 @@ pub fn run(a: Args) -> Result<()> {
     let ck = a.model.open()?;
     let vocab = ck.config().vocab_size;
     let tokenizer = args::tokenizer(ck.dir())?.map(Arc::new);
+    // tag spellings: the tokenizer's added tokens where it defines them
+    let tags = match &tokenizer {
+        Some(tk) => {
+            let added = tk.get_added_tokens_decoder();
+            let (tags, notes) = Tags::from_added_tokens(added.values().map(|t| t.content.as_str()));
+            for n in notes {
+                eprintln!("info: tags: {n}");
+            }
+            tags
+        }
+        None => Tags::default(),
+    };
     let template = match &a.chat_template {
         None => chat_template(&ck)?,
         Some(p) => {
@@ -249,6 +262,7 @@ pub fn run(a: Args) -> Result<()> {
             Arc::clone(&stopped),
         ));
         let state = Arc::new(AppState {
+            tags: tags.clone(),
             cfg: ServerConfig {
                 served_model_name: name.clone(),
                 limits: Limits {

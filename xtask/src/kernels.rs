@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use m3_gpu::cuda::nvrtc;
 use m3_gpu::kernels::{self, KernelSource};
 
-use crate::venv;
+use crate::{isa, venv};
 
 /// The PyPI package that carries libnvrtc.so.13.
 const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc>=13,<14";
@@ -97,8 +97,12 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     }
     if !args.no_clang {
         let t = Instant::now();
-        let clang = ensure_tools(&["clang-22", "ld.lld-22"], &["clang-22", "lld-22"])?;
-        clang_compile_archs(&clang, &args.clang_arch, &out, args.warnings)?;
+        let tools = ensure_tools(
+            &["clang-22", "ld.lld-22", "llvm-readelf-22"],
+            &["clang-22", "lld-22", "llvm-22"],
+        )?;
+        let (clang, readelf) = (&tools[0], &tools[2]);
+        clang_compile_archs(clang, readelf, &args.clang_arch, &out, args.warnings)?;
         eprintln!(
             "xtask kernels: clang 22 {} done in {:.1} s (install included)",
             args.clang_arch.join(", "),
@@ -107,7 +111,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     }
     if !args.no_hip {
         let t = Instant::now();
-        let hipcc = ensure_tools(&["hipcc"], &["hipcc"])?;
+        let hipcc = ensure_tools(&["hipcc"], &["hipcc"])?.remove(0);
         hip_compile_all(&hipcc, &args.hip_arch, &out.join(&args.hip_arch))?;
         eprintln!(
             "xtask kernels: hipcc {} done in {:.1} s (install included)",
@@ -206,12 +210,12 @@ fn check_entries(k: &KernelSource, bin: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// The first of `bins` on PATH (all of them must be there), installing
-/// Debian's `packages` with apt-get when any is missing.
-fn ensure_tools(bins: &[&str], packages: &[&str]) -> Result<PathBuf> {
+/// `bins` on PATH, in order, installing Debian's `packages` with apt-get
+/// when any is missing.
+fn ensure_tools(bins: &[&str], packages: &[&str]) -> Result<Vec<PathBuf>> {
     let have = || bins.iter().map(|b| which(b)).collect::<Option<Vec<_>>>();
     if let Some(p) = have() {
-        return Ok(p[0].clone());
+        return Ok(p);
     }
     eprintln!(
         "xtask kernels: {} missing, installing Debian's {} with apt-get",
@@ -235,7 +239,7 @@ fn ensure_tools(bins: &[&str], packages: &[&str]) -> Result<PathBuf> {
         }
     }
     match have() {
-        Some(p) => Ok(p[0].clone()),
+        Some(p) => Ok(p),
         None => bail!(
             "{} still not on PATH after apt-get install {}",
             bins.join(" / "),
@@ -296,12 +300,19 @@ struct ClangObject {
     bytes: usize,
     ms: f64,
     warnings: usize,
+    /// Registers and scratch per kernel, from the code object's metadata.
+    kernels: Vec<isa::KernelResources>,
 }
 
 /// clang 22 for every target in `archs`, one thread per target (CI has two
-/// cores); the report is printed per target once all are done.
+/// cores); the report is printed per target once all are done: sizes and
+/// times, then register / scratch use (the whole table for the first
+/// target, a summary for the others; every table is also written to
+/// `<arch>/resources.txt`). Fails on a compile error or on a register
+/// spill in an `m3s_mma_*` kernel.
 fn clang_compile_archs(
     clang: &Path,
+    readelf: &Path,
     archs: &[String],
     out: &Path,
     show_warnings: bool,
@@ -312,7 +323,9 @@ fn clang_compile_archs(
     let results: Vec<Result<Vec<ClangObject>>> = std::thread::scope(|s| {
         let handles: Vec<_> = archs
             .iter()
-            .map(|a| s.spawn(move || clang_compile_all(clang, a, &out.join(a), show_warnings)))
+            .map(|a| {
+                s.spawn(move || clang_compile_all(clang, readelf, a, &out.join(a), show_warnings))
+            })
             .collect();
         handles
             .into_iter()
@@ -323,26 +336,25 @@ fn clang_compile_archs(
             .collect()
     });
     let mut first_err = None;
-    for (arch, r) in archs.iter().zip(results) {
-        match r {
-            Ok(objs) => {
-                eprintln!("xtask kernels: clang 22 (no ROCm headers or device libs) -> {arch}");
-                for o in &objs {
-                    let w = match o.warnings {
-                        0 => String::new(),
-                        1 => ", 1 warning".to_string(),
-                        n => format!(", {n} warnings"),
-                    };
-                    eprintln!(
-                        "  {:16} {:>8} B code object ({arch}) in {:6.0} ms{w}",
-                        o.name, o.bytes, o.ms
-                    );
-                }
+    for (i, (arch, r)) in archs.iter().zip(results).enumerate() {
+        let r = r.and_then(|objs| {
+            eprintln!("xtask kernels: clang 22 (no ROCm headers or device libs) -> {arch}");
+            for o in &objs {
+                let w = match o.warnings {
+                    0 => String::new(),
+                    1 => ", 1 warning".to_string(),
+                    n => format!(", {n} warnings"),
+                };
+                eprintln!(
+                    "  {:16} {:>8} B code object ({arch}) in {:6.0} ms{w}",
+                    o.name, o.bytes, o.ms
+                );
             }
-            Err(e) => {
-                eprintln!("xtask kernels: clang 22 {arch} FAILED: {e:#}");
-                first_err.get_or_insert(e);
-            }
+            report_resources(arch, &out.join(arch), &objs, i == 0)
+        });
+        if let Err(e) = r {
+            eprintln!("xtask kernels: clang 22 {arch} FAILED: {e:#}");
+            first_err.get_or_insert(e);
         }
     }
     match first_err {
@@ -353,6 +365,7 @@ fn clang_compile_archs(
 
 fn clang_compile_all(
     clang: &Path,
+    readelf: &Path,
     arch: &str,
     out: &Path,
     show_warnings: bool,
@@ -383,12 +396,70 @@ fn clang_compile_all(
         let bin = std::fs::read(&tmp).with_context(|| format!("reading {}", tmp.display()))?;
         check_entries(k, &bin)?;
         std::fs::rename(&tmp, &obj).with_context(|| format!("renaming to {}", obj.display()))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let kernels = isa::read(readelf, &obj)?;
+        for e in k.entries {
+            if !kernels.iter().any(|r| r.name == *e) {
+                bail!(
+                    "{} ({arch}): entry point {e} missing from the code object's metadata",
+                    k.name
+                );
+            }
+        }
         objs.push(ClangObject {
             name: k.name,
             bytes: bin.len(),
-            ms: t.elapsed().as_secs_f64() * 1e3,
+            ms,
             warnings: stderr.matches(": warning: ").count(),
+            kernels,
         });
     }
     Ok(objs)
+}
+
+/// Write `<dir>/resources.txt`, print the table (`full`) or a summary, and
+/// fail on a spill in a kernel that must not spill.
+fn report_resources(arch: &str, dir: &Path, objs: &[ClangObject], full: bool) -> Result<()> {
+    let rows: Vec<(&str, isa::KernelResources)> = objs
+        .iter()
+        .flat_map(|o| o.kernels.iter().map(move |k| (o.name, k.clone())))
+        .collect();
+    let table = isa::table(&rows);
+    write_atomic(&dir.join("resources.txt"), table.as_bytes())?;
+    let spilling: Vec<&str> = rows
+        .iter()
+        .filter(|(_, k)| k.spills())
+        .map(|(_, k)| k.name.as_str())
+        .collect();
+    let scratch = rows.iter().filter(|(_, k)| k.scratch > 0).count();
+    eprintln!(
+        "xtask kernels: {arch} resources (compiler metadata, {}): {} kernels, {scratch} use scratch, \
+         {} spill registers{}{}",
+        dir.join("resources.txt").display(),
+        rows.len(),
+        spilling.len(),
+        if spilling.is_empty() { "" } else { ": " },
+        spilling.join(", ")
+    );
+    if full {
+        eprint!("{table}");
+    }
+    let bad = isa::violations(&rows);
+    if !bad.is_empty() {
+        let names: Vec<String> = bad
+            .iter()
+            .map(|k| {
+                format!(
+                    "{} ({} VGPR / {} SGPR spills)",
+                    k.name, k.vgpr_spill, k.sgpr_spill
+                )
+            })
+            .collect();
+        bail!(
+            "{arch}: the {}* kernels must not spill registers: {}",
+            isa::NO_SPILL_PREFIX,
+            names.join(", ")
+        );
+    }
+    Ok(())
 }

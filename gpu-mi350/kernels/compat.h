@@ -7,7 +7,9 @@
 
 #if defined(__HIPCC__) || defined(__HIP__) || defined(__HIPCC_RTC__)
 #define M3_HIP 1
-#if !defined(__HIPCC_RTC__)
+// hiprtc declares the HIP device API itself; hipcc needs the header; the
+// clang -nogpuinc build has hip_freestanding.h in front of this file.
+#if !defined(__HIPCC_RTC__) && !defined(M3_HIP_FREESTANDING)
 #include <hip/hip_runtime.h>
 #endif
 // CDNA (gfx9) runs 64-wide wavefronts.

@@ -7,6 +7,12 @@
 /// The CUDA/HIP prelude: warp size, bit helpers, element codecs.
 pub const PRELUDE: &str = include_str!("../kernels/compat.h");
 
+/// What the kernels use from the HIP headers and ROCm's device libraries,
+/// written with clang builtins, for the ahead-of-time gfx942 / gfx950
+/// build with `clang -nogpuinc -nogpulib` (no ROCm needed). Never on AMD
+/// hardware so far.
+pub const HIP_FREESTANDING: &str = include_str!("../kernels/hip_freestanding.h");
+
 /// One kernel source file.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSource {
@@ -41,6 +47,38 @@ impl KernelSource {
         ];
         if self.exact {
             o.push("--fmad=false".to_string());
+        }
+        o
+    }
+
+    /// The translation unit for a plain clang HIP build without ROCm:
+    /// `hip_freestanding.h` + prelude + body.
+    pub fn hip_freestanding_source(&self) -> String {
+        let full = self.full_source();
+        let mut s = String::with_capacity(HIP_FREESTANDING.len() + full.len() + 64);
+        s.push_str("#line 1 \"hip_freestanding.h\"\n");
+        s.push_str(HIP_FREESTANDING);
+        s.push_str("\n#line 1 \"compat.h\"\n");
+        s.push_str(&full);
+        s
+    }
+
+    /// clang options (after `-x hip`) that compile
+    /// [`hip_freestanding_source`](Self::hip_freestanding_source) to one
+    /// unbundled code object for `arch` (e.g. `gfx950`): device side only,
+    /// no HIP headers, no device libraries.
+    pub fn hip_freestanding_options(&self, arch: &str) -> Vec<String> {
+        let mut o = vec![
+            format!("--offload-arch={arch}"),
+            "--offload-device-only".to_string(),
+            "--no-gpu-bundle-output".to_string(),
+            "-nogpuinc".to_string(),
+            "-nogpulib".to_string(),
+            "-std=c++17".to_string(),
+            "-O3".to_string(),
+        ];
+        if self.exact {
+            o.push("-ffp-contract=off".to_string());
         }
         o
     }

@@ -1,17 +1,27 @@
 //! `cargo xtask kernels`: compile every GPU kernel source for NVIDIA (NVRTC,
-//! `sm_90`) and AMD (Debian's hipcc, one gfx9 target), so a kernel that does
-//! not compile fails CI, which has no GPU.
+//! `sm_90`) and AMD (Debian's clang 22 for gfx950 and gfx942, Debian's hipcc
+//! for gfx940), so a kernel that does not compile fails CI, which has no GPU.
 //!
 //! - NVRTC comes from the PyPI wheel `nvidia-cuda-nvrtc` (CUDA 13) installed
 //!   into the project venv. cudarc loads libnvrtc with dlopen by name, so the
 //!   compile runs in a child process (this binary again, `--nvrtc-child`)
 //!   whose `LD_LIBRARY_PATH` holds the wheel's lib directory.
-//! - hipcc comes from Debian 12's `hipcc` package (installed with apt-get
-//!   when missing and running as root). Its clang 15 does not know gfx950
-//!   (MI350, ROCm >= 6.3's LLVM); the default target is gfx940, the newest
-//!   gfx9 (CDNA3) it knows, which shares the wave64 ISA family.
+//! - clang 22 comes from Debian 12's security suite (`clang-22`, `lld-22`,
+//!   installed with apt-get when missing and running as root). It knows
+//!   gfx950 (MI350) and gfx942 (MI300). Debian's ROCm device libraries stop
+//!   before those targets, so the kernels are compiled without the HIP
+//!   headers and without device libraries (`-nogpuinc -nogpulib`), with
+//!   `kernels/hip_freestanding.h` in front of the prelude supplying the HIP
+//!   device API from clang builtins. Each target yields one code object per
+//!   source, linked with `--no-undefined` (an unresolved call fails).
+//! - hipcc comes from Debian 12's `hipcc` package (same installation). Its
+//!   clang 15 stops at gfx940; it compiles with the real HIP headers, the
+//!   route hiprtc takes at run time, so that route keeps compiling too.
 //!
-//! Outputs go to `target/kernels/` (written to temp names, then renamed).
+//! None of these code objects has run on AMD hardware.
+//!
+//! Outputs go to `target/kernels/<arch>/` (written to temp names, then
+//! renamed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use m3_gpu::cuda::nvrtc;
 use m3_gpu::kernels::{self, KernelSource};
 
-use crate::venv;
+use crate::{isa, venv};
 
 /// The PyPI package that carries libnvrtc.so.13.
 const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc>=13,<14";
@@ -34,12 +44,21 @@ pub struct KernelsArgs {
     /// AMD target for hipcc (Debian 12's hipcc knows up to gfx940).
     #[arg(long, default_value = "gfx940")]
     pub hip_arch: String,
+    /// AMD targets for clang 22 without ROCm (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "gfx950,gfx942")]
+    pub clang_arch: Vec<String>,
     /// Skip the NVRTC compile.
     #[arg(long)]
     pub no_cuda: bool,
-    /// Skip the hipcc compile.
+    /// Skip the hipcc compile (gfx940, HIP headers).
     #[arg(long)]
     pub no_hip: bool,
+    /// Skip the clang 22 compile (gfx950 / gfx942, freestanding).
+    #[arg(long)]
+    pub no_clang: bool,
+    /// Print the clang 22 compile warnings (they are counted either way).
+    #[arg(long)]
+    pub warnings: bool,
     /// Internal: compile with NVRTC in this process (the parent has set
     /// LD_LIBRARY_PATH to the wheel's lib directory).
     #[arg(long, hide = true)]
@@ -76,9 +95,23 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
+    if !args.no_clang {
+        let t = Instant::now();
+        let tools = ensure_tools(
+            &["clang-22", "ld.lld-22", "llvm-readelf-22"],
+            &["clang-22", "lld-22", "llvm-22"],
+        )?;
+        let (clang, readelf) = (&tools[0], &tools[2]);
+        clang_compile_archs(clang, readelf, &args.clang_arch, &out, args.warnings)?;
+        eprintln!(
+            "xtask kernels: clang 22 {} done in {:.1} s (install included)",
+            args.clang_arch.join(", "),
+            t.elapsed().as_secs_f64()
+        );
+    }
     if !args.no_hip {
         let t = Instant::now();
-        let hipcc = ensure_hipcc()?;
+        let hipcc = ensure_tools(&["hipcc"], &["hipcc"])?.remove(0);
         hip_compile_all(&hipcc, &args.hip_arch, &out.join(&args.hip_arch))?;
         eprintln!(
             "xtask kernels: hipcc {} done in {:.1} s (install included)",
@@ -154,7 +187,7 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
         check_entries(k, &bin)?;
         write_atomic(&out.join(format!("{}.cubin", k.name)), &bin)?;
         eprintln!(
-            "  {:8} {:>8} B CUBIN in {:6.0} ms",
+            "  {:16} {:>8} B CUBIN in {:6.0} ms",
             k.name,
             bin.len(),
             t.elapsed().as_secs_f64() * 1e3
@@ -177,16 +210,21 @@ fn check_entries(k: &KernelSource, bin: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// hipcc on PATH, installing Debian's package when missing.
-fn ensure_hipcc() -> Result<PathBuf> {
-    if let Some(p) = which("hipcc") {
+/// `bins` on PATH, in order, installing Debian's `packages` with apt-get
+/// when any is missing.
+fn ensure_tools(bins: &[&str], packages: &[&str]) -> Result<Vec<PathBuf>> {
+    let have = || bins.iter().map(|b| which(b)).collect::<Option<Vec<_>>>();
+    if let Some(p) = have() {
         return Ok(p);
     }
-    eprintln!("xtask kernels: hipcc missing, installing Debian's hipcc with apt-get");
-    for args in [
-        &["update"][..],
-        &["install", "-y", "--no-install-recommends", "hipcc"][..],
-    ] {
+    eprintln!(
+        "xtask kernels: {} missing, installing Debian's {} with apt-get",
+        bins.join(" / "),
+        packages.join(" ")
+    );
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    for args in [&["update"][..], &install[..]] {
         let st = Command::new("apt-get")
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
@@ -194,12 +232,20 @@ fn ensure_hipcc() -> Result<PathBuf> {
             .context("running apt-get (is this Debian, running as root?)")?;
         if !st.success() {
             bail!(
-                "apt-get {} failed (needs root and network to Debian)",
+                "apt-get {} failed (needs root and network to Debian 12 with bookworm-security \
+                 enabled for clang-22 / lld-22)",
                 args.join(" ")
             );
         }
     }
-    which("hipcc").context("hipcc still not on PATH after apt-get install hipcc")
+    match have() {
+        Some(p) => Ok(p),
+        None => bail!(
+            "{} still not on PATH after apt-get install {}",
+            bins.join(" / "),
+            packages.join(" ")
+        ),
+    }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -212,6 +258,7 @@ fn which(name: &str) -> Option<PathBuf> {
 
 fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    eprintln!("xtask kernels: hipcc (HIP headers, ROCm 5.2 device libs) -> {arch}");
     for k in kernels::ALL {
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
@@ -238,10 +285,180 @@ fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
         check_entries(k, &bin)?;
         std::fs::rename(&tmp, &obj).with_context(|| format!("renaming to {}", obj.display()))?;
         eprintln!(
-            "  {:8} {:>8} B code object ({arch}) in {:6.0} ms",
+            "  {:16} {:>8} B code object ({arch}) in {:6.0} ms",
             k.name,
             bin.len(),
             t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// One source compiled by clang 22 for one target.
+struct ClangObject {
+    name: &'static str,
+    bytes: usize,
+    ms: f64,
+    warnings: usize,
+    /// Registers and scratch per kernel, from the code object's metadata.
+    kernels: Vec<isa::KernelResources>,
+}
+
+/// clang 22 for every target in `archs`, one thread per target (CI has two
+/// cores); the report is printed per target once all are done: sizes and
+/// times, then register / scratch use (the whole table for the first
+/// target, a summary for the others; every table is also written to
+/// `<arch>/resources.txt`). Fails on a compile error or on a register
+/// spill in an `m3s_mma_*` kernel.
+fn clang_compile_archs(
+    clang: &Path,
+    readelf: &Path,
+    archs: &[String],
+    out: &Path,
+    show_warnings: bool,
+) -> Result<()> {
+    if archs.is_empty() {
+        bail!("--clang-arch: no target given");
+    }
+    let results: Vec<Result<Vec<ClangObject>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = archs
+            .iter()
+            .map(|a| {
+                s.spawn(move || clang_compile_all(clang, readelf, a, &out.join(a), show_warnings))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("compile thread panicked")))
+            })
+            .collect()
+    });
+    let mut first_err = None;
+    for (i, (arch, r)) in archs.iter().zip(results).enumerate() {
+        let r = r.and_then(|objs| {
+            eprintln!("xtask kernels: clang 22 (no ROCm headers or device libs) -> {arch}");
+            for o in &objs {
+                let w = match o.warnings {
+                    0 => String::new(),
+                    1 => ", 1 warning".to_string(),
+                    n => format!(", {n} warnings"),
+                };
+                eprintln!(
+                    "  {:16} {:>8} B code object ({arch}) in {:6.0} ms{w}",
+                    o.name, o.bytes, o.ms
+                );
+            }
+            report_resources(arch, &out.join(arch), &objs, i == 0)
+        });
+        if let Err(e) = r {
+            eprintln!("xtask kernels: clang 22 {arch} FAILED: {e:#}");
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn clang_compile_all(
+    clang: &Path,
+    readelf: &Path,
+    arch: &str,
+    out: &Path,
+    show_warnings: bool,
+) -> Result<Vec<ClangObject>> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut objs = Vec::new();
+    for k in kernels::ALL {
+        let t = Instant::now();
+        let src = out.join(format!("{}.hip", k.name));
+        write_atomic(&src, k.hip_freestanding_source().as_bytes())?;
+        let obj = out.join(format!("{}.co", k.name));
+        let tmp = out.join(format!("{}.co.tmp", k.name));
+        let o = Command::new(clang)
+            .args(["-x", "hip"])
+            .args(k.hip_freestanding_options(arch))
+            .arg(&src)
+            .arg("-o")
+            .arg(&tmp)
+            .output()
+            .with_context(|| format!("running {}", clang.display()))?;
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        if !o.status.success() {
+            bail!("clang 22 {arch} failed on {}:\n{stderr}", k.name);
+        }
+        if show_warnings && !stderr.trim().is_empty() {
+            eprintln!("xtask kernels: clang 22 {arch} {}:\n{stderr}", k.name);
+        }
+        let bin = std::fs::read(&tmp).with_context(|| format!("reading {}", tmp.display()))?;
+        check_entries(k, &bin)?;
+        std::fs::rename(&tmp, &obj).with_context(|| format!("renaming to {}", obj.display()))?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let kernels = isa::read(readelf, &obj)?;
+        for e in k.entries {
+            if !kernels.iter().any(|r| r.name == *e) {
+                bail!(
+                    "{} ({arch}): entry point {e} missing from the code object's metadata",
+                    k.name
+                );
+            }
+        }
+        objs.push(ClangObject {
+            name: k.name,
+            bytes: bin.len(),
+            ms,
+            warnings: stderr.matches(": warning: ").count(),
+            kernels,
+        });
+    }
+    Ok(objs)
+}
+
+/// Write `<dir>/resources.txt`, print the table (`full`) or a summary, and
+/// fail on a spill in a kernel that must not spill.
+fn report_resources(arch: &str, dir: &Path, objs: &[ClangObject], full: bool) -> Result<()> {
+    let rows: Vec<(&str, isa::KernelResources)> = objs
+        .iter()
+        .flat_map(|o| o.kernels.iter().map(move |k| (o.name, k.clone())))
+        .collect();
+    let table = isa::table(&rows);
+    write_atomic(&dir.join("resources.txt"), table.as_bytes())?;
+    let spilling: Vec<&str> = rows
+        .iter()
+        .filter(|(_, k)| k.spills())
+        .map(|(_, k)| k.name.as_str())
+        .collect();
+    let scratch = rows.iter().filter(|(_, k)| k.scratch > 0).count();
+    eprintln!(
+        "xtask kernels: {arch} resources (compiler metadata, {}): {} kernels, {scratch} use scratch, \
+         {} spill registers{}{}",
+        dir.join("resources.txt").display(),
+        rows.len(),
+        spilling.len(),
+        if spilling.is_empty() { "" } else { ": " },
+        spilling.join(", ")
+    );
+    if full {
+        eprint!("{table}");
+    }
+    let bad = isa::violations(&rows);
+    if !bad.is_empty() {
+        let names: Vec<String> = bad
+            .iter()
+            .map(|k| {
+                format!(
+                    "{} ({} VGPR / {} SGPR spills)",
+                    k.name, k.vgpr_spill, k.sgpr_spill
+                )
+            })
+            .collect();
+        bail!(
+            "{arch}: the {}* kernels must not spill registers: {}",
+            isa::NO_SPILL_PREFIX,
+            names.join(", ")
         );
     }
     Ok(())

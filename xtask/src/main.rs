@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 mod ci;
 mod fuzz;
 mod golden;
+mod isa;
 mod kernels;
 mod serve_e2e;
 mod spec;

@@ -30,10 +30,15 @@
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ inline __attribute__((always_inline))
-// As the HIP headers define it: the second argument is a minimum number of
-// waves per execution unit, not CUDA's blocks per multiprocessor.
+// The kernels are written with CUDA's meaning of the second argument (a
+// minimum number of blocks per multiprocessor); the HIP headers pass it on
+// as a minimum number of waves per execution unit (SIMD), which caps
+// registers far lower (`m3s_attn_partial` spilled 1,530 VGPRs that way).
+// Translated here: b blocks of t threads are b * t / 64 waves over a CU's 4
+// SIMDs, so at least ceil(b * t / 256) waves per SIMD.
 #define M3H_LB_1(t) __attribute__((amdgpu_flat_work_group_size(1, t)))
-#define M3H_LB_2(t, w) __attribute__((amdgpu_flat_work_group_size(1, t), amdgpu_waves_per_eu(w)))
+#define M3H_LB_2(t, b) \
+  __attribute__((amdgpu_flat_work_group_size(1, t), amdgpu_waves_per_eu((((b) * (t)) + 255) / 256)))
 #define M3H_LB_PICK(a, b, which, ...) which
 #define __launch_bounds__(...) M3H_LB_PICK(__VA_ARGS__, M3H_LB_2, M3H_LB_1, )(__VA_ARGS__)
 

@@ -667,7 +667,9 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #if defined(M3_CUDA)
 #define SA_BOUNDS __launch_bounds__(SA_THREADS, 4)  // 4 CTAs per SM: <= 128 registers
 #else
-#define SA_BOUNDS
+// HIP: the block size only (without bounds a kernel is built for 1024-thread
+// blocks, which caps a wave64 thread at 128 VGPRs: 1,530 spilled)
+#define SA_BOUNDS __launch_bounds__(SA_THREADS)
 #endif
 /// See sa_partial. cache_bf16: the K and V caches hold bf16 bits (else E4M3
 /// codes); uniform over the grid, so the CTA takes one instantiation.

@@ -58,9 +58,6 @@ fn e2m1_from_device(d: u32) -> u32 {
     w
 }
 
-/// Device byte `b` of a u32 holds stored byte `E4M3_SRC[b]`.
-const E4M3_SRC: [usize; 4] = [2, 0, 3, 1];
-
 /// [`e2m1_to_device`] by stored byte: byte `k` (values `2k`, `2k + 1`)
 /// lands in nibbles `3 - k` and `7 - k`, so a u32 is the OR of four table
 /// entries (4 KiB; the loader permutes every MXFP4 / NVFP4 byte it uploads,
@@ -142,6 +139,9 @@ pub fn from_device(fmt: WFmt, codes: &[u8]) -> Cow<'_, [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device byte `b` of an E4M3 u32 holds stored byte `E4M3_SRC[b]`.
+    const E4M3_SRC: [usize; 4] = [2, 0, 3, 1];
     use m3_core::formats::{bf16, e2m1, MxElem};
 
     fn bytes(n: usize, seed: u32) -> Vec<u8> {

@@ -266,9 +266,9 @@ fn max_logit(c: &Case) -> Option<f32> {
         .max_by_key(|&l| order_bits(l))
 }
 
-/// The elements whose weight under `w` differs from `sample::weight`, over
-/// the stochastic fixed cases.
-fn weight_mismatches(w: fn(f32, f32, f32) -> u64) -> usize {
+/// The non-NaN elements of the stochastic fixed cases for which
+/// `differs(logit, max logit, temperature)` holds.
+fn mismatches(differs: impl Fn(f32, f32, f32) -> bool) -> usize {
     let mut bad = 0;
     for c in fixed_cases(600) {
         let Some(m) = max_logit(&c) else { continue };
@@ -277,28 +277,22 @@ fn weight_mismatches(w: fn(f32, f32, f32) -> u64) -> usize {
             .logits
             .iter()
             .filter(|l| !l.is_nan())
-            .filter(|&&l| w(l, m, t) != weight(l, m, t))
+            .filter(|&&l| differs(l, m, t))
             .count();
     }
     bad
+}
+
+/// The elements whose weight under `w` differs from `sample::weight`.
+fn weight_mismatches(w: fn(f32, f32, f32) -> u64) -> usize {
+    mismatches(|l, m, t| w(l, m, t) != weight(l, m, t))
 }
 
 /// The elements whose relative weight under `e` differs in bits from
 /// `sample::relative_weight` (the check the GPU test makes on the kernel's
 /// `scratch` output).
 fn relative_weight_mismatches(e: fn(f32, f32, f32) -> f64) -> usize {
-    let mut bad = 0;
-    for c in fixed_cases(600) {
-        let Some(m) = max_logit(&c) else { continue };
-        let t = c.params.temperature;
-        bad += c
-            .logits
-            .iter()
-            .filter(|l| !l.is_nan())
-            .filter(|&&l| e(l, m, t).to_bits() != relative_weight(l, m, t).to_bits())
-            .count();
-    }
-    bad
+    mismatches(|l, m, t| e(l, m, t).to_bits() != relative_weight(l, m, t).to_bits())
 }
 
 #[test]

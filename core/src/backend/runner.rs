@@ -26,8 +26,10 @@ use alloc::vec::Vec;
 
 use super::{ActMode, BackendError, Path, StepBatch, TapRequest, Taps};
 use crate::config::{IndexSelection, ModelConfig};
+use crate::dspark::DsparkWeights;
 use crate::kv::{CacheDtype, KvLayout};
 use crate::sample::SampleParams;
+use crate::sched::draft_forward::DraftForward;
 
 /// How many KV blocks a runner allocates.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -216,6 +218,19 @@ pub trait ModelRunner {
     /// backend does not count it.
     fn device_bytes(&self) -> usize {
         0
+    }
+
+    /// The forward of the DSpark draft `w` where this runner keeps its
+    /// weights, sharing the target's embedding and LM head there; `None`
+    /// when the runner has no such forward (the caller then runs the draft
+    /// op by op on its backend,
+    /// [`crate::sched::draft_forward::OpsDraft`]). The forward borrows
+    /// nothing of the runner, so the scheduler may keep stepping it.
+    fn draft_forward(
+        &self,
+        _w: &DsparkWeights,
+    ) -> Option<Result<Box<dyn DraftForward>, BackendError>> {
+        None
     }
 }
 

@@ -1,6 +1,8 @@
-//! The DSpark draft (MODEL.md 6) as a [`Drafter`]: its forward composed from
-//! [`Backend::run_op`] (so any backend runs it), proposals sampled with their
-//! draft probabilities, and the per-request context it keeps.
+//! The DSpark draft (MODEL.md 6) as a [`Drafter`]: proposals sampled with
+//! their draft probabilities from a [`DraftForward`] (op by op on any
+//! backend with [`OpsDraft`], or where a loaded model keeps its weights:
+//! [`crate::backend::ModelRunner::draft_forward`]), and the context rows it
+//! feeds that forward from the target's taps.
 //!
 //! ## What this project computes (choices where MODEL.md 6 is open)
 //!
@@ -37,99 +39,38 @@
 //! Errors of the backend inside a proposal give an empty proposal (that
 //! step is verified without drafts) and are kept in
 //! [`DsparkDrafter::last_error`].
+//!
+//! Backends compute the forward in their own summation orders, so a CPU
+//! draft and a GPU draft may propose different tokens at near ties; the
+//! verified output does not depend on it (greedy verification commits the
+//! target's own tokens, the stochastic verifiers use the draft
+//! probabilities that were actually proposed).
 
-use alloc::collections::BTreeMap;
+use alloc::boxed::Box;
 use alloc::format;
-use alloc::string::{String, ToString};
+use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::draft_forward::{DraftForward, OpsDraft};
 use super::request::{RequestId, SamplingParams};
 use super::runner::{Drafter, Proposal};
 use super::spec_probs::sampling_probs;
-use crate::backend::{
-    Backend, BackendError, LinearInput, Op, StepBatch, StepSeq, TapRequest, Taps,
-};
-use crate::config::ModelConfig;
-use crate::dspark::DsparkWeights;
-use crate::kv::{CacheData, CacheDtype, CacheTensor};
+use crate::backend::{Backend, BackendError, TapRequest, Taps};
+use crate::dspark::{DsparkConfig, DsparkWeights};
 use crate::sample::{greedy, uniform};
 use crate::spec_decode::sample_index;
-use crate::weights::{LinearWeight, ModelWeights};
+
+pub use super::draft_forward::DraftTarget;
 
 /// Salt of the draft's sampling key, so draft draws are independent of the
 /// target's (which use `uniform(seed, position)`).
 const DRAFT_SALT: u64 = 0x6473_7061_726b_5f64; // "dspark_d"
 
-/// One request's draft context: positions of the cached context rows
-/// (ascending; slot `i` holds `positions[i]`) and their per-layer K/V.
-struct RequestCtx {
-    positions: Vec<u32>,
-    /// Per draft layer, `[cap, kv_heads * head_dim]` bf16.
-    k: Vec<CacheTensor>,
-    v: Vec<CacheTensor>,
-    cap: usize,
-}
-
-impl RequestCtx {
-    fn new(layers: usize, width: usize) -> Self {
-        let cap = 64;
-        let t = || CacheTensor::new(CacheDtype::Bf16, cap, width, 1.0);
-        RequestCtx {
-            positions: Vec::new(),
-            k: (0..layers).map(|_| t()).collect(),
-            v: (0..layers).map(|_| t()).collect(),
-            cap,
-        }
-    }
-
-    /// Grow every cache tensor to hold at least `slots` rows.
-    fn reserve(&mut self, slots: usize) {
-        if slots <= self.cap {
-            return;
-        }
-        let cap = slots.next_power_of_two();
-        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let n = cap * t.width;
-            match &mut t.data {
-                CacheData::Bf16(d) => d.resize(n, 0),
-                CacheData::Fp8(d) => d.resize(n, 0),
-            }
-        }
-        self.cap = cap;
-    }
-}
-
-/// What the draft takes from its target: the config it must fit, and the
-/// embedding and LM head it shares (host copies: a device runner does not
-/// keep its weights on the host, so its caller loads just these two).
-#[derive(Clone, Copy, Debug)]
-pub struct DraftTarget<'a> {
-    pub config: &'a ModelConfig,
-    pub embed: &'a LinearWeight,
-    pub lm_head: &'a LinearWeight,
-}
-
-impl<'a> DraftTarget<'a> {
-    /// The parts of a host model.
-    pub fn of(m: &'a ModelWeights) -> Self {
-        DraftTarget {
-            config: &m.config,
-            embed: &m.embed,
-            lm_head: &m.lm_head,
-        }
-    }
-}
-
 /// The DSpark draft model as a [`Drafter`].
 pub struct DsparkDrafter<'a> {
-    backend: &'a dyn Backend,
-    /// The target's shared parts.
-    target: DraftTarget<'a>,
-    weights: &'a DsparkWeights,
-    /// `W_m` transposed to `[vocab, r]` f32, so the bias is one `Linear`.
-    markov_wt: LinearWeight,
-    ctx: BTreeMap<RequestId, RequestCtx>,
+    forward: Box<dyn DraftForward + 'a>,
+    config: DsparkConfig,
     /// The last backend error met while drafting (drafting then skipped).
     pub last_error: Option<String>,
     /// Proposals made (for reports).
@@ -137,298 +78,32 @@ pub struct DsparkDrafter<'a> {
 }
 
 impl<'a> DsparkDrafter<'a> {
-    /// A drafter running `weights` on `backend`, sharing `target`'s
-    /// embedding and LM head. Fails if the draft does not fit the target.
+    /// A drafter running `weights` op by op on `backend` ([`OpsDraft`]),
+    /// sharing `target`'s embedding and LM head. Fails if the draft does
+    /// not fit the target.
     pub fn new(
         backend: &'a dyn Backend,
         target: DraftTarget<'a>,
         weights: &'a DsparkWeights,
     ) -> Result<Self, BackendError> {
-        let c = &weights.config;
-        c.validate(Some(target.config))
-            .map_err(|e| BackendError::Other(e.to_string()))?;
-        let (r, vocab) = (c.markov_rank, c.vocab_size);
-        if weights.markov_w.rows() != r || weights.markov_w.cols() != vocab {
-            return Err(BackendError::Shape {
-                op: "dspark",
-                what: format!(
-                    "markov W_m is {}x{}, expected {r}x{vocab}",
-                    weights.markov_w.rows(),
-                    weights.markov_w.cols()
-                ),
-            });
-        }
-        let mut w = vec![0.0f32; r * vocab];
-        backend.run_op(Op::Dequantize {
-            w: &weights.markov_w,
-            out: &mut w,
-        })?;
-        let mut wt = vec![0.0f32; r * vocab];
-        for j in 0..r {
-            for v in 0..vocab {
-                wt[v * r + j] = w[j * vocab + v];
-            }
-        }
-        Ok(DsparkDrafter {
-            backend,
-            target,
-            weights,
-            markov_wt: LinearWeight::F32 {
-                rows: vocab,
-                cols: r,
-                data: wt,
-            },
-            ctx: BTreeMap::new(),
+        let f = OpsDraft::new(backend, target, weights)?;
+        Ok(Self::with_forward(&weights.config, Box::new(f)))
+    }
+
+    /// A drafter over a forward already built for a draft of `config`
+    /// (e.g. a device runner's, which checked the fit when it built it).
+    pub fn with_forward(config: &DsparkConfig, forward: Box<dyn DraftForward + 'a>) -> Self {
+        DsparkDrafter {
+            forward,
+            config: config.clone(),
             last_error: None,
             proposals: 0,
-        })
+        }
     }
 
     /// Context rows currently kept for `id`.
     pub fn context_rows(&self, id: RequestId) -> usize {
-        self.ctx.get(&id).map_or(0, |c| c.positions.len())
-    }
-
-    fn lin(
-        &self,
-        x: &[f32],
-        rows: usize,
-        w: &LinearWeight,
-        round_out: bool,
-    ) -> Result<Vec<f32>, BackendError> {
-        let mut o = vec![0.0f32; rows * w.rows()];
-        self.backend.run_op(Op::Linear {
-            x,
-            rows,
-            w,
-            input: LinearInput::Bf16,
-            round_out,
-            out: &mut o,
-        })?;
-        Ok(o)
-    }
-
-    fn norm(
-        &self,
-        x: &[f32],
-        width: usize,
-        w: &[f32],
-        round: bool,
-    ) -> Result<Vec<f32>, BackendError> {
-        let mut o = vec![0.0f32; x.len()];
-        self.backend.run_op(Op::RmsNorm {
-            x,
-            width,
-            weight: w,
-            eps: self.weights.config.rms_norm_eps,
-            round_out: round,
-            out: &mut o,
-        })?;
-        Ok(o)
-    }
-
-    /// Layer `l`'s K and V rows (K normed, rotated at `positions`, bf16) of
-    /// the input rows `x` (`[positions.len(), H]`), normed by the layer's
-    /// input norm first unless `hn` is already normed.
-    fn kv(
-        &self,
-        l: usize,
-        hn: &[f32],
-        positions: &[u32],
-    ) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
-        let c = &self.weights.config;
-        let lw = &self.weights.layers[l];
-        let n = positions.len();
-        let k0 = self.lin(hn, n, &lw.attn.k, true)?;
-        let v = self.lin(hn, n, &lw.attn.v, true)?;
-        let mut k = self.norm(&k0, c.head_dim, &lw.attn.k_norm, false)?;
-        self.backend.run_op(Op::Rope {
-            x: &mut k,
-            heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            rotary_dim: c.rotary_dim,
-            theta: c.rope_theta,
-            positions,
-            round_out: true,
-        })?;
-        Ok((k, v))
-    }
-
-    /// Add context rows: `feats` `[positions.len(), fc_in]`.
-    fn add_context(
-        &mut self,
-        id: RequestId,
-        positions: &[u32],
-        feats: &[f32],
-    ) -> Result<(), BackendError> {
-        let c = self.weights.config.clone();
-        let h = c.hidden_size;
-        let n = positions.len();
-        let cr = self.lin(feats, n, &self.weights.fc, true)?;
-        let width = c.num_key_value_heads * c.head_dim;
-        let mut kv = Vec::with_capacity(c.n_layers);
-        for l in 0..c.n_layers {
-            let hn = self.norm(&cr, h, &self.weights.layers[l].input_norm, true)?;
-            kv.push(self.kv(l, &hn, positions)?);
-        }
-        let st = self
-            .ctx
-            .entry(id)
-            .or_insert_with(|| RequestCtx::new(c.n_layers, width));
-        for (i, &p) in positions.iter().enumerate() {
-            let slot = match st.positions.binary_search(&p) {
-                Ok(s) => s,
-                Err(s) if s == st.positions.len() => {
-                    st.reserve(s + 1);
-                    st.positions.push(p);
-                    s
-                }
-                // A hole before the last kept row (not produced by the
-                // scheduler): keep the rows ascending, skip it.
-                Err(_) => continue,
-            };
-            for (l, (k, v)) in kv.iter().enumerate() {
-                st.k[l].write(slot, &k[i * width..(i + 1) * width]);
-                st.v[l].write(slot, &v[i * width..(i + 1) * width]);
-            }
-        }
-        Ok(())
-    }
-
-    /// The draft forward for `n` query rows after `context` (module docs):
-    /// logits `[n, vocab]` before the Markov bias.
-    fn draft_logits(
-        &mut self,
-        id: RequestId,
-        context: &[u32],
-        n: usize,
-    ) -> Result<Vec<f32>, BackendError> {
-        let c = self.weights.config.clone();
-        let (h, nh, nkv, d) = (
-            c.hidden_size,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-        );
-        let width = nkv * d;
-        let last_pos = (context.len() - 1) as u32;
-        let last = context[context.len() - 1];
-        let mut st = self
-            .ctx
-            .remove(&id)
-            .unwrap_or_else(|| RequestCtx::new(c.n_layers, width));
-        // Only rows strictly before the last committed token are context.
-        let keep = st.positions.partition_point(|&p| p < last_pos);
-        st.positions.truncate(keep);
-        let nctx = keep;
-        st.reserve(nctx + n);
-        let result = (|| {
-            let mut toks = vec![c.mask_token_id; n];
-            toks[0] = last;
-            let mut x = vec![0.0f32; n * h];
-            self.backend.run_op(Op::Embed {
-                table: self.target.embed,
-                tokens: &toks,
-                out: &mut x,
-            })?;
-            let qpos: Vec<u32> = (0..n as u32).map(|i| last_pos + i).collect();
-            let slots: Vec<u32> = (0..n).map(|i| (nctx + i) as u32).collect();
-            // Attention sees slots 0 .. nctx + n: every query row gets the
-            // last mask position, so nothing is masked (non-causal).
-            let att_step = StepBatch {
-                tokens: vec![0; n],
-                positions: vec![(nctx + n - 1) as u32; n],
-                slot_mapping: slots.clone(),
-                row_seq: vec![0; n],
-                seqs: vec![StepSeq {
-                    request_id: id,
-                    block_table: vec![0],
-                    context_len: (nctx + n) as u32,
-                }],
-                logits_rows: Vec::new(),
-                decode_only: false,
-            };
-            for l in 0..c.n_layers {
-                let lw = &self.weights.layers[l];
-                let hn = self.norm(&x, h, &lw.input_norm, true)?;
-                let q0 = self.lin(&hn, n, &lw.attn.q, true)?;
-                let mut q = self.norm(&q0, d, &lw.attn.q_norm, false)?;
-                self.backend.run_op(Op::Rope {
-                    x: &mut q,
-                    heads: nh,
-                    head_dim: d,
-                    rotary_dim: c.rotary_dim,
-                    theta: c.rope_theta,
-                    positions: &qpos,
-                    round_out: true,
-                })?;
-                let (k, v) = self.kv(l, &hn, &qpos)?;
-                self.backend.run_op(Op::CacheWrite {
-                    cache: &mut st.k[l],
-                    slots: &slots,
-                    x: &k,
-                })?;
-                self.backend.run_op(Op::CacheWrite {
-                    cache: &mut st.v[l],
-                    slots: &slots,
-                    x: &v,
-                })?;
-                let mut o = vec![0.0f32; n * nh * d];
-                self.backend.run_op(Op::Attention {
-                    q: &q,
-                    heads: nh,
-                    kv_heads: nkv,
-                    head_dim: d,
-                    k: &st.k[l],
-                    v: &st.v[l],
-                    step: &att_step,
-                    page_size: st.cap,
-                    blocks: None,
-                    out: &mut o,
-                })?;
-                let ao = self.lin(&o, n, &lw.attn.o, true)?;
-                self.backend.run_op(Op::Add {
-                    acc: &mut x,
-                    x: &ao,
-                })?;
-                let h2 = self.norm(&x, h, &lw.post_attn_norm, true)?;
-                let mut y = vec![0.0f32; n * h];
-                self.backend.run_op(Op::Mlp {
-                    x: &h2,
-                    rows: n,
-                    w: &lw.mlp,
-                    alpha: c.swiglu_alpha,
-                    limit: c.swiglu_limit,
-                    out: &mut y,
-                })?;
-                self.backend.run_op(Op::Add { acc: &mut x, x: &y })?;
-            }
-            let xn = self.norm(&x, h, &self.weights.final_norm, true)?;
-            self.lin(&xn, n, self.target.lm_head, false)
-        })();
-        self.ctx.insert(id, st);
-        result
-    }
-
-    /// `E_m[prev] . W_m` (`[vocab]`, f32).
-    fn markov_bias(&self, prev: u32) -> Result<Vec<f32>, BackendError> {
-        let r = self.weights.config.markov_rank;
-        let mut e = vec![0.0f32; r];
-        self.backend.run_op(Op::Embed {
-            table: &self.weights.markov_e,
-            tokens: &[prev],
-            out: &mut e,
-        })?;
-        let mut b = vec![0.0f32; self.weights.config.vocab_size];
-        self.backend.run_op(Op::Linear {
-            x: &e,
-            rows: 1,
-            w: &self.markov_wt,
-            input: LinearInput::F32,
-            round_out: false,
-            out: &mut b,
-        })?;
-        Ok(b)
+        self.forward.context_rows(id)
     }
 
     /// Draft `k` tokens with their distributions (see [`Drafter::propose_sampled`]).
@@ -439,18 +114,30 @@ impl<'a> DsparkDrafter<'a> {
         k: usize,
         params: &SamplingParams,
     ) -> Result<Proposal, BackendError> {
-        let n = k.min(self.weights.config.max_draft_tokens);
-        if n == 0 || context.is_empty() {
+        let n = k.min(self.config.max_draft_tokens);
+        let Some(&last) = context.last() else {
+            return Ok(Proposal::default());
+        };
+        if n == 0 {
             return Ok(Proposal::default());
         }
-        let vocab = self.weights.config.vocab_size;
-        let logits = self.draft_logits(id, context, n)?;
+        let vocab = self.config.vocab_size;
         let last_pos = (context.len() - 1) as u32;
-        let mut prev = context[context.len() - 1];
+        let logits = self.forward.draft_logits(id, last, last_pos, n)?;
+        if logits.len() != n * vocab {
+            return Err(BackendError::Shape {
+                op: "dspark",
+                what: format!(
+                    "the draft forward returned {} logits for {n} rows of {vocab}",
+                    logits.len()
+                ),
+            });
+        }
+        let mut prev = last;
         let mut tokens = Vec::with_capacity(n);
         let mut probs = Vec::with_capacity(n * vocab);
         for i in 0..n {
-            let bias = self.markov_bias(prev)?;
+            let bias = self.forward.markov_bias(prev)?;
             let li: Vec<f32> = logits[i * vocab..(i + 1) * vocab]
                 .iter()
                 .zip(&bias)
@@ -500,14 +187,14 @@ impl Drafter for DsparkDrafter<'_> {
             residual: true,
             ..TapRequest::NONE
         }
-        .only_layers(&self.weights.config.target_layer_ids)
+        .only_layers(&self.config.target_layer_ids)
     }
 
     fn observe(&mut self, id: RequestId, positions: &[u32], rows: &[usize], taps: &Taps) {
         if rows.is_empty() {
             return;
         }
-        let c = &self.weights.config;
+        let c = &self.config;
         let h = c.hidden_size;
         let fc_in = c.fc_in();
         let mut feats = vec![0.0f32; rows.len() * fc_in];
@@ -526,12 +213,12 @@ impl Drafter for DsparkDrafter<'_> {
                 feats[i * fc_in + j * h..i * fc_in + (j + 1) * h].copy_from_slice(src);
             }
         }
-        if let Err(e) = self.add_context(id, positions, &feats) {
+        if let Err(e) = self.forward.add_context(id, positions, &feats) {
             self.last_error = Some(format!("dspark draft: {e}"));
         }
     }
 
     fn forget(&mut self, id: RequestId) {
-        self.ctx.remove(&id);
+        self.forward.forget(id);
     }
 }

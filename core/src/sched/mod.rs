@@ -11,7 +11,8 @@
 //! - [`runner`]: the scheduler driving a real backend (block copies, batch
 //!   conversion, sampling, speculative verification).
 //! - [`ngram`]: prompt-lookup drafting (a model-free [`runner::Drafter`]).
-//! - [`dspark_drafter`]: the DSpark draft model as a [`runner::Drafter`].
+//! - [`dspark_drafter`]: the DSpark draft model as a [`runner::Drafter`];
+//!   [`draft_forward`]: its forward (op by op, or a loaded model's own).
 //! - [`spec_probs`]: sampling distributions for the speculative verifiers.
 //! - [`mock`]: a deterministic stand-in backend that checks every slot it
 //!   reads, for tests and for running the scheduler without a model.
@@ -19,6 +20,7 @@
 //! Host-only, `no_std + alloc`.
 
 pub mod blocks;
+pub mod draft_forward;
 pub mod dspark_drafter;
 pub mod mock;
 pub mod ngram;

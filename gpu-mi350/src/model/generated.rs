@@ -240,10 +240,10 @@ pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -
     g.sync()?;
     Ok(DevModel {
         config: c.clone(),
-        embed,
+        embed: Arc::new(embed),
         layers,
         final_norm,
-        lm_head,
+        lm_head: Arc::new(lm_head),
     })
 }
 

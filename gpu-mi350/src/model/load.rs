@@ -534,10 +534,10 @@ impl DevModel {
         let lm_head = ld.one(Lin::LmHead, c.vocab_size, h)?;
         Ok(DevModel {
             config: c,
-            embed: embed.codes,
+            embed: Arc::new(embed.codes),
             layers,
             final_norm,
-            lm_head,
+            lm_head: Arc::new(lm_head),
         })
     }
 

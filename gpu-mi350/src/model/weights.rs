@@ -285,11 +285,12 @@ pub struct DevLayer {
 /// The whole text model on the device.
 pub struct DevModel {
     pub config: ModelConfig,
-    /// `[vocab, H]` bf16.
-    pub embed: DevBuf,
+    /// `[vocab, H]` bf16 (shared with a DSpark draft on the device).
+    pub embed: Arc<DevBuf>,
     pub layers: Vec<DevLayer>,
     pub final_norm: DevBuf,
-    pub lm_head: DevLinear,
+    /// Shared with a DSpark draft on the device.
+    pub lm_head: Arc<DevLinear>,
 }
 
 impl DevModel {

@@ -145,7 +145,7 @@ pub(super) struct IndexArgs {
 
 /// Arguments of the attention launches (device pointers as u64).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct AttnArgs {
+pub(crate) struct AttnArgs {
     /// Queries [t][nh][d] bf16 (16-byte aligned: read in 16-byte loads).
     pub q: u64,
     /// Q heads.
@@ -371,7 +371,7 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
 }
 
 /// Attention: per-chunk partials, then the merge into `a.out`.
-pub(super) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
+pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
     check_attn(a)?;
     let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
     let mc = a.max_chunks as u32;

@@ -27,6 +27,7 @@ pub mod kernel_bench;
 pub mod kv;
 pub(crate) mod launch;
 pub(crate) mod linear;
+pub(crate) mod pointwise;
 pub(crate) mod step;
 
 use cudarc::driver::CudaFunction;
@@ -65,6 +66,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_add_bf16",
         "m3s_act_mxfp4",
         "m3s_linear_f32w",
+        "m3s_markov_bias",
         "m3s_mma_bf16",
         "m3s_mma_e4m3",
         "m3s_mma_e5m2",
@@ -188,6 +190,38 @@ pub(crate) struct Kernels {
     pub add_bf16: CudaFunction,
     pub act_mxfp4: CudaFunction,
     pub sample_keyed: CudaFunction,
+}
+
+impl Kernels {
+    /// Load every kernel of a step from the module cache (compiled once
+    /// per source, arch and flags): the default tensor-core variant and the
+    /// small-step one of `opts`.
+    pub(crate) fn load(gpu: &CudaGpu, opts: &PathOptions) -> Result<Self> {
+        let f = |n: &str| gpu.function(&STANDARD, n);
+        Ok(Kernels {
+            lin: LinearKernels {
+                mma: vec![
+                    MmaVariant::load(gpu, &STANDARD, "")?,
+                    MmaVariant::load(gpu, &STANDARD, opts.small_step_defines)?,
+                ],
+                f32w: f("m3s_linear_f32w")?,
+            },
+            attn: attn::AttnKernels::load(gpu)?,
+            route: f("m3s_route")?,
+            router_warp: f("m3s_router_warp")?,
+            argmax_part: f("m3s_argmax_part")?,
+            argmax_final: f("m3s_argmax_final")?,
+            embed: f("m3s_embed")?,
+            rmsnorm: f("m3s_rmsnorm")?,
+            headnorm_rope: f("m3s_headnorm_rope")?,
+            cache_write: f("m3s_cache_write")?,
+            swiglu: f("m3s_swiglu")?,
+            moe_combine: f("m3s_moe_combine")?,
+            add_bf16: f("m3s_add_bf16")?,
+            act_mxfp4: f("m3s_act_mxfp4")?,
+            sample_keyed: gpu.function(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
+        })
+    }
 }
 
 /// Activations, sized for `max_rows`.
@@ -327,30 +361,7 @@ impl StandardPath {
         check_config(&c)?;
         let ctx = gpu.context().clone();
         let l = Launcher::new(&ctx, opts.pdl && gpu.info().cc.0 >= 9)?;
-        let f = |n: &str| gpu.function(&STANDARD, n);
-        let kern = Kernels {
-            lin: LinearKernels {
-                mma: vec![
-                    MmaVariant::load(gpu, &STANDARD, "")?,
-                    MmaVariant::load(gpu, &STANDARD, opts.small_step_defines)?,
-                ],
-                f32w: f("m3s_linear_f32w")?,
-            },
-            attn: attn::AttnKernels::load(gpu)?,
-            route: f("m3s_route")?,
-            router_warp: f("m3s_router_warp")?,
-            argmax_part: f("m3s_argmax_part")?,
-            argmax_final: f("m3s_argmax_final")?,
-            embed: f("m3s_embed")?,
-            rmsnorm: f("m3s_rmsnorm")?,
-            headnorm_rope: f("m3s_headnorm_rope")?,
-            cache_write: f("m3s_cache_write")?,
-            swiglu: f("m3s_swiglu")?,
-            moe_combine: f("m3s_moe_combine")?,
-            add_bf16: f("m3s_add_bf16")?,
-            act_mxfp4: f("m3s_act_mxfp4")?,
-            sample_keyed: gpu.function(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
-        };
+        let kern = Kernels::load(gpu, &opts)?;
         let t = cap.max_rows;
         let h = c.hidden_size;
         let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -475,6 +486,11 @@ impl StandardPath {
     }
 
     /// What the path is sized for.
+    /// The options it was built with.
+    pub fn options(&self) -> PathOptions {
+        self.opts
+    }
+
     pub fn capacity(&self) -> Capacity {
         self.cap
     }

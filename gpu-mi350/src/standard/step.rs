@@ -16,55 +16,10 @@ use m3_core::kv::CacheDtype;
 use super::attn::{self, AttnArgs, IndexArgs};
 use super::launch::Arg;
 use super::linear::{linears, LinOut, Route};
+use super::pointwise::{self as pw, CwSpec, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp};
-
-/// One tensor of a fused per-head norm + RoPE launch (`SHnJob`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct HnJob {
-    x: u64,
-    w: u64,
-    out: u64,
-    heads: u32,
-    d: u32,
-    rd: u32,
-    h0: u32,
-}
-
-/// `SHnJobs`: up to 4 tensors, by value.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct HnJobs {
-    j: [HnJob; 4],
-    theta: f64,
-    eps: f32,
-    n: u32,
-}
-
-/// One cache write of a fused launch (`SCwJob`): `width` values of row t
-/// of `x` (bf16) to slot `slots[t]` of `cache`, as bf16 (`bf16 = 1`) or
-/// `e4m3(x / scale)` saturating.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct CwJob {
-    x: u64,
-    cache: u64,
-    width: u32,
-    scale: f32,
-    bf16: u32,
-    pad: u32,
-}
-
-/// `SCwJobs`: up to 3 cache writes, by value.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct CwJobs {
-    j: [CwJob; 3],
-    n: u32,
-    pad: u32,
-}
 
 /// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
 /// taps a step asked for.
@@ -140,18 +95,14 @@ impl StandardPath {
         let inp = &self.inputs;
         let h = c.hidden_size;
         let l = &self.l;
-        l.launch(
-            "embed",
+        pw::embed(
+            l,
             &self.kern.embed,
-            (t as u32, 1, 1),
-            256,
-            0,
-            &[
-                Arg::U64(inp.tokens()),
-                Arg::U64(self.model.embed.ptr()),
-                Arg::U32(h as u32),
-                Arg::U64(a.r.ptr()),
-            ],
+            inp.tokens(),
+            self.model.embed.ptr(),
+            h,
+            a.r.ptr(),
+            t,
         )?;
         let teacher_at = |layer: usize| -> Option<u64> {
             let (buf, has) = ex.teacher?;
@@ -187,33 +138,22 @@ impl StandardPath {
     /// into bf16 `out`.
     fn rmsnorm(&self, x: u64, rows: u64, w: &DevBuf, out: u64, nrows: usize) -> Result<()> {
         let c = &self.model.config;
-        self.l.launch(
-            "rmsnorm",
+        pw::rmsnorm(
+            &self.l,
             &self.kern.rmsnorm,
-            (nrows as u32, 1, 1),
-            1024,
-            0,
-            &[
-                Arg::U64(x),
-                Arg::U64(rows),
-                Arg::U64(w.ptr()),
-                Arg::F32(c.rms_norm_eps),
-                Arg::U32(c.hidden_size as u32),
-                Arg::U64(out),
-            ],
+            x,
+            rows,
+            w.ptr(),
+            c.rms_norm_eps,
+            c.hidden_size,
+            out,
+            nrows,
         )
     }
 
     /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
     fn add_bf16(&self, acc: u64, y: u64, n: usize) -> Result<()> {
-        self.l.launch(
-            "add_bf16",
-            &self.kern.add_bf16,
-            ((n as u32).div_ceil(256).max(1), 1, 1),
-            256,
-            0,
-            &[Arg::U64(acc), Arg::U64(y), Arg::U32(n as u32)],
-        )
+        pw::add_bf16(&self.l, &self.kern.add_bf16, acc, y, n)
     }
 
     /// Store bf16 `y` (`n` values) as f32 into a tap slot.
@@ -575,20 +515,15 @@ impl StandardPath {
 
     fn swiglu(&self, g: u64, u: u64, out: u64, n: usize) -> Result<()> {
         let c = &self.model.config;
-        self.l.launch(
-            "swiglu",
+        pw::swiglu(
+            &self.l,
             &self.kern.swiglu,
-            ((n as u32).div_ceil(256).max(1), 1, 1),
-            256,
-            0,
-            &[
-                Arg::U64(g),
-                Arg::U64(u),
-                Arg::F32(c.swiglu_alpha),
-                Arg::F32(c.swiglu_limit),
-                Arg::U64(out),
-                Arg::U32(n as u32),
-            ],
+            g,
+            u,
+            c.swiglu_alpha,
+            c.swiglu_limit,
+            out,
+            n,
         )
     }
 
@@ -612,74 +547,29 @@ impl StandardPath {
 
     /// Per-head norm + RoPE of up to 4 tensors `(x, heads, d, w, rd, out)`
     /// in one launch.
-    fn headnorm_rope(&self, jobs: &[(u64, usize, usize, u64, usize, u64)], t: usize) -> Result<()> {
+    fn headnorm_rope(&self, jobs: &[HnSpec], t: usize) -> Result<()> {
         let c = &self.model.config;
-        let mut hj = HnJobs {
-            theta: c.rope_theta,
-            eps: c.rms_norm_eps,
-            ..HnJobs::default()
-        };
-        let mut h0 = 0u32;
-        for (i, &(x, heads, d, w, rd, out)) in jobs.iter().take(4).enumerate() {
-            hj.j[i] = HnJob {
-                x,
-                w,
-                out,
-                heads: heads as u32,
-                d: d as u32,
-                rd: rd as u32,
-                h0,
-            };
-            h0 += heads as u32;
-            hj.n += 1;
-        }
-        self.l.launch(
-            "headnorm_rope",
+        pw::headnorm_rope(
+            &self.l,
             &self.kern.headnorm_rope,
-            (h0, t as u32, 1),
-            32,
-            0,
-            &[Arg::pod(&hj), Arg::U64(self.inputs.pos())],
+            jobs,
+            t,
+            self.inputs.pos(),
+            c.rope_theta,
+            c.rms_norm_eps,
         )
     }
 
     /// Cache writes of up to 3 tensors `(x, width, scale, cache)` in one
     /// launch.
-    fn cache_writes(&self, jobs: &[(u64, usize, f32, u64)], t: usize, bf16: bool) -> Result<()> {
-        let mut cj = CwJobs::default();
-        for (i, &(x, width, scale, cache)) in jobs.iter().take(3).enumerate() {
-            cj.j[i] = CwJob {
-                x,
-                cache,
-                width: width as u32,
-                scale,
-                bf16: bf16 as u32,
-                pad: 0,
-            };
-            cj.n += 1;
-        }
-        self.l.launch(
-            "cache_write",
+    fn cache_writes(&self, jobs: &[CwSpec], t: usize, bf16: bool) -> Result<()> {
+        pw::cache_writes(
+            &self.l,
             &self.kern.cache_write,
-            (t as u32, cj.n, 1),
-            128,
-            0,
-            &[Arg::pod(&cj), Arg::U64(self.inputs.slots())],
+            jobs,
+            t,
+            self.inputs.slots(),
+            bf16,
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn job_tables_have_the_kernel_layout() {
-        // SHnJob: 3 u64 + 4 u32; SHnJobs: 4 of them, f64, f32, u32.
-        assert_eq!(std::mem::size_of::<HnJob>(), 40);
-        assert_eq!(std::mem::size_of::<HnJobs>(), 4 * 40 + 16);
-        // SCwJob: 2 u64 + u32, f32, u32, u32; SCwJobs: 3 of them + 2 u32.
-        assert_eq!(std::mem::size_of::<CwJob>(), 32);
-        assert_eq!(std::mem::size_of::<CwJobs>(), 3 * 32 + 8);
     }
 }

@@ -851,6 +851,21 @@ M3_KERNEL void m3s_act_mxfp4(const u16* __restrict__ x, u32 rows, u32 K, u16* __
   out[(u64)r * K + k] = res;
 }
 
+/// The DSpark draft's Markov bias: out[v] = sum_j e[prev][j] * w[j][v] in
+/// f32, j in order (e `[vocab][r]`, w `[r][vocab]`, both f32). One thread
+/// per v, so the w loads of a warp are consecutive. Grid vocab / block.
+M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restrict__ w, u32 prev, u32 r,
+                               u32 vocab, float* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  const u32 v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= vocab) return;
+  const float* er = e + (u64)prev * r;
+  float s = 0.0f;
+  for (u32 j = 0; j < r; ++j) s += er[j] * w[(u64)j * vocab + v];
+  out[v] = s;
+}
+
 /// y[m][n] = sum_k f32(x[m][k]) * w[n][k] for f32 weights (the router):
 /// one CTA per output feature n, its weight row held in registers (K <=
 /// 32 * blockDim, loaded before the dependency wait) and reused for every

@@ -16,7 +16,9 @@
 //!   device-resident state, captured into CUDA graphs).
 //! - [`runner`]: [`GpuRunner`], the loaded model behind
 //!   `m3_core::backend::ModelRunner` that every `--backend gpu` command
-//!   runs on.
+//!   runs on; [`draft`]: the DSpark draft it runs beside the target
+//!   (device weights, device context K/V, the target's embedding and LM
+//!   head shared).
 //! - [`harness`]: [`GpuBackend`]: `Backend::run_op` op by op from host
 //!   slices (the op-parity harness and the format kernels' conformance),
 //!   and `Backend::load` -> [`GpuRunner`].
@@ -24,6 +26,7 @@
 //! Callers try [`CudaGpu::open`] (or [`GpuBackend::open`]); any error means
 //! "use the CPU backend" and says why.
 
+pub mod draft;
 mod error;
 pub mod harness;
 pub mod kernels;

@@ -18,6 +18,12 @@ use m3_core::backend::{
 use m3_core::config::ModelConfig;
 use m3_core::kv::KvLayout;
 
+use std::sync::Arc;
+
+use m3_core::dspark::DsparkWeights;
+use m3_core::sched::draft_forward::DraftForward;
+
+use crate::draft::GpuDraft;
 use crate::error::GpuError;
 use m3_core::backend::runner::LoadProgress;
 
@@ -200,5 +206,26 @@ impl ModelRunner for GpuRunner<'_> {
 
     fn device_bytes(&self) -> usize {
         self.path.device_bytes()
+    }
+
+    /// The DSpark draft on this device ([`GpuDraft`]): its weights
+    /// uploaded, the target's embedding and LM head shared.
+    fn draft_forward(
+        &self,
+        w: &DsparkWeights,
+    ) -> Option<Result<Box<dyn DraftForward>, BackendError>> {
+        let m = &self.path.model;
+        Some(
+            GpuDraft::new(
+                self.gpu,
+                &self.path.options(),
+                &self.config,
+                Arc::clone(&m.embed),
+                Arc::clone(&m.lm_head),
+                w,
+            )
+            .map(|d| Box::new(d) as Box<dyn DraftForward>)
+            .map_err(|e| be_err("loading the DSpark draft", e)),
+        )
     }
 }

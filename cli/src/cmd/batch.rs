@@ -246,11 +246,15 @@ pub fn run(args: Args) -> Result<()> {
     let (finished, counters, ran, layout) = args::with_threads(e.threads, || {
         let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
         let layout = runner.kv_layout();
+        let drafter = if args.sched.spec_tokens > 0 {
+            Some(drafting::make_drafter(&*be, &*runner, &ck, draft.as_ref())?)
+        } else {
+            None
+        };
         let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
         sr.spec_tokens = args.sched.spec_tokens;
         sr.verify = args.sched.verify.into();
-        if args.sched.spec_tokens > 0 {
-            let (d, name) = drafting::make_drafter(&*be, draft.as_ref())?;
+        if let Some((d, name)) = drafter {
             eprintln!(
                 "speculative decoding: {} draft tokens, drafter {name}",
                 args.sched.spec_tokens

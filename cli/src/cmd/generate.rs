@@ -146,10 +146,14 @@ pub fn run(args: Args) -> Result<()> {
                 enable_prefix_cache: args.sched.prefix_cache(),
                 ..SchedulerConfig::default()
             };
+            let drafter = if args.sched.spec_tokens > 0 {
+                Some(drafting::make_drafter(&*be, &*runner, &ck, draft.as_ref())?)
+            } else {
+                None
+            };
             let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
             let mut drafter_name = "";
-            if args.sched.spec_tokens > 0 {
-                let (d, name) = drafting::make_drafter(&*be, draft.as_ref())?;
+            if let Some((d, name)) = drafter {
                 sr.drafter = Some(d);
                 sr.spec_tokens = args.sched.spec_tokens;
                 sr.verify = verify;

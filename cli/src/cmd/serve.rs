@@ -214,10 +214,14 @@ pub fn run(a: Args) -> Result<()> {
                             }
                         };
                         let layout = runner.kv_layout();
+                        let drafter = if sched.spec_tokens > 0 {
+                            Some(drafting::make_drafter(&**be, &*runner, ck, draft)?)
+                        } else {
+                            None
+                        };
                         let mut sr =
                             SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
-                        if sched.spec_tokens > 0 {
-                            let (d, dname) = drafting::make_drafter(&**be, draft)?;
+                        if let Some((d, dname)) = drafter {
                             eprintln!(
                                 "speculative decoding: {} draft tokens, drafter {dname}",
                                 sched.spec_tokens

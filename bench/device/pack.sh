@@ -7,7 +7,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 d=$(mktemp -d)
 cp target/release/m3 target/release/xtask "$d/"
-for t in runner sampling compile ops formats spec_vectors backend_ops m3_gpu; do
+for t in runner sampling compile ops formats spec_vectors backend_ops draft m3_gpu; do
   f=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -n1)
   cp "$f" "$d/test-$t"
 done

@@ -25,6 +25,19 @@
 #endif
 
 #define M3_KERNEL extern "C" __global__
+
+// ---- launch bounds on HIP ---------------------------------------------------
+// Without __launch_bounds__, HIP compiles a kernel for 1024-thread blocks,
+// which caps a wave64 thread at 128 VGPRs (and spills past that). A kernel
+// whose host launch uses a smaller block states it with M3_HIP_BLOCK(t): t
+// must be the block size the host really launches with (a larger block
+// then fails to launch), so t is a #define the host's constant is tested
+// against. Nothing on CUDA, whose register allocation is tuned as it is.
+#if defined(M3_HIP)
+#define M3_HIP_BLOCK(t) __launch_bounds__(t)
+#else
+#define M3_HIP_BLOCK(t)
+#endif
 #define M3_DEV static __device__ __forceinline__
 
 typedef unsigned char u8;

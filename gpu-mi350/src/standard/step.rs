@@ -429,7 +429,7 @@ impl StandardPath {
                     "router",
                     &self.kern.router_warp,
                     (t as u32, 1, 1),
-                    32,
+                    self.l.warp(),
                     0,
                     &[
                         Arg::U64(a.z.ptr()),
@@ -637,7 +637,7 @@ impl StandardPath {
             "headnorm_rope",
             &self.kern.headnorm_rope,
             (h0, t as u32, 1),
-            32,
+            self.l.warp(),
             0,
             &[Arg::pod(&hj), Arg::U64(self.inputs.pos())],
         )

@@ -15,8 +15,6 @@ pub const MAX_M_PER_LAUNCH: usize = 8;
 /// `M3_LIN_THREADS`, which HIP builds them for (a larger block would not
 /// launch there).
 const LIN_THREADS: u32 = 256;
-/// Warp width on CUDA (compat.h's M3_WARP for NVRTC builds).
-const CUDA_WARP: u32 = 32;
 
 /// Weight storage formats the linear kernels read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,7 +246,7 @@ impl CudaGpu {
         let kernel = w.format.resolve(kernel, m);
         let f = self.function(&LINEAR, w.format.entry(kernel))?;
         let (n32, k32) = (w.n as u32, w.k as u32);
-        let rows_per_block = LIN_THREADS / CUDA_WARP * w.format.rows_per_warp(kernel);
+        let rows_per_block = LIN_THREADS / self.warp() * w.format.rows_per_warp(kernel);
         let cfg = LaunchConfig {
             grid_dim: ((w.n as u32).div_ceil(rows_per_block), 1, 1),
             block_dim: (LIN_THREADS, 1, 1),

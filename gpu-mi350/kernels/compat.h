@@ -251,7 +251,9 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 }
 #else
 // HIP: the same tile product from lane shuffles within each 32-thread group
-// (correct, not fast: the MFMA version for gfx950 is still to be written).
+// (two groups per 64-lane wavefront: the width-32 shuffles keep them apart;
+// tests/wave64.rs models it). Correct, not fast: the MFMA version for gfx950
+// is still to be written.
 M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
 #pragma unroll

@@ -25,6 +25,19 @@
 #endif
 
 #define M3_KERNEL extern "C" __global__
+
+// ---- launch bounds on HIP ---------------------------------------------------
+// Without __launch_bounds__, HIP compiles a kernel for 1024-thread blocks,
+// which caps a wave64 thread at 128 VGPRs (and spills past that). A kernel
+// whose host launch uses a smaller block states it with M3_HIP_BLOCK(t): t
+// must be the block size the host really launches with (a larger block
+// then fails to launch), so t is a #define the host's constant is tested
+// against. Nothing on CUDA, whose register allocation is tuned as it is.
+#if defined(M3_HIP)
+#define M3_HIP_BLOCK(t) __launch_bounds__(t)
+#else
+#define M3_HIP_BLOCK(t)
+#endif
 #define M3_DEV static __device__ __forceinline__
 
 typedef unsigned char u8;
@@ -238,7 +251,9 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 }
 #else
 // HIP: the same tile product from lane shuffles within each 32-thread group
-// (correct, not fast: the MFMA version for gfx950 is still to be written).
+// (two groups per 64-lane wavefront: the width-32 shuffles keep them apart;
+// tests/wave64.rs models it). Correct, not fast: the MFMA version for gfx950
+// is still to be written.
 M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
 #pragma unroll

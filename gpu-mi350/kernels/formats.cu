@@ -4,6 +4,11 @@
 // Element types: 0 E2M1, 1 E4M3, 2 E5M2 (M3_ELEM_*); rules: 0 floor,
 // 1 even, 2 rceil (M3_RULE_*). One thread per element or per block.
 
+// Threads per block of the one-thread-per-item launches (ops::THREADS,
+// grid_1d); M3_HIP_BLOCK for the kernels that need more than the 128 VGPRs
+// of HIP's default 1024-thread build.
+#define M3_FMT_THREADS 256
+
 M3_KERNEL void m3_decode_elem(int elem, const u8* __restrict__ codes, float* __restrict__ out, u32 n) {
   u32 i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = m3_elem_decode(elem, codes[i]);
@@ -179,8 +184,9 @@ M3_DEV u32 m3_mx_scale_byte_f64(int elem, int rule, double amax) {
 
 /// NVFP4 -> MXFP4 (FORMATS.md Conversions): exact decode, then MX-quantize
 /// the exact values under `rule`. One thread per MX block of 32.
-M3_KERNEL void m3_nvfp4_to_mxfp4(int rule, const u8* __restrict__ codes, const u8* __restrict__ scales, float gf,
-                                 u8* __restrict__ out_codes, u8* __restrict__ out_scales, u32 rows, u32 cols) {
+M3_KERNEL void M3_HIP_BLOCK(M3_FMT_THREADS)
+    m3_nvfp4_to_mxfp4(int rule, const u8* __restrict__ codes, const u8* __restrict__ scales, float gf,
+                      u8* __restrict__ out_codes, u8* __restrict__ out_scales, u32 rows, u32 cols) {
   u32 nb = cols / 32u;
   u64 blk = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (blk >= (u64)rows * nb) return;

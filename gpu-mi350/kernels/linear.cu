@@ -8,6 +8,10 @@
 // then a butterfly): results agree to f32 rounding, not bit for bit.
 
 #define M3_LIN_MAXM 8
+// Threads per block of every kernel here (LIN_THREADS in ops/linear.rs): a
+// multiple of either warp size; HIP builds them for it (M3_HIP_BLOCK).
+#define M3_LIN_THREADS 256
+#define M3_LIN_KERNEL M3_KERNEL void M3_HIP_BLOCK(M3_LIN_THREADS)
 #define M3_FMT_BF16 0
 #define M3_FMT_MXFP8_E4M3 1
 #define M3_FMT_MXFP4 2
@@ -114,24 +118,24 @@ M3_DEV void m3_linear_body(const u16* __restrict__ x, const u8* __restrict__ w, 
 
 // ---- v1 (session 1 baseline): one warp per row, x re-read per row --------
 
-M3_KERNEL void m3_linear_bf16_v1(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
-                              u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_bf16_v1(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+                             u32 N, u32 K) {
   m3_linear_body<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e4m3_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e4m3_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                   u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e5m2_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e5m2_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                   u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                               u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                              u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_nvfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                               float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_nvfp4_v1(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                              float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
 }
 
@@ -251,24 +255,24 @@ M3_DEV void m3_linear_body2(const u16* __restrict__ x, const u8* __restrict__ w,
   }
 }
 
-M3_KERNEL void m3_linear_bf16(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
-                              u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_bf16(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+                             u32 N, u32 K) {
   m3_linear_body2<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e4m3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e4m3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                   u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body2<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e5m2(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                    u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e5m2(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                   u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body2<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                               u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                              u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body2<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_nvfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                               float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_nvfp4(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                              float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body2<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
 }
 
@@ -344,23 +348,23 @@ M3_DEV void m3_linear_body3(const u16* __restrict__ x, const u8* __restrict__ w,
   }
 }
 
-M3_KERNEL void m3_linear_bf16_v3(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
-                                 u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_bf16_v3(const u16* __restrict__ x, const u8* __restrict__ w, u16* __restrict__ y, u32 M,
+                                u32 N, u32 K) {
   m3_linear_body3<M3_FMT_BF16>(x, w, w, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e4m3_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                       u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e4m3_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                      u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body3<M3_FMT_MXFP8_E4M3>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp8_e5m2_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                       u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp8_e5m2_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                      u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body3<M3_FMT_MXFP8_E5M2>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_mxfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                  u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_mxfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                 u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body3<M3_FMT_MXFP4>(x, w, ws, 1.0f, y, M, N, K);
 }
-M3_KERNEL void m3_linear_nvfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
-                                  float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
+M3_LIN_KERNEL m3_linear_nvfp4_v3(const u16* __restrict__ x, const u8* __restrict__ w, const u8* __restrict__ ws,
+                                 float g, u16* __restrict__ y, u32 M, u32 N, u32 K) {
   m3_linear_body3<M3_FMT_NVFP4>(x, w, ws, g, y, M, N, K);
 }

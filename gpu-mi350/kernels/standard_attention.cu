@@ -113,9 +113,8 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
 #pragma unroll
         for (int x = 0; x < CPT; ++x) {
           const u32 cc = sub + 4u * (u32)x;
-          uint4 z;
-          z.x = z.y = z.z = z.w = 0u;
-          raw[r][x] = (ok[r] && cc < nc) ? *reinterpret_cast<const uint4*>(kr + 16u * cc) : z;
+          raw[r][x] = make_uint4(0u, 0u, 0u, 0u);
+          if (ok[r] && cc < nc) raw[r][x] = *reinterpret_cast<const uint4*>(kr + 16u * cc);
         }
       }
 #pragma unroll
@@ -189,11 +188,11 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
 
 /// See si_scores. cache_bf16: the index cache holds bf16 bits (else E4M3
 /// codes); uniform over the grid, so the CTA takes one instantiation.
-M3_KERNEL void m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
-                                float iscale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
-                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 B, u32 K,
-                                u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores,
-                                u32 maxnb, u32 cache_bf16) {
+M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)
+    m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
+                     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
+                     const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel,
+                     u32 nkv, float* __restrict__ scores, u32 maxnb, u32 cache_bf16) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float4 qs4[SI_MAXH * SI_MAXD / 4];  // float4: 16-byte aligned
@@ -231,8 +230,9 @@ M3_DEV u64 sk_shfl_xor(u64 v, int o) {
 /// those nw * K candidates (they hold the global top K). Written ascending
 /// with -1 first for picks short of K (fewer valid blocks), to
 /// sel [nkv][T][K] for the KV heads the selection head covers.
-M3_KERNEL void m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel,
-                              u32 nkv, u32 T, u32 maxnb, int* __restrict__ sel) {
+M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
+    m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv,
+                   u32 T, u32 maxnb, int* __restrict__ sel) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float ssc[SK_SMEM];
@@ -669,7 +669,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #else
 // HIP: the block size only (without bounds a kernel is built for 1024-thread
 // blocks, which caps a wave64 thread at 128 VGPRs: 1,530 spilled)
-#define SA_BOUNDS __launch_bounds__(SA_THREADS)
+#define SA_BOUNDS M3_HIP_BLOCK(SA_THREADS)
 #endif
 /// See sa_partial. cache_bf16: the K and V caches hold bf16 bits (else E4M3
 /// codes); uniform over the grid, so the CTA takes one instantiation.
@@ -703,8 +703,9 @@ M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32
 /// the row saw no key. Grid (nh, T), block SC_THREADS; out [T][nh][d] bf16.
 /// The chunk weights go through shared memory, SC_THREADS chunks at a time,
 /// so the o loads of all chunks are independent.
-M3_KERNEL void m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv, u32 d, const u32* __restrict__ pos,
-                                u32 sparse, u32 K, u32 max_chunks, u16* __restrict__ out) {
+M3_KERNEL void M3_HIP_BLOCK(SC_THREADS)
+    m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv, u32 d, const u32* __restrict__ pos, u32 sparse,
+                     u32 K, u32 max_chunks, u16* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   __shared__ float red[SC_THREADS / M3_WARP];

@@ -682,7 +682,8 @@ struct SHnJobs {
 
 /// Per-head Gemma RMSNorm (f32) then partial NeoX RoPE, bf16 out, for up
 /// to 4 tensors at once (q, k and the indexer's q, k). One warp per
-/// (t, head); d <= 256. Grid (total heads, T), block 32.
+/// (t, head); d <= 256. Grid (total heads, T), block M3_WARP (lanes stride
+/// by M3_WARP: a 32-thread block on a wave64 device would skip values).
 M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
@@ -872,7 +873,7 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
 /// row m. Grid N, block 256.
 M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
                                float* __restrict__ y) {
-  __shared__ float part[8][32];
+  __shared__ float part[8][32];  // [warp][row]: 8 warps of 32 lanes (4 wavefronts of 64 use half)
   M3_PDL_TRIGGER();
   const u32 n = blockIdx.x, lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
   const u32 nw = blockDim.x / M3_WARP;
@@ -910,7 +911,8 @@ M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restric
 /// Router, one warp per row (cpu-ref's arithmetic and tie rules):
 /// s = sigmoid(z); top-k by s + bias (ties: lower id; NaN counts as -inf);
 /// ids ascending; w = s / sum(s chosen, ascending id) * scaling.
-/// Grid T, block M3_WARP; ne <= 32 * M3_WARP, k <= 16.
+/// Grid T, block M3_WARP (experts lane + i * M3_WARP: a 32-thread block
+/// on a wave64 device would see half of them); ne <= 32 * M3_WARP, k <= 16.
 M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
                                float scaling, int* __restrict__ ids, float* __restrict__ wts) {
   M3_PDL_TRIGGER();

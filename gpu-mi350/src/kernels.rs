@@ -13,6 +13,38 @@ pub const PRELUDE: &str = include_str!("../kernels/compat.h");
 /// hardware so far.
 pub const HIP_FREESTANDING: &str = include_str!("../kernels/hip_freestanding.h");
 
+/// Which compiler a kernel source meets: compat.h's `M3_CUDA` (NVRTC) or
+/// `M3_HIP` (hiprtc, hipcc, clang). Host launch code that sizes blocks by
+/// warps takes the warp width from here, never from a literal 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Cuda,
+    Hip,
+}
+
+impl Vendor {
+    /// Lanes of a warp (CUDA) or wavefront (CDNA, wave64): compat.h's
+    /// `M3_WARP` for this vendor (checked against the prelude's text).
+    pub const fn warp(self) -> u32 {
+        match self {
+            Vendor::Cuda => 32,
+            Vendor::Hip => 64,
+        }
+    }
+}
+
+/// The value of `#define NAME <integer>` in `src` (the first such line),
+/// for tests that hold a host constant to the kernel's.
+pub fn define(src: &str, name: &str) -> Option<u64> {
+    src.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        if w.next() != Some("#define") || w.next() != Some(name) {
+            return None;
+        }
+        w.next()?.parse().ok()
+    })
+}
+
 /// One kernel source file.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSource {
@@ -175,3 +207,58 @@ pub const ALL: &[KernelSource] = &[
     crate::standard::STANDARD,
     crate::standard::GEN,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `M3_WARP` of the prelude's HIP branch, then of its CUDA branch.
+    #[test]
+    fn warp_width_matches_the_prelude() {
+        let hip = PRELUDE.find("#define M3_HIP 1").unwrap();
+        let cuda = PRELUDE.find("#define M3_CUDA 1").unwrap();
+        assert!(hip < cuda);
+        assert_eq!(define(&PRELUDE[hip..cuda], "M3_WARP"), Some(64));
+        assert_eq!(define(&PRELUDE[cuda..], "M3_WARP"), Some(32));
+        assert_eq!(Vendor::Hip.warp(), 64);
+        assert_eq!(Vendor::Cuda.warp(), 32);
+    }
+
+    /// Every `M3_HIP_BLOCK(X)` names a block size that the same source
+    /// defines as an integer (so a host constant can be tested against
+    /// it), a multiple of the wave64 width, and within HIP's 1024.
+    #[test]
+    fn hip_block_bounds_are_defined_sizes() {
+        let mut seen = 0;
+        for k in ALL {
+            let body = k.body;
+            for (i, _) in body.match_indices("M3_HIP_BLOCK(") {
+                let arg = &body[i + "M3_HIP_BLOCK(".len()..];
+                let name = &arg[..arg.find(')').unwrap()];
+                let v = define(body, name).unwrap_or_else(|| {
+                    panic!(
+                        "{}: M3_HIP_BLOCK({name}) without #define {name} <n>",
+                        k.name
+                    )
+                });
+                assert!(
+                    v.is_multiple_of(64) && v <= 1024,
+                    "{}: {name} = {v}",
+                    k.name
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen > 0);
+    }
+
+    #[test]
+    fn define_reads_integers_only() {
+        let src = "#define A 12\n#define B (A * 2)\n  #define C 7 // c\n#define AB 3\n";
+        assert_eq!(define(src, "A"), Some(12));
+        assert_eq!(define(src, "B"), None);
+        assert_eq!(define(src, "C"), Some(7));
+        assert_eq!(define(src, "AB"), Some(3));
+        assert_eq!(define(src, "D"), None);
+    }
+}

@@ -2,10 +2,12 @@
 //! note that the compiler writes into every code object (read with
 //! `llvm-readelf --notes`, which prints it as YAML).
 //!
-//! `cargo xtask kernels` reports it for each clang target and fails when a
-//! standard-path tensor-core linear kernel (`m3s_mma_*`) spills registers:
-//! those kernels are sized to keep their tiles in registers, and a spill
-//! there is a performance bug that no CI test would otherwise notice. This
+//! `cargo xtask kernels` reports it for each clang target and fails when any
+//! kernel spills VGPRs (to scratch memory: a performance bug that no CI test
+//! would otherwise notice), or spills more SGPRs than its ceiling in
+//! [`SGPR_SPILL_CEILINGS`] (zero for every kernel not listed). SGPR spills go
+//! to lanes of a VGPR (`v_writelane` / `v_readlane`, no memory); the listed
+//! kernels keep a few because wave64 lane masks take two SGPRs each. This
 //! reads what the compiler reports; nothing has run on AMD hardware.
 
 use std::fmt::Write as _;
@@ -14,8 +16,43 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// Kernels that must not spill (name prefix).
-pub const NO_SPILL_PREFIX: &str = "m3s_mma_";
+/// The kernels allowed to spill SGPRs, with the most they may spill on
+/// gfx950 and gfx942 (clang 22's counts when set; a ceiling only goes down)
+/// and why. Every other kernel must spill none, and no kernel may spill a
+/// VGPR.
+pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
+    (
+        "m3s_index_scores",
+        43,
+        "a 64-bit lane mask per (key, chunk) load predicate and per index head; \
+         a few read back per key pass",
+    ),
+    (
+        "m3s_attn_partial",
+        59,
+        "kernel arguments and 64-bit lane masks live across the tile loop; spilled and \
+         read back outside its Q K^T / P V loops",
+    ),
+    (
+        "m3s_attn_combine",
+        9,
+        "16 chunk loads in flight with 64-bit uniform offsets; spilled once before the \
+         chunk loop, read back after it",
+    ),
+    (
+        "m3s_sample_keyed",
+        6,
+        "kept across the radix selects, read back once at the end",
+    ),
+];
+
+/// The SGPR spills `kernel` may have (0 unless listed).
+pub fn sgpr_spill_ceiling(kernel: &str) -> u32 {
+    SGPR_SPILL_CEILINGS
+        .iter()
+        .find(|(k, _, _)| *k == kernel)
+        .map_or(0, |(_, n, _)| *n)
+}
 
 /// One kernel's resources as the compiler reports them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -139,11 +176,20 @@ pub fn table(rows: &[(&str, KernelResources)]) -> String {
     s
 }
 
-/// The kernels that break the no-spill rule.
+/// The kernels that break the spill rule: any VGPR spill, or more SGPR
+/// spills than the kernel's ceiling.
 pub fn violations<'a>(rows: &'a [(&str, KernelResources)]) -> Vec<&'a KernelResources> {
     rows.iter()
         .map(|(_, k)| k)
-        .filter(|k| k.name.starts_with(NO_SPILL_PREFIX) && k.spills())
+        .filter(|k| k.vgpr_spill > 0 || k.sgpr_spill > sgpr_spill_ceiling(&k.name))
+        .collect()
+}
+
+/// Listed kernels now below their SGPR ceiling (the ceiling can go down).
+pub fn slack<'a>(rows: &'a [(&str, KernelResources)]) -> Vec<(&'a KernelResources, u32)> {
+    rows.iter()
+        .map(|(_, k)| (k, sgpr_spill_ceiling(&k.name)))
+        .filter(|(k, c)| k.sgpr_spill < *c)
         .collect()
 }
 
@@ -225,22 +271,42 @@ amdhsa.version:
     }
 
     #[test]
-    fn only_mma_spills_are_violations() {
+    fn any_vgpr_spill_and_sgpr_spills_past_the_ceiling_are_violations() {
         let ks = parse_notes(SAMPLE).unwrap();
-        let mut spilling_other = ks[0].clone();
-        spilling_other.name = "m3s_attn_partial".into();
-        spilling_other.vgpr_spill = 100;
-        let rows = vec![
-            ("standard_decode", ks[1].clone()),
-            ("standard_decode", spilling_other),
-        ];
-        let v = violations(&rows);
-        assert_eq!(v.len(), 1);
-        assert_eq!(v[0].name, "m3s_mma_fp4");
-        let mut clean = ks[1].clone();
-        clean.vgpr_spill = 0;
-        clean.sgpr_spill = 0;
-        assert!(violations(&[("m", clean)]).is_empty());
+        // m3s_mma_fp4 spills 7 VGPRs and 2 SGPRs: both break the rule
+        assert_eq!(violations(&[("standard_decode", ks[1].clone())]).len(), 1);
+        let with = |name: &str, v: u32, s: u32| {
+            let mut k = ks[0].clone();
+            k.name = name.into();
+            k.vgpr_spill = v;
+            k.sgpr_spill = s;
+            ("m", k)
+        };
+        let (listed, ceiling, _) = SGPR_SPILL_CEILINGS[0];
+        // a VGPR spill fails in any kernel, listed or not
+        assert_eq!(violations(&[with("m3_rmsnorm", 1, 0)]).len(), 1);
+        assert_eq!(violations(&[with(listed, 1, 0)]).len(), 1);
+        // SGPR spills: up to the ceiling for a listed kernel, none otherwise
+        assert!(violations(&[with(listed, 0, ceiling)]).is_empty());
+        assert_eq!(violations(&[with(listed, 0, ceiling + 1)]).len(), 1);
+        assert_eq!(violations(&[with("m3_rmsnorm", 0, 1)]).len(), 1);
+        assert!(violations(&[with("m3_rmsnorm", 0, 0)]).is_empty());
+        // below the ceiling is reported as slack, not a failure
+        let below = [with(listed, 0, ceiling - 1)];
+        assert!(violations(&below).is_empty());
+        assert_eq!(slack(&below).len(), 1);
+        assert!(slack(&[with(listed, 0, ceiling)]).is_empty());
+    }
+
+    #[test]
+    fn ceilings_are_unique_and_positive() {
+        for (i, (k, n, why)) in SGPR_SPILL_CEILINGS.iter().enumerate() {
+            assert!(*n > 0 && !why.is_empty(), "{k}");
+            assert!(
+                SGPR_SPILL_CEILINGS[..i].iter().all(|(o, _, _)| o != k),
+                "{k}"
+            );
+        }
     }
 
     #[test]

@@ -431,6 +431,25 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
 mod tests {
     use super::*;
 
+    /// Every block size here is the kernel's own `#define` (on HIP the
+    /// kernels are built for exactly that block: `M3_HIP_BLOCK`), and the
+    /// other mirrored limits match too.
+    #[test]
+    fn constants_match_the_kernels() {
+        let body = super::super::STANDARD.body;
+        let d = |n: &str| crate::kernels::define(body, n).map(|v| v as usize);
+        assert_eq!(d("SI_THREADS"), Some(INDEX_SCORES_BLOCK as usize));
+        assert_eq!(d("SK_THREADS"), Some(INDEX_TOPK_BLOCK as usize));
+        assert_eq!(d("SA_THREADS"), Some(ATTN_PARTIAL_BLOCK as usize));
+        assert_eq!(d("SC_THREADS"), Some(ATTN_COMBINE_BLOCK as usize));
+        assert_eq!(d("SI_MAXH"), Some(MAX_INDEX_HEADS));
+        assert_eq!(d("SI_MAXD"), Some(MAX_HEAD_DIM));
+        assert_eq!(d("SA_MAXD"), Some(MAX_HEAD_DIM));
+        assert_eq!(d("SA_MAXHG"), Some(MAX_GROUP));
+        assert_eq!(d("SK_MAXK"), Some(MAX_TOPK));
+        assert_eq!(d("SA_TILE"), Some(ATTN_TILE));
+    }
+
     /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
     fn attn_m31() -> AttnArgs {
         AttnArgs {

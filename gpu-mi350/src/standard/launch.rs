@@ -15,6 +15,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaFunction, CudaStream};
 
 use crate::error::{GpuError, Result};
+use crate::kernels::Vendor;
 
 /// One kernel argument, by value.
 pub(crate) enum Arg {
@@ -76,6 +77,14 @@ impl Launcher {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Lanes of a warp on this launcher's device (`M3_WARP`): the block of
+    /// the one-warp kernels (`m3s_router_warp`, `m3s_headnorm_rope`), which
+    /// stride by `M3_WARP` and would skip work with fewer threads. The
+    /// standard path runs on CUDA only so far; a HIP launcher gives 64.
+    pub(crate) fn warp(&self) -> u32 {
+        Vendor::Cuda.warp()
     }
 
     /// Make the context current on this thread (driver calls need it).

@@ -77,7 +77,8 @@ pub(crate) struct MmaSegs {
 /// The tensor-core kernels of one compiled variant.
 pub(crate) struct MmaVariant {
     pub label: String,
-    /// Threads per CTA (S_MMA_WARPS * 32 of that compile).
+    /// Threads per CTA (S_MMA_WARPS * 32 of that compile: "warps" there are
+    /// 32-thread mma groups whatever the hardware width, two per wave64).
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,

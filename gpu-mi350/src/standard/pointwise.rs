@@ -192,7 +192,7 @@ pub(crate) fn headnorm_rope(
         "headnorm_rope",
         f,
         (h0, t as u32, 1),
-        32,
+        l.warp(),
         0,
         &[Arg::pod(&hj), Arg::U64(pos)],
     )

@@ -369,7 +369,7 @@ impl StandardPath {
                     "router",
                     &self.kern.router_warp,
                     (t as u32, 1, 1),
-                    32,
+                    self.l.warp(),
                     0,
                     &[
                         Arg::U64(a.z.ptr()),

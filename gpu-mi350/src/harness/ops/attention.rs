@@ -17,9 +17,10 @@ pub const ATTENTION: KernelSource = KernelSource {
     entries: &["m3_index_scores", "m3_block_topk", "m3_attention"],
 };
 
-/// Largest head_dim the attention kernel holds per warp
-/// (`M3_ATT_PER * warp` in attention.cu, CUDA warp of 32).
-pub const MAX_HEAD_DIM: usize = 16 * 32;
+/// Largest head_dim the attention kernel holds per warp (`M3_ATT_PER *
+/// M3_WARP` in attention.cu), for the narrower warp (CUDA's 32 lanes), so
+/// one bound holds on both vendors.
+pub const MAX_HEAD_DIM: usize = 16 * crate::kernels::Vendor::Cuda.warp() as usize;
 
 /// The step's row -> slot mapping on the device: positions, the sequence of
 /// each row, and every sequence's block table concatenated (`bt_off[s]` is
@@ -219,6 +220,10 @@ impl CudaGpu {
             .arg(&bs32)
             .arg(&t32)
             .arg(out);
-        launch!("m3_attention", b, grid_warps(op, step.rows * heads)?)
+        launch!(
+            "m3_attention",
+            b,
+            grid_warps(op, step.rows * heads, self.warp())?
+        )
     }
 }

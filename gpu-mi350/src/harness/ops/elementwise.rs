@@ -32,14 +32,15 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     ],
 };
 
-/// Threads per block of the one-warp-per-item kernels.
+/// Threads per block of the one-warp-per-item kernels (a multiple of
+/// either warp width).
 pub(crate) const WARP_BLOCK: u32 = 256;
-/// Warp width of CUDA builds (compat.h's M3_WARP under NVRTC).
-pub(crate) const CUDA_WARP: u32 = 32;
 
-/// A launch with one warp per item.
-pub(crate) fn grid_warps(op: &'static str, items: usize) -> Result<LaunchConfig> {
-    let per = (WARP_BLOCK / CUDA_WARP) as usize;
+/// A launch with one warp of `warp` lanes (the device's `M3_WARP`: 32 on
+/// CUDA, 64 on CDNA) per item; the kernels index items by
+/// `blockDim.x / M3_WARP`, so the block count must use the same width.
+pub(crate) fn grid_warps(op: &'static str, items: usize, warp: u32) -> Result<LaunchConfig> {
+    let per = (WARP_BLOCK / warp) as usize;
     let blocks = u32::try_from(items.div_ceil(per).max(1))
         .map_err(|_| GpuError::input(op, format!("{items} items is too many")))?;
     Ok(LaunchConfig {
@@ -192,7 +193,11 @@ impl CudaGpu {
             .arg(&ri)
             .arg(&ro)
             .arg(y);
-        launch!("m3_linear_generic", b, grid_warps("linear", m * w.rows)?)
+        launch!(
+            "m3_linear_generic",
+            b,
+            grid_warps("linear", m * w.rows, self.warp())?
+        )
     }
 
     /// f32 -> bf16 bits, `n` values.

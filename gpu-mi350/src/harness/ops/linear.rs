@@ -11,10 +11,10 @@ use crate::CudaGpu;
 
 /// Rows of x one launch handles (M3_LIN_MAXM in linear.cu).
 pub const MAX_M_PER_LAUNCH: usize = 8;
-/// Threads per block of the linear kernels (a multiple of any warp size).
+/// Threads per block of the linear kernels (a multiple of any warp size):
+/// `M3_LIN_THREADS`, which HIP builds them for (a larger block would not
+/// launch there).
 const LIN_THREADS: u32 = 256;
-/// Warp width on CUDA (compat.h's M3_WARP for NVRTC builds).
-const CUDA_WARP: u32 = 32;
 
 /// Weight storage formats the linear kernels read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,7 +246,7 @@ impl CudaGpu {
         let kernel = w.format.resolve(kernel, m);
         let f = self.function(&LINEAR, w.format.entry(kernel))?;
         let (n32, k32) = (w.n as u32, w.k as u32);
-        let rows_per_block = LIN_THREADS / CUDA_WARP * w.format.rows_per_warp(kernel);
+        let rows_per_block = LIN_THREADS / self.warp() * w.format.rows_per_warp(kernel);
         let cfg = LaunchConfig {
             grid_dim: ((w.n as u32).div_ceil(rows_per_block), 1, 1),
             block_dim: (LIN_THREADS, 1, 1),
@@ -294,5 +294,24 @@ impl CudaGpu {
         let mut v = self.download(&dy)?;
         v.truncate(m * w.n);
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{define, Vendor};
+
+    /// The block size is the kernels' HIP launch bound, and a whole number
+    /// of warps on either vendor.
+    #[test]
+    fn block_matches_the_kernels() {
+        assert_eq!(
+            define(LINEAR.body, "M3_LIN_THREADS"),
+            Some(LIN_THREADS as u64)
+        );
+        for v in [Vendor::Cuda, Vendor::Hip] {
+            assert!(LIN_THREADS.is_multiple_of(v.warp()));
+        }
     }
 }

@@ -69,3 +69,16 @@ impl CudaGpu {
         Ok(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{define, FORMATS};
+
+    /// `grid_1d`'s block is the one the format kernels are built for on
+    /// HIP (`M3_FMT_THREADS`).
+    #[test]
+    fn block_matches_the_format_kernels() {
+        assert_eq!(define(FORMATS.body, "M3_FMT_THREADS"), Some(THREADS as u64));
+    }
+}

@@ -12,7 +12,7 @@ use cudarc::nvrtc::Ptx;
 use super::nvrtc::{self, guard_as};
 use crate::cache::{self, DiskCache};
 use crate::error::{GpuError, Result};
-use crate::kernels::KernelSource;
+use crate::kernels::{KernelSource, Vendor};
 
 /// What the device reports about itself (for logs and bench notes).
 #[derive(Clone, Debug)]
@@ -138,6 +138,15 @@ impl CudaGpu {
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+    /// The kernels' vendor on this device (compat.h's `M3_CUDA`).
+    pub fn vendor(&self) -> Vendor {
+        Vendor::Cuda
+    }
+    /// Lanes of a warp here (`M3_WARP`): what launches that size blocks by
+    /// warps divide by.
+    pub fn warp(&self) -> u32 {
+        self.vendor().warp()
     }
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

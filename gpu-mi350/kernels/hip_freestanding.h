@@ -147,9 +147,6 @@ M3H_DEV float __shfl_xor(float v, int mask, int width = 64) {
   return __int_as_float(__shfl_xor(__float_as_int(v), mask, width));
 }
 
-// ---- memory fence (CUDA's __threadfence: device-scope ordering) -----------------
-M3H_DEV void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
-
 // ---- atomics (CUDA's: relaxed, device scope; return the old value) ------------
 M3H_DEV int atomicAdd(int* p, int v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
 M3H_DEV unsigned int atomicAdd(unsigned int* p, unsigned int v) {

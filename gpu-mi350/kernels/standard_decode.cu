@@ -373,15 +373,9 @@ struct SSeg1 {
   u32 n, tile0, mode, pad;
 };
 #define S_MAX_SEGS 5
-/// splitk > 1 (plain mode, one row chunk): the launch's grid is tiles x
-/// splitk CTAs, CTA (tile, ks) sums K's super-chunks [ks * per, (ks + 1) *
-/// per) and stores its f32 partial in part[tile][ks][row][16]; the last of
-/// a tile's CTAs to arrive (counter cnt[tile], reset by it) adds the
-/// partials in ks order (deterministic) and runs the epilogue.
 struct SSegs {
   SSeg1 s[S_MAX_SEGS];
-  u64 part, cnt;
-  u32 nseg, splitk;
+  u32 nseg, pad;
 };
 
 /// Route record of expert slot s (written by m3s_route): [expert, rows,
@@ -400,7 +394,7 @@ template <int F> M3_DEV u32 s_scale_load(const u8* s, u32 k0) {
 /// super-chunks (`s_chunk` of U * it + u) of W rows a and c, and
 /// their scale bytes.
 template <int F>
-M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 q0, u32 nsc, u32 K, const u8* wa, const u8* wc,
+M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, const u8* wa, const u8* wc,
                         const u8* sa, const u8* sc, bool oka, bool okc,
                         uint4 (&raw)[SUnroll<F>::U][2][SSeg<F>::B / 16u], u32 (&sca)[SUnroll<F>::U][2]) {
   const u32 U = SUnroll<F>::U;
@@ -408,7 +402,7 @@ M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 q0, u32 nsc, u32
   for (u32 u = 0; u < U; ++u) {
     u32 q;
     const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
-    const u32 k0 = (q0 + q) * 128u + 32u * t;
+    const u32 k0 = q * 128u + 32u * t;
     const bool in = have && k0 < K;
     s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
     s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
@@ -423,26 +417,20 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
   __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
   __shared__ int head[2];
-  __shared__ u32 last;
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  // split-K (plain mode only): this CTA is slice ks of tile `tile`
-  const u32 SK = route ? 1u : max(segs.splitk, 1u);
-  const u32 tile = blockIdx.x / SK, ks = blockIdx.x - tile * SK;
   // this CTA's matrix (constant indices only: the table stays in the
   // parameter bank)
   SSeg1 sg = segs.s[0];
 #pragma unroll
   for (int i = 1; i < S_MAX_SEGS; ++i)
-    if ((u32)i < segs.nseg && tile >= segs.s[i].tile0) sg = segs.s[i];
+    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
   const u32 N = sg.n;
-  const u32 n0 = (tile - sg.tile0) * 16u;
+  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
   const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
   const u32 U = SUnroll<F>::U;
-  // this slice's super-chunks of 128 K values: [q0, q0 + nsc)
-  const u32 nsc_all = (K + 127u) / 128u, per = (nsc_all + SK - 1u) / SK;
-  const u32 q0 = min(ks * per, nsc_all), nsc = min(per, nsc_all - q0);
+  const u32 nsc = (K + 127u) / 128u;
   const u64 rb = F == S_FMT_BF16 ? 2ull * K : (SFmt<F>::FP8 ? (u64)K : K / 2ull);  // code bytes a row
   const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;                              // scale bytes a row
   const u32 ra = n0 + g, rc = n0 + g + 8u;
@@ -463,7 +451,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     // plain mode: the weights are known before the previous kernel ends,
     // so the first loads go out before the dependency wait
     rows_at();
-    s_mma_fetch<F>(0u, warp, nwarp, t, q0, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   }
   M3_PDL_WAIT();
   if (route) {
@@ -484,7 +472,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     W += (u64)e * sg.w_es;
     if (S) S += (u64)e * sg.ws_es;
     rows_at();
-    s_mma_fetch<F>(0u, warp, nwarp, t, q0, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   } else {
     const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
     cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
@@ -505,13 +493,13 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     uint4 nraw[SUnroll<F>::U][2][SSeg<F>::B / 16u];
     u32 nsca[SUnroll<F>::U][2];
     const bool more = SUnroll<F>::DBUF && it + 1u < iters;
-    if (more) s_mma_fetch<F>(it + 1u, warp, nwarp, t, q0, nsc, K, wa, wc, sa, sc, oka, okc, nraw, nsca);
-    if (!SUnroll<F>::DBUF && it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, q0, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
+    if (more) s_mma_fetch<F>(it + 1u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, nraw, nsca);
+    if (!SUnroll<F>::DBUF && it > 0u) s_mma_fetch<F>(it, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
 #pragma unroll
     for (u32 u = 0; u < U; ++u) {
       u32 q;
       if (!s_chunk(warp, nwarp, nsc, U * it + u, q)) break;
-      const u32 k0 = (q0 + q) * 128u + 32u * t;
+      const u32 k0 = q * 128u + 32u * t;
       const bool in = k0 < K;
       u32 fa[16], fc[16];
       s_seg_frag<F>(raw[u][0], sca[u][0], fa);
@@ -556,27 +544,6 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
   }
   __syncthreads();
-  // split-K: store this slice's partial; the tile's last slice goes on
-  const u32 RPC = S_MMA_MAXBT * 8u;
-  float* part = reinterpret_cast<float*>(segs.part) + (u64)tile * SK * RPC * 16u;
-  if (SK > 1u) {
-    for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
-      const u32 m = i / 16u, r = i % 16u;
-      float v = 0.0f;
-      for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
-      part[((u64)ks * RPC + m) * 16u + r] = v;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0u) {
-      u32* c = reinterpret_cast<u32*>(segs.cnt) + tile;
-      last = atomicAdd(c, 1u) == SK - 1u ? 1u : 0u;
-      if (last) *c = 0u;  // every slice has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-  }
   u16* yb = reinterpret_cast<u16*>(sg.yb);
   float* yf = reinterpret_cast<float*>(sg.yf);
   // the matrix's global scale (NVFP4; 1.0 when absent)
@@ -585,13 +552,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     const u32 m = i / 16u, r = i % 16u, n = n0 + r;
     if (n >= N) continue;
     float v = 0.0f;
-    if (SK > 1u) {
-      // the slices in order (written by other CTAs: past L1)
-      const volatile float* pv = part + (u64)m * 16u + r;
-      for (u32 s2 = 0; s2 < SK; ++s2) v += pv[(u64)s2 * RPC * 16u];
-    } else {
-      for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
-    }
+    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
     // NVFP4: undo the operands' 2^-S_NV_SHIFT (exact), then one rounding
     // by the global scale
     if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);

@@ -230,7 +230,6 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
             .filter(|v| !v.is_empty())
             .map(String::from)
             .collect(),
-        split_k: PathOptions::default().with_env_overrides().split_k,
     };
     let smi_before = nvidia_smi();
     println!("clocks before: {smi_before}");

@@ -27,9 +27,7 @@ use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor};
 
 use super::graphs::{GraphKey, Graphs};
 use super::launch::Launcher;
-use super::linear::{
-    linears, LinOut, LinearKernels, MmaVariant, Route, SplitK, SMALL_STEP_VARIANT,
-};
+use super::linear::{linears, LinOut, LinearKernels, MmaVariant, Route, SMALL_STEP_VARIANT};
 use super::STANDARD;
 use crate::error::{GpuError, Result};
 use crate::model::generated::Gen;
@@ -65,9 +63,6 @@ pub struct KernelBenchSpec {
     /// Extra compiled variants of the tensor-core kernels
     /// (`NAME=VALUE ...`), timed beside the defaults.
     pub variants: Vec<String>,
-    /// Split K across CTAs where a launch leaves the device partly idle
-    /// (as the runner does by default, `PathOptions::split_k`).
-    pub split_k: bool,
 }
 
 /// One timed case.
@@ -272,11 +267,6 @@ pub fn kernel_bench(
             MmaVariant::load(gpu, &STANDARD, SMALL_STEP_VARIANT)?,
         ],
         f32w: gpu.function(&STANDARD, "m3s_linear_f32w")?,
-        split: if spec.split_k {
-            Some(SplitK::new(&ctx, gpu.info().sm_count.max(1) as usize)?)
-        } else {
-            None
-        },
     };
     for v in &spec.variants {
         kern.mma.push(MmaVariant::load(gpu, &STANDARD, v)?);

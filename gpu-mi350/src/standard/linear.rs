@@ -12,7 +12,7 @@ use cudarc::driver::CudaFunction;
 use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
-use crate::model::{DevBuf, DevLinear, WFmt};
+use crate::model::{DevLinear, WFmt};
 use crate::CudaGpu;
 
 /// Output features per tensor-core CTA (one m16n8k16 tile of W rows).
@@ -65,82 +65,13 @@ pub(crate) struct MmaSeg {
     pub pad: u32,
 }
 
-/// The matrices of a tensor-core launch, passed by value (`SSegs`), and
-/// its split of K across CTAs (`splitk` > 1: `part` / `cnt` are the
-/// partials and the per-tile arrival counters, [`SplitK`]).
+/// The matrices of a tensor-core launch, passed by value (`SSegs`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct MmaSegs {
     pub s: [MmaSeg; MAX_SEGS],
-    pub part: u64,
-    pub cnt: u64,
     pub nseg: u32,
-    pub splitk: u32,
-}
-
-/// Split-K for plain launches (one row chunk): a launch whose tiles leave
-/// the device's CTA slots partly idle (a partial last wave, or less than
-/// one wave) runs `s` CTAs per tile, each over `1/s` of K, and the tile's
-/// last CTA adds the partials in order (deterministic) and stores.
-pub(crate) struct SplitK {
-    /// f32 partials `[tile][slice][row][16]`.
-    part: DevBuf,
-    /// Arrival counters, one per tile (zero between launches: the last CTA
-    /// of a tile resets its own).
-    cnt: DevBuf,
-    /// Streaming multiprocessors of the device.
-    sms: usize,
-    /// A fixed slice count instead of [`split_for`]'s (tests).
-    pub(crate) force: Option<usize>,
-}
-
-/// Floats of split-K partials a path keeps (16 MiB).
-const SPLIT_PART_FLOATS: usize = 1 << 22;
-/// Most tiles a split launch may have (its counters).
-const SPLIT_MAX_TILES: usize = 1 << 16;
-/// Slice counts tried (each warp of a CTA keeps at least one 128-value
-/// super-chunk of its slice).
-const SPLIT_CHOICES: [usize; 6] = [1, 2, 3, 4, 6, 8];
-
-impl SplitK {
-    pub(crate) fn new(
-        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
-        sms: usize,
-    ) -> Result<Self> {
-        Ok(SplitK {
-            part: DevBuf::zeroed(ctx, SPLIT_PART_FLOATS * 4)?,
-            cnt: DevBuf::zeroed(ctx, SPLIT_MAX_TILES * 4)?,
-            sms,
-            force: None,
-        })
-    }
-}
-
-/// Slices of K for a plain launch of `tiles` CTAs when `slots` CTAs fit on
-/// the device at once, `nsc` super-chunks of K and `nwarp` warps a CTA:
-/// the choice whose last wave is fullest (waves / ceil(waves)), one percent
-/// charged per extra slice (partials and the fix-up read), fewer on ties.
-pub(crate) fn split_for(tiles: usize, slots: usize, nsc: usize, nwarp: usize) -> usize {
-    if tiles == 0 || slots == 0 {
-        return 1;
-    }
-    let score = |s: usize| {
-        let w = (tiles * s) as f64 / slots as f64;
-        w / w.ceil() - 0.01 * (s - 1) as f64
-    };
-    SPLIT_CHOICES
-        .iter()
-        .copied()
-        .filter(|&s| s == 1 || nsc >= s * nwarp)
-        .fold((1, score(1)), |(bs, bv), s| {
-            let v = score(s);
-            if v > bv + 1e-9 {
-                (s, v)
-            } else {
-                (bs, bv)
-            }
-        })
-        .0
+    pub pad: u32,
 }
 
 /// The tensor-core kernels of one compiled variant.
@@ -152,8 +83,6 @@ pub(crate) struct MmaVariant {
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
     f: HashMap<&'static str, CudaFunction>,
-    /// Resident CTAs per SM of each entry point (the occupancy API).
-    per_sm: HashMap<&'static str, usize>,
 }
 
 impl MmaVariant {
@@ -191,17 +120,9 @@ impl MmaVariant {
             KernelSource { body, ..*base }
         };
         let mut f = HashMap::new();
-        let mut per_sm = HashMap::new();
         for fm in WFmt::MMA {
             if let Some(n) = fm.mma_kernel() {
-                let func = gpu.function(&src, n)?;
-                let occ = func
-                    .occupancy_max_active_blocks_per_multiprocessor(warps * 32, 0, None)
-                    .map_err(|e| {
-                        GpuError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e)
-                    })?;
-                per_sm.insert(n, occ.max(1) as usize);
-                f.insert(n, func);
+                f.insert(n, gpu.function(&src, n)?);
             }
         }
         Ok(MmaVariant {
@@ -213,7 +134,6 @@ impl MmaVariant {
             block: warps * 32,
             rows: maxbt * 8,
             f,
-            per_sm,
         })
     }
 }
@@ -225,9 +145,6 @@ pub(crate) struct LinearKernels {
     pub mma: Vec<MmaVariant>,
     /// f32 weights (the router): one CTA per output feature.
     pub f32w: CudaFunction,
-    /// Split-K for plain launches that leave the device partly idle (off:
-    /// `None`).
-    pub split: Option<SplitK>,
 }
 
 /// Where a routed launch finds its pairs.
@@ -316,29 +233,10 @@ pub(crate) fn linears(
             .f
             .get(name)
             .ok_or_else(|| GpuError::input("standard path", format!("kernel {name} not loaded")))?;
-        let mut gx = tiles;
-        if let (Some(sk), None, 1) = (&k.split, route, chunks) {
-            let slots = sk.sms * mv.per_sm.get(name).copied().unwrap_or(1);
-            let nwarp = (mv.block / 32) as usize;
-            let nsc = w0.cols.div_ceil(128);
-            let mut sl = match sk.force {
-                Some(f) => f.clamp(1, nsc.max(1)),
-                None => split_for(tiles as usize, slots, nsc, nwarp),
-            };
-            while sl > 1 && tiles as usize * sl * mv.rows * 16 > SPLIT_PART_FLOATS {
-                sl -= 1;
-            }
-            if sl > 1 && (tiles as usize) <= SPLIT_MAX_TILES {
-                segs.splitk = sl as u32;
-                segs.part = sk.part.ptr();
-                segs.cnt = sk.cnt.ptr();
-                gx = tiles * sl as u32;
-            }
-        }
         l.launch(
             name,
             f,
-            (gx, gy, gz),
+            (tiles, gy, gz),
             mv.block,
             0,
             &[
@@ -402,25 +300,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn split_fills_the_last_wave() {
-        // m3.1 at batch 1 on an H200 (132 SMs x 4 CTAs of the small-step
-        // shape): the fused q|k|v|index launch (616 tiles, 1.17 waves) and
-        // the o-projection (384 tiles, 0.73 of a wave) split; the LM head
-        // (12,504 tiles, 23.7 waves) does not
-        assert_eq!(split_for(616, 528, 48, 4), 6);
-        assert_eq!(split_for(384, 528, 64, 4), 4);
-        assert_eq!(split_for(12_504, 528, 48, 4), 1);
-        // every warp keeps a super-chunk: K = 512 (4 chunks) cannot split
-        // 4 warps
-        assert_eq!(split_for(3, 528, 4, 4), 1);
-        assert_eq!(split_for(0, 528, 48, 4), 1);
-    }
-
-    #[test]
     fn job_tables_have_the_kernel_layout() {
-        // SSeg1: 7 u64 + 4 u32 = 72 bytes; SSegs: 5 of them + 2 u64 + 2 u32.
+        // SSeg1: 7 u64 + 4 u32 = 72 bytes; SSegs: 5 of them + 2 u32.
         assert_eq!(std::mem::size_of::<MmaSeg>(), 72);
-        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 72 + 24);
+        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 72 + 8);
         assert_eq!(std::mem::align_of::<MmaSegs>(), 8);
     }
 }
@@ -492,7 +375,6 @@ mod gpu_tests {
             f32w: gpu
                 .function(&super::super::STANDARD, "m3s_linear_f32w")
                 .unwrap(),
-            split: None,
         };
         let variants = [
             "",
@@ -569,54 +451,6 @@ mod gpu_tests {
                                 "plain {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
                                 m * n
                             ));
-                        }
-                        // split K over 2 and 3 CTAs a tile (twice each: the
-                        // arrival counters must be back at zero)
-                        for slices in [2usize, 3] {
-                            let mut sk = SplitK::new(ctx, gpu.info().sm_count as usize).unwrap();
-                            sk.force = Some(slices);
-                            let ks = LinearKernels {
-                                mma: Vec::new(),
-                                f32w: k.f32w.clone(),
-                                split: Some(sk),
-                            };
-                            let ks = LinearKernels {
-                                mma: vec![
-                                    MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap()
-                                ],
-                                ..ks
-                            };
-                            let mut first = Vec::new();
-                            for round in 0..2 {
-                                let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
-                                linears(
-                                    &l,
-                                    &ks,
-                                    0,
-                                    &[(&dev, LinOut::F32(y.ptr()))],
-                                    xd.ptr(),
-                                    m,
-                                    None,
-                                    m,
-                                )
-                                .unwrap();
-                                let mut got = vec![0f32; m * n];
-                                y.read(l.stream(), 0, &mut got).unwrap();
-                                let bad = count_off(&got, n, &|r| (0, r));
-                                if bad > 0 {
-                                    failures.push(format!(
-                                        "plain {fmt} [{n}, {kk}] m {m} variant `{v}` split {slices} round {round}: {bad} of {} outputs off",
-                                        m * n
-                                    ));
-                                }
-                                if round == 0 {
-                                    first = got;
-                                } else if got != first {
-                                    failures.push(format!(
-                                        "plain {fmt} [{n}, {kk}] m {m} variant `{v}` split {slices}: two launches differ"
-                                    ));
-                                }
-                            }
                         }
                         // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
                         // x row p / 2, output row p

@@ -44,7 +44,7 @@ use crate::model::{DevBuf, DevModel};
 use crate::CudaGpu;
 use graphs::Graphs;
 use inputs::StepInputs;
-use linear::{LinearKernels, MmaVariant, SplitK, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
+use linear::{LinearKernels, MmaVariant, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
 
 /// The standard path's kernels (`kernels/standard_decode.cu` followed by
 /// `kernels/standard_attention.cu`, one translation unit).
@@ -139,10 +139,6 @@ pub struct PathOptions {
     pub small_step_variant: bool,
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
-    /// Split K across CTAs in plain tensor-core launches of one row chunk
-    /// whose tiles leave the device's CTA slots partly idle
-    /// (`linear::split_for`).
-    pub split_k: bool,
 }
 
 impl Default for PathOptions {
@@ -153,7 +149,6 @@ impl Default for PathOptions {
             max_graphs: 256,
             small_step_variant: true,
             small_step_defines: SMALL_STEP_VARIANT,
-            split_k: true,
         }
     }
 }
@@ -162,14 +157,10 @@ impl PathOptions {
     /// These options with the diagnosis switches of the environment applied
     /// (for binaries; a runner itself reads no environment):
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
-    /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
-    /// `M3_SPLIT_K=0` turns split-K off.
+    /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines.
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
-        }
-        if let Ok(v) = std::env::var("M3_SPLIT_K") {
-            self.split_k = v.trim() != "0";
         }
         if let Some(d) = std::env::var("M3_SMALL_STEP_DEFINES")
             .ok()
@@ -214,14 +205,6 @@ impl Kernels {
                     MmaVariant::load(gpu, &STANDARD, opts.small_step_defines)?,
                 ],
                 f32w: f("m3s_linear_f32w")?,
-                split: if opts.split_k {
-                    Some(SplitK::new(
-                        gpu.context(),
-                        gpu.info().sm_count.max(1) as usize,
-                    )?)
-                } else {
-                    None
-                },
             },
             attn: attn::AttnKernels::load(gpu)?,
             route: f("m3s_route")?,

@@ -224,6 +224,14 @@ pub struct EngineArgs {
     /// exists; larger values are refused with a message.
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
+    /// GPU: run each MoE layer's shared expert inside the routed experts'
+    /// grouped launches, as one more expert every row takes (vLLM's shared
+    /// expert fusion on MI350). Same arithmetic as without (its output is
+    /// added after the routed sum, unscaled, as MODEL.md adds it); needs the
+    /// shared expert in the routed experts' format and width, and bf16
+    /// expert inputs (not --act mxfp4). No effect on the CPU reference.
+    #[arg(long)]
+    pub fold_shared_expert: bool,
 }
 
 impl EngineArgs {
@@ -237,7 +245,7 @@ impl EngineArgs {
                 "--tensor-parallel-size {n}: m3 runs a model on one device for now (multi-GPU sharding is not implemented); use 1"
             ),
         }
-        open_backend(self.backend, self.enforce_eager)
+        open_backend(self.backend, self.enforce_eager, self.fold_shared_expert)
     }
 
     /// The load spec; `host_blocks` is the CPU's block count when
@@ -327,14 +335,20 @@ impl SchedArgs {
 
 /// Open the backend `--backend` names. `auto` says on stderr what it chose
 /// and why. `eager`: a GPU runs every step with direct launches (no CUDA
-/// graphs; `--enforce-eager`).
-pub fn open_backend(choice: BackendArg, eager: bool) -> Result<Box<dyn Backend + Sync>> {
+/// graphs; `--enforce-eager`); `fold`: a GPU loads shared experts into the
+/// expert tables (`--fold-shared-expert`).
+pub fn open_backend(
+    choice: BackendArg,
+    eager: bool,
+    fold: bool,
+) -> Result<Box<dyn Backend + Sync>> {
     let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
     let gpu = |mut g: m3_gpu::GpuBackend| -> Box<dyn Backend + Sync> {
         g.path_options = g.path_options.with_env_overrides();
         if eager {
             g.path_options.graph_max_rows = 0;
         }
+        g.path_options.fold_shared_expert = fold;
         Box::new(g)
     };
     match choice {
@@ -525,14 +539,14 @@ mod tests {
     #[test]
     fn cpu_and_auto_always_give_a_backend() {
         assert_eq!(
-            open_backend(BackendArg::Cpu, false)
+            open_backend(BackendArg::Cpu, false, false)
                 .map(|b| b.name().to_string())
                 .ok()
                 .as_deref(),
             Some("cpu")
         );
         // auto: gpu where a device opens, else cpu; never an error
-        let name = open_backend(BackendArg::Auto, false).map(|b| b.name().to_string());
+        let name = open_backend(BackendArg::Auto, false, false).map(|b| b.name().to_string());
         assert!(matches!(name.as_deref(), Ok("cpu") | Ok("gpu")));
     }
 
@@ -541,7 +555,7 @@ mod tests {
         if m3_gpu::GpuBackend::open().is_ok() {
             return; // a device is present: nothing to check here
         }
-        let e = open_backend(BackendArg::Gpu, false)
+        let e = open_backend(BackendArg::Gpu, false, false)
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
@@ -630,6 +644,7 @@ mod tests {
             threads: 0,
             enforce_eager: false,
             tensor_parallel_size: 1,
+            fold_shared_expert: false,
         };
         let m = ModelArgs {
             model: None,

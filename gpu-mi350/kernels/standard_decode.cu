@@ -578,29 +578,36 @@ S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4)
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record
-/// [expert, rows, pair ids (t * k + c) ascending]; slots D..nslots get rows
-/// 0. Negative ids (none chosen) are skipped. One CTA, ne <= 1024.
-M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, u32 nslots, u32 max_rows,
+/// [expert, rows, pair ids ascending]; slots D..nslots get rows 0. The
+/// pairs of row t are t * kk + c, kk = k + fold: c < k the router's choice
+/// ids[t * k + c] (negative: none, skipped), c = k (fold = 1) expert ne, the
+/// shared expert folded into the table. One CTA, ne + fold <= 1024.
+M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
+  const u32 t = p / kk, c = p - t * kk;
+  return c < k ? ids[t * k + c] : (int)ne;
+}
+M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows,
                          int* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   __shared__ int cnt[1024];
   __shared__ int slot[1024];
-  for (u32 e = threadIdx.x; e < ne; e += blockDim.x) cnt[e] = 0;
+  const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;
+  for (u32 e = threadIdx.x; e < nt; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
-    int e = ids[p];
-    if (e >= 0 && (u32)e < ne) atomicAdd(&cnt[e], 1);
+    int e = s_pair_expert(ids, p, k, kk, ne);
+    if (e >= 0 && (u32)e < nt) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     int d = 0;
-    for (u32 e = 0; e < ne; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
+    for (u32 e = 0; e < nt; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
   }
   __syncthreads();
   const u32 stride = S_ROUTE_STRIDE(max_rows);
   // each chosen expert's record, pairs in ascending order
-  for (u32 e = threadIdx.x; e < ne; e += blockDim.x) {
+  for (u32 e = threadIdx.x; e < nt; e += blockDim.x) {
     const int s = slot[e];
     if (s < 0 || (u32)s >= nslots) continue;
     int* rec = out + (u64)s * stride;
@@ -608,12 +615,12 @@ M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 pairs, u32 ne, u32 nsl
     rec[1] = cnt[e];
     int o = 0;
     for (u32 p = 0; p < pairs; ++p)
-      if (ids[p] == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
+      if (s_pair_expert(ids, p, k, kk, ne) == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
   }
   // slots past the distinct experts: no rows
   for (u32 s = threadIdx.x; s < nslots; s += blockDim.x) {
     bool used = false;
-    for (u32 e = 0; e < ne; ++e) used |= slot[e] == (int)s;
+    for (u32 e = 0; e < nt; ++e) used |= slot[e] == (int)s;
     if (!used) { out[(u64)s * stride] = 0; out[(u64)s * stride + 1] = 0; }
   }
 }
@@ -784,19 +791,24 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   a[i] = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
 }
 
-/// r[t] += o, o = sum_c w[t,c] * f32(ye[t*k+c]) (ids ascending) +
-/// f32(shared[t]); o also stored to yout[t] (f32 [T][H]) when yout is not
-/// null (the FFN-output tap). Grid (T, ceil(H / 256)), block 256.
+/// r[t] += o, o = sum_c w[t,c] * f32(ye[t*kk+c]) (ids ascending) +
+/// f32(shared[t]) (MODEL.md: the shared expert last, unscaled), kk = k +
+/// fold: with the shared expert folded into the expert table (fold = 1) its
+/// output is ye[t*kk+k], added at the same point; o also stored to yout[t]
+/// (f32 [T][H]) when yout is not null (the FFN-output tap). Grid (T,
+/// ceil(H / 256)), block 256.
 M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye, const float* __restrict__ w, u32 k,
-                               const u16* __restrict__ shared, u32 H, float* __restrict__ yout) {
+                               u32 fold, const u16* __restrict__ shared, u32 H, float* __restrict__ yout) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   const u32 t = blockIdx.x;
   const u32 i = blockIdx.y * blockDim.x + threadIdx.x;
   if (i >= H) return;
+  const u32 kk = k + fold;
   float o = 0.0f;
-  for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * k + c) * H + i]);
-  if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
+  for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * kk + c) * H + i]);
+  if (fold) o += m3_bf16_to_f32(ye[((u64)t * kk + k) * H + i]);
+  else if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
   if (yout) yout[(u64)t * H + i] = o;
   r[(u64)t * H + i] += o;
 }

@@ -67,12 +67,22 @@ impl<'g> GpuRunner<'g> {
         spec.validate()?;
         let ctx = gpu.context();
         let mut model = match &source {
-            ModelSource::Weights(w) => DevModel::load(ctx, &WeightSource::Host(w), progress),
-            ModelSource::Checkpoint(ck, opts) => {
+            ModelSource::Weights(w) => DevModel::load(
+                ctx,
+                &WeightSource::Host(w),
+                opts.fold_shared_expert,
+                progress,
+            ),
+            ModelSource::Checkpoint(ck, lopts) => {
                 ck.validate().map_err(|e| BackendError::Load {
                     what: e.to_string(),
                 })?;
-                DevModel::load(ctx, &WeightSource::Checkpoint(ck, *opts), progress)
+                DevModel::load(
+                    ctx,
+                    &WeightSource::Checkpoint(ck, *lopts),
+                    opts.fold_shared_expert,
+                    progress,
+                )
             }
         }
         .map_err(|e| BackendError::Load {

@@ -746,3 +746,125 @@ fn decode_taps_match_prefill_taps_by_layer() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// `--fold-shared-expert`: the shared expert loaded as one more matrix of
+/// the expert stacks and run in the grouped launches gives bit-identical
+/// logits (a prefill and graph-replayed decode steps), because it is the
+/// same kernel on the same rows and its output enters the combine at the
+/// same point. The check can fail: the folded path on a model whose shared
+/// expert is perturbed must differ (it really uses the folded matrices).
+/// Folding what cannot fold is a load error naming the reason.
+#[test]
+fn folded_shared_expert_is_bitwise_the_same() {
+    let Some(cuda) = gpu_or_skip("folded_shared_expert_is_bitwise_the_same") else {
+        return;
+    };
+    let mut gpu = GpuBackend::new(cuda);
+    let mut failures = Vec::new();
+    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for (preset, fmt) in [
+        ("tiny", WeightFormat::Bf16),
+        ("tiny", WeightFormat::Mxfp4),
+        ("small", WeightFormat::Mxfp4),
+    ] {
+        let mut c = ModelConfig::preset(preset).expect("preset");
+        c.shared_intermediate_size = c.intermediate_size;
+        let formats = Formats {
+            experts: fmt,
+            dense: fmt,
+        };
+        let m = Arc::new(synthetic::model(&c, formats, 5).expect("synthetic"));
+        let mut bad = (*m).clone();
+        for l in bad.layers.iter_mut() {
+            if let FfnWeights::Moe(moe) = &mut l.ffn {
+                if let Some(s) = moe.shared.as_mut() {
+                    std::mem::swap(&mut s.gate, &mut s.up);
+                }
+            }
+        }
+        let bad = Arc::new(bad);
+        let vocab = c.vocab_size;
+        let case = Case {
+            name: "fold",
+            ..CASES[0]
+        };
+        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| -> Vec<Vec<f32>> {
+            let mut dev = gpu
+                .load(ModelSource::Weights(m.clone()), &spec(&case), &mut |_| {})
+                .expect("gpu load");
+            let table: Vec<u32> = (0..8).collect();
+            let p = prompt(vocab);
+            let mut outs = vec![
+                step(
+                    &mut dev,
+                    &StepBatch::contiguous(0, &p[..40], 0, &table, PAGE, true),
+                    &[SampleParams::GREEDY; 40],
+                    TapRequest::NONE,
+                )
+                .logits,
+            ];
+            for (i, &tok) in p.iter().enumerate().take(44).skip(40) {
+                let st = StepBatch::contiguous(0, &[tok], i as u32, &table, PAGE, true);
+                outs.push(step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE).logits);
+            }
+            outs
+        };
+        gpu.path_options.fold_shared_expert = false;
+        let plain = run(&gpu, &m);
+        gpu.path_options.fold_shared_expert = true;
+        let folded = run(&gpu, &m);
+        let planted = run(&gpu, &bad);
+        let same = plain.iter().zip(&folded).all(|(a, b)| bits(a, b));
+        let caught = !plain.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        println!(
+            "{preset} {fmt:?}: folded == plain bitwise over a 40-row prefill and 4 decode steps: {same}; a perturbed shared expert differs: {caught}"
+        );
+        if !same {
+            failures.push(format!("{preset} {fmt:?}: folded logits differ from plain"));
+        }
+        if !caught {
+            failures.push(format!(
+                "{preset} {fmt:?}: the folded path ignored a perturbed shared expert"
+            ));
+        }
+    }
+    // what cannot fold: the shared expert in another format, and MXFP4
+    // expert inputs
+    let c = ModelConfig::preset("tiny").expect("tiny");
+    let mixed = Arc::new(
+        synthetic::model(
+            &c,
+            Formats {
+                experts: WeightFormat::Mxfp4,
+                dense: WeightFormat::Bf16,
+            },
+            5,
+        )
+        .expect("synthetic"),
+    );
+    gpu.path_options.fold_shared_expert = true;
+    let e = gpu
+        .load(ModelSource::Weights(mixed), &spec(&CASES[0]), &mut |_| {})
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    println!("mixed formats: {e}");
+    if !e.contains("fold") {
+        failures.push(format!(
+            "folding a bf16 shared expert into MXFP4 experts: {e:?}"
+        ));
+    }
+    let m = Arc::new(synthetic::model(&c, Formats::default(), 5).expect("synthetic"));
+    let mut sp = spec(&CASES[0]);
+    sp.act = ActMode::Mxfp4;
+    let e = gpu
+        .load(ModelSource::Weights(m), &sp, &mut |_| {})
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    println!("act mxfp4: {e}");
+    if !e.contains("mxfp4") {
+        failures.push(format!("folding with --act mxfp4: {e:?}"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

@@ -64,6 +64,13 @@ pub struct Args {
     /// S_UNROLL_MUL=1..4), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]
     pub variants: String,
+    /// GPU: the bench model's shared experts: `dense` (PERF.md: the dense
+    /// format, their own launches), `expert` (the routed experts' format,
+    /// their own launches) or `folded` (that format, inside the routed
+    /// experts' grouped launches: `--fold-shared-expert`). `expert` against
+    /// `folded` isolates the fold.
+    #[arg(long, value_enum, default_value_t = SharedArg::Dense)]
+    pub shared_expert: SharedArg,
     /// GPU: JSON output (default bench/results/<date>-gpu-standard.json).
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -243,7 +250,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.backend != "cpu" {
         bail!("--backend `{}` is not one of cpu, gpu", args.backend);
     }
-    let be = args::open_backend(args::BackendArg::Cpu, false)?;
+    let be = args::open_backend(args::BackendArg::Cpu, false, false)?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
     if let Some(l) = args.layers {
         cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;
@@ -365,4 +372,12 @@ pub fn run(args: Args) -> Result<()> {
         );
         Ok(())
     })?
+}
+
+/// `m3 bench --shared-expert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SharedArg {
+    Dense,
+    Expert,
+    Folded,
 }

@@ -27,7 +27,7 @@ use m3_core::backend::{StepBatch, StepSeq};
 use m3_core::config::ModelConfig;
 use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
-use m3_gpu::benchmodel::{self, BenchWeights};
+use m3_gpu::benchmodel::{self, BenchWeights, SharedGen};
 use m3_gpu::standard::{Capacity, PathOptions, StandardPath};
 use m3_gpu::CudaGpu;
 use serde_json::json;
@@ -362,6 +362,15 @@ struct ModelRun {
     medians: Vec<(String, usize, f64, f64)>,
 }
 
+/// The bench model's shared experts for `--shared-expert`.
+fn shared_gen(a: super::SharedArg) -> SharedGen {
+    match a {
+        super::SharedArg::Dense => SharedGen::Dense,
+        super::SharedArg::Expert => SharedGen::ExpertFormat,
+        super::SharedArg::Folded => SharedGen::Folded,
+    }
+}
+
 /// Generate the bench model of `cfg` on the device, capture every case
 /// (and variant), time them in interleaved rounds and print the table.
 fn bench_model(
@@ -374,8 +383,8 @@ fn bench_model(
 ) -> Result<ModelRun> {
     // 3. model, cache, graphs
     let t0 = Instant::now();
-    let model =
-        benchmodel::generate(gpu, cfg, kind, 0x5eed).context("generating the bench model")?;
+    let model = benchmodel::generate(gpu, cfg, kind, 0x5eed, shared_gen(args.shared_expert))
+        .context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
     // cases: every batch at --context, then the long-context and verify

@@ -113,7 +113,7 @@ pub(crate) fn write_taps(taps: &m3_core::backend::Taps, path: &FsPath) -> Result
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let be = args::open_backend(args.engine.backend, args.engine.enforce_eager)?;
+    let be = args.engine.open_backend()?;
     let ck = args.model.open()?;
     let c = ck.config().clone();
     let toks = args::parse_tokens(&args.tokens, c.vocab_size)?;

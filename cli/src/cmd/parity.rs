@@ -138,6 +138,10 @@ pub struct Args {
     /// GPU backend under test: direct launches only, no CUDA graphs.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// GPU backend under test: shared experts folded into the expert tables
+    /// (see `m3 generate --help`).
+    #[arg(long)]
+    pub fold_shared_expert: bool,
     /// Threads for a CPU backend (0 = all cores; results do not depend on it).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -568,8 +572,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.prompts == Some(0) {
         bail!("--prompts must be at least 1");
     }
-    let reference = args::open_backend(args.reference, false).context("--reference")?;
-    let be = args::open_backend(args.backend, args.enforce_eager)?;
+    let reference = args::open_backend(args.reference, false, false).context("--reference")?;
+    let be = args::open_backend(args.backend, args.enforce_eager, args.fold_shared_expert)?;
     let ck = args.model.open()?;
     let vocab = ck.config().vocab_size;
     let prompts: Vec<Vec<u32>> = match (args.prompts, &args.tokens, &args.prompt) {
@@ -614,6 +618,7 @@ pub fn run(args: Args) -> Result<()> {
         threads: args.threads,
         enforce_eager: args.enforce_eager,
         tensor_parallel_size: 1,
+        fold_shared_expert: args.fold_shared_expert,
     };
     let re = engine(args.reference, args.kv_dtype, args.act);
     let bee = engine(

@@ -154,7 +154,27 @@ fn gen_linear(
 }
 
 /// Generate the bench model for `c` on the device.
-pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -> Result<DevModel> {
+/// How the bench model's shared experts are generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SharedGen {
+    /// In the dense format, on their own (PERF.md's model).
+    #[default]
+    Dense,
+    /// In the routed experts' format, on their own (the like-for-like
+    /// reference of `Folded`).
+    ExpertFormat,
+    /// In the experts' format as the last matrix of the expert stacks (as
+    /// `DevModel::load` folds them, `--fold-shared-expert`).
+    Folded,
+}
+
+pub fn generate(
+    gpu: &CudaGpu,
+    c: &ModelConfig,
+    kind: BenchWeights,
+    seed: u64,
+    shared: SharedGen,
+) -> Result<DevModel> {
     let g = Gen::new(gpu)?;
     let ctx = g.context().clone();
     let (ef, df) = match kind {
@@ -209,15 +229,20 @@ pub fn generate(gpu: &CudaGpu, c: &ModelConfig, kind: BenchWeights, seed: u64) -
             let bias = DevBuf::new(&ctx, ne * 4)?;
             tid += 1;
             g.f32(&bias, seed, tid, 0.05)?;
+            let fold = shared == SharedGen::Folded
+                && c.shared_intermediate_size > 0
+                && c.shared_intermediate_size == c.intermediate_size;
+            let sf = if shared == SharedGen::Dense { df } else { ef };
             DevFfn::Moe {
                 router: gen_linear(&g, WFmt::F32, ne, h, 1, seed, &mut tid)?,
                 bias,
-                experts: mlp(ef, c.intermediate_size, ne, &mut tid)?,
-                shared: if c.shared_intermediate_size > 0 {
-                    Some(mlp(df, c.shared_intermediate_size, 1, &mut tid)?)
+                experts: mlp(ef, c.intermediate_size, ne + usize::from(fold), &mut tid)?,
+                shared: if c.shared_intermediate_size > 0 && !fold {
+                    Some(mlp(sf, c.shared_intermediate_size, 1, &mut tid)?)
                 } else {
                     None
                 },
+                folded: fold,
             }
         };
         layers.push(DevLayer {
@@ -327,6 +352,7 @@ pub fn step_bytes(
                 router,
                 experts: ex,
                 shared,
+                folded,
                 ..
             } => {
                 b += (router.matrix_bytes() + router.rows * 4) as u64;
@@ -334,7 +360,8 @@ pub fn step_bytes(
                     .get(l)
                     .map(|v| v.iter().copied().filter(|&e| e >= 0).collect())
                     .unwrap_or_default();
-                b += (ids.len() * ex.matrix_bytes()) as u64;
+                // a folded shared expert is one more expert every row reads
+                b += ((ids.len() + usize::from(*folded)) * ex.matrix_bytes()) as u64;
                 b += shared.as_ref().map_or(0, |s| s.matrix_bytes()) as u64;
             }
         }

@@ -445,9 +445,13 @@ impl DevModel {
     /// Load `src` onto the device of `ctx`, calling `progress` after every
     /// tensor. Every layer's K/V scales and format mix are checked against
     /// what the kernels take; errors name the tensor.
+    /// With `fold_shared`, each MoE layer's shared expert becomes the last
+    /// matrix of its expert stacks (it must have the experts' format and
+    /// width).
     pub fn load(
         ctx: &Arc<CudaContext>,
         src: &WeightSource<'_>,
+        fold_shared: bool,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let c = src.config().clone();
@@ -500,9 +504,35 @@ impl DevModel {
                     let ne = c.num_local_experts;
                     let router = ld.one(Lin::Router(l), ne, h)?;
                     let bias = ld.vector(Vector::Bias(l), ne)?;
-                    let experts =
-                        ld.mlp(ne, c.intermediate_size, h, |e, p| Lin::Expert(l, e, p))?;
-                    let shared = if c.shared_intermediate_size > 0 {
+                    let fold = fold_shared && c.shared_intermediate_size > 0;
+                    if fold && c.shared_intermediate_size != c.intermediate_size {
+                        return Err(GpuError::input(
+                            "--fold-shared-expert",
+                            format!(
+                                "the shared expert is {} wide and the routed experts {}: only one width folds into the expert table",
+                                c.shared_intermediate_size, c.intermediate_size
+                            ),
+                        ));
+                    }
+                    let experts = ld
+                        .mlp(ne + usize::from(fold), c.intermediate_size, h, |e, p| {
+                            if e == ne {
+                                Lin::Shared(l, p)
+                            } else {
+                                Lin::Expert(l, e, p)
+                            }
+                        })
+                        .map_err(|e| {
+                            if fold {
+                                GpuError::input(
+                                    "--fold-shared-expert",
+                                    format!("layer {l}: {e} (the shared expert folds into the expert table only in the experts' format)"),
+                                )
+                            } else {
+                                e
+                            }
+                        })?;
+                    let shared = if c.shared_intermediate_size > 0 && !fold {
                         Some(ld.mlp(1, c.shared_intermediate_size, h, |_, p| Lin::Shared(l, p))?)
                     } else {
                         None
@@ -512,6 +542,7 @@ impl DevModel {
                         bias,
                         experts,
                         shared,
+                        folded: fold,
                     }
                 }
             };
@@ -564,6 +595,7 @@ impl DevModel {
                     bias,
                     experts,
                     shared,
+                    ..
                 } => router.bytes() + bias.bytes() + mlp(experts) + shared.as_ref().map_or(0, mlp),
             };
         }

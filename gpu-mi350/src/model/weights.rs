@@ -261,9 +261,16 @@ pub enum DevFfn {
         /// `[experts, H]`, f32 or bf16; logits f32.
         router: DevLinear,
         bias: DevBuf,
-        /// Stacked over experts.
+        /// Stacked over experts; with `folded`, one more: the shared expert
+        /// at index `num_local_experts`.
         experts: DevMlp,
+        /// The shared expert on its own (`None` when folded).
         shared: Option<DevMlp>,
+        /// The shared expert is the last matrix of the expert stacks
+        /// (`--fold-shared-expert`): it runs in the routed experts' grouped
+        /// launches as one more expert every row chooses, its output added
+        /// unscaled after the routed sum, as MODEL.md adds it.
+        folded: bool,
     },
 }
 
@@ -296,6 +303,6 @@ pub struct DevModel {
 impl DevModel {
     /// Upload host weights `m` (weights stay resident).
     pub fn upload(ctx: &Arc<CudaContext>, m: &ModelWeights) -> Result<Self> {
-        DevModel::load(ctx, &super::load::WeightSource::Host(m), &mut |_| {})
+        DevModel::load(ctx, &super::load::WeightSource::Host(m), false, &mut |_| {})
     }
 }

@@ -40,7 +40,7 @@ pub use launch::Launcher;
 
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
-use crate::model::{DevBuf, DevModel};
+use crate::model::{DevBuf, DevFfn, DevModel};
 use crate::CudaGpu;
 use graphs::Graphs;
 use inputs::StepInputs;
@@ -139,6 +139,12 @@ pub struct PathOptions {
     pub small_step_variant: bool,
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
+    /// Load each MoE layer's shared expert as one more matrix of its expert
+    /// stacks (`--fold-shared-expert`; it needs the experts' format and
+    /// width): it then runs inside the routed experts' grouped launches
+    /// instead of three launches of its own, and is added after the routed
+    /// sum exactly as before (the same products, the same f32 sum).
+    pub fold_shared_expert: bool,
 }
 
 impl Default for PathOptions {
@@ -149,6 +155,7 @@ impl Default for PathOptions {
             max_graphs: 256,
             small_step_variant: true,
             small_step_defines: SMALL_STEP_VARIANT,
+            fold_shared_expert: false,
         }
     }
 }
@@ -359,6 +366,24 @@ impl StandardPath {
             return Err(bad(format!("empty capacity {cap:?}")));
         }
         check_config(&c)?;
+        let folded = model
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, DevFfn::Moe { folded: true, .. }));
+        if folded && cap.act == ActMode::Mxfp4 {
+            return Err(bad(
+                "--fold-shared-expert with --act mxfp4: the folded shared expert would take MXFP4-quantized inputs, MODEL.md gives it bf16"
+                    .into(),
+            ));
+        }
+        if folded && c.num_local_experts + 1 > 1024 {
+            return Err(bad(format!(
+                "{} routed experts + the folded shared expert: the device route takes at most 1024",
+                c.num_local_experts
+            )));
+        }
+        // pairs per row: the router's top-k, plus a folded shared expert
+        let kp = c.num_experts_per_tok + usize::from(folded);
         let ctx = gpu.context().clone();
         let l = Launcher::new(&ctx, opts.pdl && gpu.info().cc.0 >= 9)?;
         let kern = Kernels::load(gpu, &opts)?;
@@ -418,14 +443,21 @@ impl StandardPath {
             yd: z(&ctx, t * h * 2)?,
             z: z(&ctx, t * c.num_local_experts.max(1) * 4)?,
             wts: z(&ctx, t * k.max(1) * 4)?,
-            eg: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
-            eu: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
-            ea: z(&ctx, t * k * c.intermediate_size.max(1) * 2)?,
-            ye: z(&ctx, t * k.max(1) * h * 2)?,
+            eg: z(&ctx, t * kp * c.intermediate_size.max(1) * 2)?,
+            eu: z(&ctx, t * kp * c.intermediate_size.max(1) * 2)?,
+            ea: z(&ctx, t * kp * c.intermediate_size.max(1) * 2)?,
+            ye: z(&ctx, t * kp.max(1) * h * 2)?,
             xn: z(&ctx, t * h * 2)?,
             logits: z(&ctx, t * c.vocab_size * 4)?,
             tok_out: z(&ctx, t * 4)?,
-            route: z(&ctx, (t * k).min(c.num_local_experts).max(1) * (2 + t) * 4)?,
+            route: z(
+                &ctx,
+                (t * kp)
+                    .min(c.num_local_experts + usize::from(folded))
+                    .max(1)
+                    * (2 + t)
+                    * 4,
+            )?,
             amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,
             amax_i: z(&ctx, t * ARGMAX_PARTS * 4)?,
             ids: z(&ctx, nl * t * k.max(1) * 4)?,

@@ -361,8 +361,12 @@ impl StandardPath {
                 bias,
                 experts,
                 shared,
+                folded,
             } => {
                 let ne = router.rows;
+                // pairs per row: the router's k, plus the folded shared expert
+                let fold = usize::from(*folded);
+                let kk = k + fold;
                 let ids_l = a.ids.at(li * cap_t * k * 4);
                 self.lin(&[(router, LinOut::F32(a.z.ptr()))], a.h2.ptr(), t, None)?;
                 self.l.launch(
@@ -383,7 +387,7 @@ impl StandardPath {
                 )?;
                 // group the (row, expert) pairs by expert: each chosen
                 // expert is then read once
-                let slots = (t * k).min(c.num_local_experts).max(1);
+                let slots = (t * kk).min(ne + fold).max(1);
                 self.l.launch(
                     "route",
                     &self.kern.route,
@@ -392,7 +396,9 @@ impl StandardPath {
                     0,
                     &[
                         Arg::U64(ids_l),
-                        Arg::U32((t * k) as u32),
+                        Arg::U32(t as u32),
+                        Arg::U32(k as u32),
+                        Arg::U32(fold as u32),
                         Arg::U32(ne as u32),
                         Arg::U32(slots as u32),
                         Arg::U32(cap_t as u32),
@@ -404,7 +410,7 @@ impl StandardPath {
                     slots,
                     xdiv,
                 };
-                let pairs = t * k;
+                let pairs = t * kk;
                 let wi = experts.gate.rows;
                 let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
                 self.lin(
@@ -414,7 +420,7 @@ impl StandardPath {
                     ],
                     x_in,
                     t,
-                    Some(route(k)),
+                    Some(route(kk)),
                 )?;
                 self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi)?;
                 let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
@@ -440,6 +446,7 @@ impl StandardPath {
                         Arg::U64(a.ye.ptr()),
                         Arg::U64(a.wts.ptr()),
                         Arg::U32(k as u32),
+                        Arg::U32(fold as u32),
                         Arg::U64(sh),
                         Arg::U32(h as u32),
                         Arg::U64(ffn_out.unwrap_or(0)),

@@ -323,7 +323,8 @@ pub enum Plant {
     ScaleByte { lane: usize },
     /// Row and K group of the operand lanes swapped (`l % 4`, `l / 4`).
     SwapLanes,
-    /// FP4 nibbles read high first.
+    /// The weight's FP4 nibbles read high first (on both operands alike the
+    /// error would cancel: it permutes K the same way in x and W).
     NibbleOrder,
     /// The accumulator read back as if it were D^T.
     TransposedAcc,
@@ -404,13 +405,13 @@ pub fn linear_fp4_a4(
     let (kb, steps) = (k / 32, k.div_ceil(128));
     let mut y = vec![0.0f32; m * n];
     // one 16-byte block of row `row` (or zeros), as a lane's registers
-    let load = |codes: &[u8], row: usize, rows: usize, blk: usize| -> [u32; 8] {
+    let load = |codes: &[u8], row: usize, rows: usize, blk: usize, weight: bool| -> [u32; 8] {
         let mut r = [0u32; 8];
         if row < rows && blk < kb {
             let base = row * (k / 2) + 16 * blk;
             for (q, c) in r.iter_mut().zip(codes[base..base + 16].chunks_exact(4)) {
                 *q = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                if plant == Plant::NibbleOrder {
+                if weight && plant == Plant::NibbleOrder {
                     *q = swap_nibbles(*q);
                 }
             }
@@ -435,8 +436,8 @@ pub fn linear_fp4_a4(
                     for lane in 0..LANES {
                         let (r, k0) = operand_lane_planted(shape, lane, plant);
                         let blk = (s * 128 + k0) / 32;
-                        a[lane] = load(xq, m0 + r, m, blk);
-                        b[lane] = load(w, n0 + r, n, blk);
+                        a[lane] = load(xq, m0 + r, m, blk, false);
+                        b[lane] = load(w, n0 + r, n, blk, true);
                         sa[lane] = scale(xs, m0 + r, m, blk);
                         sb[lane] = scale(ws, n0 + r, n, blk);
                         if plant == (Plant::ScaleByte { lane }) && n0 + r < n && blk < kb {

@@ -161,10 +161,7 @@ impl Shape {
 /// (column `.0` of B), K values `.1 .. .1 + k_per_lane` in register order.
 /// The one definition the model and `kernels/mfma_mx.cu` follow.
 pub const fn operand_lane(shape: Shape, lane: usize) -> (usize, usize) {
-    (
-        lane % shape.mn(),
-        (lane / shape.mn()) * shape.k_per_lane(),
-    )
+    (lane % shape.mn(), (lane / shape.mn()) * shape.k_per_lane())
 }
 
 /// The accumulator layout: register `reg` of lane `lane` is D[.0][.1]
@@ -320,7 +317,9 @@ pub const SCALE_ONE: u32 = 127;
 pub enum Plant {
     None,
     /// The weight scale byte of one lane is off by one (x2).
-    ScaleByte { lane: usize },
+    ScaleByte {
+        lane: usize,
+    },
     /// Row and K group of the operand lanes swapped (`l % 4`, `l / 4`).
     SwapLanes,
     /// The weight's FP4 nibbles read high first (on both operands alike the
@@ -655,7 +654,18 @@ mod tests {
         }
         let mut b2 = b;
         b2[5][0] = 0x7f; // E4M3 NaN in column 5
-        let d = mfma_scale(shape, 0, 0, &a, &b2, &[[0.0; 16]; LANES], 0, &ones, 0, &ones);
+        let d = mfma_scale(
+            shape,
+            0,
+            0,
+            &a,
+            &b2,
+            &[[0.0; 16]; LANES],
+            0,
+            &ones,
+            0,
+            &ones,
+        );
         assert!(d[5][0].is_nan() && !d[6][0].is_nan());
         assert_eq!(scale_value(0x00, 0), 2f64.powi(-127));
     }

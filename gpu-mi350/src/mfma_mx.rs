@@ -24,7 +24,11 @@ pub const MFMA_MX: KernelSource = KernelSource {
     name: "mfma_mx",
     body: include_str!("../kernels/mfma_mx.cu"),
     exact: false,
-    entries: &[ACT_PACK, MxLinear::Fp4A4.entry(), MxLinear::E4m3Bf16.entry()],
+    entries: &[
+        ACT_PACK,
+        MxLinear::Fp4A4.entry(),
+        MxLinear::E4m3Bf16.entry(),
+    ],
 };
 
 /// Sources compiled for gfx950 alone (CDNA4 instructions; no CUDA, gfx942
@@ -45,10 +49,7 @@ pub const VGPR_CEILING: u32 = 64;
 /// The instruction each entry point must contain (checked by `cargo xtask
 /// kernels` in the gfx950 disassembly).
 pub const REQUIRED_INSTRUCTIONS: &[(&str, &str)] = &[
-    (
-        MxLinear::Fp4A4.entry(),
-        "v_mfma_scale_f32_16x16x128_f8f6f4",
-    ),
+    (MxLinear::Fp4A4.entry(), "v_mfma_scale_f32_16x16x128_f8f6f4"),
     (MxLinear::E4m3Bf16.entry(), "v_mfma_f32_16x16x32_bf16"),
 ];
 
@@ -85,11 +86,7 @@ impl MxLinear {
 
 /// Grid of the activation packer: one thread per 32-value block.
 pub fn act_pack_grid(rows: usize, k: usize) -> (u32, u32, u32) {
-    (
-        (rows * (k / 32)).div_ceil(mfma_model::BLOCK) as u32,
-        1,
-        1,
-    )
+    ((rows * (k / 32)).div_ceil(mfma_model::BLOCK) as u32, 1, 1)
 }
 
 /// Shape rules of the kernels (K a positive multiple of 32, fits u32).
@@ -141,7 +138,14 @@ impl<'g> MfmaMx<'g> {
     ///
     /// # Safety
     /// Device pointers live and sized as stated.
-    pub unsafe fn act_pack(&self, x: u64, rows: usize, k: usize, codes: u64, scales: u64) -> Result<()> {
+    pub unsafe fn act_pack(
+        &self,
+        x: u64,
+        rows: usize,
+        k: usize,
+        codes: u64,
+        scales: u64,
+    ) -> Result<()> {
         check_shape(rows, 1, k)?;
         let (mut x, mut r, mut kk, mut c, mut s) = (x, rows as u32, k as u32, codes, scales);
         let mut args: [*mut c_void; 5] = [
@@ -151,8 +155,12 @@ impl<'g> MfmaMx<'g> {
             (&raw mut c).cast(),
             (&raw mut s).cast(),
         ];
-        self.gpu
-            .launch_grid(self.pack, act_pack_grid(rows, k), mfma_model::BLOCK as u32, &mut args)
+        self.gpu.launch_grid(
+            self.pack,
+            act_pack_grid(rows, k),
+            mfma_model::BLOCK as u32,
+            &mut args,
+        )
     }
 
     /// `y [m, n] = x W^T`, MXFP4 both (`xq`/`xs` from [`act_pack`](Self::act_pack),
@@ -161,7 +169,17 @@ impl<'g> MfmaMx<'g> {
     /// # Safety
     /// Device pointers live and sized as stated.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn fp4_a4(&self, w: u64, ws: u64, xq: u64, xs: u64, k: usize, n: usize, m: usize, y: u64) -> Result<()> {
+    pub unsafe fn fp4_a4(
+        &self,
+        w: u64,
+        ws: u64,
+        xq: u64,
+        xs: u64,
+        k: usize,
+        n: usize,
+        m: usize,
+        y: u64,
+    ) -> Result<()> {
         check_shape(m, n, k)?;
         let (mut w, mut ws, mut xq, mut xs, mut y) = (w, ws, xq, xs, y);
         let (mut k32, mut n32, mut m32) = (k as u32, n as u32, m as u32);
@@ -176,7 +194,8 @@ impl<'g> MfmaMx<'g> {
             (&raw mut y).cast(),
         ];
         let l = MxLinear::Fp4A4;
-        self.gpu.launch_grid(self.fp4, l.grid(m, n), l.block(), &mut args)
+        self.gpu
+            .launch_grid(self.fp4, l.grid(m, n), l.block(), &mut args)
     }
 
     /// `y [m, n] = x W^T`, `x` bf16 `[m, k]`, `w` E4M3 `[n, k]`, `ws` `[n, k/32]`.
@@ -184,7 +203,16 @@ impl<'g> MfmaMx<'g> {
     /// # Safety
     /// Device pointers live and sized as stated.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn e4m3_bf16(&self, w: u64, ws: u64, x: u64, k: usize, n: usize, m: usize, y: u64) -> Result<()> {
+    pub unsafe fn e4m3_bf16(
+        &self,
+        w: u64,
+        ws: u64,
+        x: u64,
+        k: usize,
+        n: usize,
+        m: usize,
+        y: u64,
+    ) -> Result<()> {
         check_shape(m, n, k)?;
         let (mut w, mut ws, mut x, mut y) = (w, ws, x, y);
         let (mut k32, mut n32, mut m32) = (k as u32, n as u32, m as u32);
@@ -198,7 +226,8 @@ impl<'g> MfmaMx<'g> {
             (&raw mut y).cast(),
         ];
         let l = MxLinear::E4m3Bf16;
-        self.gpu.launch_grid(self.e4m3, l.grid(m, n), l.block(), &mut args)
+        self.gpu
+            .launch_grid(self.e4m3, l.grid(m, n), l.block(), &mut args)
     }
 }
 
@@ -222,7 +251,10 @@ mod tests {
         assert_eq!(define(src, "MX_FMT_E2M1"), Some(4));
         assert_eq!(define(src, "MX_FMT_E4M3"), Some(0));
         for e in MFMA_MX.entries {
-            assert!(src.contains(&format!("M3_KERNEL void __launch_bounds__(MX_BLOCK) {e}(")), "{e}");
+            assert!(
+                src.contains(&format!("M3_KERNEL void __launch_bounds__(MX_BLOCK) {e}(")),
+                "{e}"
+            );
         }
         for (e, i) in REQUIRED_INSTRUCTIONS {
             assert!(MFMA_MX.entries.contains(e));

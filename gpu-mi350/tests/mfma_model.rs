@@ -141,7 +141,11 @@ fn fp4_a4_matches_cpu_ref_within_f32_summation() {
     for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
         let c = fp4_case(0x9e37_79b9 + i as u64, m, n, k);
         let bad = run_fp4(&c, Plant::None);
-        assert!(bad.is_empty(), "m {m} n {n} k {k}: {:?}", &bad[..bad.len().min(5)]);
+        assert!(
+            bad.is_empty(),
+            "m {m} n {n} k {k}: {:?}",
+            &bad[..bad.len().min(5)]
+        );
     }
 }
 
@@ -156,7 +160,11 @@ fn fp4_a4_exact_sums_agree_to_the_bit() {
     let mut gen = |rows: usize| -> Vec<f32> {
         (0..rows * k)
             .map(|i| {
-                let v = if i % 32 == 5 { 6.0 } else { vals[(rng.next() % 8) as usize] };
+                let v = if i % 32 == 5 {
+                    6.0
+                } else {
+                    vals[(rng.next() % 8) as usize]
+                };
                 if rng.next() % 2 == 0 {
                     -v
                 } else {
@@ -249,15 +257,7 @@ fn e4m3_case(seed: u64, m: usize, n: usize, k: usize) -> E4m3Case {
 
 fn run_e4m3(c: &E4m3Case, plant: Plant) -> Vec<String> {
     let xb: Vec<u16> = c.x.iter().map(|&v| bf16::from_f32(v)).collect();
-    let got = mfma_model::linear_e4m3_bf16(
-        &xb,
-        c.w.codes(),
-        c.w.scales(),
-        c.m,
-        c.n,
-        c.k,
-        plant,
-    );
+    let got = mfma_model::linear_e4m3_bf16(&xb, c.w.codes(), c.w.scales(), c.m, c.n, c.k, plant);
     let want = reference(&c.x, c.m, &c.w, LinearInput::Bf16);
     let ad = abs_dots(&c.x, &c.w.dequantize(), c.m, c.n, c.k);
     mismatches(&got, &want, &ad, c.k)
@@ -268,7 +268,11 @@ fn e4m3_bf16_matches_cpu_ref_within_f32_summation() {
     for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
         let c = e4m3_case(0x5151 + i as u64, m, n, k);
         let bad = run_e4m3(&c, Plant::None);
-        assert!(bad.is_empty(), "m {m} n {n} k {k}: {:?}", &bad[..bad.len().min(5)]);
+        assert!(
+            bad.is_empty(),
+            "m {m} n {n} k {k}: {:?}",
+            &bad[..bad.len().min(5)]
+        );
     }
 }
 

@@ -229,7 +229,9 @@ pub fn instructions_by_kernel(disasm: &str) -> BTreeMap<String, Vec<String>> {
         if let Some(name) = t
             .split_once(" <")
             .filter(|(addr, rest)| {
-                !addr.is_empty() && addr.chars().all(|c| c.is_ascii_hexdigit()) && rest.ends_with(">:")
+                !addr.is_empty()
+                    && addr.chars().all(|c| c.is_ascii_hexdigit())
+                    && rest.ends_with(">:")
             })
             .map(|(_, rest)| rest.trim_end_matches(">:").to_string())
         {
@@ -421,7 +423,11 @@ Disassembly of section .text:
         assert_eq!(m.len(), 2);
         assert_eq!(
             m["m3x_mfma_fp4_a4"],
-            ["s_load_dwordx8", "v_mfma_scale_f32_16x16x128_f8f6f4", "s_endpgm"]
+            [
+                "s_load_dwordx8",
+                "v_mfma_scale_f32_16x16x128_f8f6f4",
+                "s_endpgm"
+            ]
         );
         assert_eq!(m["m3x_mfma_e4m3_bf16"][0], "v_mfma_f32_16x16x32_bf16");
     }

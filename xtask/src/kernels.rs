@@ -104,7 +104,12 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     if !args.no_clang {
         let t = Instant::now();
         let tools = ensure_tools(
-            &["clang-22", "ld.lld-22", "llvm-readelf-22", "llvm-objdump-22"],
+            &[
+                "clang-22",
+                "ld.lld-22",
+                "llvm-readelf-22",
+                "llvm-objdump-22",
+            ],
             &["clang-22", "lld-22", "llvm-22"],
         )?;
         let llvm = Llvm {
@@ -341,9 +346,7 @@ fn clang_compile_archs(
     let results: Vec<Result<Vec<ClangObject>>> = std::thread::scope(|s| {
         let handles: Vec<_> = archs
             .iter()
-            .map(|a| {
-                s.spawn(move || clang_compile_all(llvm, a, &out.join(a), show_warnings))
-            })
+            .map(|a| s.spawn(move || clang_compile_all(llvm, a, &out.join(a), show_warnings)))
             .collect();
         handles
             .into_iter()
@@ -442,7 +445,11 @@ fn clang_compile_all(
                 mfma_mx::VGPR_CEILING,
             );
             if !bad.is_empty() {
-                bail!("{} ({arch}) fails the MFMA ISA check:\n  {}", k.name, bad.join("\n  "));
+                bail!(
+                    "{} ({arch}) fails the MFMA ISA check:\n  {}",
+                    k.name,
+                    bad.join("\n  ")
+                );
             }
             write_atomic(&out.join(format!("{}.s", k.name)), disasm.as_bytes())?;
             eprintln!(

@@ -165,7 +165,7 @@ fn fp4_a4_exact_sums_agree_to_the_bit() {
                 } else {
                     vals[(rng.next() % 8) as usize]
                 };
-                if rng.next() % 2 == 0 {
+                if rng.next().is_multiple_of(2) {
                     -v
                 } else {
                     v

@@ -9,6 +9,9 @@
 //! - [`kernels`]: the embedded kernel sources (`kernels/*.cu` + the
 //!   `compat.h` prelude) and their compiler flags; [`sampling`]: the keyed
 //!   sampling kernel's Rust side.
+//! - [`mfma_model`]: a CPU model of gfx950's scaled MFMA instructions and
+//!   of [`mfma_mx`]'s kernels (the gfx950-only native MX linears, never run
+//!   on AMD hardware: compiled and ISA-checked in CI, proven by the model).
 //! - [`model`]: the model on the device: raw allocations, weights in their
 //!   stored formats, loading from a checkpoint tensor by tensor, and
 //!   PERF.md's bench model generated on the device.
@@ -30,6 +33,8 @@ pub mod draft;
 mod error;
 pub mod harness;
 pub mod kernels;
+pub mod mfma_model;
+pub mod mfma_mx;
 pub mod model;
 pub mod runner;
 pub mod runtime;

@@ -9,7 +9,14 @@
 //! to lanes of a VGPR (`v_writelane` / `v_readlane`, no memory); the listed
 //! kernels keep a few because wave64 lane masks take two SGPRs each. This
 //! reads what the compiler reports; nothing has run on AMD hardware.
+//!
+//! The gfx950-only MX linears (`m3_gpu::mfma_mx`) are also disassembled
+//! (`llvm-objdump -d --mcpu=gfx950`) and must pass [`mfma_violations`]: each
+//! entry point contains its MFMA instruction (the scaled
+//! `v_mfma_scale_f32_16x16x128_f8f6f4` for MXFP4 x MXFP4), no scratch at
+//! all, and VGPRs + AGPRs under the stated ceiling.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -193,6 +200,92 @@ pub fn slack<'a>(rows: &'a [(&str, KernelResources)]) -> Vec<(&'a KernelResource
         .collect()
 }
 
+/// `llvm-objdump -d` of a code object for `arch`.
+pub fn disassemble(objdump: &Path, arch: &str, code_object: &Path) -> Result<String> {
+    let o = Command::new(objdump)
+        .args(["-d", &format!("--mcpu={arch}")])
+        .arg(code_object)
+        .output()
+        .with_context(|| format!("running {}", objdump.display()))?;
+    if !o.status.success() {
+        bail!(
+            "{} -d {} failed:\n{}",
+            objdump.display(),
+            code_object.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The mnemonics of each function in an `llvm-objdump -d` listing: a line
+/// `<hex> <name>:` opens a function, each indented line after it is one
+/// instruction (its first word).
+pub fn instructions_by_kernel(disasm: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut cur: Option<String> = None;
+    for line in disasm.lines() {
+        let t = line.trim_end();
+        if let Some(name) = t
+            .split_once(" <")
+            .filter(|(addr, rest)| {
+                !addr.is_empty()
+                    && addr.chars().all(|c| c.is_ascii_hexdigit())
+                    && rest.ends_with(">:")
+            })
+            .map(|(_, rest)| rest.trim_end_matches(">:").to_string())
+        {
+            out.entry(name.clone()).or_default();
+            cur = Some(name);
+            continue;
+        }
+        if t.is_empty() || !line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        if let (Some(k), Some(m)) = (&cur, t.split_whitespace().next()) {
+            out.get_mut(k).expect("opened above").push(m.to_string());
+        }
+    }
+    out
+}
+
+/// What breaks the MFMA kernels' ISA rule: an entry point of `required`
+/// (kernel, instruction) missing from the listing or without its
+/// instruction, scratch or spills, or VGPRs (arch + accumulation) over
+/// `vgpr_ceiling`. Empty when all is well.
+pub fn mfma_violations(
+    resources: &[KernelResources],
+    instructions: &BTreeMap<String, Vec<String>>,
+    required: &[(&str, &str)],
+    vgpr_ceiling: u32,
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (kernel, instr) in required {
+        match instructions.get(*kernel) {
+            None => bad.push(format!("{kernel}: not in the disassembly")),
+            Some(ins) if !ins.iter().any(|i| i == instr) => {
+                bad.push(format!("{kernel}: no {instr} in its code"))
+            }
+            Some(_) => {}
+        }
+    }
+    for k in resources {
+        if k.spills() || k.scratch > 0 {
+            bad.push(format!(
+                "{}: {} B scratch, {} VGPR / {} SGPR spills",
+                k.name, k.scratch, k.vgpr_spill, k.sgpr_spill
+            ));
+        }
+        if k.vgpr + k.agpr > vgpr_ceiling {
+            bad.push(format!(
+                "{}: {} VGPRs + {} AGPRs, ceiling {vgpr_ceiling}",
+                k.name, k.vgpr, k.agpr
+            ));
+        }
+    }
+    bad
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,6 +400,77 @@ amdhsa.version:
                 "{k}"
             );
         }
+    }
+
+    const DISASM: &str = "
+mfma_mx.co:\tfile format elf64-amdgpu
+
+Disassembly of section .text:
+
+0000000000004400 <m3x_mfma_fp4_a4>:
+\ts_load_dwordx8 s[4:11], s[0:1], 0x0                       // 000000004400: C00E0100 00000000
+\tv_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[6:9], v[10:13], v[0:3], v4, v5 op_sel_hi:[0,0,0] cbsz:4 blgp:4
+\ts_endpgm
+
+0000000000004700 <m3x_mfma_e4m3_bf16>:
+\tv_mfma_f32_16x16x32_bf16 v[0:3], v[6:9], v[10:13], v[0:3]
+\ts_endpgm
+";
+
+    #[test]
+    fn disassembly_is_split_by_kernel() {
+        let m = instructions_by_kernel(DISASM);
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m["m3x_mfma_fp4_a4"],
+            [
+                "s_load_dwordx8",
+                "v_mfma_scale_f32_16x16x128_f8f6f4",
+                "s_endpgm"
+            ]
+        );
+        assert_eq!(m["m3x_mfma_e4m3_bf16"][0], "v_mfma_f32_16x16x32_bf16");
+    }
+
+    #[test]
+    fn mfma_rule_catches_a_missing_instruction_scratch_and_vgprs() {
+        let m = instructions_by_kernel(DISASM);
+        let req = [
+            ("m3x_mfma_fp4_a4", "v_mfma_scale_f32_16x16x128_f8f6f4"),
+            ("m3x_mfma_e4m3_bf16", "v_mfma_f32_16x16x32_bf16"),
+        ];
+        let k = |name: &str, vgpr: u32| KernelResources {
+            name: name.into(),
+            vgpr,
+            ..Default::default()
+        };
+        let ok = [k("m3x_mfma_fp4_a4", 34), k("m3x_mfma_e4m3_bf16", 36)];
+        assert!(mfma_violations(&ok, &m, &req, 64).is_empty());
+        // the scaled MFMA replaced by something else: caught
+        let plain = DISASM.replace(
+            "v_mfma_scale_f32_16x16x128_f8f6f4",
+            "v_mfma_f32_16x16x128_f8f6f4",
+        );
+        assert_eq!(
+            mfma_violations(&ok, &instructions_by_kernel(&plain), &req, 64).len(),
+            1
+        );
+        // a kernel gone from the listing
+        let mut gone = m.clone();
+        gone.remove("m3x_mfma_e4m3_bf16");
+        assert_eq!(mfma_violations(&ok, &gone, &req, 64).len(), 1);
+        // VGPRs over the ceiling, AGPRs counted
+        assert_eq!(mfma_violations(&ok, &m, &req, 35).len(), 1);
+        let mut acc = ok.clone();
+        acc[0].agpr = 40;
+        assert_eq!(mfma_violations(&acc, &m, &req, 64).len(), 1);
+        // scratch or a spill
+        let mut sp = ok.clone();
+        sp[1].scratch = 16;
+        assert_eq!(mfma_violations(&sp, &m, &req, 64).len(), 1);
+        sp[1].scratch = 0;
+        sp[1].vgpr_spill = 1;
+        assert_eq!(mfma_violations(&sp, &m, &req, 64).len(), 1);
     }
 
     #[test]

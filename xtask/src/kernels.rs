@@ -18,6 +18,11 @@
 //!   clang 15 stops at gfx940; it compiles with the real HIP headers, the
 //!   route hiprtc takes at run time, so that route keeps compiling too.
 //!
+//! - gfx950 alone also gets `mfma_mx` (CDNA4 scaled MFMA: the native MX
+//!   linears), disassembled with `llvm-objdump-22` and checked
+//!   ([`isa::mfma_violations`]); the listing goes to
+//!   `target/kernels/gfx950/mfma_mx.s`.
+//!
 //! None of these code objects has run on AMD hardware.
 //!
 //! Outputs go to `target/kernels/<arch>/` (written to temp names, then
@@ -30,6 +35,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use m3_gpu::cuda::nvrtc;
 use m3_gpu::kernels::{self, KernelSource};
+use m3_gpu::mfma_mx;
 
 use crate::{isa, venv};
 
@@ -98,11 +104,20 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     if !args.no_clang {
         let t = Instant::now();
         let tools = ensure_tools(
-            &["clang-22", "ld.lld-22", "llvm-readelf-22"],
+            &[
+                "clang-22",
+                "ld.lld-22",
+                "llvm-readelf-22",
+                "llvm-objdump-22",
+            ],
             &["clang-22", "lld-22", "llvm-22"],
         )?;
-        let (clang, readelf) = (&tools[0], &tools[2]);
-        clang_compile_archs(clang, readelf, &args.clang_arch, &out, args.warnings)?;
+        let llvm = Llvm {
+            clang: &tools[0],
+            readelf: &tools[2],
+            objdump: &tools[3],
+        };
+        clang_compile_archs(&llvm, &args.clang_arch, &out, args.warnings)?;
         eprintln!(
             "xtask kernels: clang 22 {} done in {:.1} s (install included)",
             args.clang_arch.join(", "),
@@ -120,8 +135,9 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         );
     }
     eprintln!(
-        "xtask kernels: all {} kernel sources compiled in {:.1} s",
+        "xtask kernels: all {} kernel sources (+ {} gfx950-only) compiled in {:.1} s",
         kernels::ALL.len(),
+        mfma_mx::GFX950_ONLY.len(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
@@ -294,6 +310,13 @@ fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The clang 22 / LLVM 22 tools.
+struct Llvm<'a> {
+    clang: &'a Path,
+    readelf: &'a Path,
+    objdump: &'a Path,
+}
+
 /// One source compiled by clang 22 for one target.
 struct ClangObject {
     name: &'static str,
@@ -312,8 +335,7 @@ struct ClangObject {
 /// any kernel, or on SGPR spills past a kernel's ceiling
 /// ([`isa::SGPR_SPILL_CEILINGS`]).
 fn clang_compile_archs(
-    clang: &Path,
-    readelf: &Path,
+    llvm: &Llvm<'_>,
     archs: &[String],
     out: &Path,
     show_warnings: bool,
@@ -324,9 +346,7 @@ fn clang_compile_archs(
     let results: Vec<Result<Vec<ClangObject>>> = std::thread::scope(|s| {
         let handles: Vec<_> = archs
             .iter()
-            .map(|a| {
-                s.spawn(move || clang_compile_all(clang, readelf, a, &out.join(a), show_warnings))
-            })
+            .map(|a| s.spawn(move || clang_compile_all(llvm, a, &out.join(a), show_warnings)))
             .collect();
         handles
             .into_iter()
@@ -364,16 +384,25 @@ fn clang_compile_archs(
     }
 }
 
+/// Every source for `arch`: [`kernels::ALL`], and on gfx950 also
+/// [`mfma_mx::GFX950_ONLY`] (CDNA4 matrix instructions), whose code object
+/// must then pass [`isa::mfma_violations`]: the required MFMA instruction in
+/// each entry point, no scratch, VGPRs under [`mfma_mx::VGPR_CEILING`].
 fn clang_compile_all(
-    clang: &Path,
-    readelf: &Path,
+    llvm: &Llvm<'_>,
     arch: &str,
     out: &Path,
     show_warnings: bool,
 ) -> Result<Vec<ClangObject>> {
+    let (clang, readelf) = (llvm.clang, llvm.readelf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let extra: &[KernelSource] = if arch == mfma_mx::ARCH {
+        mfma_mx::GFX950_ONLY
+    } else {
+        &[]
+    };
     let mut objs = Vec::new();
-    for k in kernels::ALL {
+    for k in kernels::ALL.iter().chain(extra) {
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
         write_atomic(&src, k.hip_freestanding_source().as_bytes())?;
@@ -406,6 +435,33 @@ fn clang_compile_all(
                     k.name
                 );
             }
+        }
+        if extra.iter().any(|e| e.name == k.name) {
+            let disasm = isa::disassemble(llvm.objdump, arch, &obj)?;
+            let bad = isa::mfma_violations(
+                &kernels,
+                &isa::instructions_by_kernel(&disasm),
+                mfma_mx::REQUIRED_INSTRUCTIONS,
+                mfma_mx::VGPR_CEILING,
+            );
+            if !bad.is_empty() {
+                bail!(
+                    "{} ({arch}) fails the MFMA ISA check:\n  {}",
+                    k.name,
+                    bad.join("\n  ")
+                );
+            }
+            write_atomic(&out.join(format!("{}.s", k.name)), disasm.as_bytes())?;
+            eprintln!(
+                "xtask kernels: {arch} {}: {} present, no scratch, VGPRs <= {} (not run on hardware)",
+                k.name,
+                mfma_mx::REQUIRED_INSTRUCTIONS
+                    .iter()
+                    .map(|(e, i)| format!("{e}: {i}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                mfma_mx::VGPR_CEILING
+            );
         }
         objs.push(ClangObject {
             name: k.name,

@@ -266,13 +266,28 @@ impl HipGpu {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        self.launch_grid(func, (grid, 1, 1), block, args)
+    }
+
+    /// [`launch`](Self::launch) with a 3-D grid of 1-D blocks (the gfx950
+    /// MX linears, `crate::mfma_mx`).
+    ///
+    /// # Safety
+    /// As [`launch`](Self::launch).
+    pub unsafe fn launch_grid(
+        &self,
+        func: HipFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         check(
             "hipModuleLaunchKernel",
             (self.fns.module_launch_kernel)(
                 func,
-                grid,
-                1,
-                1,
+                grid.0,
+                grid.1,
+                grid.2,
                 block,
                 1,
                 1,

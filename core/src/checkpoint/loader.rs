@@ -820,7 +820,7 @@ impl Checkpoint {
             online::apply(&mut w, self.names, oq).map_err(|e| match e.tensor() {
                 Some(t) => CheckpointError::tensor(self.shard_of(t), t, e.to_string()),
                 None => CheckpointError::Config {
-                    file: "--online-quant-exclude".into(),
+                    file: "online quantization".into(),
                     why: e.to_string(),
                 },
             })?;

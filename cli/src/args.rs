@@ -399,6 +399,21 @@ pub fn is_gpu(be: &dyn Backend) -> bool {
     be.name() == "gpu"
 }
 
+/// Refuse online quantization on any backend but the CPU reference (the
+/// GPU half of PTPC FP8 is not built).
+pub fn online_quant_backend(backend: &str, opts: &LoadOptions) -> Result<()> {
+    if let Some(oq) = opts.online_quant {
+        if backend != "cpu" {
+            bail!(
+                "--online-quant {}: PTPC FP8 runs on the CPU backend only so far (the GPU half is \
+                 not built); use --backend cpu (backend here: {backend})",
+                oq.scheme.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Load `ck` on `be` for `spec`, with a progress bar over its tensors and
 /// one line on stderr: load time, device memory, and the host's peak RSS.
 pub fn load_runner<'b>(
@@ -407,16 +422,7 @@ pub fn load_runner<'b>(
     opts: LoadOptions,
     spec: &LoadSpec,
 ) -> Result<BoxedRunner<'b>> {
-    if let Some(oq) = opts.online_quant {
-        if be.name() != "cpu" {
-            bail!(
-                "--online-quant {}: PTPC FP8 runs on the CPU backend only so far (the GPU half is \
-                 not built); use --backend cpu (backend here: {})",
-                oq.scheme.name(),
-                be.name()
-            );
-        }
-    }
+    online_quant_backend(be.name(), &opts)?;
     let t0 = Instant::now();
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -588,6 +594,47 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
+    }
+
+    #[test]
+    fn online_quant_is_refused_off_the_cpu() {
+        let on = LoadOptions {
+            online_quant: Some(OnlineQuant::ptpc_fp8("")),
+            ..LoadOptions::default()
+        };
+        assert!(online_quant_backend("cpu", &on).is_ok());
+        assert!(online_quant_backend("gpu", &LoadOptions::default()).is_ok());
+        for be in ["gpu", "gpu-ops"] {
+            let e = online_quant_backend(be, &on).unwrap_err().to_string();
+            assert!(e.contains("CPU backend only"), "{e}");
+            assert!(e.contains(be), "{e}");
+        }
+    }
+
+    #[test]
+    fn online_quant_flags_reach_the_load_options() {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            model: ModelArgs,
+        }
+        use clap::Parser;
+        let m = Cmd::try_parse_from([
+            "m3",
+            "--online-quant",
+            "ptpc_fp8",
+            "--online-quant-exclude",
+            "o_proj,layers.0.",
+        ])
+        .unwrap()
+        .model;
+        let oq = m.load_options().online_quant.unwrap();
+        assert_eq!(oq, OnlineQuant::ptpc_fp8("o_proj,layers.0."));
+        let off = Cmd::try_parse_from(["m3"]).unwrap().model;
+        assert_eq!(off.load_options().online_quant, None);
+        // the exclusions need the option
+        assert!(Cmd::try_parse_from(["m3", "--online-quant-exclude", "o_proj"]).is_err());
+        assert!(Cmd::try_parse_from(["m3", "--online-quant", "int8"]).is_err());
     }
 
     #[test]

@@ -24,7 +24,7 @@ fn e4m3_units_is_the_decoded_value_in_units_of_2_pow_minus_9() {
 #[test]
 fn ptpc_dot_is_the_exact_sum_rounded_once() {
     let (big, one) = (0x7Eu8, 0x38u8); // 448, 1.0
-    // 100 x 448^2, then 1, then 100 x -448^2: exactly 1.
+                                       // 100 x 448^2, then 1, then 100 x -448^2: exactly 1.
     let mut qa = vec![big; 100];
     qa.push(one);
     qa.extend(vec![big | 0x80; 100]);
@@ -68,7 +68,10 @@ fn converts_attention_and_dense_mlp_only_and_honours_exclusions() {
         assert_eq!(p.index_q.is_some(), sparse, "layer {l}");
         assert_eq!(p.index_k.is_some(), sparse, "layer {l}");
         let dense = c.mlp_kinds[l] == MlpKind::Dense;
-        assert_eq!(p.gate.is_some() && p.up.is_some() && p.down.is_some(), dense);
+        assert_eq!(
+            p.gate.is_some() && p.up.is_some() && p.down.is_some(),
+            dense
+        );
         assert_eq!(matches!(lw.ffn, FfnWeights::Dense(_)), dense);
         // the stored weights stay as they were
         assert_eq!(lw.attn, plain.layers[l].attn);

@@ -262,27 +262,25 @@ pub fn ptpc_linear(
         out.fill(0.0);
         return Ok(());
     }
-    out.par_chunks_mut(n)
-        .zip(x.par_chunks(k))
-        .for_each_init(
-            || (vec![0f32; k], vec![0u8; k]),
-            |(xb, qa), (o, xr)| {
-                for (b, &v) in xb.iter_mut().zip(xr) {
-                    *b = bf16_round(v);
-                }
-                if xb.iter().any(|v| !v.is_finite()) {
-                    o.fill(f32::NAN);
-                    return;
-                }
-                let sa = convert::ptpc_quantize_row(xb, qa);
-                for ((y, qw), &sw) in o.iter_mut().zip(w.codes.chunks_exact(k)).zip(&w.scales) {
-                    let v = match convert::ptpc_dot(qa, qw) {
-                        Some(acc) => (acc * sw) * sa,
-                        None => f32::NAN,
-                    };
-                    *y = if round_out { bf16_round(v) } else { v };
-                }
-            },
-        );
+    out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each_init(
+        || (vec![0f32; k], vec![0u8; k]),
+        |(xb, qa), (o, xr)| {
+            for (b, &v) in xb.iter_mut().zip(xr) {
+                *b = bf16_round(v);
+            }
+            if xb.iter().any(|v| !v.is_finite()) {
+                o.fill(f32::NAN);
+                return;
+            }
+            let sa = convert::ptpc_quantize_row(xb, qa);
+            for ((y, qw), &sw) in o.iter_mut().zip(w.codes.chunks_exact(k)).zip(&w.scales) {
+                let v = match convert::ptpc_dot(qa, qw) {
+                    Some(acc) => (acc * sw) * sa,
+                    None => f32::NAN,
+                };
+                *y = if round_out { bf16_round(v) } else { v };
+            }
+        },
+    );
     Ok(())
 }

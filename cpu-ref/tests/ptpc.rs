@@ -124,8 +124,16 @@ fn activation_quantizer_matches_the_reference() {
 fn linear_matches_the_reference_bit_for_bit() {
     let c = load();
     let w = quantize_weight("w", &bf16_weight(&c)).unwrap();
-    assert_eq!(first_diff(&run(&w, &c, false), &c.y_f32), None, "f32 outputs");
-    assert_eq!(first_diff(&run(&w, &c, true), &c.y_bf16), None, "bf16 outputs");
+    assert_eq!(
+        first_diff(&run(&w, &c, false), &c.y_f32),
+        None,
+        "f32 outputs"
+    );
+    assert_eq!(
+        first_diff(&run(&w, &c, true), &c.y_bf16),
+        None,
+        "bf16 outputs"
+    );
 }
 
 #[test]
@@ -219,8 +227,14 @@ fn non_finite_weights_are_refused_naming_tensor_row_and_column() {
         },
     )
     .unwrap_err();
-    assert!(matches!(e, OnlineQuantError::NonFinite { row: 5, col: 7, .. }));
+    assert!(matches!(
+        e,
+        OnlineQuantError::NonFinite { row: 5, col: 7, .. }
+    ));
     let msg = e.to_string();
-    assert!(msg.contains("model.layers.1.self_attn.o_proj.weight"), "{msg}");
+    assert!(
+        msg.contains("model.layers.1.self_attn.o_proj.weight"),
+        "{msg}"
+    );
     assert!(msg.contains("row 5, column 7"), "{msg}");
 }

@@ -53,8 +53,8 @@ use m3_core::backend::{
     Backend, BoxedRunner, LinearInput, Op, Path as RunPath, ReadBack, StepBatch, StepInput,
     TapRequest, Taps,
 };
-use m3_core::checkpoint::writer::write_file_atomic;
 use m3_core::checkpoint::online::OnlineQuant;
+use m3_core::checkpoint::writer::write_file_atomic;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::sample::{greedy, SampleParams};
 use m3_core::sched::runner::SchedRunner;

@@ -5,8 +5,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::{AttnKind, ModelConfig};
-use crate::kv::KvCache;
 use crate::formats::convert::PtpcFp8;
+use crate::kv::KvCache;
 use crate::weights::{FfnWeights, LinearWeight, ModelWeights};
 
 use super::op::zeros;

@@ -126,9 +126,8 @@ impl OnlineQuantError {
     /// The tensor at fault, if one is.
     pub fn tensor(&self) -> Option<&str> {
         match self {
-            OnlineQuantError::NonFinite { tensor, .. } | OnlineQuantError::Format { tensor, .. } => {
-                Some(tensor)
-            }
+            OnlineQuantError::NonFinite { tensor, .. }
+            | OnlineQuantError::Format { tensor, .. } => Some(tensor),
             OnlineQuantError::UnusedPattern { .. } => None,
         }
     }
@@ -258,7 +257,8 @@ pub fn quantize_weight(name: &str, w: &LinearWeight) -> Result<PtpcFp8, OnlineQu
                 || std::vec![0f32; cols],
                 |buf, (r, (q, s))| {
                     decode(r, buf);
-                    if let Some((col, &value)) = buf.iter().enumerate().find(|(_, v)| !v.is_finite())
+                    if let Some((col, &value)) =
+                        buf.iter().enumerate().find(|(_, v)| !v.is_finite())
                     {
                         return Err(OnlineQuantError::NonFinite {
                             tensor: name.to_string(),

@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use m3_core::backend::{ActMode, Backend, BoxedRunner, KvBudget, LoadSpec, ModelSource};
+use m3_core::checkpoint::online::OnlineQuant;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::{IndexSelection, ModelConfig};
 use m3_core::formats::ScaleRule;
@@ -144,6 +145,26 @@ pub struct ModelArgs {
     /// Block selection, overriding the config's `index_selection`.
     #[arg(long, value_enum)]
     pub selection: Option<SelectionArg>,
+    /// Online quantization at load (ARCHITECTURE.md, Online quantization):
+    /// `ptpc_fp8` converts the attention linears (q/k/v/o, the indexer's
+    /// q/k) and the dense-MLP linears to per-channel FP8 E4M3 weights, run
+    /// with per-token FP8 activations; LM head, embeddings, router, routed
+    /// and shared experts are never converted. CPU backend only so far.
+    #[arg(long, value_enum)]
+    pub online_quant: Option<OnlineQuantArg>,
+    /// Comma-separated tensor-name substrings whose linears online
+    /// quantization leaves as stored (e.g. `o_proj,layers.0.`); a pattern
+    /// that matches no converted linear is an error.
+    #[arg(long, requires = "online_quant", value_name = "PATTERN,...")]
+    pub online_quant_exclude: Option<String>,
+}
+
+/// `--online-quant`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnlineQuantArg {
+    /// Per-token-per-channel FP8 E4M3.
+    #[value(name = "ptpc_fp8")]
+    PtpcFp8,
 }
 
 impl ModelArgs {
@@ -160,6 +181,18 @@ impl ModelArgs {
         LoadOptions {
             nvfp4_experts_to_mxfp4: self.nvfp4_to_mxfp4.then(|| self.scale_rule.into()),
             mxfp8_to_bf16_exact: self.mxfp8_to_bf16,
+            online_quant: self.online_quant.map(|q| match q {
+                OnlineQuantArg::PtpcFp8 => OnlineQuant::ptpc_fp8(self.exclude_patterns()),
+            }),
+        }
+    }
+
+    /// `--online-quant-exclude` as the `&'static str` that `LoadOptions`
+    /// (which is `Copy`) holds: leaked once per call, a few bytes.
+    fn exclude_patterns(&self) -> &'static str {
+        match &self.online_quant_exclude {
+            Some(p) if !p.is_empty() => Box::leak(p.clone().into_boxed_str()),
+            _ => "",
         }
     }
 
@@ -380,6 +413,21 @@ pub fn is_gpu(be: &dyn Backend) -> bool {
     be.name() == "gpu"
 }
 
+/// Refuse online quantization on any backend but the CPU reference (the
+/// GPU half of PTPC FP8 is not built).
+pub fn online_quant_backend(backend: &str, opts: &LoadOptions) -> Result<()> {
+    if let Some(oq) = opts.online_quant {
+        if backend != "cpu" {
+            bail!(
+                "--online-quant {}: PTPC FP8 runs on the CPU backend only so far (the GPU half is \
+                 not built); use --backend cpu (backend here: {backend})",
+                oq.scheme.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Load `ck` on `be` for `spec`, with a progress bar over its tensors and
 /// one line on stderr: load time, device memory, and the host's peak RSS.
 pub fn load_runner<'b>(
@@ -388,6 +436,7 @@ pub fn load_runner<'b>(
     opts: LoadOptions,
     spec: &LoadSpec,
 ) -> Result<BoxedRunner<'b>> {
+    online_quant_backend(be.name(), &opts)?;
     let t0 = Instant::now();
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -562,6 +611,47 @@ mod tests {
     }
 
     #[test]
+    fn online_quant_is_refused_off_the_cpu() {
+        let on = LoadOptions {
+            online_quant: Some(OnlineQuant::ptpc_fp8("")),
+            ..LoadOptions::default()
+        };
+        assert!(online_quant_backend("cpu", &on).is_ok());
+        assert!(online_quant_backend("gpu", &LoadOptions::default()).is_ok());
+        for be in ["gpu", "gpu-ops"] {
+            let e = online_quant_backend(be, &on).unwrap_err().to_string();
+            assert!(e.contains("CPU backend only"), "{e}");
+            assert!(e.contains(be), "{e}");
+        }
+    }
+
+    #[test]
+    fn online_quant_flags_reach_the_load_options() {
+        #[derive(clap::Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            model: ModelArgs,
+        }
+        use clap::Parser;
+        let m = Cmd::try_parse_from([
+            "m3",
+            "--online-quant",
+            "ptpc_fp8",
+            "--online-quant-exclude",
+            "o_proj,layers.0.",
+        ])
+        .unwrap()
+        .model;
+        let oq = m.load_options().online_quant.unwrap();
+        assert_eq!(oq, OnlineQuant::ptpc_fp8("o_proj,layers.0."));
+        let off = Cmd::try_parse_from(["m3"]).unwrap().model;
+        assert_eq!(off.load_options().online_quant, None);
+        // the exclusions need the option
+        assert!(Cmd::try_parse_from(["m3", "--online-quant-exclude", "o_proj"]).is_err());
+        assert!(Cmd::try_parse_from(["m3", "--online-quant", "int8"]).is_err());
+    }
+
+    #[test]
     fn tokens_parse_and_bad_ones_are_named() {
         assert_eq!(parse_tokens("1, 2,3", 10).unwrap(), vec![1, 2, 3]);
         let e = parse_tokens("1,x", 10).unwrap_err().to_string();
@@ -652,6 +742,8 @@ mod tests {
             mxfp8_to_bf16: false,
             scale_rule: ScaleRuleArg::Even,
             selection: Some(SelectionArg::Shared),
+            online_quant: None,
+            online_quant_exclude: None,
         };
         let s = e.load_spec(true, 7, &m);
         assert_eq!(s.kv, KvBudget::MemoryFraction(0.5));

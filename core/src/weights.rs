@@ -5,6 +5,7 @@
 use alloc::vec::Vec;
 
 use crate::config::ModelConfig;
+use crate::formats::convert::PtpcFp8;
 use crate::formats::{MxTensor, Nvfp4Tensor};
 
 /// A `[rows, cols]` (`[out, in]`) weight matrix in its stored format.
@@ -101,6 +102,51 @@ pub enum FfnWeights {
     Moe(MoeWeights),
 }
 
+/// The linears of one layer converted at load to PTPC FP8 (ARCHITECTURE.md,
+/// Online quantization); `None` where the option is off or the linear is
+/// excluded. The stored weight stays in [`AttnWeights`] / [`MlpWeights`]
+/// (tools and taps read it); a linear with a PTPC form here is computed from
+/// that form only (`Backend::ptpc_linear`), never from the stored weight.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LayerPtpc {
+    pub q: Option<PtpcFp8>,
+    pub k: Option<PtpcFp8>,
+    pub v: Option<PtpcFp8>,
+    pub o: Option<PtpcFp8>,
+    pub index_q: Option<PtpcFp8>,
+    pub index_k: Option<PtpcFp8>,
+    /// Dense-MLP gate / up / down (dense layers only).
+    pub gate: Option<PtpcFp8>,
+    pub up: Option<PtpcFp8>,
+    pub down: Option<PtpcFp8>,
+}
+
+impl LayerPtpc {
+    /// Whether any linear of the layer has a PTPC form.
+    pub fn any(&self) -> bool {
+        self.slots().iter().any(|s| s.is_some())
+    }
+
+    /// How many linears of the layer have a PTPC form.
+    pub fn count(&self) -> usize {
+        self.slots().iter().filter(|s| s.is_some()).count()
+    }
+
+    fn slots(&self) -> [&Option<PtpcFp8>; 9] {
+        [
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.o,
+            &self.index_q,
+            &self.index_k,
+            &self.gate,
+            &self.up,
+            &self.down,
+        ]
+    }
+}
+
 /// One decoder layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerWeights {
@@ -108,6 +154,8 @@ pub struct LayerWeights {
     pub post_attn_norm: Vec<f32>,
     pub attn: AttnWeights,
     pub ffn: FfnWeights,
+    /// Online-quantized forms of some of the linears above (default: none).
+    pub ptpc: LayerPtpc,
 }
 
 /// The whole text model.

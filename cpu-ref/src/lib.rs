@@ -47,6 +47,17 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn ptpc_linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &m3_core::formats::convert::PtpcFp8,
+        round_out: bool,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        linear::ptpc_linear(x, rows, w, round_out, out)
+    }
+
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
         op.check()?;
         match op {

@@ -4,6 +4,7 @@
 //! fixed-order reduction (`numerics`), so the bits do not depend on threads.
 
 use m3_core::backend::{BackendError, LinearInput};
+use m3_core::formats::convert::{self, PtpcFp8};
 use m3_core::formats::{MxElem, MxTensor, ScaleRule};
 use m3_core::weights::LinearWeight;
 use rayon::prelude::*;
@@ -226,5 +227,60 @@ pub fn dequantize(w: &LinearWeight, out: &mut [f32]) -> Result<(), BackendError>
                 decode_block(w, o, lo, &mut row[lo..hi]);
             }
         });
+    Ok(())
+}
+
+/// A linear with a PTPC FP8 weight (ARCHITECTURE.md, *Online
+/// quantization*; [`m3_core::backend::Backend::ptpc_linear`]): per token,
+/// the bf16-rounded row is quantized to E4M3 with `sa = f32(amax / 448)`;
+/// each output is `f32(f32(ptpc_dot(qa, qw_n) * sw_n) * sa)`, the dot exact
+/// (so the result does not depend on the thread count or any order), then
+/// bf16 when `round_out`. A row holding NaN or an infinity gives NaN outputs.
+pub fn ptpc_linear(
+    x: &[f32],
+    rows: usize,
+    w: &PtpcFp8,
+    round_out: bool,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    let (n, k) = (w.rows, w.cols);
+    if w.codes.len() != n * k || w.scales.len() != n {
+        return Err(shape(format!(
+            "ptpc_linear: weight [{n}, {k}] has {} codes and {} scales",
+            w.codes.len(),
+            w.scales.len()
+        )));
+    }
+    if x.len() != rows * k || out.len() != rows * n {
+        return Err(shape(format!(
+            "ptpc_linear: x has {} values (expected {rows} x {k}), out {} (expected {rows} x {n})",
+            x.len(),
+            out.len()
+        )));
+    }
+    if k == 0 || n == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    out.par_chunks_mut(n).zip(x.par_chunks(k)).for_each_init(
+        || (vec![0f32; k], vec![0u8; k]),
+        |(xb, qa), (o, xr)| {
+            for (b, &v) in xb.iter_mut().zip(xr) {
+                *b = bf16_round(v);
+            }
+            if xb.iter().any(|v| !v.is_finite()) {
+                o.fill(f32::NAN);
+                return;
+            }
+            let sa = convert::ptpc_quantize_row(xb, qa);
+            for ((y, qw), &sw) in o.iter_mut().zip(w.codes.chunks_exact(k)).zip(&w.scales) {
+                let v = match convert::ptpc_dot(qa, qw) {
+                    Some(acc) => (acc * sw) * sa,
+                    None => f32::NAN,
+                };
+                *y = if round_out { bf16_round(v) } else { v };
+            }
+        },
+    );
     Ok(())
 }

@@ -267,6 +267,7 @@ pub fn model(
             post_attn_norm: norm(&format!("{p}.post"), h),
             attn,
             ffn,
+            ptpc: Default::default(),
         });
     }
     Ok(ModelWeights {

@@ -63,7 +63,7 @@ def rel_l2(a, b):
 
 def cmd_forward(a):
     ck = Checkpoint(a.model)
-    opts = Options(a.kv_dtype, a.act, a.selection, a.nvfp4_as_mxfp4, a.accum)
+    opts = Options(a.kv_dtype, a.act, a.selection, a.nvfp4_as_mxfp4, a.accum, a.online_quant, a.online_quant_exclude)
     m = Model(ck, opts)
     tokens = parse_tokens(a.tokens)
     teacher = load_teacher(a.teacher, ck.config.num_layers) if a.teacher else None
@@ -172,7 +172,12 @@ def cmd_case(a):
     name = spec["name"]
     o = spec.get("options", {})
     opts = Options(
-        o.get("kv_dtype", "bf16"), o.get("act", "bf16"), o.get("selection", "per_kv_head"), bool(o.get("nvfp4_as_mxfp4", False))
+        o.get("kv_dtype", "bf16"),
+        o.get("act", "bf16"),
+        o.get("selection", "per_kv_head"),
+        bool(o.get("nvfp4_as_mxfp4", False)),
+        online_quant=o.get("online_quant", ""),
+        online_quant_exclude=o.get("online_quant_exclude", ""),
     )
     ck = Checkpoint(a.model)
     cfg = ck.config
@@ -184,7 +189,12 @@ def cmd_case(a):
     taps = run_forward(m, tokens)
     t_fwd = time.time() - t0
     probes = [
-        Model(ck, Options(opts.kv_dtype, opts.act, opts.selection, opts.nvfp4_as_mxfp4, acc))
+        Model(
+            ck,
+            Options(
+                opts.kv_dtype, opts.act, opts.selection, opts.nvfp4_as_mxfp4, acc, opts.online_quant, opts.online_quant_exclude
+            ),
+        )
         for acc in ("f32", "f32_reversed")
     ]
     stats = noise_floor(probes, tokens, taps, L)
@@ -205,6 +215,8 @@ def cmd_case(a):
             "act": opts.act,
             "selection": opts.selection,
             "nvfp4_as_mxfp4": opts.nvfp4_as_mxfp4,
+            **({"online_quant": opts.online_quant} if opts.online_quant else {}),
+            **({"online_quant_exclude": opts.online_quant_exclude} if opts.online_quant_exclude else {}),
         },
         "tokens": tokens,
         "num_layers": L,
@@ -246,6 +258,49 @@ def cmd_case(a):
     print(f"case {name}: T={T}, formats {','.join(m.formats)}, forward {t_fwd:.2f} s, noise floor rel-L2 <= {worst:.2e}")
 
 
+def cmd_op_ptpc(a):
+    """The op-level PTPC FP8 case (ARCHITECTURE.md, Online quantization):
+    inputs x (bf16 values; a zero row, a row with a NaN, rows spanning many
+    binades) and a weight w (bf16 values; a zero row, rows whose w / sw land
+    on E4M3 rounding ties), and the expected weight codes and scales,
+    activation codes and scales, and outputs before and after bf16
+    rounding, all from m3ref.formats (numpy + ml_dtypes)."""
+    from m3ref import formats as F
+
+    rng = np.random.default_rng(20251017)
+    T, K, N = 6, 96, 40
+    x = rng.standard_normal((T, K)) * np.exp2(rng.integers(-6, 7, size=(T, 1)))
+    x[2] = 0.0
+    x[4, 5] = np.nan
+    x[5] *= np.exp2(rng.integers(-20, 4, size=K))  # many binades in one row
+    x = F.bf16(x)
+    w = rng.standard_normal((N, K)) * np.exp2(rng.integers(-12, 2, size=(N, 1)))
+    w[3] = 0.0
+    # Ties: amax 448 * 2^-4 gives sw = 2^-4 exactly; E4M3 midpoints then tie.
+    for r, e in ((7, -4), (8, 0)):
+        w[r] = F.e4m3_roundtrip(rng.standard_normal(K) * 8) * np.exp2(e)
+        w[r, 0] = 448.0 * np.exp2(e)
+        w[r, 1:9] = np.array([1.0625, 1.1875, 2.125, 2.375, -1.0625, -17.0, 0.0048828125, -0.0146484375]) * np.exp2(e)
+    w = F.bf16(w)
+    qw, sw = F.ptpc_quantize(w)
+    finite = np.all(np.isfinite(x), axis=-1)
+    qa, sa = F.ptpc_quantize(np.where(finite[:, None], x, 0).astype(np.float32))
+    y = F.ptpc_linear(x, qw, sw)
+    out = {
+        "x": x.astype(np.float32),
+        "w": w.astype(np.float32),
+        "w_codes": qw,
+        "w_scales": sw,
+        "x_codes": qa,
+        "x_scales": sa,
+        "x_finite": finite.astype(np.uint8),
+        "y_f32": y,
+        "y_bf16": F.bf16(y),
+    }
+    write_safetensors(a.out, out, {"case": "op-ptpc-linear", "generator": "golden/gen/reference.py op-ptpc"})
+    print(f"op-ptpc: x [{T}, {K}], w [{N}, {K}] -> {a.out}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -257,6 +312,8 @@ def main():
     f.add_argument("--selection", default="per_kv_head", choices=["per_kv_head", "shared"])
     f.add_argument("--nvfp4-as-mxfp4", action="store_true")
     f.add_argument("--accum", default="f64", choices=["f64", "f32", "f32_reversed"])
+    f.add_argument("--online-quant", default="", choices=["", "ptpc_fp8"])
+    f.add_argument("--online-quant-exclude", default="")
     f.add_argument("--teacher")
     f.add_argument("--greedy", type=int, default=0)
     f.add_argument("--dump", required=True)
@@ -264,9 +321,11 @@ def main():
     c.add_argument("--model", required=True)
     c.add_argument("--spec", required=True, help="the case's JSON spec (golden/gen/cases.json entry)")
     c.add_argument("--out-dir", required=True)
+    op = sub.add_parser("op-ptpc", help="write the op-level PTPC FP8 linear case")
+    op.add_argument("--out", required=True, help="OUT.safetensors")
     a = p.parse_args()
     try:
-        cmd_forward(a) if a.cmd == "forward" else cmd_case(a)
+        {"forward": cmd_forward, "case": cmd_case, "op-ptpc": cmd_op_ptpc}[a.cmd](a)
     except (ValueError, KeyError, OSError) as e:
         raise SystemExit(f"error: {e}")
 

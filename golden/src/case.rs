@@ -57,6 +57,12 @@ pub struct RunOptions {
     pub act: String,
     pub selection: String,
     pub nvfp4_as_mxfp4: bool,
+    /// Online quantization (`ptpc_fp8`), absent when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online_quant: Option<String>,
+    /// `--online-quant-exclude` patterns, absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online_quant_exclude: Option<String>,
 }
 
 /// Tolerance of one continuous tensor.

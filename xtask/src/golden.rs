@@ -325,6 +325,24 @@ fn forward_flags(case: &Case, help: &str) -> std::result::Result<Vec<String>, St
             f.push(flag.to_string());
         }
     }
+    f.extend(online_quant_flags(case, help)?);
+    Ok(f)
+}
+
+/// `--online-quant` (and `--online-quant-exclude`) of a case, or why this
+/// build of `m3` cannot run it.
+fn online_quant_flags(case: &Case, help: &str) -> std::result::Result<Vec<String>, String> {
+    let o = &case.meta.options;
+    let mut f = Vec::new();
+    if let Some(q) = &o.online_quant {
+        if !help.contains("--online-quant") {
+            return Err("m3 forward has no --online-quant".into());
+        }
+        f.extend(["--online-quant".to_string(), q.clone()]);
+        if let Some(x) = &o.online_quant_exclude {
+            f.extend(["--online-quant-exclude".to_string(), x.clone()]);
+        }
+    }
     Ok(f)
 }
 
@@ -390,6 +408,11 @@ fn run_backend(
         Ok(f) => f,
         Err(reason) => return Ok(Outcome::Skipped(reason)),
     };
+    if case.meta.options.online_quant.is_some() && backend != "cpu" {
+        return Ok(Outcome::Skipped(
+            "online quantization (PTPC FP8) runs on the CPU backend only so far".into(),
+        ));
+    }
     let out = work.join(format!("{}-{backend}.safetensors", case.meta.name));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Command::new(m3);
@@ -462,6 +485,7 @@ fn rust_greedy(
                 &o.act,
                 "--ignore-eos",
             ])
+            .args(online_quant_flags(case, help).map_err(anyhow::Error::msg)?)
             .output()
             .context("starting m3 generate")?;
         let text = format!(

@@ -53,6 +53,7 @@ use m3_core::backend::{
     Backend, BoxedRunner, LinearInput, Op, Path as RunPath, ReadBack, StepBatch, StepInput,
     TapRequest, Taps,
 };
+use m3_core::checkpoint::online::OnlineQuant;
 use m3_core::checkpoint::writer::write_file_atomic;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::sample::{greedy, SampleParams};
@@ -64,7 +65,7 @@ use m3_golden::parity::{
 };
 use serde::Serialize;
 
-use crate::args::{self, ActArg, BackendArg, EngineArgs, KvDtypeArg, ModelArgs};
+use crate::args::{self, ActArg, BackendArg, EngineArgs, KvDtypeArg, ModelArgs, OnlineQuantArg};
 
 /// Default prompt when neither `--tokens`, `--prompt` nor `--prompts` is
 /// given (the same as `m3 generate`'s).
@@ -132,6 +133,16 @@ pub struct Args {
     /// Activation mode of the backend under test only (default: --act).
     #[arg(long, value_enum)]
     pub backend_act: Option<ActArg>,
+    /// Online quantization of the backend under test only (default:
+    /// --online-quant, with its exclusions): e.g. `--reference cpu --backend
+    /// cpu --backend-online-quant ptpc_fp8` measures what PTPC FP8 costs.
+    #[arg(long, value_enum)]
+    pub backend_online_quant: Option<OnlineQuantArg>,
+    /// Also run both sides teacher-forced on prompt + the reference's
+    /// tokens (one prefill step each) and compare every logits row: rel L2
+    /// and max abs over all rows, and how many rows' top-1 agree.
+    #[arg(long)]
+    pub teacher_forced_logits: bool,
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -179,6 +190,21 @@ struct PromptReport {
     /// Why the diagnosis could not run (the verdict then stands as judged).
     #[serde(skip_serializing_if = "Option::is_none")]
     diagnosis_error: Option<String>,
+    /// `--teacher-forced-logits`: every row of prompt + reference tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    teacher_forced: Option<TeacherForced>,
+}
+
+/// Both sides' logits on the same tokens (prompt + the reference's greedy
+/// tokens, teacher-forced), compared row by row.
+#[derive(Debug, Serialize)]
+struct TeacherForced {
+    rows: usize,
+    /// Over all rows together (golden's `rel_l2`).
+    rel_l2: f64,
+    max_abs: f64,
+    /// Rows whose greedy token agrees.
+    top1_agree: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -331,6 +357,26 @@ impl Side<'_> {
             .unwrap_or_default())
     }
 
+    /// Logits of every row of `tokens` (`[T, vocab]`), one prefill step on
+    /// a fresh cache.
+    fn all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let bs = self.runner.kv_layout().page_size;
+        let table: Vec<u32> = (0..tokens.len().div_ceil(bs) as u32).collect();
+        let step = StepBatch::contiguous(0, tokens, 0, &table, bs, true);
+        let sampling = vec![SampleParams::GREEDY; step.logits_rows.len()];
+        let out = self
+            .runner
+            .step(&StepInput {
+                batch: &step,
+                path: RunPath::Standard,
+                sampling: &sampling,
+                read: &ReadBack::all_logits(&step),
+                teacher: None,
+            })
+            .map_err(|e| anyhow!("teacher-forced step on {}: {e}", self.name))?;
+        Ok(out.logits)
+    }
+
     /// Logits of the last row of `tokens`, run as one prefill step (teacher
     /// forcing on the common prefix), with the taps of `req`; `teacher`:
     /// every layer's input taken from these residuals.
@@ -408,6 +454,8 @@ struct Judging {
     max_batch_tokens: usize,
     /// Count MXFP4 activation code flips per layer (`--act mxfp4` runs).
     count_act_flips: bool,
+    /// Compare every teacher-forced logits row (`--teacher-forced-logits`).
+    teacher_forced_logits: bool,
 }
 
 /// One prompt: both greedy streams, and the judgement at the first
@@ -482,7 +530,28 @@ fn run_prompt(
         }
         (verdict, Some(j))
     };
+    let teacher_forced = if how.teacher_forced_logits {
+        let mut all = prompt.clone();
+        all.extend_from_slice(&a);
+        let (la, lb) = (rs.all_logits(&all)?, bs.all_logits(&all)?);
+        let vocab = ck.config().vocab_size;
+        let (rel_l2, max_abs) = m3_golden::parity::rel_l2(&la, &lb);
+        let top1_agree = la
+            .chunks_exact(vocab)
+            .zip(lb.chunks_exact(vocab))
+            .filter(|(x, y)| greedy(x) == greedy(y))
+            .count();
+        Some(TeacherForced {
+            rows: all.len(),
+            rel_l2,
+            max_abs,
+            top1_agree,
+        })
+    } else {
+        None
+    };
     Ok(PromptReport {
+        teacher_forced,
         index,
         prompt,
         reference_tokens: a,
@@ -545,6 +614,12 @@ fn print_line(r: &PromptReport, n: usize, ref_name: &str, be_name: &str) {
             if j.nonfinite { ", NON-FINITE logits" } else { "" },
             j.margin,
         ),
+    }
+    if let Some(t) = &r.teacher_forced {
+        println!(
+            "  teacher-forced logits over {} rows: rel L2 {:.3e}, max abs {:.3e}, top-1 agree {}/{}",
+            t.rows, t.rel_l2, t.max_abs, t.top1_agree, t.rows
+        );
     }
     if let Some(g) = &r.diagnosis {
         print_diagnosis(g);
@@ -634,10 +709,20 @@ pub fn run(args: Args) -> Result<()> {
         },
         diagnose_always: args.diagnose,
         max_batch_tokens: longest,
+        teacher_forced_logits: args.teacher_forced_logits,
         count_act_flips: args.act == ActArg::Mxfp4
             || args.backend_act.is_some_and(|a| a == ActArg::Mxfp4),
     };
     let opts = args.model.load_options();
+    let opts_b = LoadOptions {
+        online_quant: match args.backend_online_quant {
+            Some(OnlineQuantArg::PtpcFp8) => Some(OnlineQuant::ptpc_fp8(
+                opts.online_quant.map(|q| q.exclude).unwrap_or(""),
+            )),
+            None => opts.online_quant,
+        },
+        ..opts
+    };
     let (ref_name, be_name) = (
         format!("ref {}", reference.name()),
         format!("backend {}", be.name()),
@@ -651,7 +736,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         let mut bsd = Side {
             name: be_name.clone(),
-            runner: args::load_runner(&*be, &ck, opts, &spec_b)?,
+            runner: args::load_runner(&*be, &ck, opts_b, &spec_b)?,
         };
         let mut out = Vec::new();
         for (i, p) in prompts.into_iter().enumerate() {

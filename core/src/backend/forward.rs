@@ -5,8 +5,9 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::config::{AttnKind, ModelConfig};
+use crate::formats::convert::PtpcFp8;
 use crate::kv::KvCache;
-use crate::weights::{FfnWeights, ModelWeights};
+use crate::weights::{FfnWeights, LinearWeight, ModelWeights};
 
 use super::op::zeros;
 use super::{
@@ -120,21 +121,15 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
             out: &mut hn,
         })?;
         // 2. q, k, v
-        let lin = |w, n: usize| -> Result<Vec<f32>, BackendError> {
+        let pt = &lw.ptpc;
+        let lin = |w, p: &Option<PtpcFp8>, n: usize| -> Result<Vec<f32>, BackendError> {
             let mut o = zeros(t * n);
-            be.run_op(Op::Linear {
-                x: &hn,
-                rows: t,
-                w,
-                input: LinearInput::Bf16,
-                round_out: true,
-                out: &mut o,
-            })?;
+            linear_bf16(be, &hn, t, w, p.as_ref(), &mut o)?;
             Ok(o)
         };
-        let q0 = lin(&a.q, nh * d)?;
-        let k0 = lin(&a.k, nkv * d)?;
-        let v = lin(&a.v, nkv * d)?;
+        let q0 = lin(&a.q, &pt.q, nh * d)?;
+        let k0 = lin(&a.k, &pt.k, nkv * d)?;
+        let v = lin(&a.v, &pt.v, nkv * d)?;
         // 3-4. per-head norms, RoPE, bf16
         let mut q = zeros(t * nh * d);
         be.run_op(Op::RmsNorm {
@@ -185,8 +180,8 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
                     "layer {l} is sparse but has no indexer weights or index cache"
                 )));
             };
-            let iq0 = lin(&ix.q, nih * di)?;
-            let ik0 = lin(&ix.k, di)?;
+            let iq0 = lin(&ix.q, &pt.index_q, nih * di)?;
+            let ik0 = lin(&ix.k, &pt.index_k, di)?;
             let mut iq = zeros(t * nih * di);
             be.run_op(Op::RmsNorm {
                 x: &iq0,
@@ -285,14 +280,7 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
         })?;
         // 8. r' = r + o Wo^T
         let mut ao = zeros(t * h);
-        be.run_op(Op::Linear {
-            x: &o,
-            rows: t,
-            w: &a.o,
-            input: LinearInput::Bf16,
-            round_out: true,
-            out: &mut ao,
-        })?;
+        linear_bf16(be, &o, t, &a.o, pt.o.as_ref(), &mut ao)?;
         be.run_op(Op::Add {
             acc: &mut r,
             x: &ao,
@@ -317,6 +305,25 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
         // 10. FFN
         let mut y = zeros(t * h);
         match &lw.ffn {
+            FfnWeights::Dense(m) if pt.gate.is_some() || pt.up.is_some() || pt.down.is_some() => {
+                // The dense MLP op by op, so each linear can take its PTPC
+                // form (the same steps as `Op::Mlp`: bf16 gate and up,
+                // SwiGLU-OAI, bf16 down).
+                let width = m.gate.rows();
+                let mut g = zeros(t * width);
+                let mut u = zeros(t * width);
+                linear_bf16(be, &h2, t, &m.gate, pt.gate.as_ref(), &mut g)?;
+                linear_bf16(be, &h2, t, &m.up, pt.up.as_ref(), &mut u)?;
+                let mut act = zeros(t * width);
+                be.run_op(Op::SwiGlu {
+                    gate: &g,
+                    up: &u,
+                    alpha: c.swiglu_alpha,
+                    limit: c.swiglu_limit,
+                    out: &mut act,
+                })?;
+                linear_bf16(be, &act, t, &m.down, pt.down.as_ref(), &mut y)?;
+            }
             FfnWeights::Dense(m) => {
                 be.run_op(Op::Mlp {
                     x: &h2,
@@ -413,4 +420,27 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
         taps.put_f32("logits".into(), vec![nl, c.vocab_size], logits.clone());
     }
     Ok(logits)
+}
+
+/// A linear on a bf16-rounded input with a bf16 output (MODEL.md 2): the
+/// PTPC FP8 form when the layer has one, else the stored weight.
+fn linear_bf16<B: Backend + ?Sized>(
+    be: &B,
+    x: &[f32],
+    rows: usize,
+    w: &LinearWeight,
+    ptpc: Option<&PtpcFp8>,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    match ptpc {
+        Some(p) => be.ptpc_linear(x, rows, p, true, out),
+        None => be.run_op(Op::Linear {
+            x,
+            rows,
+            w,
+            input: LinearInput::Bf16,
+            round_out: true,
+            out,
+        }),
+    }
 }

@@ -105,6 +105,33 @@ pub trait Backend {
     /// Run one op (outputs overwritten): the op-parity interface.
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError>;
 
+    /// A linear with a PTPC FP8 weight (ARCHITECTURE.md, *Online
+    /// quantization*): `x` `[rows, w.cols]` is rounded to bf16 and quantized
+    /// per row (per token) to E4M3 with `sa = f32(amax / 448)`, then
+    /// `out[t][n] = f32(f32(dot(qa_t, qw_n) * sw_n) * sa_t)` with the dot
+    /// exact ([`crate::formats::convert::ptpc_dot`]), rounded to bf16 when
+    /// `round_out`. `out` is `[rows, w.rows]`. A row of `x` holding NaN or
+    /// an infinity gives a NaN output row.
+    ///
+    /// Not an [`Op`] variant yet: a provided method, so that a backend
+    /// without it (the GPU, whose half of PTPC is not built) refuses it
+    /// clearly instead of failing to build.
+    fn ptpc_linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &crate::formats::convert::PtpcFp8,
+        round_out: bool,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let _ = (x, rows, w, round_out, out);
+        Err(BackendError::Unsupported {
+            op: "ptpc_linear",
+            backend: self.name().into(),
+            what: "PTPC FP8 linears run on the CPU backend only so far".into(),
+        })
+    }
+
     /// Load a model: its weights into the backend's memory and a paged KV +
     /// index-cache pool sized by `spec`; `progress` is called as tensors
     /// arrive. The default is a [`HostRunner`] (host weights and cache,
@@ -125,6 +152,16 @@ impl<T: Backend + ?Sized> Backend for &T {
     }
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
         (**self).run_op(op)
+    }
+    fn ptpc_linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &crate::formats::convert::PtpcFp8,
+        round_out: bool,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        (**self).ptpc_linear(x, rows, w, round_out, out)
     }
     fn load<'b>(
         &'b self,

@@ -28,7 +28,7 @@ use super::names::{
 };
 use super::quant_config::{QuantConfig, WeightFormat};
 use super::safetensors_file::{Dtype, SafetensorsFile, TensorInfo};
-use super::CheckpointError;
+use super::{online, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
 use crate::formats::{convert, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
 use crate::weights::{
@@ -46,6 +46,11 @@ pub struct LoadOptions {
     /// byte is NaN or outside the exact range is refused, naming the tensor
     /// and block.
     pub mxfp8_to_bf16_exact: bool,
+    /// Online quantization (ARCHITECTURE.md, *Online quantization*): PTPC
+    /// FP8 forms of the attention and dense-MLP linears, made after the
+    /// stored weights are loaded (a host load only: [`Checkpoint::stored_linear`]
+    /// refuses its targets, since a stored form cannot carry them).
+    pub online_quant: Option<super::online::OnlineQuant>,
 }
 
 /// One linear weight in its stored format: borrowed from the mapped shards,
@@ -807,6 +812,24 @@ impl Checkpoint {
 
     /// Validate, then build the typed weights (step 3 of the module doc).
     pub fn load(&self, opts: &LoadOptions) -> Result<ModelWeights, CheckpointError> {
+        let mut w = self.load_stored(&LoadOptions {
+            online_quant: None,
+            ..*opts
+        })?;
+        if let Some(oq) = &opts.online_quant {
+            online::apply(&mut w, self.names, oq).map_err(|e| match e.tensor() {
+                Some(t) => CheckpointError::tensor(self.shard_of(t), t, e.to_string()),
+                None => CheckpointError::Config {
+                    file: "online quantization".into(),
+                    why: e.to_string(),
+                },
+            })?;
+        }
+        Ok(w)
+    }
+
+    /// [`Checkpoint::load`] without online quantization.
+    fn load_stored(&self, opts: &LoadOptions) -> Result<ModelWeights, CheckpointError> {
         self.validate()?;
         let unused = self.unused_tensors();
         if !unused.is_empty() {
@@ -888,6 +911,7 @@ impl Checkpoint {
                 post_attn_norm: self.vector(&ln.post_attention_layernorm())?,
                 attn,
                 ffn,
+                ptpc: Default::default(),
             });
         }
         Ok(ModelWeights {
@@ -928,6 +952,18 @@ impl Checkpoint {
         routed_expert: bool,
         opts: &LoadOptions,
     ) -> Result<StoredLinear<'_>, CheckpointError> {
+        if let Some(oq) = &opts.online_quant {
+            if online::is_target(&self.config, self.names, oq, name) {
+                return Err(self.terr(
+                    name,
+                    format!(
+                        "online quantization ({}) has no stored form: it runs on a host load \
+                         (the CPU backend) only so far",
+                        oq.scheme.name()
+                    ),
+                ));
+            }
+        }
         let f = self.detect_format(name)?;
         let codes = self.raw_bytes(name)?;
         let fmt_err = |e: crate::formats::FormatError| self.terr(name, e.to_string());

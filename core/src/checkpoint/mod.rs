@@ -18,6 +18,7 @@ mod error;
 pub mod index;
 pub mod loader;
 pub mod names;
+pub mod online;
 pub mod quant_config;
 pub mod safetensors_file;
 pub mod writer;

@@ -156,11 +156,7 @@ impl PtpcFp8 {
                 .zip(codes.chunks_exact_mut(cols))
                 .zip(scales.iter_mut())
             {
-                *scale = ptpc_scale(row);
-                let d = *scale as f64;
-                for (c, &v) in q.iter_mut().zip(row) {
-                    *c = e4m3::encode_sat(v as f64 / d);
-                }
+                *scale = ptpc_quantize_row(row, q);
             }
         }
         Ok(PtpcFp8 {
@@ -209,6 +205,52 @@ pub fn ptpc_scale(row: &[f32]) -> f32 {
     } else {
         s
     }
+}
+
+/// Quantize one row the PTPC way: `codes[i] = encode_sat_e4m3(row[i] /
+/// scale)` (quotient exact in f64), returning `scale = ptpc_scale(row)`.
+pub fn ptpc_quantize_row(row: &[f32], codes: &mut [u8]) -> f32 {
+    let scale = ptpc_scale(row);
+    let d = scale as f64;
+    for (c, &v) in codes.iter_mut().zip(row) {
+        *c = e4m3::encode_sat(v as f64 / d);
+    }
+    scale
+}
+
+/// The value of E4M3 code `c` in units of 2^-9 (the smallest subnormal):
+/// an integer in [-229376, 229376] (448 = 229376 * 2^-9); `None` for the
+/// NaN codes 0x7F / 0xFF.
+pub fn e4m3_units(c: u8) -> Option<i32> {
+    let mag = c & 0x7F;
+    if mag == 0x7F {
+        return None;
+    }
+    let (e, m) = ((mag >> 3) as u32, (mag & 7) as i32);
+    // Subnormal: m * 2^-9; normal: (8 + m) * 2^(e - 10) = (8 + m) << (e - 1) units.
+    let u = if e == 0 { m } else { (8 + m) << (e - 1) };
+    Some(if c & 0x80 != 0 { -u } else { u })
+}
+
+/// The PTPC FP8 dot product of two rows of E4M3 codes (ARCHITECTURE.md,
+/// Online quantization): the products `qa_k * qw_k` are summed **exactly**
+/// (each is an integer number of 2^-18 units below 2^36, so an i64 holds
+/// any sum of up to 2^27 of them) and the exact sum is rounded to f32 once.
+/// The result is the f32 that any f32 accumulation would give without
+/// intermediate rounding, and does not depend on the summation order.
+/// `None` when either row holds a NaN code, or when the rows exceed 2^27
+/// elements.
+pub fn ptpc_dot(qa: &[u8], qw: &[u8]) -> Option<f32> {
+    if qa.len() > (1 << 27) {
+        return None;
+    }
+    let mut acc: i64 = 0;
+    for (&a, &w) in qa.iter().zip(qw) {
+        acc += e4m3_units(a)? as i64 * e4m3_units(w)? as i64;
+    }
+    // `i64 as f32` rounds to nearest even (one rounding); the power-of-two
+    // scaling is exact (|acc| >= 1 unit or zero, far from f32 underflow).
+    Some(acc as f32 * f32::from_bits((127 - 18) << 23))
 }
 
 /// FP8 KV / index cache store: `encode_sat_e4m3(x / scale)`, NaN stays NaN.

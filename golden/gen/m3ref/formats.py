@@ -213,3 +213,50 @@ def nvfp4_quantize(x):
     q = np.where((s == 0)[..., None], 0.0, q)
     codes = e2m1_encode_sat(q).reshape(x.shape)
     return pack_fp4(codes), s_raw, g
+
+
+# ------------------------------------------------------------- PTPC FP8
+#
+# ARCHITECTURE.md, "Online quantization": per row (output channel of a
+# weight, token of an activation) scale = f32(amax / 448) (zero row: 1.0),
+# codes = encode_sat_e4m3(x / scale); a PTPC linear is
+# y = f32(f32(exact_dot(qa, qw) * sw) * sa), the dot of the decoded codes
+# summed exactly and rounded to f32 once.
+
+F32_TINY = np.float32(np.ldexp(1.0, -149))
+
+
+def ptpc_quantize(x):
+    """[rows, K] finite f32 values -> (codes u8 [rows, K], scales f32 [rows])."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.max(np.abs(x), axis=-1) if x.shape[-1] else np.zeros(x.shape[:-1], np.float32)
+    s = (amax / np.float32(E4M3_MAX)).astype(np.float32)  # one f32 division
+    s = np.where(amax == 0, np.float32(1.0), np.where(s == 0, F32_TINY, s)).astype(np.float32)
+    codes = e4m3_encode_sat(x.astype(np.float64) / s.astype(np.float64)[..., None])
+    return codes, s
+
+
+def e4m3_units(codes):
+    """E4M3 codes -> exact integers in units of 2^-9 (int64), via ml_dtypes."""
+    v = e4m3_decode(codes) * 512.0
+    if not np.all(np.isfinite(v)):
+        raise ValueError("NaN E4M3 code in a PTPC operand")
+    u = v.astype(np.int64)
+    assert np.all(u == v), "an E4M3 value is not a multiple of 2^-9"
+    return u
+
+
+def ptpc_linear(x, qw, sw):
+    """x [T, K] (bf16 values), weight codes qw [N, K] and scales sw [N] ->
+    f32 [T, N] before the output's bf16 rounding.  Rows of x holding NaN or
+    an infinity give NaN rows."""
+    x = np.asarray(x, dtype=np.float32)
+    bad = ~np.all(np.isfinite(x), axis=-1)
+    qa, sa = ptpc_quantize(np.where(bad[:, None], np.float32(0), x))
+    acc = e4m3_units(qa) @ e4m3_units(qw).T  # exact int64
+    assert np.all(np.abs(acc) < 2**53)
+    accf = acc.astype(np.float64).astype(np.float32) * np.float32(2.0 ** -18)
+    y = (accf * np.asarray(sw, np.float32)[None, :]).astype(np.float32)
+    y = (y * sa[:, None]).astype(np.float32)
+    y[bad] = np.float32(np.nan)
+    return y

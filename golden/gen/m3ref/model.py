@@ -25,6 +25,17 @@ class Options:
     selection: str = "per_kv_head"  # or "shared"
     nvfp4_as_mxfp4: bool = False
     accum: str = "f64"  # "f64" (reference) or "f32" (noise-floor probe)
+    online_quant: str = ""  # "" or "ptpc_fp8" (attention + dense-MLP linears)
+    online_quant_exclude: str = ""  # comma-separated tensor-name substrings
+
+
+class Ptpc:
+    """A linear converted at load to PTPC FP8: weight codes and row scales."""
+
+    def __init__(self, w):
+        if not np.all(np.isfinite(w)):
+            raise ValueError("PTPC FP8 needs finite weights")
+        self.codes, self.scales = F.ptpc_quantize(w)
 
 
 # ------------------------------------------------------------------ pieces
@@ -38,6 +49,9 @@ class Numerics:
 
     def matmul(self, x, w):
         """x [T, K] @ w[out, K]^T summed in the accumulation type, -> f32."""
+        if isinstance(w, Ptpc):
+            # exact by definition, whatever the accumulation mode
+            return F.ptpc_linear(x, w.codes, w.scales)
         if self.reverse:
             x, w = x[:, ::-1], w[:, ::-1]
         return (x.astype(self.acc) @ w.astype(self.acc).T).astype(np.float32)
@@ -168,18 +182,25 @@ class Model:
         p = f"{ROOT}layers.{l}."
         fm = set()
 
-        def lin(base, nv=False):
+        def lin(base, nv=False, ptpc=False):
             w, f = ck.linear(p + base, nvfp4_as_mxfp4=nv)
             fm.add(f)
+            if ptpc and self.opts.online_quant:
+                if self.opts.online_quant != "ptpc_fp8":
+                    raise ValueError(f"unknown online quantization {self.opts.online_quant!r}")
+                pats = [q.strip() for q in self.opts.online_quant_exclude.split(",") if q.strip()]
+                if not any(q in p + base + ".weight" for q in pats):
+                    fm.add("ptpc_fp8")
+                    return Ptpc(w)
             return w
 
         lw = {
             "in_norm": ck.f32(p + "input_layernorm.weight"),
             "post_norm": ck.f32(p + "post_attention_layernorm.weight"),
-            "q": lin("self_attn.q_proj"),
-            "k": lin("self_attn.k_proj"),
-            "v": lin("self_attn.v_proj"),
-            "o": lin("self_attn.o_proj"),
+            "q": lin("self_attn.q_proj", ptpc=True),
+            "k": lin("self_attn.k_proj", ptpc=True),
+            "v": lin("self_attn.v_proj", ptpc=True),
+            "o": lin("self_attn.o_proj", ptpc=True),
             "q_norm": ck.f32(p + "self_attn.q_norm.weight"),
             "k_norm": ck.f32(p + "self_attn.k_norm.weight"),
             "k_scale": ck.scalar_or(p + "self_attn.k_scale", 1.0),
@@ -187,14 +208,14 @@ class Model:
             "ik_scale": ck.scalar_or(p + "self_attn.index_k_scale", 1.0),
         }
         if c.attn_kinds[l] == "sparse":
-            lw["iq"] = lin("self_attn.index_q_proj")
-            lw["ik"] = lin("self_attn.index_k_proj")
+            lw["iq"] = lin("self_attn.index_q_proj", ptpc=True)
+            lw["ik"] = lin("self_attn.index_k_proj", ptpc=True)
             lw["iq_norm"] = ck.f32(p + "self_attn.index_q_norm.weight")
             lw["ik_norm"] = ck.f32(p + "self_attn.index_k_norm.weight")
         if c.mlp_kinds[l] == "dense":
-            lw["gate"] = lin("mlp.gate_proj")
-            lw["up"] = lin("mlp.up_proj")
-            lw["down"] = lin("mlp.down_proj")
+            lw["gate"] = lin("mlp.gate_proj", ptpc=True)
+            lw["up"] = lin("mlp.up_proj", ptpc=True)
+            lw["down"] = lin("mlp.down_proj", ptpc=True)
         else:
             m = p + "block_sparse_moe."
             lw["router"] = ck.f32(m + "gate.weight")

@@ -1,0 +1,123 @@
+//! Online PTPC FP8 at load (ARCHITECTURE.md, *Online quantization*): the
+//! E4M3 unit table and the exact dot, which linears are converted, and the
+//! errors (each test opens with a control that could fail).
+
+use m3_core::checkpoint::online::{apply, targets, OnlineQuant};
+use m3_core::checkpoint::{Checkpoint, LoadOptions};
+use m3_core::config::{AttnKind, MlpKind, ModelConfig};
+use m3_core::formats::convert::{e4m3_units, ptpc_dot};
+use m3_core::formats::fp8::e4m3;
+use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
+use m3_core::weights::FfnWeights;
+
+#[test]
+fn e4m3_units_is_the_decoded_value_in_units_of_2_pow_minus_9() {
+    for c in 0..=255u8 {
+        let d = e4m3::decode(c);
+        match e4m3_units(c) {
+            None => assert!(d.is_nan(), "code {c:#x}"),
+            Some(u) => assert_eq!(u as f64 * 2f64.powi(-9), d as f64, "code {c:#x}"),
+        }
+    }
+}
+
+#[test]
+fn ptpc_dot_is_the_exact_sum_rounded_once() {
+    let (big, one) = (0x7Eu8, 0x38u8); // 448, 1.0
+                                       // 100 x 448^2, then 1, then 100 x -448^2: exactly 1.
+    let mut qa = vec![big; 100];
+    qa.push(one);
+    qa.extend(vec![big | 0x80; 100]);
+    let mut qw = vec![big; 100];
+    qw.push(one);
+    qw.extend(vec![big; 100]);
+    assert_eq!(ptpc_dot(&qa, &qw), Some(1.0));
+    // control: an f32 running sum loses the 1 (past 2^24 the ulp is 2)
+    let mut f = 0f32;
+    for (&a, &w) in qa.iter().zip(&qw) {
+        f += e4m3::decode(a) * e4m3::decode(w);
+    }
+    assert_eq!(f, 0.0);
+    // NaN codes are reported
+    assert_eq!(ptpc_dot(&[0x7F], &[one]), None);
+}
+
+fn tiny(dir: &std::path::Path, dense: DenseFormat) -> Checkpoint {
+    let cfg = ModelConfig::preset("tiny").unwrap().with_layers(2).unwrap();
+    let spec = SynthSpec::new(cfg, ExpertFormat::Mxfp4, dense);
+    write_checkpoint(&spec, dir).unwrap();
+    Checkpoint::open(dir).unwrap()
+}
+
+#[test]
+fn converts_attention_and_dense_mlp_only_and_honours_exclusions() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = tiny(&d.path().join("m"), DenseFormat::Mxfp8);
+    let plain = ck.load(&LoadOptions::default()).unwrap();
+    assert!(plain.layers.iter().all(|l| !l.ptpc.any()), "off by default");
+    let opts = |exclude| LoadOptions {
+        online_quant: Some(OnlineQuant::ptpc_fp8(exclude)),
+        ..LoadOptions::default()
+    };
+    let w = ck.load(&opts("")).unwrap();
+    let c = &w.config;
+    for (l, lw) in w.layers.iter().enumerate() {
+        let p = &lw.ptpc;
+        assert!(p.q.is_some() && p.k.is_some() && p.v.is_some() && p.o.is_some());
+        let sparse = c.attn_kinds[l] == AttnKind::Sparse;
+        assert_eq!(p.index_q.is_some(), sparse, "layer {l}");
+        assert_eq!(p.index_k.is_some(), sparse, "layer {l}");
+        let dense = c.mlp_kinds[l] == MlpKind::Dense;
+        assert_eq!(
+            p.gate.is_some() && p.up.is_some() && p.down.is_some(),
+            dense
+        );
+        assert_eq!(matches!(lw.ffn, FfnWeights::Dense(_)), dense);
+        // the stored weights stay as they were
+        assert_eq!(lw.attn, plain.layers[l].attn);
+    }
+    assert_eq!(w.lm_head, plain.lm_head);
+    // exclusions by name
+    let x = ck.load(&opts("o_proj, layers.0.")).unwrap();
+    assert_eq!(x.layers[0].ptpc.count(), 0);
+    assert!(x.layers[1].ptpc.o.is_none() && x.layers[1].ptpc.q.is_some());
+    let n = targets(c, ck.names(), &OnlineQuant::ptpc_fp8("o_proj")).unwrap();
+    assert!(n.iter().all(|t| !t.name.contains("o_proj")));
+    // a pattern that excludes nothing is an error
+    let e = ck.load(&opts("o_prj")).unwrap_err().to_string();
+    assert!(e.contains("`o_prj`") && e.contains("matches none"), "{e}");
+    // the router / experts are never targets, so a pattern naming them is refused too
+    let e = ck.load(&opts("block_sparse_moe")).unwrap_err().to_string();
+    assert!(e.contains("matches none"), "{e}");
+}
+
+#[test]
+fn from_bf16_and_mxfp8_and_stored_linear_refuses_targets() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = tiny(&d.path().join("m"), DenseFormat::Bf16);
+    let oq = OnlineQuant::ptpc_fp8("");
+    let opts = LoadOptions {
+        online_quant: Some(oq),
+        ..LoadOptions::default()
+    };
+    let mut w = ck.load(&LoadOptions::default()).unwrap();
+    let n = apply(&mut w, ck.names(), &oq).unwrap();
+    assert_eq!(w, ck.load(&opts).unwrap(), "apply == load with the option");
+    assert!(n > 0);
+    let c = ck.config().clone();
+    let ln = ck.names().layer(0);
+    let (h, qd) = (c.hidden_size, c.num_attention_heads * c.head_dim);
+    // control: without the option the stored form is there
+    assert!(ck
+        .stored_linear(&ln.q_proj(), qd, h, false, &LoadOptions::default())
+        .is_ok());
+    let e = ck
+        .stored_linear(&ln.q_proj(), qd, h, false, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&ln.q_proj()) && e.contains("CPU backend"), "{e}");
+    // a non-target (the LM head) still has its stored form
+    assert!(ck
+        .stored_linear(&ck.names().lm_head(), c.vocab_size, h, false, &opts)
+        .is_ok());
+}

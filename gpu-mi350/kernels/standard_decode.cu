@@ -64,6 +64,12 @@
 #define S_UNROLL_HALF 0
 #endif
 
+// Bench-only speed probes (wrong results): 1, 2 the decode cost (see
+// s_seg_frag), 3 no scale loads, 4 no x loads, 5 neither.
+#ifndef S_DEC_PROBE
+#define S_DEC_PROBE 0
+#endif
+
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
 M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
@@ -333,6 +339,26 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         u32 q = d[i];
+#if S_DEC_PROBE == 1 || S_DEC_PROBE == 2
+        // SPEED PROBE, WRONG VALUES (bench/NOTES.md session 6 run 3): 1 =
+        // E2M1 decode at the instruction count of a bit-plane layout (one
+        // shift and one mask for three words of four); 2 = no decode at all
+        // (the codes word times the factor), every format
+        if (S_DEC_PROBE == 2) {
+#pragma unroll
+          for (int j = 0; j < (F == S_FMT_E4M3 ? 2 : 4); ++j)
+            out[(F == S_FMT_E4M3 ? 8 * r + 2 * i : 4 * i) + j] = m3_mul_bf16x2(q, fac[F == S_FMT_E4M3 ? 0 : i / 2]);
+          continue;
+        }
+        if (S_DEC_PROBE == 1 && F != S_FMT_E4M3) {
+          const u32 f = fac[i / 2], M = 0x81c081c0u;
+          out[4 * i] = m3_mul_bf16x2(q & M, f);
+          out[4 * i + 1] = m3_mul_bf16x2((q << 3) & M, f);
+          out[4 * i + 2] = m3_mul_bf16x2((q << 6) & M, f);
+          out[4 * i + 3] = m3_mul_bf16x2(((q >> 4) & 0x00c000c0u) | ((q << 1) & 0x81008100u), f);
+          continue;
+        }
+#endif
         if (F == S_FMT_E4M3) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
@@ -390,135 +416,6 @@ template <int F> M3_DEV u32 s_scale_load(const u8* s, u32 k0) {
   return s[k0 / 32u];
 }
 
-// ---- weights through shared memory (cp.async) ------------------------------
-// S_MMA_ASYNC=1 (CUDA sm_80+; ignored elsewhere): each warp streams its
-// super-chunks through a ring of shared-memory slots filled by cp.async,
-// SAsync<F>::D slots deep, D - 1 in flight while one is decoded. In-flight
-// loads then cost no registers and no warp waits on a load it has not yet
-// needed, where the register path issues U super-chunks and waits for all
-// of them before any decode (bench/NOTES.md run F: latency-bound at ~22%
-// occupancy). Lane (g, t) copies exactly the bytes it later reads (its two
-// W segments and the scale word holding its scale), so a lane's
-// cp.async.wait_group is the only synchronisation. Same super-chunk walk
-// and summation order as the register path: bitwise the same outputs.
-// Needs K % 128 == 0 (scale words aligned); the host falls back to the
-// register path's kernels otherwise (MmaVariant::k_align).
-#ifndef S_MMA_ASYNC
-#define S_MMA_ASYNC 0
-#endif
-#if S_MMA_ASYNC && !defined(M3_CUDA)
-#undef S_MMA_ASYNC
-#define S_MMA_ASYNC 0
-#endif
-// Ring bytes per CTA (all warps), KiB; shared with the split-K reduction
-// buffer (a union: the ring is idle by then). 44 KiB keeps the static
-// total under 48 KiB.
-#ifndef S_ASYNC_KB
-#define S_ASYNC_KB 40
-#endif
-
-template <int F> struct SAsync {
-  /// uint4 words of one segment.
-  static const u32 NW = SSeg<F>::B / 16u;
-  /// Scale bytes copied per row and super-chunk: the 4-byte word holding
-  /// lanes t = 0..3's E8M0 bytes, or NVFP4's 8 bytes (two E4M3 per lane).
-  static const u32 SCB = F == S_FMT_BF16 ? 0u : (F == S_FMT_NVFP4 ? 8u : 4u);
-  static const u32 SCW = SCB == 0u ? 1u : SCB / 4u;
-  /// Bytes one lane's slot holds.
-  static const u32 LANE = 2u * SSeg<F>::B + 2u * SCB;
-  static const u32 D0 = (S_ASYNC_KB * 1024u / S_MMA_WARPS) / (32u * LANE);
-  /// Slots per warp (at least 2: one decoded, one in flight).
-  static const u32 D = D0 < 2u ? 2u : D0;
-  /// Byte offsets in the pool: codes [warp][slot][row][word][lane] (uint4),
-  /// then scales [warp][slot][row][word][lane] (u32).
-  static const u32 CODE_BYTES = S_MMA_WARPS * D * 2u * NW * 32u * 16u;
-  static const u32 BYTES = CODE_BYTES + (SCB ? S_MMA_WARPS * D * 2u * SCW * 32u * 4u : 0u);
-  /// The split-K reduction buffer (aliases the ring).
-  static const u32 RED = S_MMA_WARPS * S_MMA_MAXBT * 8u * 16u * 4u;
-  static const u32 POOL = BYTES > RED ? BYTES : RED;
-};
-
-#if S_MMA_ASYNC
-M3_DEV u32 s_smem(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-/// cp.async of `bytes` (4, 8 or 16) from global `src` to shared `dst`;
-/// zero-filled when !ok (src is then not read).
-template <u32 BYTES> M3_DEV void s_cp(void* dst, const void* src, bool ok) {
-  if (BYTES == 16u)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s_smem(dst)), "l"(src), "r"(ok ? 16u : 0u)
-                 : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s_smem(dst)), "l"(src), "n"(BYTES),
-                 "r"(ok ? BYTES : 0u)
-                 : "memory");
-}
-M3_DEV void s_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <u32 N> M3_DEV void s_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-/// Issue step i of a warp's walk (super-chunk q0 + i, if it exists) into
-/// ring slot `slot`: this lane's W segments of rows a and c and its scale
-/// words. Always one commit group, empty past the walk, so that
-/// wait_group counts stay uniform.
-template <int F>
-M3_DEV void s_async_fetch(u8* pool, u32 warp, u32 lane, u32 slot, u32 i, u32 n_i, u32 q0, u32 t, u32 K,
-                          const u8* wa, const u8* wc, const u8* sa, const u8* sc, bool oka, bool okc) {
-  typedef SAsync<F> A;
-  if (i < n_i) {
-    const u32 q = q0 + i, k0 = q * 128u + 32u * t;
-    const bool in = k0 < K;
-    uint4* codes = reinterpret_cast<uint4*>(pool) + (u64)(warp * A::D + slot) * 2u * A::NW * 32u;
-    const u8* wr[2] = {wa, wc};
-    const bool ok[2] = {in && oka, in && okc};
-#pragma unroll
-    for (u32 r = 0; r < 2u; ++r)
-#pragma unroll
-      for (u32 w = 0; w < A::NW; ++w)
-        s_cp<16u>(codes + (r * A::NW + w) * 32u + lane, wr[r] + (u64)(in ? k0 : 0u) * SSeg<F>::B / 32u + 16u * w,
-                  ok[r]);
-    if (A::SCB) {
-      u32* scl = reinterpret_cast<u32*>(pool + A::CODE_BYTES) + (u64)(warp * A::D + slot) * 2u * A::SCW * 32u;
-      const u8* sr[2] = {sa, sc};
-      // the word(s) of super-chunk q: E8M0 bytes 4q..4q+3, NVFP4 8q..8q+7
-#pragma unroll
-      for (u32 r = 0; r < 2u; ++r)
-        s_cp<A::SCB>(scl + r * A::SCW * 32u + lane * A::SCW, sr[r] ? sr[r] + (u64)q * A::SCB : wr[r],
-                     sr[r] != nullptr && q * 128u < K && (r == 0u ? oka : okc));
-    }
-  }
-  s_cp_commit();
-}
-
-/// Slot `slot`'s segments and scale bytes for this lane (after its wait).
-template <int F>
-M3_DEV void s_async_read(const u8* pool, u32 warp, u32 lane, u32 slot, u32 t, uint4 (&raw)[2][SSeg<F>::B / 16u],
-                         u32 (&sca)[2]) {
-  typedef SAsync<F> A;
-  const uint4* codes = reinterpret_cast<const uint4*>(pool) + (u64)(warp * A::D + slot) * 2u * A::NW * 32u;
-#pragma unroll
-  for (u32 r = 0; r < 2u; ++r)
-#pragma unroll
-    for (u32 w = 0; w < A::NW; ++w) raw[r][w] = codes[(r * A::NW + w) * 32u + lane];
-  if (A::SCB) {
-    const u32* scl = reinterpret_cast<const u32*>(pool + A::CODE_BYTES) + (u64)(warp * A::D + slot) * 2u * A::SCW * 32u;
-#pragma unroll
-    for (u32 r = 0; r < 2u; ++r) {
-      if (F == S_FMT_NVFP4) {
-        // bytes 2t, 2t + 1 of the 8: word t / 2, half t % 2
-        const u32 wd = scl[r * A::SCW * 32u + lane * A::SCW + t / 2u];
-        sca[r] = (wd >> (16u * (t % 2u))) & 0xffffu;
-      } else {
-        sca[r] = (scl[r * A::SCW * 32u + lane] >> (8u * t)) & 0xffu;
-      }
-    }
-  } else {
-    sca[0] = sca[1] = 0u;
-  }
-}
-#endif
-
 /// Issue the loads of iteration `it` of a warp's super-chunk walk: U
 /// super-chunks (`s_chunk` of U * it + u) of W rows a and c, and
 /// their scale bytes.
@@ -535,8 +432,14 @@ M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, cons
     const bool in = have && k0 < K;
     s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
     s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
+#if S_DEC_PROBE == 3 || S_DEC_PROBE == 5
+    // SPEED PROBE, WRONG VALUES: no scale loads
+    sca[u][0] = sca[u][1] = F == S_FMT_NVFP4 ? 0x3838u : 127u;
+    (void)sa; (void)sc;
+#else
     sca[u][0] = sa && in && oka ? s_scale_load<F>(sa, k0) : 0u;
     sca[u][1] = sc && in && okc ? s_scale_load<F>(sc, k0) : 0u;
+#endif
   }
 }
 
@@ -548,6 +451,12 @@ M3_DEV void s_x_load(const u16* __restrict__ x, const u32* xrow, u32 m, u32 cnt,
   const u16* xp = x + (u64)(okx ? xrow[m] : 0u) * K + (in ? k0 : 0u);
 #pragma unroll
   for (int i = 0; i < 4; ++i) xr[i] = okx ? reinterpret_cast<const uint4*>(xp)[i] : make_uint4(0u, 0u, 0u, 0u);
+#if S_DEC_PROBE == 4 || S_DEC_PROBE == 5
+  // SPEED PROBE, WRONG VALUES: x from registers, not memory
+  (void)xp;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) xr[i] = make_uint4(k0 + i, m, 0x3f803f80u, K);
+#endif
 }
 
 /// The 8 tile products of one super-chunk for one 8-row x tile: W rows
@@ -565,12 +474,7 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
 template <int F>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv) {
-#if S_MMA_ASYNC
-  __shared__ __align__(16) u8 pool[SAsync<F>::POOL];
-  float(*red)[S_MMA_MAXBT * 8][16] = reinterpret_cast<float(*)[S_MMA_MAXBT * 8][16]>(pool);
-#else
   __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
-#endif
   __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
   __shared__ int head[2];
   M3_PDL_TRIGGER();
@@ -603,24 +507,11 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
   };
   u32 cnt, ge = 0u;  // rows of this CTA; matrix of the stack (global scale)
-#if S_MMA_ASYNC
-  // this warp's walk: super-chunks q0 .. q0 + n_i (contiguous, as the
-  // register path with S_MMA_INTERLEAVE 0)
-  const u32 per = (nsc + nwarp - 1u) / nwarp, q0 = warp * per;
-  const u32 n_i = q0 < nsc ? min(per, nsc - q0) : 0u;
-  auto prologue = [&]() {
-#pragma unroll
-    for (u32 i = 0; i + 1u < SAsync<F>::D; ++i)
-      s_async_fetch<F>(pool, warp, lane, i, i, n_i, q0, t, K, wa, wc, sa, sc, oka, okc);
-  };
-#else
-  auto prologue = [&]() { s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca); };
-#endif
   if (!route) {
     // plain mode: the weights are known before the previous kernel ends,
     // so the first loads go out before the dependency wait
     rows_at();
-    prologue();
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   }
   M3_PDL_WAIT();
   if (route) {
@@ -641,16 +532,11 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     W += (u64)e * sg.w_es;
     if (S) S += (u64)e * sg.ws_es;
     rows_at();
-    prologue();
+    s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   } else {
     const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
     cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-    if (cnt == 0u) {
-#if S_MMA_ASYNC
-      s_cp_wait<0u>();  // no copy may outlive its CTA's shared memory
-#endif
-      return;
-    }
+    if (cnt == 0u) return;
     if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
     __syncthreads();
   }
@@ -658,47 +544,6 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   float acc[S_MMA_MAXBT][4];
 #pragma unroll
   for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
-#if S_MMA_ASYNC
-  {
-    const u32 D = SAsync<F>::D;
-    u32 slot = 0u, fslot = D - 1u;
-    for (u32 i = 0; i < n_i; ++i) {
-      s_async_fetch<F>(pool, warp, lane, fslot, i + D - 1u, n_i, q0, t, K, wa, wc, sa, sc, oka, okc);
-      fslot = fslot + 1u == D ? 0u : fslot + 1u;
-      const u32 k0 = (q0 + i) * 128u + 32u * t;
-      const bool in = k0 < K;
-      // up to 16 rows: x's loads go out before the wait, so they overlap it
-      const bool hoist = S_MMA_MAXBT <= 2;
-      uint4 xr[hoist ? S_MMA_MAXBT : 1][4];
-      if (hoist) {
-#pragma unroll
-        for (int b = 0; b < (hoist ? S_MMA_MAXBT : 1); ++b)
-          if ((u32)b < nbt) s_x_load(x, xrow, (u32)b * 8u + g, cnt, in, k0, K, xr[b]);
-      }
-      s_cp_wait<SAsync<F>::D - 1u>();
-      uint4 sraw[2][SSeg<F>::B / 16u];
-      u32 ssca[2];
-      s_async_read<F>(pool, warp, lane, slot, t, sraw, ssca);
-      slot = slot + 1u == D ? 0u : slot + 1u;
-      u32 fa[16], fc[16];
-      s_seg_frag<F>(sraw[0], ssca[0], fa);
-      s_seg_frag<F>(sraw[1], ssca[1], fc);
-#pragma unroll
-      for (int b = 0; b < S_MMA_MAXBT; ++b) {
-        if ((u32)b >= nbt) break;
-        if (hoist) {
-          s_tile_mma(acc[b], fa, fc, xr[hoist ? b : 0]);
-        } else {
-          uint4 xb[4];
-          s_x_load(x, xrow, (u32)b * 8u + g, cnt, in, k0, K, xb);
-          s_tile_mma(acc[b], fa, fc, xb);
-        }
-      }
-    }
-    // every warp off the ring before the reduction reuses it
-    __syncthreads();
-  }
-#else
   // super-chunk q of 128 K values; warp w takes q = w + nwarp * j, U of
   // them per iteration with every load issued before any is used
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
@@ -739,7 +584,6 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       }
     }
   }
-#endif
   // split-K reduction over the CTA's warps
 #pragma unroll
   for (int b = 0; b < S_MMA_MAXBT; ++b) {

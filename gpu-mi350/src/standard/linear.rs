@@ -83,15 +83,7 @@ pub(crate) struct MmaVariant {
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
     f: HashMap<&'static str, CudaFunction>,
-    /// With `S_MMA_ASYNC=1` (weights through shared memory by cp.async),
-    /// which needs K % 128 == 0: the same compile without it, for the
-    /// matrices whose K is not.
-    unaligned: Option<HashMap<&'static str, CudaFunction>>,
 }
-
-/// K a matrix must be a multiple of for the cp.async kernels (their scale
-/// words are 4- / 8-byte copies).
-const ASYNC_K_ALIGN: usize = 128;
 
 impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
@@ -101,8 +93,6 @@ impl MmaVariant {
         let mut prefix = String::new();
         let mut warps = 8u32;
         let mut maxbt = 8usize;
-        let mut asynchronous = false;
-        let mut sync_prefix = String::new();
         for kv in defines.split_whitespace() {
             let (k, v) = kv
                 .split_once('=')
@@ -118,38 +108,24 @@ impl MmaVariant {
                 "S_UNROLL_HALF" if n <= 1 => {}
                 "S_MMA_MINB" if (1..=16).contains(&n) => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
-                "S_MMA_ASYNC" if n <= 1 => asynchronous = n == 1,
-                "S_ASYNC_KB" if (8..=44).contains(&n) => {}
+                "S_DEC_PROBE" if n <= 5 => {}
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
-            }
-            if k != "S_MMA_ASYNC" {
-                sync_prefix.push_str(&format!("#define {k} {n}\n"));
             }
             prefix.push_str(&format!("#define {k} {n}\n"));
         }
-        let compile = |prefix: &str| -> Result<HashMap<&'static str, CudaFunction>> {
-            let src = if prefix.is_empty() {
-                *base
-            } else {
-                // leaked once per variant: a KernelSource holds &'static text
-                let body: &'static str =
-                    Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
-                KernelSource { body, ..*base }
-            };
-            let mut f = HashMap::new();
-            for fm in WFmt::MMA {
-                if let Some(n) = fm.mma_kernel() {
-                    f.insert(n, gpu.function(&src, n)?);
-                }
-            }
-            Ok(f)
-        };
-        let f = compile(&prefix)?;
-        let unaligned = if asynchronous {
-            Some(compile(&sync_prefix)?)
+        let src = if prefix.is_empty() {
+            *base
         } else {
-            None
+            // leaked once per variant: a KernelSource holds &'static text
+            let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
+            KernelSource { body, ..*base }
         };
+        let mut f = HashMap::new();
+        for fm in WFmt::MMA {
+            if let Some(n) = fm.mma_kernel() {
+                f.insert(n, gpu.function(&src, n)?);
+            }
+        }
         Ok(MmaVariant {
             label: if defines.is_empty() {
                 "default".into()
@@ -159,16 +135,7 @@ impl MmaVariant {
             block: warps * 32,
             rows: maxbt * 8,
             f,
-            unaligned,
         })
-    }
-
-    /// The entry point `name` for matrices of `k` columns.
-    fn function(&self, name: &str, k: usize) -> Option<&CudaFunction> {
-        match &self.unaligned {
-            Some(u) if k % ASYNC_K_ALIGN != 0 => u.get(name),
-            _ => self.f.get(name),
-        }
     }
 }
 
@@ -264,7 +231,8 @@ pub(crate) fn linears(
             None => (chunks, 1, 0, 1),
         };
         let f = mv
-            .function(name, w0.cols)
+            .f
+            .get(name)
             .ok_or_else(|| GpuError::input("standard path", format!("kernel {name} not loaded")))?;
         l.launch(
             name,
@@ -404,9 +372,6 @@ mod gpu_tests {
         }
     }
 
-    /// The small-step variant with its weights through shared memory.
-    const ASYNC: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_ASYNC=1";
-
     #[test]
     fn variants_match_an_f64_reference() {
         let Some(gpu) = gpu() else { return };
@@ -423,7 +388,6 @@ mod gpu_tests {
             "S_MMA_WARPS=4",
             "S_MMA_WARPS=2",
             "S_MMA_MAXBT=2",
-            ASYNC,
         ];
         for v in variants {
             k.mma
@@ -432,10 +396,8 @@ mod gpu_tests {
         let ctx = gpu.context();
         let mut seed = 7u64;
         let mut failures = Vec::new();
-        let mut async_compared = 0usize;
         for fmt in ["bf16", "e4m3", "fp4", "e5m2", "nvfp4"] {
-            // K = 160: not a multiple of 128, so the cp.async variant falls
-            // back to its register-path compile
+            // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[
                 (48usize, 128usize),
                 (64, 1024),
@@ -481,7 +443,6 @@ mod gpu_tests {
                             }
                             bad
                         };
-                    let mut plain_out: Vec<Vec<f32>> = Vec::new();
                     for (vi, v) in variants.iter().enumerate() {
                         let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
                         linears(
@@ -504,7 +465,6 @@ mod gpu_tests {
                                 m * n
                             ));
                         }
-                        plain_out.push(got);
                         // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
                         // x row p / 2, output row p
                         let pairs = m * 2;
@@ -545,20 +505,6 @@ mod gpu_tests {
                                 pairs * n
                             ));
                         }
-                    }
-                    // the cp.async ring walks K as the register path does:
-                    // bitwise the same as the small-step variant it extends
-                    let (a, b) = (&plain_out[1], &plain_out[variants.len() - 1]);
-                    let differ = a
-                        .iter()
-                        .zip(b)
-                        .filter(|(x, y)| x.to_bits() != y.to_bits())
-                        .count();
-                    async_compared += a.len();
-                    if differ > 0 {
-                        failures.push(format!(
-                            "plain {fmt} [{n}, {kk}] m {m}: `{ASYNC}` differs from `{SMALL_STEP_VARIANT}` in {differ} outputs"
-                        ));
                     }
                 }
             }
@@ -643,7 +589,6 @@ mod gpu_tests {
         for f in &failures {
             println!("{f}");
         }
-        println!("cp.async variant compared bitwise on {async_compared} outputs");
         assert!(failures.is_empty(), "{} failing cases", failures.len());
     }
 }

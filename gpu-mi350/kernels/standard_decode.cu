@@ -64,12 +64,6 @@
 #define S_UNROLL_HALF 0
 #endif
 
-// Bench-only speed probes (wrong results): 1, 2 the decode cost (see
-// s_seg_frag), 3 no scale loads, 4 no x loads, 5 neither.
-#ifndef S_DEC_PROBE
-#define S_DEC_PROBE 0
-#endif
-
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
 M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
@@ -306,7 +300,12 @@ template <int F> M3_DEV void s_seg_unpermute(const uint4* raw, uint4* st) {
 /// range): about 1.5 instructions a value against 4.5 for the stored-layout
 /// decode. Scales whose factor leaves bf16's normal range take the stored
 /// path after s_seg_unpermute.
-template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
+///
+/// ANY = false: the caller guarantees every scale takes the fast path
+/// (WFmt::fast_scales, checked on the host when the weights are written),
+/// so the fallback is compiled out: that code in the loop cost ~10% of the
+/// batch-1 step (bench/NOTES.md session 6 run 6).
+template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_FP4 || F == S_FMT_NVFP4 || F == S_FMT_E4M3) {
     u32 fac[2];
     bool fast;
@@ -326,7 +325,7 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
       fast = s >= 17u && s <= 134u;
       fac[0] = fac[1] = ((s + 120u) << 7) | ((s + 120u) << 23);
     }
-    if (!fast) {
+    if (ANY && !fast) {
       uint4 st[SSeg<F>::B / 16u];
       s_seg_unpermute<F>(raw, st);
       s_seg_frag_stored<F>(st, s, out);
@@ -339,26 +338,6 @@ template <int F> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         u32 q = d[i];
-#if S_DEC_PROBE == 1 || S_DEC_PROBE == 2
-        // SPEED PROBE, WRONG VALUES (bench/NOTES.md session 6 run 3): 1 =
-        // E2M1 decode at the instruction count of a bit-plane layout (one
-        // shift and one mask for three words of four); 2 = no decode at all
-        // (the codes word times the factor), every format
-        if (S_DEC_PROBE == 2) {
-#pragma unroll
-          for (int j = 0; j < (F == S_FMT_E4M3 ? 2 : 4); ++j)
-            out[(F == S_FMT_E4M3 ? 8 * r + 2 * i : 4 * i) + j] = m3_mul_bf16x2(q, fac[F == S_FMT_E4M3 ? 0 : i / 2]);
-          continue;
-        }
-        if (S_DEC_PROBE == 1 && F != S_FMT_E4M3) {
-          const u32 f = fac[i / 2], M = 0x81c081c0u;
-          out[4 * i] = m3_mul_bf16x2(q & M, f);
-          out[4 * i + 1] = m3_mul_bf16x2((q << 3) & M, f);
-          out[4 * i + 2] = m3_mul_bf16x2((q << 6) & M, f);
-          out[4 * i + 3] = m3_mul_bf16x2(((q >> 4) & 0x00c000c0u) | ((q << 1) & 0x81008100u), f);
-          continue;
-        }
-#endif
         if (F == S_FMT_E4M3) {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
@@ -432,14 +411,8 @@ M3_DEV void s_mma_fetch(u32 it, u32 warp, u32 nwarp, u32 t, u32 nsc, u32 K, cons
     const bool in = have && k0 < K;
     s_seg_load<F>(wa + (u64)k0 * SSeg<F>::B / 32u, in && oka, raw[u][0]);
     s_seg_load<F>(wc + (u64)k0 * SSeg<F>::B / 32u, in && okc, raw[u][1]);
-#if S_DEC_PROBE == 3 || S_DEC_PROBE == 5
-    // SPEED PROBE, WRONG VALUES: no scale loads
-    sca[u][0] = sca[u][1] = F == S_FMT_NVFP4 ? 0x3838u : 127u;
-    (void)sa; (void)sc;
-#else
     sca[u][0] = sa && in && oka ? s_scale_load<F>(sa, k0) : 0u;
     sca[u][1] = sc && in && okc ? s_scale_load<F>(sc, k0) : 0u;
-#endif
   }
 }
 
@@ -451,12 +424,6 @@ M3_DEV void s_x_load(const u16* __restrict__ x, const u32* xrow, u32 m, u32 cnt,
   const u16* xp = x + (u64)(okx ? xrow[m] : 0u) * K + (in ? k0 : 0u);
 #pragma unroll
   for (int i = 0; i < 4; ++i) xr[i] = okx ? reinterpret_cast<const uint4*>(xp)[i] : make_uint4(0u, 0u, 0u, 0u);
-#if S_DEC_PROBE == 4 || S_DEC_PROBE == 5
-  // SPEED PROBE, WRONG VALUES: x from registers, not memory
-  (void)xp;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) xr[i] = make_uint4(k0 + i, m, 0x3f803f80u, K);
-#endif
 }
 
 /// The 8 tile products of one super-chunk for one 8-row x tile: W rows
@@ -471,7 +438,7 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
   }
 }
 
-template <int F>
+template <int F, bool ANY>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv) {
   __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
@@ -562,8 +529,8 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       const u32 k0 = q * 128u + 32u * t;
       const bool in = k0 < K;
       u32 fa[16], fc[16];
-      s_seg_frag<F>(raw[u][0], sca[u][0], fa);
-      s_seg_frag<F>(raw[u][1], sca[u][1], fc);
+      s_seg_frag<F, ANY>(raw[u][0], sca[u][0], fa);
+      s_seg_frag<F, ANY>(raw[u][1], sca[u][1], fc);
 #pragma unroll
       for (int b = 0; b < S_MMA_MAXBT; ++b) {
         if ((u32)b >= nbt) break;
@@ -614,17 +581,27 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   }
 }
 
-#define S_MMA_LINEAR(name, F)                                                                                   \
+#define S_MMA_LINEAR(name, F, ANY)                                                                              \
   M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
            u32 max_rows, u32 xdiv) {                                                                             \
-    s_mma_linear<F>(x, segs, K, M, route, max_rows, xdiv);                                                      \
+    s_mma_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv);                                 \
   }
-S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16)
-S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3)
-S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2)
-S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4)
-S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4)
+// Bench variant: 1 = every entry point keeps the any-scale fallback (the
+// kernels before the split), to time the split in one run.
+#ifndef S_FORCE_ANY
+#define S_FORCE_ANY 0
+#endif
+// bf16, E5M2 and NVFP4 have no scale-dependent fast path (ANY is moot);
+// MXFP4 and E4M3 come fast-scales-only and for any scale (the `_any` entry
+// points, chosen by the host per launch: WFmt::mma_kernel_any_scale)
+S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16, true)
+S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3, false)
+S_MMA_LINEAR(m3s_mma_e4m3_any, S_FMT_E4M3, true)
+S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2, true)
+S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4, false)
+S_MMA_LINEAR(m3s_mma_fp4_any, S_FMT_FP4, true)
+S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4, true)
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record

@@ -2,6 +2,7 @@
 //! (routed experts of a layer stacked into one allocation per projection so
 //! a kernel can pick an expert chosen on the device by its id).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -60,7 +61,9 @@ impl WFmt {
         }
     }
 
-    /// The tensor-core kernel entry point, where the format has one.
+    /// The tensor-core kernel entry point for matrices whose block scales
+    /// all lie in [`WFmt::fast_scales`] (every real checkpoint's), where the
+    /// format has one.
     pub fn mma_kernel(self) -> Option<&'static str> {
         match self {
             WFmt::Bf16 => Some("m3s_mma_bf16"),
@@ -69,6 +72,29 @@ impl WFmt {
             WFmt::Mxfp4 => Some("m3s_mma_fp4"),
             WFmt::Nvfp4 => Some("m3s_mma_nvfp4"),
             WFmt::F32 => None,
+        }
+    }
+
+    /// The entry point for any block scale: MXFP4 and MXFP8 E4M3 decode a
+    /// scale outside [`WFmt::fast_scales`] on a slower exact path, which the
+    /// fast entry point leaves out (bench/NOTES.md session 6 run 6: ~10% of
+    /// the batch-1 step).
+    pub fn mma_kernel_any_scale(self) -> Option<&'static str> {
+        match self {
+            WFmt::Mxfp8E4M3 => Some("m3s_mma_e4m3_any"),
+            WFmt::Mxfp4 => Some("m3s_mma_fp4_any"),
+            _ => self.mma_kernel(),
+        }
+    }
+
+    /// E8M0 scale bytes the fast decode takes (one bf16x2 multiply by
+    /// 2^(bias) x scale, inside bf16's normal range: `s_seg_frag` in
+    /// standard_decode.cu), or `None` where every scale is fast.
+    pub fn fast_scales(self) -> Option<std::ops::RangeInclusive<u8>> {
+        match self {
+            WFmt::Mxfp4 => Some(2..=128),
+            WFmt::Mxfp8E4M3 => Some(17..=134),
+            _ => None,
         }
     }
 
@@ -110,6 +136,9 @@ pub struct DevLinear {
     pub scales: Option<DevBuf>,
     /// NVFP4: the f32 global scale of each matrix (`count` values).
     pub globals: Option<DevBuf>,
+    /// Some written block scale lies outside [`WFmt::fast_scales`]: the
+    /// launches take [`WFmt::mma_kernel_any_scale`].
+    any_scale: AtomicBool,
 }
 
 impl DevLinear {
@@ -147,7 +176,13 @@ impl DevLinear {
             codes,
             scales,
             globals,
+            any_scale: AtomicBool::new(false),
         })
+    }
+
+    /// Whether some block scale needs the any-scale kernel.
+    pub fn any_scale(&self) -> bool {
+        self.any_scale.load(Ordering::Relaxed)
     }
 
     /// Bytes one matrix of the stack occupies (codes + scales).
@@ -198,6 +233,11 @@ impl DevLinear {
         // the kernels read E2M1 / E4M3 codes in the device layout
         let codes = super::layout::to_device(self.fmt, codes);
         self.codes.write_sync(i * cs as usize, &codes)?;
+        if let Some(fast) = self.fmt.fast_scales() {
+            if scales.iter().any(|s| !fast.contains(s)) {
+                self.any_scale.store(true, Ordering::Relaxed);
+            }
+        }
         if let Some(s) = &self.scales {
             s.write_sync(i * ss as usize, scales)?;
         }

@@ -108,7 +108,7 @@ impl MmaVariant {
                 "S_UNROLL_HALF" if n <= 1 => {}
                 "S_MMA_MINB" if (1..=16).contains(&n) => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
-                "S_DEC_PROBE" if n <= 5 => {}
+                "S_FORCE_ANY" if n <= 1 => {}
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
             }
             prefix.push_str(&format!("#define {k} {n}\n"));
@@ -122,8 +122,13 @@ impl MmaVariant {
         };
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
-            if let Some(n) = fm.mma_kernel() {
-                f.insert(n, gpu.function(&src, n)?);
+            for n in [fm.mma_kernel(), fm.mma_kernel_any_scale()]
+                .into_iter()
+                .flatten()
+            {
+                if !f.contains_key(n) {
+                    f.insert(n, gpu.function(&src, n)?);
+                }
             }
         }
         Ok(MmaVariant {
@@ -180,7 +185,7 @@ pub(crate) fn linears(
             continue;
         }
         let (w0, y0) = mats[i];
-        let Some(name) = w0.fmt.mma_kernel() else {
+        let Some(mut name) = w0.fmt.mma_kernel() else {
             done[i] = true;
             if route.is_some() {
                 return Err(GpuError::input(
@@ -202,6 +207,11 @@ pub(crate) fn linears(
                 break;
             }
             done[j] = true;
+            // one matrix with a scale outside the fast range takes the
+            // whole launch to the any-scale kernel
+            if w.any_scale() {
+                name = w.fmt.mma_kernel_any_scale().unwrap_or(name);
+            }
             let (w_es, ws_es) = w.strides();
             let (yb, yf, mode) = match y {
                 LinOut::Bf16(p) => (p, 0, 0),
@@ -343,7 +353,15 @@ mod gpu_tests {
     }
 
     fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
-        let v: Vec<f32> = (0..rows * cols).map(|_| rand(seed) * 0.05).collect();
+        // "-big": magnitudes whose block scales leave the fast decode's
+        // range (MXFP4 scale bytes ~134 > 128, E4M3 ~136 > 134), so the
+        // launches take the any-scale kernels
+        let (fmt, gain) = match fmt.strip_suffix("-big") {
+            Some("fp4") => ("fp4", 16384.0),
+            Some(f) => (f, 4_194_304.0),
+            None => (fmt, 1.0),
+        };
+        let v: Vec<f32> = (0..rows * cols).map(|_| rand(seed) * 0.05 * gain).collect();
         match fmt {
             "bf16" => LinearWeight::Bf16 {
                 rows,
@@ -396,7 +414,8 @@ mod gpu_tests {
         let ctx = gpu.context();
         let mut seed = 7u64;
         let mut failures = Vec::new();
-        for fmt in ["bf16", "e4m3", "fp4", "e5m2", "nvfp4"] {
+        let mut any_scale_seen = (0usize, 0usize);
+        for fmt in ["bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big"] {
             // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[
                 (48usize, 128usize),
@@ -409,6 +428,18 @@ mod gpu_tests {
                 let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut seed)).collect();
                 let refs: Vec<&LinearWeight> = ws.iter().collect();
                 let dev = DevLinear::upload(ctx, "test", &refs).unwrap();
+                if dev.any_scale() != fmt.ends_with("-big") {
+                    failures.push(format!(
+                        "{fmt} [{n}, {kk}]: any_scale {} (scales {:?})",
+                        dev.any_scale(),
+                        dev.fmt.fast_scales()
+                    ));
+                }
+                if dev.any_scale() {
+                    any_scale_seen.0 += 1;
+                } else {
+                    any_scale_seen.1 += 1;
+                }
                 let wf: Vec<Vec<f32>> = ws.iter().map(dequant).collect();
                 for &m in &[1usize, 2, 7, 16] {
                     let xs: Vec<u16> = (0..m * kk)
@@ -586,6 +617,10 @@ mod gpu_tests {
                 }
             }
         }
+        println!(
+            "stacks on the any-scale kernels: {}, on the fast-scale ones: {}",
+            any_scale_seen.0, any_scale_seen.1
+        );
         for f in &failures {
             println!("{f}");
         }

@@ -415,7 +415,9 @@ mod gpu_tests {
         let mut seed = 7u64;
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);
-        for fmt in ["bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big"] {
+        for fmt in [
+            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big",
+        ] {
             // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[
                 (48usize, 128usize),

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Session 6 run 6 (issue 12): the MX linears split into fast-scale entry
+# Session 6 runs 6-7 (issue 12): the MX linears split into fast-decode entry
 # points (no fallback decode in the loop) and `_any` ones for matrices with
 # a block scale outside the fast range, chosen per launch by the host.
 # Tests (the variants' f64 check, now with out-of-range-scale stacks that
 # must take the `_any` kernels; the runner), the kernel microbench and the
 # step at --layers 12 / 6 with S_FORCE_ANY=1 (the kernels before the split)
+# (run 7: E5M2 too; SECTIONS, KARGS, LARGS, BATCH, VARIANTS narrow it)
 # as variants, golden and parity through the GPU runner. One call.
 set -u
 mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
@@ -13,7 +14,7 @@ export REQUIRE_GPU=1 M3_KERNEL_CACHE=/tmp/m3-kernels XDG_CACHE_HOME=/tmp/xdg
 M3=/tmp/bin/m3
 step() { echo; echo "=== $* ($(date +%T))"; }
 S="S_MMA_WARPS=4 S_MMA_MAXBT=2"
-V="$S S_FORCE_ANY=1;S_FORCE_ANY=1"
+V=${VARIANTS:-"$S S_FORCE_ANY=1;S_FORCE_ANY=1"}
 want() { case " ${SECTIONS:-tests kernels layers golden} " in *" $1 "*) return 0 ;; esac; return 1; }
 want tests && {
   step "test m3_gpu variants"
@@ -25,12 +26,12 @@ want tests && {
 } > $OUT/tests.log 2>&1
 want kernels && {
   step "kernel microbench"
-  timeout 300 $M3 bench --backend gpu --kernels --preset m3.1 --iters 30 --kernel-rows 1,4,16 --variants "$V" --out $OUT/kernels.json 2>&1 | grep -v "^round"
+  timeout 300 $M3 bench --backend gpu --kernels --preset m3.1 --iters 30 --kernel-rows ${KROWS:-1,4,16} ${KARGS:-} --variants "$V" --out $OUT/kernels.json 2>&1 | grep -v "^round"
   echo "exit ${PIPESTATUS[0]}"
 } > $OUT/kernels.log 2>&1
 want layers && {
   step "step, --per-layer 6, the kernels before the split as variants"
-  timeout 300 $M3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16,64 --context 4096 --iters 40 --rounds 2 \
+  timeout 300 $M3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch ${BATCH:-1,4,16,64} --context 4096 --iters 40 --rounds 2 ${LARGS:-} \
     --variants "$V" --out $OUT/layers.json 2>&1 | grep -v "^round"
   echo "exit ${PIPESTATUS[0]}"
 } > $OUT/layers.log 2>&1

@@ -172,7 +172,9 @@ M3_DEV float s_nv_factor(u32 c) {
 /// s_seg_frag on a segment in the stored layout (FORMATS.md order: every
 /// format's codes as the checkpoint holds them). The E2M1 / E4M3 formats
 /// reach it only for scales the device-layout fast path cannot take.
-template <int F> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out) {
+/// ANY = false (E5M2): no Inf / NaN codes and no two-multiply scale in the
+/// stack (checked on the host), so neither check is compiled.
+template <int F, bool ANY> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_BF16) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -205,11 +207,13 @@ template <int F> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out
     // shifted bits: such segments take the exact slow path. Per byte,
     // (code & 0x7c) + 4 reaches bit 7 only for 0x7c (no carry between bytes).
     u32 special = 0u;
+    if (ANY) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      special |= ((raw[i].x & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].y & 0x7c7c7c7cu) + 0x04040404u) |
-                 ((raw[i].z & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].w & 0x7c7c7c7cu) + 0x04040404u);
-    if (f2 != 1.0f || (special & 0x80808080u) != 0u) {
+      for (int i = 0; i < 2; ++i)
+        special |= ((raw[i].x & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].y & 0x7c7c7c7cu) + 0x04040404u) |
+                   ((raw[i].z & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].w & 0x7c7c7c7cu) + 0x04040404u);
+    }
+    if (ANY && (f2 != 1.0f || (special & 0x80808080u) != 0u)) {
       s_seg_frag2<F>(raw, f1, f2, out);
       return;
     }
@@ -328,7 +332,7 @@ template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* 
     if (ANY && !fast) {
       uint4 st[SSeg<F>::B / 16u];
       s_seg_unpermute<F>(raw, st);
-      s_seg_frag_stored<F>(st, s, out);
+      s_seg_frag_stored<F, true>(st, s, out);
       return;
     }
     const u32 n = SSeg<F>::B / 16u;
@@ -356,7 +360,7 @@ template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* 
     }
     return;
   }
-  s_seg_frag_stored<F>(raw, s, out);
+  s_seg_frag_stored<F, ANY>(raw, s, out);
 }
 
 template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
@@ -592,13 +596,14 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
 #ifndef S_FORCE_ANY
 #define S_FORCE_ANY 0
 #endif
-// bf16, E5M2 and NVFP4 have no scale-dependent fast path (ANY is moot);
-// MXFP4 and E4M3 come fast-scales-only and for any scale (the `_any` entry
-// points, chosen by the host per launch: WFmt::mma_kernel_any_scale)
+// bf16 and NVFP4 have no scale-dependent branch (ANY is moot); MXFP4, E4M3
+// and E5M2 come fast-only and general (the `_any` entry points, chosen by
+// the host per launch: WFmt::mma_kernel_any_scale)
 S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16, true)
 S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3, false)
 S_MMA_LINEAR(m3s_mma_e4m3_any, S_FMT_E4M3, true)
-S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2, true)
+S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2, false)
+S_MMA_LINEAR(m3s_mma_e5m2_any, S_FMT_E5M2, true)
 S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4, false)
 S_MMA_LINEAR(m3s_mma_fp4_any, S_FMT_FP4, true)
 S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4, true)

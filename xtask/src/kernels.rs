@@ -135,7 +135,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         );
     }
     eprintln!(
-        "xtask kernels: all {} kernel sources (+ {} gfx950-only) compiled in {:.1} s",
+        "xtask kernels: all {} kernel sources (+ the small-step standard_decode, + {} gfx950-only) compiled in {:.1} s",
         kernels::ALL.len(),
         mfma_mx::GFX950_ONLY.len(),
         t0.elapsed().as_secs_f64()
@@ -197,7 +197,8 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     let (ma, mi) = nvrtc::version()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: NVRTC {ma}.{mi} -> {arch}");
-    for k in kernels::ALL {
+    let small = m3_gpu::standard::small_step_source();
+    for k in kernels::ALL.iter().chain(std::iter::once(&small)) {
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;
@@ -401,8 +402,13 @@ fn clang_compile_all(
     } else {
         &[]
     };
+    let small = m3_gpu::standard::small_step_source();
     let mut objs = Vec::new();
-    for k in kernels::ALL.iter().chain(extra) {
+    for k in kernels::ALL
+        .iter()
+        .chain(std::iter::once(&small))
+        .chain(extra)
+    {
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
         write_atomic(&src, k.hip_freestanding_source().as_bytes())?;

@@ -75,27 +75,42 @@ impl WFmt {
         }
     }
 
-    /// The entry point for any block scale: MXFP4 and MXFP8 E4M3 decode a
-    /// scale outside [`WFmt::fast_scales`] on a slower exact path, which the
-    /// fast entry point leaves out (bench/NOTES.md session 6 run 6: ~10% of
-    /// the batch-1 step).
+    /// The entry point for any block scale (and, E5M2, any code): MXFP4,
+    /// MXFP8 E4M3 and E5M2 decode a scale outside [`WFmt::fast_scales`]
+    /// (E5M2 also an Inf / NaN code) on a slower exact path, which the fast
+    /// entry point leaves out (bench/NOTES.md session 6 run 6: ~10% of the
+    /// batch-1 step).
     pub fn mma_kernel_any_scale(self) -> Option<&'static str> {
         match self {
             WFmt::Mxfp8E4M3 => Some("m3s_mma_e4m3_any"),
+            WFmt::Mxfp8E5M2 => Some("m3s_mma_e5m2_any"),
             WFmt::Mxfp4 => Some("m3s_mma_fp4_any"),
             _ => self.mma_kernel(),
         }
     }
 
-    /// E8M0 scale bytes the fast decode takes (one bf16x2 multiply by
-    /// 2^(bias) x scale, inside bf16's normal range: `s_seg_frag` in
-    /// standard_decode.cu), or `None` where every scale is fast.
+    /// E8M0 scale bytes the fast decode takes (E2M1 / E4M3: one bf16x2
+    /// multiply by 2^bias x scale inside bf16's normal range; E5M2: one f32
+    /// factor), or `None` where every scale is fast (`s_seg_frag` in
+    /// standard_decode.cu).
     pub fn fast_scales(self) -> Option<std::ops::RangeInclusive<u8>> {
         match self {
             WFmt::Mxfp4 => Some(2..=128),
             WFmt::Mxfp8E4M3 => Some(17..=134),
+            WFmt::Mxfp8E5M2 => Some(0..=142),
             _ => None,
         }
+    }
+
+    /// Whether stored `codes` and `scales` of this format all take the fast
+    /// decode (see [`WFmt::mma_kernel_any_scale`]).
+    pub fn fast_decode(self, codes: &[u8], scales: &[u8]) -> bool {
+        let scales_ok = self
+            .fast_scales()
+            .is_none_or(|r| scales.iter().all(|s| r.contains(s)));
+        // E5M2 codes with an all-ones exponent are Inf / NaN
+        let codes_ok = self != WFmt::Mxfp8E5M2 || codes.iter().all(|&c| c & 0x7c != 0x7c);
+        scales_ok && codes_ok
     }
 
     /// The device format of a host weight.
@@ -136,8 +151,9 @@ pub struct DevLinear {
     pub scales: Option<DevBuf>,
     /// NVFP4: the f32 global scale of each matrix (`count` values).
     pub globals: Option<DevBuf>,
-    /// Some written block scale lies outside [`WFmt::fast_scales`]: the
-    /// launches take [`WFmt::mma_kernel_any_scale`].
+    /// Some written block scale (or E5M2 code) needs the general decode
+    /// ([`WFmt::fast_decode`]): the launches take
+    /// [`WFmt::mma_kernel_any_scale`].
     any_scale: AtomicBool,
 }
 
@@ -230,14 +246,12 @@ impl DevLinear {
         if scales.len() as u64 != ss {
             return Err(bad("scales", scales.len(), ss));
         }
+        if !self.fmt.fast_decode(codes, scales) {
+            self.any_scale.store(true, Ordering::Relaxed);
+        }
         // the kernels read E2M1 / E4M3 codes in the device layout
         let codes = super::layout::to_device(self.fmt, codes);
         self.codes.write_sync(i * cs as usize, &codes)?;
-        if let Some(fast) = self.fmt.fast_scales() {
-            if scales.iter().any(|s| !fast.contains(s)) {
-                self.any_scale.store(true, Ordering::Relaxed);
-            }
-        }
         if let Some(s) = &self.scales {
             s.write_sync(i * ss as usize, scales)?;
         }
@@ -344,5 +358,41 @@ impl DevModel {
     /// Upload host weights `m` (weights stay resident).
     pub fn upload(ctx: &Arc<CudaContext>, m: &ModelWeights) -> Result<Self> {
         DevModel::load(ctx, &super::load::WeightSource::Host(m), false, &mut |_| {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WFmt;
+
+    /// Which stacks the launches send to the `_any` entry points: scale
+    /// bytes outside each format's fast range, and E5M2's Inf / NaN codes.
+    #[test]
+    fn fast_decode_follows_the_kernels_ranges() {
+        let ok = [0x11u8, 0x22];
+        for (fmt, lo, hi) in [
+            (WFmt::Mxfp4, 2u8, 128u8),
+            (WFmt::Mxfp8E4M3, 17, 134),
+            (WFmt::Mxfp8E5M2, 0, 142),
+        ] {
+            assert!(fmt.fast_decode(&ok, &[lo, hi, 127]), "{fmt:?}");
+            if lo > 0 {
+                assert!(!fmt.fast_decode(&ok, &[127, lo - 1]), "{fmt:?} below");
+            }
+            assert!(!fmt.fast_decode(&ok, &[hi + 1]), "{fmt:?} above");
+            assert!(!fmt.fast_decode(&ok, &[0xff]), "{fmt:?} NaN scale");
+            assert_ne!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
+        }
+        // E5M2: an all-ones exponent (+-Inf 0x7c / 0xfc, NaN 0x7d..0x7f) is slow
+        for c in [0x7cu8, 0xfc, 0x7d, 0xff] {
+            assert!(!WFmt::Mxfp8E5M2.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
+            assert!(WFmt::Mxfp8E4M3.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
+        }
+        assert!(WFmt::Mxfp8E5M2.fast_decode(&[0x7b, 0xfb, 0x00], &[127]));
+        // no scale-dependent branch: always fast, one entry point
+        for fmt in [WFmt::Bf16, WFmt::Nvfp4] {
+            assert!(fmt.fast_decode(&[0xff], &[0xff]));
+            assert_eq!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
+        }
     }
 }

@@ -354,10 +354,12 @@ mod gpu_tests {
 
     fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
         // "-big": magnitudes whose block scales leave the fast decode's
-        // range (MXFP4 scale bytes ~134 > 128, E4M3 ~136 > 134), so the
-        // launches take the any-scale kernels
+        // range (MXFP4 scale bytes ~134 > 128, E4M3 ~136 > 134, E5M2 ~161 >
+        // 142), so the launches take the any-scale kernels
         let (fmt, gain) = match fmt.strip_suffix("-big") {
             Some("fp4") => ("fp4", 16384.0),
+            // E5M2 scale bytes ~161 > 142: the two-multiply factor
+            Some("e5m2") => ("e5m2", 2f32.powi(36)),
             Some(f) => (f, 4_194_304.0),
             None => (fmt, 1.0),
         };
@@ -416,7 +418,7 @@ mod gpu_tests {
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);
         for fmt in [
-            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big",
+            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big", "e5m2-big",
         ] {
             // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[

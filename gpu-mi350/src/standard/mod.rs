@@ -71,6 +71,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_mma_e4m3",
         "m3s_mma_e4m3_any",
         "m3s_mma_e5m2",
+        "m3s_mma_e5m2_any",
         "m3s_mma_fp4",
         "m3s_mma_fp4_any",
         "m3s_mma_nvfp4",
@@ -84,6 +85,26 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_attn_combine",
     ],
 };
+
+/// [`STANDARD`] as the runner compiles it for steps of at most 16 rows
+/// (the small-step variant's defines first, as `MmaVariant::load` does):
+/// CI compiles it beside [`crate::kernels::ALL`], so the kernels a decode
+/// step runs are the kernels CI checks.
+pub fn small_step_source() -> KernelSource {
+    let mut body = String::new();
+    for kv in SMALL_STEP_VARIANT.split_whitespace() {
+        if let Some((k, v)) = kv.split_once('=') {
+            body.push_str(&format!("#define {k} {v}\n"));
+        }
+    }
+    body.push_str(STANDARD.body);
+    KernelSource {
+        name: "standard_decode_small",
+        // leaked once per call: a KernelSource holds &'static text
+        body: Box::leak(body.into_boxed_str()),
+        ..STANDARD
+    }
+}
 
 /// Device-side weight and cache generation (`kernels/gen.cu`).
 pub const GEN: KernelSource = KernelSource {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 6 run 2 (issue 12): the MX linears' weights through a per-warp
+# Session 6 run 2 (issue 12), a record (S_MMA_ASYNC exists only in commit
+# f3101d7). The MX linears' weights through a per-warp
 # shared-memory ring filled by cp.async (S_MMA_ASYNC=1). The tensor-core
 # variants' f64 test (now with the cp.async variant, bitwise against the
 # small-step variant it extends, every format, a K that is not a multiple

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 6 runs 3-4 (issue 12): what bounds the MX linears at batch 1. Bench-only
+# Session 6 runs 3-4 (issue 12), a record (S_DEC_PROBE exists only in commit
+# 91cda86): what bounds the MX linears at batch 1. Bench-only
 # speed probes with WRONG values (S_DEC_PROBE, standard_decode.cu; run 3 had
 # VARIANTS="$S;$S S_DEC_PROBE=1;$S S_DEC_PROBE=2" PV="$S S_DEC_PROBE=2"): 1 = the
 # E2M1 decode at the instruction count of a bit-plane device layout, 2 = no

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 6 run 5 (issue 12): block scales staged in shared memory
+# Session 6 run 5 (issue 12), a record: its kernel change was not kept (see
+# bench/NOTES.md). Block scales staged in shared memory
 # (S_SCALE_SMEM=1) and x rows prefetched into L1 (S_X_PF_ROWS=4), the new
 # defaults, against the old kernels in the same call. Tests (the variants'
 # f64 check, which covers staged and global scales; the runner tests), the

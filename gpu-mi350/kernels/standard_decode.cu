@@ -64,6 +64,14 @@
 #define S_UNROLL_HALF 0
 #endif
 
+// 1: tile 0's x loads software-pipelined one super-chunk ahead (issued
+// before the current super-chunk's decode instead of after it): a bench
+// variant for the x-load cost bench/NOTES.md session 6 run 4 measured
+// (~8% of the batch-1 step), not yet timed.
+#ifndef S_X_AHEAD
+#define S_X_AHEAD 0
+#endif
+
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
 M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
@@ -518,6 +526,17 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   // super-chunk q of 128 K values; warp w takes q = w + nwarp * j, U of
   // them per iteration with every load issued before any is used
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
+#if S_X_AHEAD
+  // x of tile 0 one super-chunk ahead of its use (bench variant; see the
+  // define)
+  uint4 xa[4];
+  {
+    u32 q;
+    const bool have = s_chunk(warp, nwarp, nsc, 0u, q);
+    const u32 k0 = q * 128u + 32u * t;
+    s_x_load(x, xrow, g, cnt, have && k0 < K, k0, K, xa);
+  }
+#endif
   for (u32 it = 0; it < iters; ++it) {
     // double buffer (MX formats): the next iteration's loads go out before
     // this one's decode and tile products
@@ -532,12 +551,29 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       if (!s_chunk(warp, nwarp, nsc, U * it + u, q)) break;
       const u32 k0 = q * 128u + 32u * t;
       const bool in = k0 < K;
+#if S_X_AHEAD
+      // this super-chunk's x of tile 0, then the next one's loads go out
+      // (they overlap this decode and its tile products)
+      uint4 x0[4] = {xa[0], xa[1], xa[2], xa[3]};
+      {
+        u32 qn;
+        const bool hn = s_chunk(warp, nwarp, nsc, U * it + u + 1u, qn);
+        const u32 kn = qn * 128u + 32u * t;
+        s_x_load(x, xrow, g, cnt, hn && kn < K, kn, K, xa);
+      }
+#endif
       u32 fa[16], fc[16];
       s_seg_frag<F, ANY>(raw[u][0], sca[u][0], fa);
       s_seg_frag<F, ANY>(raw[u][1], sca[u][1], fc);
 #pragma unroll
       for (int b = 0; b < S_MMA_MAXBT; ++b) {
         if ((u32)b >= nbt) break;
+#if S_X_AHEAD
+        if (b == 0) {
+          s_tile_mma(acc[0], fa, fc, x0);
+          continue;
+        }
+#endif
         uint4 xr[4];
         s_x_load(x, xrow, (u32)b * 8u + g, cnt, in, k0, K, xr);
         s_tile_mma(acc[b], fa, fc, xr);

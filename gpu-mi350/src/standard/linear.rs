@@ -109,6 +109,7 @@ impl MmaVariant {
                 "S_MMA_MINB" if (1..=16).contains(&n) => {}
                 "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
                 "S_FORCE_ANY" if n <= 1 => {}
+                "S_X_AHEAD" if n <= 1 => {}
                 _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
             }
             prefix.push_str(&format!("#define {k} {n}\n"));
@@ -408,6 +409,8 @@ mod gpu_tests {
             "S_MMA_WARPS=4",
             "S_MMA_WARPS=2",
             "S_MMA_MAXBT=2",
+            // bench variant, not a default (standard_decode.cu, S_X_AHEAD)
+            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_X_AHEAD=1 S_UNROLL_HALF=1",
         ];
         for v in variants {
             k.mma

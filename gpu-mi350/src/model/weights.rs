@@ -61,9 +61,9 @@ impl WFmt {
         }
     }
 
-    /// The tensor-core kernel entry point for matrices whose block scales
-    /// all lie in [`WFmt::fast_scales`] (every real checkpoint's), where the
-    /// format has one.
+    /// The tensor-core kernel entry point for stacks that pass
+    /// [`WFmt::fast_decode`] (every real checkpoint's), where the format
+    /// has one.
     pub fn mma_kernel(self) -> Option<&'static str> {
         match self {
             WFmt::Bf16 => Some("m3s_mma_bf16"),

@@ -13,7 +13,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use m3_core::backend::{forward_by_ops, Path, RunOptions, StepBatch, TapRequest, Taps};
+use m3_core::checkpoint::names::TensorNames;
+use m3_core::checkpoint::online::{self, OnlineQuant};
 use m3_core::config::{AttnKind, ModelConfig};
+use m3_core::formats::convert::PtpcFp8;
 use m3_core::kv::{KvCache, KvLayout};
 use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
 use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
@@ -118,6 +121,17 @@ pub struct Args {
     /// Format of attention, indexer, dense MLP and shared expert: mxfp8, bf16.
     #[arg(long, default_value = "mxfp8")]
     pub dense: String,
+    /// CPU: online quantization of the generated weights before the run
+    /// (as `m3 generate --online-quant`; ARCHITECTURE.md, Online
+    /// quantization): the converted linears are timed and their bytes
+    /// counted in the PTPC FP8 form. Not on the GPU yet.
+    #[arg(long, value_enum)]
+    pub online_quant: Option<args::OnlineQuantArg>,
+    /// CPU, with --online-quant: comma-separated tensor-name substrings
+    /// left as generated (names as `m3 synth` writes them, e.g.
+    /// `o_proj,model.layers.0.`).
+    #[arg(long, requires = "online_quant", value_name = "PATTERN,...")]
+    pub online_quant_exclude: Option<String>,
     /// KV and index cache dtype.
     #[arg(long, value_enum, default_value = "fp8_e4m3")]
     pub kv_dtype: KvDtypeArg,
@@ -156,6 +170,13 @@ fn mlp_bytes(m: &MlpWeights) -> usize {
     wbytes(&m.gate) + wbytes(&m.up) + wbytes(&m.down)
 }
 
+/// Bytes of a linear as the step reads it: its PTPC FP8 form where online
+/// quantization made one (codes + one f32 scale a row), else as stored.
+fn lin_bytes(w: &LinearWeight, ptpc: &Option<PtpcFp8>) -> usize {
+    ptpc.as_ref()
+        .map_or_else(|| wbytes(w), |p| p.codes.len() + 4 * p.scales.len())
+}
+
 /// Bytes one batch-1 decode step at position `p` must move, given the
 /// experts chosen per layer (`experts[l]`) and the blocks selected.
 fn step_bytes(m: &ModelWeights, cache: &KvCache, p: usize, taps: &Taps) -> usize {
@@ -165,13 +186,19 @@ fn step_bytes(m: &ModelWeights, cache: &KvCache, p: usize, taps: &Taps) -> usize
     for (l, lw) in m.layers.iter().enumerate() {
         let a = &lw.attn;
         b += (lw.input_norm.len() + lw.post_attn_norm.len() + a.q_norm.len() + a.k_norm.len()) * f;
-        b += wbytes(&a.q) + wbytes(&a.k) + wbytes(&a.v) + wbytes(&a.o);
+        let pt = &lw.ptpc;
+        b += lin_bytes(&a.q, &pt.q)
+            + lin_bytes(&a.k, &pt.k)
+            + lin_bytes(&a.v, &pt.v)
+            + lin_bytes(&a.o, &pt.o);
         let lc = &cache.layers[l];
         let per_pos = lc.k.bytes_per(c.head_dim); // one head's K (or V) at one position
         let visible = p + 1;
         if c.attn_kinds[l] == AttnKind::Sparse {
             if let Some(ix) = &a.indexer {
-                b += wbytes(&ix.q) + wbytes(&ix.k) + (ix.q_norm.len() + ix.k_norm.len()) * f;
+                b += lin_bytes(&ix.q, &pt.index_q)
+                    + lin_bytes(&ix.k, &pt.index_k)
+                    + (ix.q_norm.len() + ix.k_norm.len()) * f;
             }
             if let Some(ik) = &lc.index_k {
                 b += visible * ik.bytes_per(ik.width);
@@ -186,7 +213,11 @@ fn step_bytes(m: &ModelWeights, cache: &KvCache, p: usize, taps: &Taps) -> usize
             b += 2 * visible * per_pos * c.num_key_value_heads;
         }
         match &lw.ffn {
-            FfnWeights::Dense(d) => b += mlp_bytes(d),
+            FfnWeights::Dense(d) => {
+                b += lin_bytes(&d.gate, &pt.gate)
+                    + lin_bytes(&d.up, &pt.up)
+                    + lin_bytes(&d.down, &pt.down)
+            }
             FfnWeights::Moe(moe) => {
                 b += wbytes(&moe.router) + moe.correction_bias.len() * f;
                 let ids: BTreeSet<i32> = taps
@@ -246,7 +277,25 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let oq = args.online_quant.map(|q| match q {
+        args::OnlineQuantArg::PtpcFp8 => OnlineQuant::ptpc_fp8(
+            // leaked once per run: OnlineQuant holds a &'static str
+            Box::leak(
+                args.online_quant_exclude
+                    .clone()
+                    .unwrap_or_default()
+                    .into_boxed_str(),
+            ),
+        ),
+    });
     if args.backend == "gpu" || args.backend == "cuda" {
+        if let Some(oq) = oq {
+            bail!(
+                "--online-quant {}: PTPC FP8 runs on the CPU backend only so far (the GPU half \
+                 is not built); use --backend cpu",
+                oq.scheme.name()
+            );
+        }
         return gpu::run(&args);
     }
     if args.backend != "cpu" {
@@ -272,9 +321,19 @@ pub fn run(args: Args) -> Result<()> {
     let be = &*be;
     args::with_threads(threads, move || -> Result<()> {
         let t0 = Instant::now();
-        let model =
+        let mut model =
             synthetic::model(&cfg, formats, 0).map_err(|e| anyhow!("generating weights: {e}"))?;
         eprintln!("weights generated in {:.1} s", t0.elapsed().as_secs_f64());
+        if let Some(oq) = &oq {
+            let t = Instant::now();
+            let n = online::apply(&mut model, TensorNames::new(true), oq)
+                .map_err(|e| anyhow!("--online-quant {}: {e}", oq.scheme.name()))?;
+            eprintln!(
+                "online quantization {}: {n} linears converted in {:.1} s",
+                oq.scheme.name(),
+                t.elapsed().as_secs_f64()
+            );
+        }
         let total = args.prompt_len + args.decode_steps + 1;
         let page = cfg.index_block_size.max(1);
         let layout = KvLayout {
@@ -332,12 +391,13 @@ pub fn run(args: Args) -> Result<()> {
         let ceiling = read_bw.max(copy_bw);
         let achieved = if step_s > 0.0 { step_b / step_s } else { 0.0 };
         println!(
-            "bench backend {} preset {} (layers {}, experts {:?}, dense {:?}, kv {:?}, act {:?}, threads {})",
+            "bench backend {} preset {} (layers {}, experts {:?}, dense {:?}, online quant {}, kv {:?}, act {:?}, threads {})",
             be.name(),
             args.preset,
             cfg.num_hidden_layers,
             formats.experts,
             formats.dense,
+            oq.map_or("none", |q| q.scheme.name()),
             dtype,
             opts.act,
             rayon::current_num_threads()

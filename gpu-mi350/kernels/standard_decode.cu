@@ -127,6 +127,13 @@ M3_DEV float s_e5m2_shifted(u32 x) {
   return m3_f32(sg | ((x & 0x7fu) << 21));
 }
 
+/// E4M3 code (bits 0-7 of x) as value * 2^-120, the NaN codes 0x7F / 0xFF
+/// as NaN (the general decode; the fast one never sees them).
+M3_DEV float s_e4m3_shifted(u32 x) {
+  if ((x & 0x7fu) == 0x7fu) return m3_nan();
+  return m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
+}
+
 /// s_seg_frag for scales whose factor needs two multiplies (rare), and for
 /// E5M2 segments holding Inf / NaN codes.
 template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u32* out) {
@@ -152,8 +159,7 @@ template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const u32 x = v[i / 2] >> (16 * (i % 2));
-      float lo = m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
-      float hi = m3_f32(((x & 0x7f00u) << 12) | ((x & 0x8000u) << 16));
+      const float lo = s_e4m3_shifted(x & 0xffu), hi = s_e4m3_shifted((x >> 8) & 0xffu);
       out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
     }
   }
@@ -265,8 +271,7 @@ template <int F, bool ANY> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const u32 x = w >> (16 * h);
-        float lo = m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
-        float hi = m3_f32(((x & 0x7f00u) << 12) | ((x & 0x8000u) << 16));
+        const float lo = s_e4m3_shifted(x & 0xffu), hi = s_e4m3_shifted((x >> 8) & 0xffu);
         out[2 * i + h] = m3_pack_bf16x2(lo * f1, hi * f1);
       }
     }
@@ -337,6 +342,11 @@ template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* 
       fast = s >= 17u && s <= 134u;
       fac[0] = fac[1] = ((s + 120u) << 7) | ((s + 120u) << 23);
     }
+    // E4M3 stacks on the general entry point hold a scale outside the
+    // fast range or a NaN code (0x7F / 0xFF, which the fast decode would
+    // read as a finite value): every segment takes the general decode,
+    // which gives NaN for them (checking per segment cost registers)
+    if (ANY && F == S_FMT_E4M3) fast = false;
     if (ANY && !fast) {
       uint4 st[SSeg<F>::B / 16u];
       s_seg_unpermute<F>(raw, st);

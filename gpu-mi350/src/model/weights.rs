@@ -75,9 +75,9 @@ impl WFmt {
         }
     }
 
-    /// The entry point for any block scale (and, E5M2, any code): MXFP4,
-    /// MXFP8 E4M3 and E5M2 decode a scale outside [`WFmt::fast_scales`]
-    /// (E5M2 also an Inf / NaN code) on a slower exact path, which the fast
+    /// The entry point for any block scale and code: MXFP4, MXFP8 E4M3 and
+    /// E5M2 decode a scale outside [`WFmt::fast_scales`] (and E5M2's Inf /
+    /// NaN, E4M3's NaN codes) on a slower exact path, which the fast
     /// entry point leaves out (bench/NOTES.md session 6 run 6: ~10% of the
     /// batch-1 step).
     pub fn mma_kernel_any_scale(self) -> Option<&'static str> {
@@ -108,8 +108,13 @@ impl WFmt {
         let scales_ok = self
             .fast_scales()
             .is_none_or(|r| scales.iter().all(|s| r.contains(s)));
-        // E5M2 codes with an all-ones exponent are Inf / NaN
-        let codes_ok = self != WFmt::Mxfp8E5M2 || codes.iter().all(|&c| c & 0x7c != 0x7c);
+        // E5M2 codes with an all-ones exponent are Inf / NaN; E4M3's NaN
+        // codes are 0x7F / 0xFF (the fast decode would read them as finite)
+        let codes_ok = match self {
+            WFmt::Mxfp8E5M2 => !any_byte_all_ones(codes, 0x7c),
+            WFmt::Mxfp8E4M3 => !any_byte_all_ones(codes, 0x7f),
+            _ => true,
+        };
         scales_ok && codes_ok
     }
 
@@ -151,7 +156,8 @@ pub struct DevLinear {
     pub scales: Option<DevBuf>,
     /// NVFP4: the f32 global scale of each matrix (`count` values).
     pub globals: Option<DevBuf>,
-    /// Some written block scale (or E5M2 code) needs the general decode
+    /// Some written block scale (or E5M2 / E4M3 special code) needs the
+    /// general decode
     /// ([`WFmt::fast_decode`]): the launches take
     /// [`WFmt::mma_kernel_any_scale`].
     any_scale: AtomicBool,
@@ -285,6 +291,27 @@ impl DevLinear {
     }
 }
 
+/// Whether some byte `c` of `bytes` has `c & mask == mask`, for a `mask` of
+/// contiguous bits below bit 7 (0x7f, 0x7c). Eight bytes a step on every
+/// core: the load scans every E4M3 / E5M2 weight code with it. Per byte,
+/// `(c & mask) + (0x80 - mask)` reaches bit 7 only when `c & mask == mask`,
+/// and no byte's sum carries into the next.
+fn any_byte_all_ones(bytes: &[u8], mask: u8) -> bool {
+    use rayon::prelude::*;
+    let (m, add) = (
+        u64::from_ne_bytes([mask; 8]),
+        u64::from_ne_bytes([0x80 - mask; 8]),
+    );
+    let hit = |w: u64| ((w & m) + add) & 0x8080_8080_8080_8080 != 0;
+    bytes.par_chunks(1 << 20).any(|chunk| {
+        let words = chunk.chunks_exact(8);
+        let tail = words.remainder().iter().any(|&c| c & mask == mask);
+        tail || words
+            .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+            .any(hit)
+    })
+}
+
 /// Gate (w1), up (w3), down (w2); stacked over experts for routed MLPs.
 pub struct DevMlp {
     pub gate: DevLinear,
@@ -386,9 +413,42 @@ mod tests {
         // E5M2: an all-ones exponent (+-Inf 0x7c / 0xfc, NaN 0x7d..0x7f) is slow
         for c in [0x7cu8, 0xfc, 0x7d, 0xff] {
             assert!(!WFmt::Mxfp8E5M2.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
-            assert!(WFmt::Mxfp8E4M3.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
         }
         assert!(WFmt::Mxfp8E5M2.fast_decode(&[0x7b, 0xfb, 0x00], &[127]));
+        // E4M3: only the NaN codes 0x7f / 0xff (448 = 0x7e is a value)
+        for c in [0x7fu8, 0xff] {
+            assert!(!WFmt::Mxfp8E4M3.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
+        }
+        assert!(WFmt::Mxfp8E4M3.fast_decode(&[0x7e, 0xfe, 0x7c, 0xfd, 0x00], &[127]));
+        // E2M1 has no NaN: every code is fast
+        assert!(WFmt::Mxfp4.fast_decode(&[0xff, 0x77], &[127]));
+    }
+
+    /// The word-wise scan equals the byte-by-byte definition, at every
+    /// position (word-aligned or in the tail) and for both masks.
+    #[test]
+    fn any_byte_all_ones_is_the_byte_rule() {
+        for mask in [0x7fu8, 0x7c] {
+            for len in [0usize, 1, 7, 8, 9, 23, 64] {
+                for c in 0..=255u8 {
+                    for pos in [0, len / 2, len.saturating_sub(1)] {
+                        if len == 0 && pos > 0 {
+                            continue;
+                        }
+                        let mut v = vec![0x3cu8 & !mask; len];
+                        if len > 0 {
+                            v[pos] = c;
+                        }
+                        let want = v.iter().any(|&b| b & mask == mask);
+                        assert_eq!(
+                            super::any_byte_all_ones(&v, mask),
+                            want,
+                            "mask {mask:#x} len {len} byte {c:#x} at {pos}"
+                        );
+                    }
+                }
+            }
+        }
         // no scale-dependent branch: always fast, one entry point
         for fmt in [WFmt::Bf16, WFmt::Nvfp4] {
             assert!(fmt.fast_decode(&[0xff], &[0xff]));

@@ -354,6 +354,19 @@ mod gpu_tests {
     }
 
     fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
+        // "e4m3-nan": row 0's first code is E4M3's NaN (0x7f): its outputs
+        // must be NaN (FORMATS.md), every other output as usual
+        if fmt == "e4m3-nan" {
+            let LinearWeight::Mx(t) = weight("e4m3", rows, cols, seed) else {
+                unreachable!()
+            };
+            let mut codes = t.codes().to_vec();
+            codes[0] = 0x7f;
+            return LinearWeight::Mx(
+                MxTensor::from_parts(MxElem::Fp8E4M3, rows, cols, codes, t.scales().to_vec())
+                    .unwrap(),
+            );
+        }
         // "-big": magnitudes whose block scales leave the fast decode's
         // range (MXFP4 scale bytes ~134 > 128, E4M3 ~136 > 134, E5M2 ~161 >
         // 142), so the launches take the any-scale kernels
@@ -421,7 +434,7 @@ mod gpu_tests {
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);
         for fmt in [
-            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big", "e5m2-big",
+            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big", "e5m2-big", "e4m3-nan",
         ] {
             // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[
@@ -435,7 +448,7 @@ mod gpu_tests {
                 let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut seed)).collect();
                 let refs: Vec<&LinearWeight> = ws.iter().collect();
                 let dev = DevLinear::upload(ctx, "test", &refs).unwrap();
-                if dev.any_scale() != fmt.ends_with("-big") {
+                if dev.any_scale() != (fmt.ends_with("-big") || fmt.ends_with("-nan")) {
                     failures.push(format!(
                         "{fmt} [{n}, {kk}]: any_scale {} (scales {:?})",
                         dev.any_scale(),
@@ -474,7 +487,14 @@ mod gpu_tests {
                                 let (e, xr) = which(r);
                                 for (o, &g) in out.iter().enumerate() {
                                     let (s, a) = want(e, xr, o);
-                                    if (f64::from(g) - s).abs() > 1e-5 * a + 1e-30 {
+                                    // a NaN where a value is due (or the
+                                    // reverse) is off too
+                                    let off = if s.is_nan() {
+                                        !g.is_nan()
+                                    } else {
+                                        !((f64::from(g) - s).abs() <= 1e-5 * a + 1e-30)
+                                    };
+                                    if off {
                                         bad += 1;
                                     }
                                 }

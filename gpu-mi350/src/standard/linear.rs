@@ -492,7 +492,8 @@ mod gpu_tests {
                                     let off = if s.is_nan() {
                                         !g.is_nan()
                                     } else {
-                                        !((f64::from(g) - s).abs() <= 1e-5 * a + 1e-30)
+                                        let d = (f64::from(g) - s).abs();
+                                        d.is_nan() || d > 1e-5 * a + 1e-30
                                     };
                                     if off {
                                         bad += 1;

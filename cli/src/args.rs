@@ -159,6 +159,19 @@ pub struct ModelArgs {
     pub online_quant_exclude: Option<String>,
 }
 
+/// `--online-quant` with its `--online-quant-exclude` patterns as the
+/// loader's request. The patterns become the `&'static str` that
+/// `LoadOptions` (which is `Copy`) holds: leaked once per call, a few bytes.
+pub fn online_quant(q: Option<OnlineQuantArg>, exclude: Option<&str>) -> Option<OnlineQuant> {
+    let exclude: &'static str = match exclude {
+        Some(p) if !p.is_empty() => Box::leak(p.to_string().into_boxed_str()),
+        _ => "",
+    };
+    q.map(|q| match q {
+        OnlineQuantArg::PtpcFp8 => OnlineQuant::ptpc_fp8(exclude),
+    })
+}
+
 /// `--online-quant`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnlineQuantArg {
@@ -181,18 +194,7 @@ impl ModelArgs {
         LoadOptions {
             nvfp4_experts_to_mxfp4: self.nvfp4_to_mxfp4.then(|| self.scale_rule.into()),
             mxfp8_to_bf16_exact: self.mxfp8_to_bf16,
-            online_quant: self.online_quant.map(|q| match q {
-                OnlineQuantArg::PtpcFp8 => OnlineQuant::ptpc_fp8(self.exclude_patterns()),
-            }),
-        }
-    }
-
-    /// `--online-quant-exclude` as the `&'static str` that `LoadOptions`
-    /// (which is `Copy`) holds: leaked once per call, a few bytes.
-    fn exclude_patterns(&self) -> &'static str {
-        match &self.online_quant_exclude {
-            Some(p) if !p.is_empty() => Box::leak(p.clone().into_boxed_str()),
-            _ => "",
+            online_quant: online_quant(self.online_quant, self.online_quant_exclude.as_deref()),
         }
     }
 

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use m3_core::backend::{forward_by_ops, Path, RunOptions, StepBatch, TapRequest, Taps};
 use m3_core::checkpoint::names::TensorNames;
-use m3_core::checkpoint::online::{self, OnlineQuant};
+use m3_core::checkpoint::online;
 use m3_core::config::{AttnKind, ModelConfig};
 use m3_core::formats::convert::PtpcFp8;
 use m3_core::kv::{KvCache, KvLayout};
@@ -277,17 +277,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let oq = args.online_quant.map(|q| match q {
-        args::OnlineQuantArg::PtpcFp8 => OnlineQuant::ptpc_fp8(
-            // leaked once per run: OnlineQuant holds a &'static str
-            Box::leak(
-                args.online_quant_exclude
-                    .clone()
-                    .unwrap_or_default()
-                    .into_boxed_str(),
-            ),
-        ),
-    });
+    let oq = args::online_quant(args.online_quant, args.online_quant_exclude.as_deref());
     if args.backend == "gpu" || args.backend == "cuda" {
         if let Some(oq) = oq {
             bail!(

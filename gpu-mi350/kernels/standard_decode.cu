@@ -184,8 +184,9 @@ M3_DEV float s_nv_factor(u32 c) {
 }
 
 /// s_seg_frag on a segment in the stored layout (FORMATS.md order: every
-/// format's codes as the checkpoint holds them). The E2M1 / E4M3 formats
-/// reach it only for scales the device-layout fast path cannot take.
+/// format's codes as the checkpoint holds them). E2M1 reaches it only for
+/// scales the device-layout fast path cannot take, E4M3 only on its `_any`
+/// entry point (every segment there).
 /// ANY = false (E5M2): no Inf / NaN codes and no two-multiply scale in the
 /// stack (checked on the host), so neither check is compiled.
 template <int F, bool ANY> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out) {
@@ -318,10 +319,10 @@ template <int F> M3_DEV void s_seg_unpermute(const uint4* raw, uint4* st) {
 /// decode. Scales whose factor leaves bf16's normal range take the stored
 /// path after s_seg_unpermute.
 ///
-/// ANY = false: the caller guarantees every scale takes the fast path
-/// (WFmt::fast_scales, checked on the host when the weights are written),
-/// so the fallback is compiled out: that code in the loop cost ~10% of the
-/// batch-1 step (bench/NOTES.md session 6 run 6).
+/// ANY = false: the caller guarantees every scale and code takes the fast
+/// path (WFmt::fast_decode, checked on the host when the weights are
+/// written), so the fallback is compiled out: that code in the loop cost
+/// ~10% of the batch-1 step (bench/NOTES.md session 6 run 6).
 template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
   if (F == S_FMT_FP4 || F == S_FMT_NVFP4 || F == S_FMT_E4M3) {
     u32 fac[2];
@@ -637,8 +638,11 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
            u32 max_rows, u32 xdiv) {                                                                             \
     s_mma_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv);                                 \
   }
-// Bench variant: 1 = every entry point keeps the any-scale fallback (the
-// kernels before the split), to time the split in one run.
+// Bench variant: 1 = every entry point compiled as its `_any` form, to time
+// the split in one run. Runs 6-7 (bench/NOTES.md session 6) used it when
+// that form was the kernel before the split; since the E4M3 NaN-code change
+// the E4M3 `_any` form takes the general decode on every segment, so for
+// E4M3 it is now slower than the pre-split kernel.
 #ifndef S_FORCE_ANY
 #define S_FORCE_ANY 0
 #endif

@@ -197,7 +197,7 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     let (ma, mi) = nvrtc::version()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: NVRTC {ma}.{mi} -> {arch}");
-    let small = m3_gpu::standard::small_step_source();
+    let small = m3_gpu::standard::small_step_source()?;
     for k in kernels::ALL.iter().chain(std::iter::once(&small)) {
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
@@ -402,7 +402,7 @@ fn clang_compile_all(
     } else {
         &[]
     };
-    let small = m3_gpu::standard::small_step_source();
+    let small = m3_gpu::standard::small_step_source()?;
     let mut objs = Vec::new();
     for k in kernels::ALL
         .iter()

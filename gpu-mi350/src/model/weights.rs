@@ -393,7 +393,8 @@ mod tests {
     use super::WFmt;
 
     /// Which stacks the launches send to the `_any` entry points: scale
-    /// bytes outside each format's fast range, and E5M2's Inf / NaN codes.
+    /// bytes outside each format's fast range, E5M2's Inf / NaN codes and
+    /// E4M3's NaN codes.
     #[test]
     fn fast_decode_follows_the_kernels_ranges() {
         let ok = [0x11u8, 0x22];
@@ -422,6 +423,11 @@ mod tests {
         assert!(WFmt::Mxfp8E4M3.fast_decode(&[0x7e, 0xfe, 0x7c, 0xfd, 0x00], &[127]));
         // E2M1 has no NaN: every code is fast
         assert!(WFmt::Mxfp4.fast_decode(&[0xff, 0x77], &[127]));
+        // no scale-dependent branch: always fast, one entry point
+        for fmt in [WFmt::Bf16, WFmt::Nvfp4] {
+            assert!(fmt.fast_decode(&[0xff], &[0xff]));
+            assert_eq!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
+        }
     }
 
     /// The word-wise scan equals the byte-by-byte definition, at every
@@ -448,11 +454,6 @@ mod tests {
                     }
                 }
             }
-        }
-        // no scale-dependent branch: always fast, one entry point
-        for fmt in [WFmt::Bf16, WFmt::Nvfp4] {
-            assert!(fmt.fast_decode(&[0xff], &[0xff]));
-            assert_eq!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
         }
     }
 }

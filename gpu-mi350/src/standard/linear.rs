@@ -85,42 +85,54 @@ pub(crate) struct MmaVariant {
     f: HashMap<&'static str, CudaFunction>,
 }
 
+/// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
+/// pairs separated by spaces; see standard_decode.cu) put first, checked
+/// against the names and ranges the kernels take; with the variant's warps
+/// per CTA and 8-row x tiles per CTA.
+pub(crate) fn variant_source(
+    base: &KernelSource,
+    defines: &str,
+) -> Result<(KernelSource, u32, usize)> {
+    let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
+    let mut prefix = String::new();
+    let mut warps = 8u32;
+    let mut maxbt = 8usize;
+    for kv in defines.split_whitespace() {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
+        let n: u32 = v
+            .parse()
+            .map_err(|_| bad(format!("`{v}` is not a number")))?;
+        match k {
+            "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
+            "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
+            "S_MMA_INTERLEAVE" if n <= 1 => {}
+            "S_MMA_DBUF" if n <= 1 => {}
+            "S_UNROLL_HALF" if n <= 1 => {}
+            "S_MMA_MINB" if (1..=16).contains(&n) => {}
+            "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
+            "S_FORCE_ANY" if n <= 1 => {}
+            "S_X_AHEAD" if n <= 1 => {}
+            _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
+        }
+        prefix.push_str(&format!("#define {k} {n}\n"));
+    }
+    let src = if prefix.is_empty() {
+        *base
+    } else {
+        // leaked once per variant: a KernelSource holds &'static text
+        let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
+        KernelSource { body, ..*base }
+    };
+    Ok((src, warps, maxbt))
+}
+
 impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
     /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
     pub fn load(gpu: &CudaGpu, base: &KernelSource, defines: &str) -> Result<Self> {
-        let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
-        let mut prefix = String::new();
-        let mut warps = 8u32;
-        let mut maxbt = 8usize;
-        for kv in defines.split_whitespace() {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
-            let n: u32 = v
-                .parse()
-                .map_err(|_| bad(format!("`{v}` is not a number")))?;
-            match k {
-                "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
-                "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
-                "S_MMA_INTERLEAVE" if n <= 1 => {}
-                "S_MMA_DBUF" if n <= 1 => {}
-                "S_UNROLL_HALF" if n <= 1 => {}
-                "S_MMA_MINB" if (1..=16).contains(&n) => {}
-                "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
-                "S_FORCE_ANY" if n <= 1 => {}
-                "S_X_AHEAD" if n <= 1 => {}
-                _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
-            }
-            prefix.push_str(&format!("#define {k} {n}\n"));
-        }
-        let src = if prefix.is_empty() {
-            *base
-        } else {
-            // leaked once per variant: a KernelSource holds &'static text
-            let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
-            KernelSource { body, ..*base }
-        };
+        let (src, warps, maxbt) = variant_source(base, defines)?;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
             for n in [fm.mma_kernel(), fm.mma_kernel_any_scale()]

@@ -87,23 +87,15 @@ pub const STANDARD: KernelSource = KernelSource {
 };
 
 /// [`STANDARD`] as the runner compiles it for steps of at most 16 rows
-/// (the small-step variant's defines first, as `MmaVariant::load` does):
-/// CI compiles it beside [`crate::kernels::ALL`], so the kernels a decode
-/// step runs are the kernels CI checks.
-pub fn small_step_source() -> KernelSource {
-    let mut body = String::new();
-    for kv in SMALL_STEP_VARIANT.split_whitespace() {
-        if let Some((k, v)) = kv.split_once('=') {
-            body.push_str(&format!("#define {k} {v}\n"));
-        }
-    }
-    body.push_str(STANDARD.body);
-    KernelSource {
+/// (the small-step variant's defines first, by `linear::variant_source`
+/// like every variant): CI compiles it beside [`crate::kernels::ALL`], so
+/// the kernels a decode step runs are the kernels CI checks.
+pub fn small_step_source() -> Result<KernelSource> {
+    let (src, _, _) = linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?;
+    Ok(KernelSource {
         name: "standard_decode_small",
-        // leaked once per call: a KernelSource holds &'static text
-        body: Box::leak(body.into_boxed_str()),
-        ..STANDARD
-    }
+        ..src
+    })
 }
 
 /// Device-side weight and cache generation (`kernels/gen.cu`).

@@ -395,9 +395,11 @@ template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
 /// Scales: ws + row * (K / 32) E8M0 bytes (MX) or ws + row * (K / 16) E4M3
 /// bytes (NVFP4); w_es / ws_es: bytes between stacked matrices (experts).
 /// gs: one f32 global scale per stacked matrix (NVFP4; 0 = 1.0), multiplying
-/// the f32 sum before the store.
+/// the f32 sum before the store. cs: one f32 scale per output feature and
+/// stacked matrix (PTPC FP8 weights, `cs[e * n + feature]`; 0 = none),
+/// multiplying the sum after gs.
 struct SSeg1 {
-  u64 w, ws, yb, yf, w_es, ws_es, gs;
+  u64 w, ws, yb, yf, w_es, ws_es, gs, cs;
   u32 n, tile0, mode, pad;
 };
 #define S_MAX_SEGS 5
@@ -463,7 +465,7 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
 
 template <int F, bool ANY>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
-                         u32 max_rows, u32 xdiv) {
+                         u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
   __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
   __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
   __shared__ int head[2];
@@ -625,6 +627,10 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     // by the global scale
     if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);
     v = v * gsc;
+    // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
+    // x row's (ARCHITECTURE.md, Online quantization)
+    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
+    if (ts) v = v * ts[xrow[m]];
     const u64 o = (u64)yrow[m] * N + n;
     if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
     else if (sg.mode == 1u) yf[o] = v;
@@ -635,8 +641,8 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
 #define S_MMA_LINEAR(name, F, ANY)                                                                              \
   M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
-           u32 max_rows, u32 xdiv) {                                                                             \
-    s_mma_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv);                                 \
+           u32 max_rows, u32 xdiv, const float* __restrict__ ts) {                                               \
+    s_mma_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv, ts);                             \
   }
 // Bench variant: 1 = every entry point compiled as its `_any` form, to time
 // the split in one run. Runs 6-7 (bench/NOTES.md session 6) used it when
@@ -944,6 +950,105 @@ M3_KERNEL void m3s_act_mxfp4(const u16* __restrict__ x, u32 rows, u32 K, u16* __
     res = m3_bf16_from_f32(__fmul_rn(m3_elem_decode(M3_ELEM_E2M1, c), m3_e8m0_decode((u8)s)));
   }
   out[(u64)r * K + k] = res;
+}
+
+/// encode_sat_e4m3(x / sa), the quotient's exact value rounded once to
+/// nearest even (FORMATS.md's PTPC rule; cpu-ref takes the quotient in f64).
+/// sm_89+: the f32 quotient (correctly rounded) then the hardware's
+/// round-to-nearest-even saturating conversion; where the f32 quotient is
+/// exactly an E4M3 midpoint the exact quotient may lie off it, so the
+/// division's residual (exact through fma) moves it one f32 ulp toward the
+/// exact value first: no double rounding. Elsewhere: the f64 path.
+M3_DEV u32 s_e4m3_quotient(float x, float sa) {
+#if defined(M3_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  float q = __fdiv_rn(x, sa);
+  const u32 b = m3_bits(q), ab = b & 0x7fffffffu;
+  const int e = (int)(ab >> 23) - 127;
+  bool mid;
+  if (e >= -6) {
+    mid = (ab & 0xfffffu) == 0x80000u;  // 3 kept bits, then exactly one half
+  } else {
+    const float t = m3_f32(ab) * 1024.0f;  // E4M3 subnormal quantum 2^-9: halves are odd multiples of 2^-10
+    mid = t == rintf(t) && (((u32)t) & 1u);
+  }
+  if (mid) {
+    const float r = __fmaf_rn(-q, sa, x);  // x - q * sa, exact: its sign says where x / sa lies
+    if (r != 0.0f) q = m3_f32((r > 0.0f) == (q > 0.0f) ? b + 1u : b - 1u);
+  }
+  u16 pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(q));
+  return (u32)(pair & 0xffu);
+#else
+  return m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)x, (double)sa));
+#endif
+}
+
+/// PTPC FP8 activation quantization (ARCHITECTURE.md, Online quantization),
+/// per row of bf16 x: sa = f32(amax / 448) over the row (zero row: 1.0; an
+/// underflow to 0: the smallest subnormal), codes encode_sat_e4m3(x / sa)
+/// (`s_e4m3_quotient`), written as the codes' bf16 values (exact: E4M3 fits
+/// bf16) for the tensor-core linear, and sa to scales[row]. A row holding
+/// NaN / Inf gets sa = NaN (so every output of the row is NaN, as on the
+/// CPU) and zero values. Grid rows, block S_PTPC_BLOCK: each thread keeps
+/// its (up to 8) values in registers, so x is read once.
+#define S_PTPC_BLOCK 1024
+M3_KERNEL void __launch_bounds__(S_PTPC_BLOCK) m3s_act_ptpc(const u16* __restrict__ x, u32 rows, u32 K,
+                                                            u16* __restrict__ out, float* __restrict__ scales) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  __shared__ u32 part[S_PTPC_BLOCK / M3_WARP];
+  __shared__ u32 amax_bits;
+  const u32 r = blockIdx.x;
+  if (r >= rows) return;
+  const u16* xr = x + (u64)r * K;
+  u16 v[8];
+  // |v| as bits: non-negative floats order like their bit patterns, and
+  // NaN / Inf are exactly the patterns >= 0x7f800000
+  u32 ab = 0u;
+#pragma unroll
+  for (u32 j = 0; j < 8; ++j) {
+    const u32 i = threadIdx.x + j * blockDim.x;
+    v[j] = i < K ? xr[i] : (u16)0u;
+    const u32 b = ((u32)v[j] << 16) & 0x7fffffffu;
+    ab = b > ab ? b : ab;
+  }
+  for (u32 i = threadIdx.x + 8u * blockDim.x; i < K; i += blockDim.x) {
+    const u32 b = ((u32)xr[i] << 16) & 0x7fffffffu;
+    ab = b > ab ? b : ab;
+  }
+#pragma unroll
+  for (int m = M3_WARP / 2; m > 0; m >>= 1) {
+    const u32 o = M3_SHFL_XOR(ab, m);
+    ab = o > ab ? o : ab;
+  }
+  if (threadIdx.x % M3_WARP == 0) part[threadIdx.x / M3_WARP] = ab;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32 t = 0u;
+    for (u32 i = 0; i < blockDim.x / M3_WARP; ++i) t = part[i] > t ? part[i] : t;
+    amax_bits = t;
+  }
+  __syncthreads();
+  const u32 am = amax_bits;
+  u16* o = out + (u64)r * K;
+  if (am >= 0x7f800000u) {
+    if (threadIdx.x == 0) scales[r] = m3_nan();
+    for (u32 i = threadIdx.x; i < K; i += blockDim.x) o[i] = 0u;
+    return;
+  }
+  float sa = 1.0f;
+  if (am != 0u) {
+    sa = __fdiv_rn(m3_f32(am), 448.0f);
+    if (sa == 0.0f) sa = m3_f32(1u);
+  }
+  if (threadIdx.x == 0) scales[r] = sa;
+#pragma unroll
+  for (u32 j = 0; j < 8; ++j) {
+    const u32 i = threadIdx.x + j * blockDim.x;
+    if (i < K) o[i] = m3_bf16_from_f32(m3_elem_decode(M3_ELEM_E4M3, s_e4m3_quotient(m3_bf16_to_f32(v[j]), sa)));
+  }
+  for (u32 i = threadIdx.x + 8u * blockDim.x; i < K; i += blockDim.x)
+    o[i] = m3_bf16_from_f32(m3_elem_decode(M3_ELEM_E4M3, s_e4m3_quotient(m3_bf16_to_f32(xr[i]), sa)));
 }
 
 /// The DSpark draft's Markov bias: out[v] = sum_j e[prev][j] * w[j][v] in

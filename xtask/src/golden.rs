@@ -408,11 +408,6 @@ fn run_backend(
         Ok(f) => f,
         Err(reason) => return Ok(Outcome::Skipped(reason)),
     };
-    if case.meta.options.online_quant.is_some() && backend != "cpu" {
-        return Ok(Outcome::Skipped(
-            "online quantization (PTPC FP8) runs on the CPU backend only so far".into(),
-        ));
-    }
     let out = work.join(format!("{}-{backend}.safetensors", case.meta.name));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Command::new(m3);

@@ -383,7 +383,14 @@ fn bench_model(
 ) -> Result<ModelRun> {
     // 3. model, cache, graphs
     let t0 = Instant::now();
-    let model = benchmodel::generate(gpu, cfg, kind, 0x5eed, shared_gen(args.shared_expert))
+    let model = benchmodel::generate(
+        gpu,
+        cfg,
+        kind,
+        0x5eed,
+        shared_gen(args.shared_expert),
+        args.online_quant.is_some(),
+    )
         .context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
@@ -546,8 +553,17 @@ fn bench_model(
     }
 
     println!(
-        "\nstandard path, {} --layers {}, weights {:?}, fp8 KV/index cache, {} rounds x {} replays",
-        args.preset, cfg.num_hidden_layers, kind, args.rounds, args.iters
+        "\nstandard path, {} --layers {}, weights {:?}{}, fp8 KV/index cache, {} rounds x {} replays",
+        args.preset,
+        cfg.num_hidden_layers,
+        kind,
+        if args.online_quant.is_some() {
+            " (attention + dense MLP: PTPC FP8)"
+        } else {
+            ""
+        },
+        args.rounds,
+        args.iters
     );
     println!("| case | median ms | p10 ms | p90 ms | MB/step | GB/s | % of ceiling | tok/s | time / batch-1 time (per round) |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -678,6 +694,7 @@ pub fn run(args: &Args) -> Result<()> {
                      "copy_samples_ms": [tc.median_ms, tc.p10_ms, tc.p90_ms],
                      "read_samples_ms": [tr.median_ms, tr.p10_ms, tr.p90_ms]},
         "model": {"preset": args.preset, "layers": cfg.num_hidden_layers, "weights": format!("{kind:?}"),
+                   "online_quant": args.online_quant.is_some().then_some("ptpc_fp8"),
                    "seed": "0x5eed", "cache": "fp8_e4m3, generated codes (no prefill)", "context": args.context},
         "protocol": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
                       "generate_s": gen_s, "capture_and_warmup_s": capture_s},

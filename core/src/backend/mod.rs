@@ -114,8 +114,8 @@ pub trait Backend {
     /// an infinity gives a NaN output row.
     ///
     /// Not an [`Op`] variant yet: a provided method, so that a backend
-    /// without it (the GPU, whose half of PTPC is not built) refuses it
-    /// clearly instead of failing to build.
+    /// without it (the GPU's op harness; the GPU runner runs PTPC linears
+    /// inside its steps) refuses it clearly instead of failing to build.
     fn ptpc_linear(
         &self,
         x: &[f32],
@@ -128,7 +128,7 @@ pub trait Backend {
         Err(BackendError::Unsupported {
             op: "ptpc_linear",
             backend: self.name().into(),
-            what: "PTPC FP8 linears run on the CPU backend only so far".into(),
+            what: "PTPC FP8 linears as single ops run on the CPU backend only (the GPU runner runs them inside its steps)".into(),
         })
     }
 

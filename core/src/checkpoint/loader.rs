@@ -30,6 +30,7 @@ use super::quant_config::{QuantConfig, WeightFormat};
 use super::safetensors_file::{Dtype, SafetensorsFile, TensorInfo};
 use super::{online, CheckpointError};
 use crate::config::{AttnKind, MlpKind, ModelConfig};
+use crate::formats::convert::PtpcFp8;
 use crate::formats::{convert, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
 use crate::weights::{
     AttnWeights, FfnWeights, IndexerWeights, LayerWeights, LinearWeight, MlpWeights, ModelWeights,
@@ -817,15 +818,65 @@ impl Checkpoint {
             ..*opts
         })?;
         if let Some(oq) = &opts.online_quant {
-            online::apply(&mut w, self.names, oq).map_err(|e| match e.tensor() {
-                Some(t) => CheckpointError::tensor(self.shard_of(t), t, e.to_string()),
-                None => CheckpointError::Config {
-                    file: "online quantization".into(),
-                    why: e.to_string(),
-                },
-            })?;
+            online::apply(&mut w, self.names, oq).map_err(|e| self.online_err(e))?;
         }
         Ok(w)
+    }
+
+    /// An online-quantization error as a checkpoint error: naming the
+    /// tensor's shard and the tensor where it has one.
+    fn online_err(&self, e: online::OnlineQuantError) -> CheckpointError {
+        match e.tensor() {
+            Some(t) => CheckpointError::tensor(self.shard_of(t), t, e.to_string()),
+            None => CheckpointError::Config {
+                file: "online quantization".into(),
+                why: e.to_string(),
+            },
+        }
+    }
+
+    /// The linears `opts` converts by online quantization (none without
+    /// it), checking the exclusion patterns: a streaming loader calls it
+    /// once before [`Self::online_linear`], as [`Self::load`] does.
+    pub fn online_targets(
+        &self,
+        opts: &LoadOptions,
+    ) -> Result<Vec<online::Target>, CheckpointError> {
+        match &opts.online_quant {
+            Some(oq) => online::targets(&self.config, self.names, oq).map_err(|e| self.online_err(e)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The PTPC FP8 form of linear `name` (`[rows, cols]`) when `opts`
+    /// converts it at load (ARCHITECTURE.md, *Online quantization*), made
+    /// from its exact stored values like [`Self::load`] makes it; `None`
+    /// when it is not a target. For a streaming (device) loader, which
+    /// then never asks [`Self::stored_linear`] for it.
+    pub fn online_linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        opts: &LoadOptions,
+    ) -> Result<Option<PtpcFp8>, CheckpointError> {
+        let Some(oq) = &opts.online_quant else {
+            return Ok(None);
+        };
+        if !online::is_target(&self.config, self.names, oq, name) {
+            return Ok(None);
+        }
+        let plain = LoadOptions {
+            online_quant: None,
+            ..*opts
+        };
+        let w = self
+            .stored_linear(name, rows, cols, false, &plain)?
+            .into_owned()
+            .map_err(|e| self.terr(name, e.to_string()))?;
+        online::quantize_weight(name, &w)
+            .map(Some)
+            .map_err(|e| self.online_err(e))
     }
 
     /// [`Checkpoint::load`] without online quantization.
@@ -957,8 +1008,8 @@ impl Checkpoint {
                 return Err(self.terr(
                     name,
                     format!(
-                        "online quantization ({}) has no stored form: it runs on a host load \
-                         (the CPU backend) only so far",
+                        "online quantization ({}) converts this linear: a streaming loader \
+                         takes it from `online_linear`, not in its stored form",
                         oq.scheme.name()
                     ),
                 ));

@@ -115,7 +115,7 @@ impl Gen {
 fn code_log2_rms(fmt: WFmt) -> f64 {
     match fmt {
         WFmt::Mxfp4 | WFmt::Nvfp4 => 2.93f64.log2(),
-        WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 => 1.2f64.log2(),
+        WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Ptpc => 1.2f64.log2(),
         WFmt::Bf16 => 2.3f64.log2(),
         WFmt::F32 => 0.0,
     }
@@ -137,7 +137,7 @@ fn gen_linear(
     let s = (code_log2_rms(fmt) + 0.5 * (cols as f64).log2()).round() as i32;
     match fmt {
         WFmt::Mxfp4 => g.bytes(&w.codes, seed, *tid, 0xff, 0)?,
-        WFmt::Mxfp8E4M3 => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
+        WFmt::Mxfp8E4M3 | WFmt::Ptpc => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
         WFmt::Bf16 => g.bf16(&w.codes, seed, *tid, (127 - s).max(2) as u32)?,
         WFmt::F32 => g.f32(&w.codes, seed, *tid, 1.7 / (cols as f32).sqrt())?,
         WFmt::Mxfp8E5M2 | WFmt::Nvfp4 => {
@@ -147,8 +147,15 @@ fn gen_linear(
             ))
         }
     }
-    if let Some(sc) = &w.scales {
-        g.bytes(sc, seed, *tid, 0, (127 - s).clamp(1, 254) as u32)?;
+    match (&w.scales, &w.chan) {
+        // PTPC: unit block scales, the magnitude in the row scales
+        (Some(sc), Some(ch)) => {
+            g.bytes(sc, seed, *tid, 0, 127)?;
+            g.f32(ch, seed, *tid + 1, 2f32.powi(-s))?;
+            *tid += 1;
+        }
+        (Some(sc), None) => g.bytes(sc, seed, *tid, 0, (127 - s).clamp(1, 254) as u32)?,
+        _ => {}
     }
     Ok(w)
 }
@@ -168,12 +175,17 @@ pub enum SharedGen {
     Folded,
 }
 
+///
+/// With `ptpc`, the linears `--online-quant ptpc_fp8` converts by default
+/// (attention q / k / v / o, the indexer's q / k, the dense MLP) are
+/// generated in PTPC FP8 form, as a load with that option holds them.
 pub fn generate(
     gpu: &CudaGpu,
     c: &ModelConfig,
     kind: BenchWeights,
     seed: u64,
     shared: SharedGen,
+    ptpc: bool,
 ) -> Result<DevModel> {
     let g = Gen::new(gpu)?;
     let ctx = g.context().clone();
@@ -181,6 +193,8 @@ pub fn generate(
         BenchWeights::Mx => (WFmt::Mxfp4, WFmt::Mxfp8E4M3),
         BenchWeights::Bf16 => (WFmt::Bf16, WFmt::Bf16),
     };
+    // online quantization's targets
+    let af = if ptpc { WFmt::Ptpc } else { df };
     let h = c.hidden_size;
     let mut tid = 0u32;
     let norm = |n: usize, tid: &mut u32| -> Result<DevBuf> {
@@ -207,14 +221,14 @@ pub fn generate(
             Some(DevIndexer {
                 q: gen_linear(
                     &g,
-                    df,
+                    af,
                     c.index_n_heads * c.index_head_dim,
                     h,
                     1,
                     seed,
                     &mut tid,
                 )?,
-                k: gen_linear(&g, df, c.index_head_dim, h, 1, seed, &mut tid)?,
+                k: gen_linear(&g, af, c.index_head_dim, h, 1, seed, &mut tid)?,
                 q_norm: norm(c.index_head_dim, &mut tid)?,
                 k_norm: norm(c.index_head_dim, &mut tid)?,
                 k_scale: 1.0,
@@ -223,7 +237,7 @@ pub fn generate(
             None
         };
         let ffn = if c.mlp_kinds.get(l) == Some(&MlpKind::Dense) {
-            DevFfn::Dense(mlp(df, c.dense_intermediate_size, 1, &mut tid)?)
+            DevFfn::Dense(mlp(af, c.dense_intermediate_size, 1, &mut tid)?)
         } else {
             let ne = c.num_local_experts;
             let bias = DevBuf::new(&ctx, ne * 4)?;
@@ -248,10 +262,10 @@ pub fn generate(
         layers.push(DevLayer {
             input_norm: norm(h, &mut tid)?,
             post_norm: norm(h, &mut tid)?,
-            q: gen_linear(&g, df, nh * d, h, 1, seed, &mut tid)?,
-            k: gen_linear(&g, df, nkv * d, h, 1, seed, &mut tid)?,
-            v: gen_linear(&g, df, nkv * d, h, 1, seed, &mut tid)?,
-            o: gen_linear(&g, df, h, nh * d, 1, seed, &mut tid)?,
+            q: gen_linear(&g, af, nh * d, h, 1, seed, &mut tid)?,
+            k: gen_linear(&g, af, nkv * d, h, 1, seed, &mut tid)?,
+            v: gen_linear(&g, af, nkv * d, h, 1, seed, &mut tid)?,
+            o: gen_linear(&g, af, h, nh * d, 1, seed, &mut tid)?,
             q_norm: norm(d, &mut tid)?,
             k_norm: norm(d, &mut tid)?,
             indexer,

@@ -33,7 +33,7 @@ use super::WFmt;
 
 /// Whether `fmt`'s codes are permuted on the device.
 pub fn permuted(fmt: WFmt) -> bool {
-    matches!(fmt, WFmt::Mxfp4 | WFmt::Nvfp4 | WFmt::Mxfp8E4M3)
+    matches!(fmt, WFmt::Mxfp4 | WFmt::Nvfp4 | WFmt::Mxfp8E4M3 | WFmt::Ptpc)
 }
 
 /// One stored u32 of E2M1 codes (nibble `n` = value `n`) in device order.
@@ -122,7 +122,7 @@ fn e4m3_from_device(d: u32) -> u32 {
 pub fn to_device(fmt: WFmt, codes: &[u8]) -> Cow<'_, [u8]> {
     match fmt {
         WFmt::Mxfp4 | WFmt::Nvfp4 => Cow::Owned(map_words(codes, e2m1_fast)),
-        WFmt::Mxfp8E4M3 => Cow::Owned(map_words(codes, e4m3_to_device)),
+        WFmt::Mxfp8E4M3 | WFmt::Ptpc => Cow::Owned(map_words(codes, e4m3_to_device)),
         _ => Cow::Borrowed(codes),
     }
 }
@@ -131,7 +131,7 @@ pub fn to_device(fmt: WFmt, codes: &[u8]) -> Cow<'_, [u8]> {
 pub fn from_device(fmt: WFmt, codes: &[u8]) -> Cow<'_, [u8]> {
     match fmt {
         WFmt::Mxfp4 | WFmt::Nvfp4 => Cow::Owned(map_words(codes, e2m1_from_device)),
-        WFmt::Mxfp8E4M3 => Cow::Owned(map_words(codes, e4m3_from_device)),
+        WFmt::Mxfp8E4M3 | WFmt::Ptpc => Cow::Owned(map_words(codes, e4m3_from_device)),
         _ => Cow::Borrowed(codes),
     }
 }

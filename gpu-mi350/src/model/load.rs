@@ -198,12 +198,26 @@ impl WeightSource<'_> {
         }
     }
 
-    /// The stored parts of linear `w` of shape `[rows, cols]`.
+    /// The stored parts of linear `w` of shape `[rows, cols]`, or its PTPC
+    /// FP8 form where online quantization converts it.
     fn linear(&self, w: Lin, rows: usize, cols: usize) -> Result<Parts<'_>> {
         let bad = |why: String| GpuError::input("loading weights", why);
         match self {
             WeightSource::Checkpoint(ck, opts) => {
                 let name = self.name(w);
+                if let Some(p) = ck
+                    .online_linear(&name, rows, cols, opts)
+                    .map_err(|e| bad(e.to_string()))?
+                {
+                    return Ok(Parts {
+                        fmt: WFmt::Ptpc,
+                        rows,
+                        cols,
+                        codes: Cow::Owned(p.codes),
+                        scales: Cow::Owned(bytemuck::cast_slice(&p.scales).to_vec()),
+                        global: 1.0,
+                    });
+                }
                 let routed = matches!(w, Lin::Expert(..));
                 ck.stored_linear(&name, rows, cols, routed, opts)
                     .map(parts)
@@ -259,6 +273,31 @@ impl WeightSource<'_> {
                         x.rows(),
                         x.cols()
                     )));
+                }
+                // a host load with online quantization holds the PTPC form
+                // beside the stored weight (`LayerWeights::ptpc`)
+                let ptpc = |l: usize| &lw(l).ptpc;
+                let online = match w {
+                    Lin::Q(l) => ptpc(l).q.as_ref(),
+                    Lin::K(l) => ptpc(l).k.as_ref(),
+                    Lin::V(l) => ptpc(l).v.as_ref(),
+                    Lin::O(l) => ptpc(l).o.as_ref(),
+                    Lin::IndexQ(l) => ptpc(l).index_q.as_ref(),
+                    Lin::IndexK(l) => ptpc(l).index_k.as_ref(),
+                    Lin::Dense(l, Proj::Gate) => ptpc(l).gate.as_ref(),
+                    Lin::Dense(l, Proj::Up) => ptpc(l).up.as_ref(),
+                    Lin::Dense(l, Proj::Down) => ptpc(l).down.as_ref(),
+                    _ => None,
+                };
+                if let Some(p) = online {
+                    return Ok(Parts {
+                        fmt: WFmt::Ptpc,
+                        rows,
+                        cols,
+                        codes: Cow::Borrowed(&p.codes),
+                        scales: Cow::Borrowed(bytemuck::cast_slice(&p.scales)),
+                        global: 1.0,
+                    });
                 }
                 Ok(parts(stored_of(x)))
             }
@@ -455,6 +494,12 @@ impl DevModel {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self> {
         let c = src.config().clone();
+        if let WeightSource::Checkpoint(ck, opts) = src {
+            // online quantization's exclusion patterns, checked before any
+            // tensor moves (a pattern that excludes nothing is an error)
+            ck.online_targets(opts)
+                .map_err(|e| GpuError::input("loading weights", e.to_string()))?;
+        }
         let total = tensor_count(&c);
         let mut ld = Loader {
             ctx: ctx.clone(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 use m3_core::checkpoint::WeightFormat;
 use m3_core::config::ModelConfig;
+use m3_core::formats::convert::PtpcFp8;
 use m3_core::formats::MxElem;
 use m3_core::weights::{LinearWeight, ModelWeights};
 
@@ -29,6 +30,14 @@ pub enum WFmt {
     /// matrix (kept in [`DevLinear::globals`]).
     Nvfp4,
     F32,
+    /// PTPC FP8 (`--online-quant ptpc_fp8`, made at load): E4M3 codes and
+    /// one f32 scale per output row ([`DevLinear::chan`]). The tensor-core
+    /// kernel reads it as MXFP8 E4M3 whose block scales are all 2^0 (E8M0
+    /// 127, written at load), so its f32 sum is the exact products of the
+    /// codes' values; the row scale and the token's scale (`m3s_act_ptpc`)
+    /// multiply the sum in the epilogue. Never fused with another format
+    /// (its x is the quantized one).
+    Ptpc,
 }
 
 impl WFmt {
@@ -45,17 +54,17 @@ impl WFmt {
     pub fn code_bytes(self, rows: usize, cols: usize) -> usize {
         match self {
             WFmt::Bf16 => rows * cols * 2,
-            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 => rows * cols,
+            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Ptpc => rows * cols,
             WFmt::Mxfp4 | WFmt::Nvfp4 => rows * cols / 2,
             WFmt::F32 => rows * cols * 4,
         }
     }
 
-    /// Scale bytes of a `[rows, cols]` matrix (E8M0 per 32 for MX, E4M3 per
-    /// 16 for NVFP4).
+    /// Scale bytes of a `[rows, cols]` matrix (E8M0 per 32 for MX and for
+    /// PTPC's unit block scales, E4M3 per 16 for NVFP4).
     pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
         match self {
-            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Mxfp4 => rows * cols / 32,
+            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Mxfp4 | WFmt::Ptpc => rows * cols / 32,
             WFmt::Nvfp4 => rows * cols / 16,
             WFmt::Bf16 | WFmt::F32 => 0,
         }
@@ -67,7 +76,7 @@ impl WFmt {
     pub fn mma_kernel(self) -> Option<&'static str> {
         match self {
             WFmt::Bf16 => Some("m3s_mma_bf16"),
-            WFmt::Mxfp8E4M3 => Some("m3s_mma_e4m3"),
+            WFmt::Mxfp8E4M3 | WFmt::Ptpc => Some("m3s_mma_e4m3"),
             WFmt::Mxfp8E5M2 => Some("m3s_mma_e5m2"),
             WFmt::Mxfp4 => Some("m3s_mma_fp4"),
             WFmt::Nvfp4 => Some("m3s_mma_nvfp4"),
@@ -82,7 +91,7 @@ impl WFmt {
     /// batch-1 step).
     pub fn mma_kernel_any_scale(self) -> Option<&'static str> {
         match self {
-            WFmt::Mxfp8E4M3 => Some("m3s_mma_e4m3_any"),
+            WFmt::Mxfp8E4M3 | WFmt::Ptpc => Some("m3s_mma_e4m3_any"),
             WFmt::Mxfp8E5M2 => Some("m3s_mma_e5m2_any"),
             WFmt::Mxfp4 => Some("m3s_mma_fp4_any"),
             _ => self.mma_kernel(),
@@ -112,7 +121,7 @@ impl WFmt {
         // codes are 0x7F / 0xFF (the fast decode would read them as finite)
         let codes_ok = match self {
             WFmt::Mxfp8E5M2 => !any_byte_all_ones(codes, 0x7c),
-            WFmt::Mxfp8E4M3 => !any_byte_all_ones(codes, 0x7f),
+            WFmt::Mxfp8E4M3 | WFmt::Ptpc => !any_byte_all_ones(codes, 0x7f),
             _ => true,
         };
         scales_ok && codes_ok
@@ -156,6 +165,8 @@ pub struct DevLinear {
     pub scales: Option<DevBuf>,
     /// NVFP4: the f32 global scale of each matrix (`count` values).
     pub globals: Option<DevBuf>,
+    /// PTPC: the f32 scale of each output row (`count * rows` values).
+    pub chan: Option<DevBuf>,
     /// Some written block scale (or E5M2 / E4M3 special code) needs the
     /// general decode
     /// ([`WFmt::fast_decode`]): the launches take
@@ -190,6 +201,11 @@ impl DevLinear {
         } else {
             None
         };
+        let chan = if fmt == WFmt::Ptpc {
+            Some(DevBuf::new(ctx, 4 * rows * count)?)
+        } else {
+            None
+        };
         Ok(DevLinear {
             fmt,
             rows,
@@ -198,6 +214,7 @@ impl DevLinear {
             codes,
             scales,
             globals,
+            chan,
             any_scale: AtomicBool::new(false),
         })
     }
@@ -214,7 +231,9 @@ impl DevLinear {
 
     /// Device bytes of the whole stack.
     pub fn bytes(&self) -> usize {
-        self.matrix_bytes() * self.count + self.globals.as_ref().map_or(0, |g| g.bytes())
+        self.matrix_bytes() * self.count
+            + self.globals.as_ref().map_or(0, |g| g.bytes())
+            + self.chan.as_ref().map_or(0, |c| c.bytes())
     }
 
     /// Per-matrix strides (codes, scales) in bytes.
@@ -228,8 +247,32 @@ impl DevLinear {
     /// Write matrix `i` of the stack from its stored parts (`codes`,
     /// `scales`, NVFP4 `global`), synchronously. Sizes are checked. Codes
     /// are given in the stored layout and kept in the device layout
-    /// ([`super::layout`]).
+    /// ([`super::layout`]). PTPC: `scales` are the f32 row scales
+    /// (little-endian bytes, 4 a row); the unit block scales are written here.
     pub fn write(&self, i: usize, codes: &[u8], scales: &[u8], global: f32) -> Result<()> {
+        if self.fmt == WFmt::Ptpc {
+            if i >= self.count || scales.len() != 4 * self.rows {
+                return Err(GpuError::input(
+                    "device weights",
+                    format!(
+                        "PTPC matrix {i} of {}: {} row-scale bytes for {} rows",
+                        self.count,
+                        scales.len(),
+                        self.rows
+                    ),
+                ));
+            }
+            if let Some(c) = &self.chan {
+                c.write_sync(4 * self.rows * i, scales)?;
+            }
+            let unit = vec![127u8; self.fmt.scale_bytes(self.rows, self.cols)];
+            return self.write_parts(i, codes, &unit, global);
+        }
+        self.write_parts(i, codes, scales, global)
+    }
+
+    /// [`Self::write`] of the parts the kernels read as they are.
+    fn write_parts(&self, i: usize, codes: &[u8], scales: &[u8], global: f32) -> Result<()> {
         let (cs, ss) = self.strides();
         let bad = |what: &str, got: usize, want: u64| {
             GpuError::input(
@@ -265,6 +308,22 @@ impl DevLinear {
             g.write_sync(4 * i, &global.to_le_bytes())?;
         }
         Ok(())
+    }
+
+    /// Upload PTPC FP8 weights (all the same shape) as one stack.
+    pub fn upload_ptpc(ctx: &Arc<CudaContext>, name: &str, ws: &[&PtpcFp8]) -> Result<Self> {
+        let bad = |why: String| GpuError::input("device weights", format!("{name}: {why}"));
+        let first = ws.first().ok_or_else(|| bad("no matrices".into()))?;
+        let d = Self::alloc(ctx, WFmt::Ptpc, first.rows, first.cols, ws.len())
+            .map_err(|e| bad(e.to_string()))?;
+        for (i, w) in ws.iter().enumerate() {
+            if (w.rows, w.cols) != (first.rows, first.cols) {
+                return Err(bad("stacked matrices differ in shape".into()));
+            }
+            d.write(i, &w.codes, bytemuck::cast_slice(&w.scales), 1.0)
+                .map_err(|e| bad(e.to_string()))?;
+        }
+        Ok(d)
     }
 
     /// Upload `ws` (all the same format and shape) as one stack.

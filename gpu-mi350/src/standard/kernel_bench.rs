@@ -156,7 +156,12 @@ impl HostMatrix {
                 t.row_f64(0, &mut out);
                 (out, f64::from(self.global))
             }
-            WFmt::F32 => return Err(GpuError::input("kernel bench", "f32 weights")),
+            WFmt::F32 | WFmt::Ptpc => {
+                return Err(GpuError::input(
+                    "kernel bench",
+                    format!("{:?} weights", self.fmt),
+                ))
+            }
         })
     }
 }
@@ -197,7 +202,12 @@ fn gen_stack(
         WFmt::Mxfp8E4M3 => g.bytes(&w.codes, seed, *tid, 0xfe, 0)?,
         // exponents 0..15 (subnormals too), no Inf / NaN
         WFmt::Mxfp8E5M2 => g.bytes(&w.codes, seed, *tid, 0xbf, 0)?,
-        WFmt::F32 => return Err(GpuError::input("kernel bench", "f32 weights")),
+        WFmt::F32 | WFmt::Ptpc => {
+            return Err(GpuError::input(
+                "kernel bench",
+                format!("{fmt:?} weights"),
+            ))
+        }
     }
     if let Some(s) = &w.scales {
         *tid += 1;

@@ -25,6 +25,8 @@ pub(crate) const MAX_SEGS: usize = 5;
 pub(crate) const SMALL_STEP_ROWS: usize = 16;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
+/// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
+pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).
 const F32W_BLOCK: u32 = 256;
 /// Largest K `m3s_linear_f32w` holds in registers (32 values a thread).
@@ -56,6 +58,8 @@ pub(crate) struct MmaSeg {
     pub ws_es: u64,
     /// Per-matrix f32 global scale (NVFP4), indexed like the stack; 0: 1.0.
     pub gs: u64,
+    /// Per-output-feature f32 scales (PTPC), `n` per stacked matrix; 0: none.
+    pub cs: u64,
     /// Output features.
     pub n: u32,
     /// First CTA (blockIdx.x) of this matrix.
@@ -72,6 +76,28 @@ pub(crate) struct MmaSegs {
     pub s: [MmaSeg; MAX_SEGS],
     pub nseg: u32,
     pub pad: u32,
+}
+
+/// The x of a linear launch: bf16 rows, and for PTPC FP8 weights the same
+/// rows quantized per token (`m3s_act_ptpc`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LinX {
+    pub x: u64,
+    pub ptpc: Option<PtpcX>,
+}
+
+/// Rows of x quantized the PTPC way: each value the bf16 of its E4M3 code,
+/// and one f32 scale per row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PtpcX {
+    pub values: u64,
+    pub scales: u64,
+}
+
+impl From<u64> for LinX {
+    fn from(x: u64) -> Self {
+        LinX { x, ptpc: None }
+    }
 }
 
 /// The tensor-core kernels of one compiled variant.
@@ -187,11 +213,12 @@ pub(crate) fn linears(
     k: &LinearKernels,
     variant: usize,
     mats: &[(&DevLinear, LinOut)],
-    x: u64,
+    x: impl Into<LinX>,
     m: usize,
     route: Option<Route>,
     max_rows: usize,
 ) -> Result<()> {
+    let x: LinX = x.into();
     let mut done = vec![false; mats.len()];
     for i in 0..mats.len() {
         if done[i] {
@@ -206,8 +233,20 @@ pub(crate) fn linears(
                     "f32 routed experts are not supported",
                 ));
             }
-            linear_f32(l, k, w0, x, m, y0)?;
+            linear_f32(l, k, w0, x.x, m, y0)?;
             continue;
+        };
+        // PTPC weights take the quantized x and multiply by its row scales
+        let (xa, ts) = if w0.fmt == WFmt::Ptpc {
+            let p = x.ptpc.ok_or_else(|| {
+                GpuError::input(
+                    "standard path",
+                    "a PTPC FP8 linear launched without its quantized input",
+                )
+            })?;
+            (p.values, p.scales)
+        } else {
+            (x.x, 0)
         };
         let mut segs = MmaSegs::default();
         let mut tiles = 0u32;
@@ -239,6 +278,7 @@ pub(crate) fn linears(
                 w_es,
                 ws_es,
                 gs: w.globals.as_ref().map_or(0, |g| g.ptr()),
+                cs: w.chan.as_ref().map_or(0, |c| c.ptr()),
                 n: w.rows as u32,
                 tile0: tiles,
                 mode,
@@ -264,13 +304,14 @@ pub(crate) fn linears(
             mv.block,
             0,
             &[
-                Arg::U64(x),
+                Arg::U64(xa),
                 Arg::pod(&segs),
                 Arg::U32(w0.cols as u32),
                 Arg::U32(m as u32),
                 Arg::U64(rp),
                 Arg::U32(max_rows as u32),
                 Arg::U32(xdiv.max(1) as u32),
+                Arg::U64(ts),
             ],
         )?;
     }
@@ -323,11 +364,48 @@ fn linear_f32(
 mod tests {
     use super::*;
 
+    /// (row amax, value) pairs, both bf16 bits, whose PTPC quotient
+    /// `value / f32(amax / 448)` rounds to another E4M3 code when taken in
+    /// f32 first than when taken exactly: the double-rounding cases
+    /// `s_e4m3_quotient` must get right (its midpoint correction).
+    pub(crate) fn ptpc_double_rounding_cases(most: usize) -> Vec<(u16, u16)> {
+        use m3_core::formats::{bf16, fp8::e4m3};
+        let mut out = Vec::new();
+        // every bf16 mantissa of amax in [1, 2) (the quotient's digits do
+        // not depend on a power-of-two scale), values up to amax
+        for a in 0x3f80u16..=0x3fff {
+            let sa = bf16::to_f32(a) / 448.0;
+            for x in 1u16..=a {
+                let xf = bf16::to_f32(x);
+                let exact = e4m3::encode_sat(f64::from(xf) / f64::from(sa));
+                if e4m3::encode_sat(f64::from(xf / sa)) != exact {
+                    out.push((a, x));
+                    if out.len() == most {
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn ptpc_double_rounding_cases_exist() {
+        // the device test needs some; the f32-first rounding really differs
+        assert!(ptpc_double_rounding_cases(4).len() == 4);
+    }
+
+    #[test]
+    fn ptpc_block_is_the_kernels() {
+        let want = format!("#define S_PTPC_BLOCK {PTPC_BLOCK}\n");
+        assert!(super::super::STANDARD.body.contains(&want));
+    }
+
     #[test]
     fn job_tables_have_the_kernel_layout() {
-        // SSeg1: 7 u64 + 4 u32 = 72 bytes; SSegs: 5 of them + 2 u32.
-        assert_eq!(std::mem::size_of::<MmaSeg>(), 72);
-        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 72 + 8);
+        // SSeg1: 8 u64 + 4 u32 = 80 bytes; SSegs: 5 of them + 2 u32.
+        assert_eq!(std::mem::size_of::<MmaSeg>(), 80);
+        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 80 + 8);
         assert_eq!(std::mem::align_of::<MmaSegs>(), 8);
     }
 }
@@ -416,6 +494,230 @@ mod gpu_tests {
             LinearWeight::Nvfp4(t) => t.dequantize(),
             _ => unreachable!(),
         }
+    }
+
+    /// PTPC FP8 on the device (`m3s_act_ptpc`, then the E4M3 tensor-core
+    /// linear with row and token scales) against cpu-ref's `ptpc_linear`,
+    /// whose dot is exact: the quantized x and its scales must be bit-exact,
+    /// every output within f32 summation noise (1e-5 of its absolute sum),
+    /// a NaN row all NaN. The comparison is shown to catch a planted error
+    /// (a reference from the wrong weight row scale).
+    #[test]
+    fn ptpc_matches_the_cpu_reference() {
+        use m3_core::formats::convert::PtpcFp8;
+        use m3_core::formats::fp8::e4m3;
+        let Some(gpu) = gpu() else { return };
+        let l = Launcher::new(gpu.context(), true).unwrap();
+        let ctx = gpu.context();
+        let act = gpu
+            .function(&super::super::STANDARD, "m3s_act_ptpc")
+            .unwrap();
+        let mut k = LinearKernels {
+            mma: Vec::new(),
+            f32w: gpu
+                .function(&super::super::STANDARD, "m3s_linear_f32w")
+                .unwrap(),
+        };
+        for v in ["", SMALL_STEP_VARIANT] {
+            k.mma
+                .push(MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap());
+        }
+        let mut seed = 11u64;
+        let mut failures = Vec::new();
+        let mut planted_caught = 0usize;
+        for &(n, kk) in &[(48usize, 128usize), (64, 1024), (40, 2048), (24, 160)] {
+            // bf16 weights with one row of zeros and rows of other magnitudes
+            let wv: Vec<f32> = (0..n * kk)
+                .map(|i| {
+                    let r = i / kk;
+                    if r == 3 {
+                        0.0
+                    } else {
+                        rand(&mut seed) * 0.05 * (1 + r % 5) as f32
+                    }
+                })
+                .collect();
+            let lw = LinearWeight::Bf16 {
+                rows: n,
+                cols: kk,
+                data: wv.iter().map(|&x| bf16::from_f32(x)).collect(),
+            };
+            let qw: PtpcFp8 = m3_core::checkpoint::online::quantize_weight("test", &lw).unwrap();
+            let dev = DevLinear::upload_ptpc(ctx, "test", &[&qw]).unwrap();
+            for &m in &[1usize, 3, 16, 40] {
+                let mut xs: Vec<u16> = (0..m * kk)
+                    .map(|i| bf16::from_f32(rand(&mut seed) * (1 + i / kk) as f32))
+                    .collect();
+                // row 1: a NaN (every output NaN); row 2: zeros (scale 1.0)
+                if m > 2 {
+                    xs[kk + 5] = 0x7fc0;
+                    xs[2 * kk..3 * kk].fill(0);
+                }
+                let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+                let xq = DevBuf::zeroed(ctx, m * kk * 2).unwrap();
+                let xsd = DevBuf::zeroed(ctx, m * 4).unwrap();
+                l.launch(
+                    "act_ptpc",
+                    &act,
+                    (m as u32, 1, 1),
+                    PTPC_BLOCK,
+                    0,
+                    &[
+                        Arg::U64(xd.ptr()),
+                        Arg::U32(m as u32),
+                        Arg::U32(kk as u32),
+                        Arg::U64(xq.ptr()),
+                        Arg::U64(xsd.ptr()),
+                    ],
+                )
+                .unwrap();
+                let mut gq = vec![0u16; m * kk];
+                xq.read(l.stream(), 0, &mut gq).unwrap();
+                let mut gs = vec![0f32; m];
+                xsd.read(l.stream(), 0, &mut gs).unwrap();
+                // the CPU's quantized rows
+                let xf: Vec<f32> = xs.iter().map(|&b| bf16::to_f32(b)).collect();
+                let mut qa = vec![0u8; m * kk];
+                for r in 0..m {
+                    let row = &xf[r * kk..(r + 1) * kk];
+                    if row.iter().any(|v| !v.is_finite()) {
+                        if !gs[r].is_nan() {
+                            failures.push(format!("[{n}, {kk}] m {m} row {r}: scale {} for a NaN row", gs[r]));
+                        }
+                        continue;
+                    }
+                    let sa = m3_core::formats::convert::ptpc_quantize_row(
+                        row,
+                        &mut qa[r * kk..(r + 1) * kk],
+                    );
+                    if sa.to_bits() != gs[r].to_bits() {
+                        failures.push(format!("[{n}, {kk}] m {m} row {r}: scale {} vs {sa}", gs[r]));
+                    }
+                    let off = (0..kk)
+                        .filter(|&c| {
+                            bf16::to_f32(gq[r * kk + c]).to_bits()
+                                != e4m3::decode(qa[r * kk + c]).to_bits()
+                        })
+                        .count();
+                    if off > 0 {
+                        failures.push(format!("[{n}, {kk}] m {m} row {r}: {off} quantized values off"));
+                    }
+                }
+                for vi in 0..k.mma.len() {
+                    let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
+                    linears(
+                        &l,
+                        &k,
+                        vi,
+                        &[(&dev, LinOut::F32(y.ptr()))],
+                        LinX {
+                            x: xd.ptr(),
+                            ptpc: Some(PtpcX {
+                                values: xq.ptr(),
+                                scales: xsd.ptr(),
+                            }),
+                        },
+                        m,
+                        None,
+                        m,
+                    )
+                    .unwrap();
+                    let mut got = vec![0f32; m * n];
+                    y.read(l.stream(), 0, &mut got).unwrap();
+                    let mut want = vec![0f32; m * n];
+                    m3_cpu_ref::linear::ptpc_linear(&xf, m, &qw, false, &mut want).unwrap();
+                    // outputs off by more than 1e-5 of |sum| of the row's
+                    // products (times both scales); `sw_of` picks the row
+                    // scale the reference used
+                    let count_off = |want: &[f32], sw_of: &dyn Fn(usize) -> f32| {
+                        let mut bad = 0;
+                        for r in 0..m {
+                            for o in 0..n {
+                                let (g, w) = (got[r * n + o], want[r * n + o]);
+                                if w.is_nan() || g.is_nan() {
+                                    bad += usize::from(w.is_nan() != g.is_nan());
+                                    continue;
+                                }
+                                let abs: f64 = (0..kk)
+                                    .map(|c| {
+                                        f64::from(e4m3::decode(qa[r * kk + c]))
+                                            * f64::from(e4m3::decode(qw.codes[o * kk + c]))
+                                    })
+                                    .map(f64::abs)
+                                    .sum::<f64>()
+                                    * f64::from(sw_of(o)).abs()
+                                    * f64::from(gs[r]);
+                                if (f64::from(g) - f64::from(w)).abs() > 1e-5 * abs + 1e-30 {
+                                    bad += 1;
+                                }
+                            }
+                        }
+                        bad
+                    };
+                    let bad = count_off(&want, &|o| qw.scales[o]);
+                    if bad > 0 {
+                        failures.push(format!("[{n}, {kk}] m {m} variant {vi}: {bad} of {} outputs off", m * n));
+                    }
+                    // planted: the reference made with the next row's scale
+                    let mut wrong = qw.clone();
+                    wrong.scales.rotate_left(1);
+                    let mut planted = vec![0f32; m * n];
+                    m3_cpu_ref::linear::ptpc_linear(&xf, m, &wrong, false, &mut planted).unwrap();
+                    if count_off(&planted, &|o| wrong.scales[o]) > 0 {
+                        planted_caught += 1;
+                    }
+                }
+            }
+        }
+        // the double-rounding cases: rows [amax, x, -x, 0, ...] whose
+        // quotient x / sa rounds otherwise when taken in f32 first
+        let cases = super::tests::ptpc_double_rounding_cases(64);
+        let kk = 128;
+        let m = cases.len();
+        let mut xs = vec![0u16; m * kk];
+        for (r, &(a, x)) in cases.iter().enumerate() {
+            xs[r * kk] = a;
+            xs[r * kk + 1] = x;
+            xs[r * kk + 2] = x | 0x8000;
+        }
+        let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+        let xq = DevBuf::zeroed(ctx, m * kk * 2).unwrap();
+        let xsd = DevBuf::zeroed(ctx, m * 4).unwrap();
+        l.launch(
+            "act_ptpc",
+            &act,
+            (m as u32, 1, 1),
+            PTPC_BLOCK,
+            0,
+            &[
+                Arg::U64(xd.ptr()),
+                Arg::U32(m as u32),
+                Arg::U32(kk as u32),
+                Arg::U64(xq.ptr()),
+                Arg::U64(xsd.ptr()),
+            ],
+        )
+        .unwrap();
+        let mut gq = vec![0u16; m * kk];
+        xq.read(l.stream(), 0, &mut gq).unwrap();
+        let mut dr_off = 0;
+        for r in 0..m {
+            let row: Vec<f32> = xs[r * kk..(r + 1) * kk].iter().map(|&b| bf16::to_f32(b)).collect();
+            let mut qa = vec![0u8; kk];
+            m3_core::formats::convert::ptpc_quantize_row(&row, &mut qa);
+            dr_off += (0..kk)
+                .filter(|&c| bf16::to_f32(gq[r * kk + c]).to_bits() != e4m3::decode(qa[c]).to_bits())
+                .count();
+        }
+        if dr_off > 0 {
+            failures.push(format!("double-rounding rows: {dr_off} of {} values off", m * kk));
+        }
+        println!("double-rounding rows checked: {m}");
+        for f in &failures {
+            println!("{f}");
+        }
+        assert!(failures.is_empty(), "{} failing cases", failures.len());
+        assert_eq!(planted_caught, 4 * 4 * 2, "a planted error went unnoticed");
     }
 
     #[test]

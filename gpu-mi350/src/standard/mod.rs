@@ -65,6 +65,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_moe_combine",
         "m3s_add_bf16",
         "m3s_act_mxfp4",
+        "m3s_act_ptpc",
         "m3s_linear_f32w",
         "m3s_markov_bias",
         "m3s_mma_bf16",
@@ -211,6 +212,7 @@ pub(crate) struct Kernels {
     pub moe_combine: CudaFunction,
     pub add_bf16: CudaFunction,
     pub act_mxfp4: CudaFunction,
+    pub act_ptpc: CudaFunction,
     pub sample_keyed: CudaFunction,
 }
 
@@ -241,6 +243,7 @@ impl Kernels {
             moe_combine: f("m3s_moe_combine")?,
             add_bf16: f("m3s_add_bf16")?,
             act_mxfp4: f("m3s_act_mxfp4")?,
+            act_ptpc: f("m3s_act_ptpc")?,
             sample_keyed: gpu.function(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
         })
     }
@@ -268,6 +271,10 @@ pub(crate) struct Acts {
     /// MXFP4-quantized expert inputs (`--act mxfp4`): h2 rows, then the
     /// SwiGLU pairs.
     pub xq: DevBuf,
+    /// PTPC FP8 inputs (online quantization): the x rows of a PTPC linear
+    /// as E4M3 values in bf16, and their f32 scales (`m3s_act_ptpc`).
+    pub ptpc_x: DevBuf,
+    pub ptpc_s: DevBuf,
     pub g: DevBuf,
     pub u: DevBuf,
     pub a: DevBuf,
@@ -428,6 +435,24 @@ impl StandardPath {
             nkv
         };
         let pages_per_seq = cap.max_context.div_ceil(cap.page_size);
+        // widest input of a PTPC linear (0: the model has none)
+        let ptpc_k = model
+            .layers
+            .iter()
+            .flat_map(|l| {
+                let mut v = vec![&l.q, &l.k, &l.v, &l.o];
+                if let Some(ix) = &l.indexer {
+                    v.extend([&ix.q, &ix.k]);
+                }
+                if let DevFfn::Dense(m) = &l.ffn {
+                    v.extend([&m.gate, &m.up, &m.down]);
+                }
+                v
+            })
+            .filter(|w| w.fmt == crate::model::WFmt::Ptpc)
+            .map(|w| w.cols)
+            .max()
+            .unwrap_or(0);
         let acts = Acts {
             r: z(&ctx, t * h * 4)?,
             hn: z(&ctx, t * h * 2)?,
@@ -452,6 +477,8 @@ impl StandardPath {
                     2
                 },
             )?,
+            ptpc_x: z(&ctx, t * ptpc_k.max(1) * 2)?,
+            ptpc_s: z(&ctx, t * 4)?,
             g: z(&ctx, t * wmax * 2)?,
             u: z(&ctx, t * wmax * 2)?,
             a: z(&ctx, t * wmax * 2)?,

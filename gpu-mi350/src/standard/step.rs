@@ -15,11 +15,11 @@ use m3_core::kv::CacheDtype;
 
 use super::attn::{self, AttnArgs, IndexArgs};
 use super::launch::Arg;
-use super::linear::{linears, LinOut, Route};
+use super::linear::{linears, LinOut, LinX, PtpcX, Route};
 use super::pointwise::{self as pw, CwSpec, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
-use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp};
+use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
 
 /// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
 /// taps a step asked for.
@@ -169,16 +169,53 @@ impl StandardPath {
         m: usize,
         route: Option<Route>,
     ) -> Result<()> {
+        // PTPC FP8 weights (online quantization) take x quantized per token
+        // once for every matrix of the launch that shares it
+        let ptpc = match mats.iter().find(|(w, _)| w.fmt == WFmt::Ptpc) {
+            Some((w, _)) => Some(self.act_ptpc(x, m, w.cols)?),
+            None => None,
+        };
         linears(
             &self.l,
             &self.kern.lin,
             self.variant_for(m.max(1)),
             mats,
-            x,
+            LinX { x, ptpc },
             m,
             route,
             self.cap.max_rows,
         )
+    }
+
+    /// PTPC-quantize `rows` bf16 rows of `k` values of `x` (per token: the
+    /// E4M3 codes' values as bf16 and one f32 scale a row) into the path's
+    /// PTPC buffers.
+    fn act_ptpc(&self, x: u64, rows: usize, k: usize) -> Result<PtpcX> {
+        let a = &self.acts;
+        if rows * k * 2 > a.ptpc_x.bytes() || rows * 4 > a.ptpc_s.bytes() {
+            return Err(GpuError::input(
+                "standard path",
+                format!("PTPC input of {rows} x {k} past its buffers (sized at load)"),
+            ));
+        }
+        self.l.launch(
+            "act_ptpc",
+            &self.kern.act_ptpc,
+            (rows as u32, 1, 1),
+            super::linear::PTPC_BLOCK,
+            0,
+            &[
+                Arg::U64(x),
+                Arg::U32(rows as u32),
+                Arg::U32(k as u32),
+                Arg::U64(a.ptpc_x.ptr()),
+                Arg::U64(a.ptpc_s.ptr()),
+            ],
+        )?;
+        Ok(PtpcX {
+            values: a.ptpc_x.ptr(),
+            scales: a.ptpc_s.ptr(),
+        })
     }
 
     /// The routed experts' GEMM input: `x` itself with bf16 activations;

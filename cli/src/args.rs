@@ -623,7 +623,9 @@ mod tests {
         assert!(online_quant_backend("cpu", &on).is_ok());
         assert!(online_quant_backend("gpu", &on).is_ok());
         assert!(online_quant_backend("gpu-ops", &LoadOptions::default()).is_ok());
-        let e = online_quant_backend("gpu-ops", &on).unwrap_err().to_string();
+        let e = online_quant_backend("gpu-ops", &on)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not on the op-by-op harness"), "{e}");
         assert!(e.contains("gpu-ops"), "{e}");
     }

@@ -391,7 +391,7 @@ fn bench_model(
         shared_gen(args.shared_expert),
         args.online_quant.is_some(),
     )
-        .context("generating the bench model")?;
+    .context("generating the bench model")?;
     let gen_s = t0.elapsed().as_secs_f64();
     let page = cfg.index_block_size.max(1);
     // cases: every batch at --context, then the long-context and verify

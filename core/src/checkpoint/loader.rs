@@ -843,7 +843,9 @@ impl Checkpoint {
         opts: &LoadOptions,
     ) -> Result<Vec<online::Target>, CheckpointError> {
         match &opts.online_quant {
-            Some(oq) => online::targets(&self.config, self.names, oq).map_err(|e| self.online_err(e)),
+            Some(oq) => {
+                online::targets(&self.config, self.names, oq).map_err(|e| self.online_err(e))
+            }
             None => Ok(Vec::new()),
         }
     }

@@ -33,7 +33,10 @@ use super::WFmt;
 
 /// Whether `fmt`'s codes are permuted on the device.
 pub fn permuted(fmt: WFmt) -> bool {
-    matches!(fmt, WFmt::Mxfp4 | WFmt::Nvfp4 | WFmt::Mxfp8E4M3 | WFmt::Ptpc)
+    matches!(
+        fmt,
+        WFmt::Mxfp4 | WFmt::Nvfp4 | WFmt::Mxfp8E4M3 | WFmt::Ptpc
+    )
 }
 
 /// One stored u32 of E2M1 codes (nibble `n` = value `n`) in device order.

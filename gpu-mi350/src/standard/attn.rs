@@ -17,8 +17,19 @@ use crate::error::{GpuError, Result};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
-/// Most `m3s_index_scores` CTAs per row (each loops over blocks x, x + X..).
-const INDEX_SCORES_GRID_X: u32 = 256;
+/// `m3s_index_scores` CTAs a launch aims at over all its rows (each CTA
+/// loops over blocks x, x + X, ...): about 16 resident CTAs an SM on a
+/// 132-SM H200, so a batch-1 step at 128k context scores its 1024 blocks
+/// one a CTA instead of four in a row (bench/NOTES.md session 7).
+const INDEX_SCORES_CTAS: u32 = 2048;
+/// Fewest `m3s_index_scores` CTAs per row (many-row steps).
+const INDEX_SCORES_MIN_X: u32 = 64;
+
+/// The index-scores grid's x (CTAs per row) for `t` rows of capacity
+/// `maxnb` blocks.
+fn index_scores_grid_x(maxnb: u32, t: u32) -> u32 {
+    maxnb.min((INDEX_SCORES_CTAS / t.max(1)).max(INDEX_SCORES_MIN_X))
+}
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -339,8 +350,8 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(a.cache_bf16 as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
-    // no more than INDEX_SCORES_GRID_X CTAs per row
-    let gx = maxnb.min(INDEX_SCORES_GRID_X);
+    // a bounded number of CTAs
+    let gx = index_scores_grid_x(maxnb, t);
     sp.launch(
         "index_scores",
         &k.index_scores,

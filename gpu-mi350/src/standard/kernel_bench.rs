@@ -203,10 +203,7 @@ fn gen_stack(
         // exponents 0..15 (subnormals too), no Inf / NaN
         WFmt::Mxfp8E5M2 => g.bytes(&w.codes, seed, *tid, 0xbf, 0)?,
         WFmt::F32 | WFmt::Ptpc => {
-            return Err(GpuError::input(
-                "kernel bench",
-                format!("{fmt:?} weights"),
-            ))
+            return Err(GpuError::input("kernel bench", format!("{fmt:?} weights")))
         }
     }
     if let Some(s) = &w.scales {

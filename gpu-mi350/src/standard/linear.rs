@@ -582,7 +582,10 @@ mod gpu_tests {
                     let row = &xf[r * kk..(r + 1) * kk];
                     if row.iter().any(|v| !v.is_finite()) {
                         if !gs[r].is_nan() {
-                            failures.push(format!("[{n}, {kk}] m {m} row {r}: scale {} for a NaN row", gs[r]));
+                            failures.push(format!(
+                                "[{n}, {kk}] m {m} row {r}: scale {} for a NaN row",
+                                gs[r]
+                            ));
                         }
                         continue;
                     }
@@ -591,7 +594,10 @@ mod gpu_tests {
                         &mut qa[r * kk..(r + 1) * kk],
                     );
                     if sa.to_bits() != gs[r].to_bits() {
-                        failures.push(format!("[{n}, {kk}] m {m} row {r}: scale {} vs {sa}", gs[r]));
+                        failures.push(format!(
+                            "[{n}, {kk}] m {m} row {r}: scale {} vs {sa}",
+                            gs[r]
+                        ));
                     }
                     let off = (0..kk)
                         .filter(|&c| {
@@ -600,7 +606,9 @@ mod gpu_tests {
                         })
                         .count();
                     if off > 0 {
-                        failures.push(format!("[{n}, {kk}] m {m} row {r}: {off} quantized values off"));
+                        failures.push(format!(
+                            "[{n}, {kk}] m {m} row {r}: {off} quantized values off"
+                        ));
                     }
                 }
                 for vi in 0..k.mma.len() {
@@ -656,7 +664,10 @@ mod gpu_tests {
                     };
                     let bad = count_off(&want, &|o| qw.scales[o]);
                     if bad > 0 {
-                        failures.push(format!("[{n}, {kk}] m {m} variant {vi}: {bad} of {} outputs off", m * n));
+                        failures.push(format!(
+                            "[{n}, {kk}] m {m} variant {vi}: {bad} of {} outputs off",
+                            m * n
+                        ));
                     }
                     // planted: the reference made with the next row's scale
                     let mut wrong = qw.clone();
@@ -702,15 +713,23 @@ mod gpu_tests {
         xq.read(l.stream(), 0, &mut gq).unwrap();
         let mut dr_off = 0;
         for r in 0..m {
-            let row: Vec<f32> = xs[r * kk..(r + 1) * kk].iter().map(|&b| bf16::to_f32(b)).collect();
+            let row: Vec<f32> = xs[r * kk..(r + 1) * kk]
+                .iter()
+                .map(|&b| bf16::to_f32(b))
+                .collect();
             let mut qa = vec![0u8; kk];
             m3_core::formats::convert::ptpc_quantize_row(&row, &mut qa);
             dr_off += (0..kk)
-                .filter(|&c| bf16::to_f32(gq[r * kk + c]).to_bits() != e4m3::decode(qa[c]).to_bits())
+                .filter(|&c| {
+                    bf16::to_f32(gq[r * kk + c]).to_bits() != e4m3::decode(qa[c]).to_bits()
+                })
                 .count();
         }
         if dr_off > 0 {
-            failures.push(format!("double-rounding rows: {dr_off} of {} values off", m * kk));
+            failures.push(format!(
+                "double-rounding rows: {dr_off} of {} values off",
+                m * kk
+            ));
         }
         println!("double-rounding rows checked: {m}");
         for f in &failures {

@@ -115,9 +115,47 @@ fn from_bf16_and_mxfp8_and_stored_linear_refuses_targets() {
         .stored_linear(&ln.q_proj(), qd, h, false, &opts)
         .unwrap_err()
         .to_string();
-    assert!(e.contains(&ln.q_proj()) && e.contains("CPU backend"), "{e}");
+    assert!(e.contains(&ln.q_proj()) && e.contains("online_linear"), "{e}");
     // a non-target (the LM head) still has its stored form
     assert!(ck
         .stored_linear(&ck.names().lm_head(), c.vocab_size, h, false, &opts)
         .is_ok());
+    // a streaming loader's PTPC form is the host load's, target by target
+    let q = ck.online_linear(&ln.q_proj(), qd, h, &opts).unwrap();
+    assert_eq!(q.as_ref(), w.layers[0].ptpc.q.as_ref());
+    assert!(q.is_some());
+    let kd = c.num_key_value_heads * c.head_dim;
+    let o = ck.online_linear(&ln.o_proj(), h, qd, &opts).unwrap();
+    assert_eq!(o.as_ref(), w.layers[0].ptpc.o.as_ref());
+    assert_eq!(
+        ck.online_linear(&ln.v_proj(), kd, h, &opts).unwrap().as_ref(),
+        w.layers[0].ptpc.v.as_ref()
+    );
+    // not a target, or no option: no PTPC form
+    let lm = ck.names().lm_head();
+    assert!(ck
+        .online_linear(&lm, c.vocab_size, h, &opts)
+        .unwrap()
+        .is_none());
+    assert!(ck
+        .online_linear(&ln.q_proj(), qd, h, &LoadOptions::default())
+        .unwrap()
+        .is_none());
+    // the targets, checked like a load: an excluded one has none, and a
+    // pattern that excludes nothing is an error
+    let some = LoadOptions {
+        online_quant: Some(OnlineQuant::ptpc_fp8("q_proj")),
+        ..LoadOptions::default()
+    };
+    assert!(ck
+        .online_linear(&ln.q_proj(), qd, h, &some)
+        .unwrap()
+        .is_none());
+    assert_eq!(ck.online_targets(&opts).unwrap().len(), n);
+    let typo = LoadOptions {
+        online_quant: Some(OnlineQuant::ptpc_fp8("no_such")),
+        ..LoadOptions::default()
+    };
+    let e = ck.online_targets(&typo).unwrap_err().to_string();
+    assert!(e.contains("no_such"), "{e}");
 }

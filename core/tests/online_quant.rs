@@ -115,7 +115,10 @@ fn from_bf16_and_mxfp8_and_stored_linear_refuses_targets() {
         .stored_linear(&ln.q_proj(), qd, h, false, &opts)
         .unwrap_err()
         .to_string();
-    assert!(e.contains(&ln.q_proj()) && e.contains("online_linear"), "{e}");
+    assert!(
+        e.contains(&ln.q_proj()) && e.contains("online_linear"),
+        "{e}"
+    );
     // a non-target (the LM head) still has its stored form
     assert!(ck
         .stored_linear(&ck.names().lm_head(), c.vocab_size, h, false, &opts)
@@ -128,7 +131,9 @@ fn from_bf16_and_mxfp8_and_stored_linear_refuses_targets() {
     let o = ck.online_linear(&ln.o_proj(), h, qd, &opts).unwrap();
     assert_eq!(o.as_ref(), w.layers[0].ptpc.o.as_ref());
     assert_eq!(
-        ck.online_linear(&ln.v_proj(), kd, h, &opts).unwrap().as_ref(),
+        ck.online_linear(&ln.v_proj(), kd, h, &opts)
+            .unwrap()
+            .as_ref(),
         w.layers[0].ptpc.v.as_ref()
     );
     // not a target, or no option: no PTPC form

@@ -313,6 +313,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
 // ---- attention (flash-decoding split over keys) ----------------------------
 #define SA_THREADS 128   // m3s_attn_partial block size: 4 mma groups of 32 threads
 #define SA_TILE 128      // keys per tile (32 per mma group)
+#define SA_SPLIT 4       // m3s_attn_partial_split: parts of a selected block, one CTA each (tiles of SA_TILE / SA_SPLIT)
 #define SA_MAXHG 16      // q heads per KV head (the mma's M = 16)
 #define SA_MAXD 256      // head dim
 #define SA_QS (SA_MAXD / 2 + 4)   // u32 (bf16 pairs) per q row in shared memory
@@ -414,21 +415,23 @@ M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
 }
 
 /// Partial attention of all hg = nh/nkv q heads of KV head g over one chunk
-/// of keys. Grid (max_chunks, nkv, T), block SA_THREADS. Chunk c: selected
-/// block sel[g][t][c] (keys b*B .. b*B+B-1, sel != 0) or keys
-/// [c*CK, c*CK+CK) with CK = SA_TILE * sa_tiles_per_chunk (full layers),
-/// clipped to j <= p. Tiles of SA_TILE keys; per tile: S = Q K^T on tensor
+/// of keys. Grid (max_chunks, nkv, T), block SA_THREADS. Chunk c (sparse,
+/// SPLIT >= 1, sel != 0): part c % SPLIT of selected block sel[g][t][c /
+/// SPLIT] (its keys b*B .. b*B+B-1 in SPLIT parts of ceil(B / SPLIT)), or
+/// (SPLIT 0) keys [c*CK, c*CK+CK) with CK = SA_TILE * sa_tiles_per_chunk
+/// (full layers), clipped to j <= p. Tiles of SA_TILE / SPLIT keys
+/// (SA_TILE for full layers); per tile: S = Q K^T on tensor
 /// cores (m16n8k16 bf16, q heads as M, exact: q is bf16 and every E4M3 code
 /// or bf16 cache value is a bf16 value; the scales multiply the f32
-/// results), one mma group of
-/// 32 threads per 32 keys; an online softmax per head in f32; O += P V on
+/// results), each mma group a quarter of the tile's keys
+/// in n-tiles of 8; an online softmax per head in f32; O += P V on
 /// tensor cores with P split into bf16 hi + mid + lo (three products,
 /// ~2^-25 relative), one mma group per 32-wide d group. Writes per head the chunk
 /// max m, the sum l of exp(s - m) and the unnormalised o[d] to
 /// part [T][nkv][max_chunks][hg][d + 4] (m, l, pad, pad, o); an empty chunk
 /// writes m = -INF, l = 0 (o untouched: the combine skips it).
 /// Caches [slot][nkv][d]: E4M3 codes, or bf16 bits (BF; ks = vs = 1).
-template <bool BF>
+template <bool BF, int SPLIT>
 M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
                        const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
                        const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off,
@@ -443,12 +446,19 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
   const u32 hg = nh / nkv;
   const u32 p = pos[t], seq = row_seq[t];
   u64 j0 = 0, jend = 0;  // keys [j0, jend)
-  if (sel) {
-    if (c >= K) return;
-    const int b = sel[((u64)g * T + t) * K + c];
+  // keys per tile: split sparse chunks are parts of a block (more,
+  // shorter CTAs: bench/NOTES.md session 7)
+  constexpr u32 tk = SPLIT > 0 ? SA_TILE / (u32)SPLIT : SA_TILE;
+  if constexpr (SPLIT > 0) {
+    // chunk c is part c % SPLIT of selected block c / SPLIT
+    constexpr u32 S = (u32)SPLIT;
+    if (c >= K * S) return;
+    const int b = sel[((u64)g * T + t) * K + c / S];
     if (b >= 0) {
-      j0 = (u64)b * B;
-      jend = j0 + B;
+      const u64 sub = (B + S - 1u) / S, bend = (u64)b * B + B;
+      j0 = (u64)b * B + (u64)(c % S) * sub;
+      jend = j0 + sub;
+      if (jend > bend) jend = bend;
       if (jend > (u64)p + 1u) jend = (u64)p + 1u;
     }
   } else {
@@ -494,8 +504,11 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     for (int n = 0; n < 4; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[v][n][e] = 0.0f;
-  for (u64 jt = j0; jt < jend; jt += SA_TILE) {
-    const u32 nk = jend - jt < (u64)SA_TILE ? (u32)(jend - jt) : (u32)SA_TILE;
+  // S = Q K^T: mma group grp takes keys kpg grp .. + kpg - 1 of a tile,
+  // in nt n-tiles of 8
+  constexpr u32 kpg = tk / 4u, nt = kpg / 8u;
+  for (u64 jt = j0; jt < jend; jt += tk) {
+    const u32 nk = jend - jt < (u64)tk ? (u32)(jend - jt) : tk;
     if (jt != j0) __syncthreads();  // the previous tile's P and rows are read
     // byte offset of each key's row (g's d values)
     if (tid < nk) roff[tid] = (s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d * C::VB;
@@ -504,7 +517,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     const u32 nsteps = (nk + 15u) / 16u;
     typename C::V vraw[C::VS][4];
     sa_load_v<BF>(vraw, vc, roff, grp, ng, 0u, nk, lt, lg);
-    // 1. S = Q K^T: this group's keys 32 grp + 8 n + col; lane (lg, lt) loads
+    // 1. S = Q K^T: this group's keys kpg grp + 8 n + col; lane (lg, lt) loads
     //    key col = lg, d values 32G + 8lt .. +7 (k-step kk uses values
     //    4kk..4kk+3: slots 2lt, 2lt+1 <- values 0,1 and 2lt+8, 2lt+9 <-
     //    values 2,3; the q fragments use the same d order)
@@ -517,11 +530,12 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
       typename C::K kraw[4][C::KB];
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        const u32 key = 32u * grp + 8u * (u32)n + lg;
+        const u32 key = kpg * grp + 8u * (u32)n + lg;
 #pragma unroll
         for (int gi = 0; gi < (int)C::KB; ++gi) {
           const u32 G = G0 + (u32)gi;
-          kraw[n][gi] = (G < ng && key < nk) ? C::ldk(kc + roff[key] + C::VB * (32u * G + 8u * lt)) : C::zk();
+          kraw[n][gi] = ((u32)n < nt && G < ng && key < nk) ? C::ldk(kc + roff[key] + C::VB * (32u * G + 8u * lt))
+                                                            : C::zk();
         }
       }
 #pragma unroll
@@ -538,6 +552,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
           a[3] = qs[(lg + 8u) * SA_QS + qi + 1u];
 #pragma unroll
           for (int n = 0; n < 4; ++n) {
+            if ((u32)n >= nt) break;  // uniform over the CTA
             u32 b0, b1;
             C::kfrag(kraw[n][gi], kk, b0, b1);
             m3_mma_bf16_16816(sacc[n], a, b0, b1);
@@ -547,7 +562,8 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     }
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      const u32 col = 32u * grp + 8u * (u32)n + 2u * lt;
+      if ((u32)n >= nt) break;  // uniform over the CTA
+      const u32 col = kpg * grp + 8u * (u32)n + 2u * lt;
       sp[lg * SA_PS + col] = sacc[n][0] * sscale;
       sp[lg * SA_PS + col + 1u] = sacc[n][1] * sscale;
       sp[(lg + 8u) * SA_PS + col] = sacc[n][2] * sscale;
@@ -572,7 +588,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
       const bool none = !live || mn == -S_INF;
       const float corr = none ? 1.0f : expf(mo - mn);
       float ls = 0.0f;
-      for (u32 k2 = sub; k2 < SA_TILE; k2 += 8u) {
+      for (u32 k2 = sub; k2 < tk; k2 += 8u) {
         const float e = (none || k2 >= nk) ? 0.0f : expf(row[k2] - mn);
         row[k2] = e;
         ls += e;
@@ -673,27 +689,35 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #endif
 /// See sa_partial. cache_bf16: the K and V caches hold bf16 bits (else E4M3
 /// codes); uniform over the grid, so the CTA takes one instantiation.
-M3_KERNEL void SA_BOUNDS m3s_attn_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
-                                const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
-                                const u32* __restrict__ row_seq, const u32* __restrict__ bt,
-                                const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K, u32 B,
-                                u32 T, float* __restrict__ part, u32 max_chunks, u32 cache_bf16) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4];  // q [16][d] as bf16 pairs, rows >= hg zero
-  __shared__ float sp[SA_MAXHG * SA_PS];      // scores, then exp(s - m) (0 past the tile's keys)
-  __shared__ u64 roff[SA_TILE];               // byte offset of each key's K / V row
-  __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];
-  // score scale: K's dequantisation scale and 1/sqrt(d) (computed once,
-  // outside the two bodies: its slow-path call then sits in neither)
-  const float sscale = ks / sqrtf((float)d);
-  if (cache_bf16)
-    sa_partial<true>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part, max_chunks,
-                     sscale, qs4, sp, roff, hm, hl, hc);
-  else
-    sa_partial<false>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part, max_chunks,
-                      sscale, qs4, sp, roff, hm, hl, hc);
-}
+/// The entry points: full layers (sel == 0), sparse ones (sel != 0) a CTA a
+/// selected block, and sparse ones a CTA a SA_SPLIT-th of a block (the
+/// host's choice for small steps); separate kernels, not one branching,
+/// since the bodies together in one kernel spill registers that none does
+/// alone.
+#define SA_ENTRY(name, SP)                                                                                          \
+  M3_KERNEL void SA_BOUNDS name(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,       \
+                                const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,         \
+                                const u32* __restrict__ row_seq, const u32* __restrict__ bt,                        \
+                                const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K,       \
+                                u32 B, u32 T, float* __restrict__ part, u32 max_chunks, u32 cache_bf16) {           \
+    M3_PDL_TRIGGER();                                                                                               \
+    M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
+    __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4]; /* q [16][d] as bf16 pairs, rows >= hg zero */                     \
+    __shared__ float sp[SA_MAXHG * SA_PS];     /* scores, then exp(s - m) (0 past the tile's keys) */              \
+    __shared__ u64 roff[SA_TILE];              /* byte offset of each key's K / V row */                           \
+    __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];                                                      \
+    /* score scale: K's dequantisation scale and 1/sqrt(d) (computed once, outside the two bodies) */              \
+    const float sscale = ks / sqrtf((float)d);                                                                      \
+    if (cache_bf16)                                                                                                 \
+      sa_partial<true, SP>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,       \
+                           max_chunks, sscale, qs4, sp, roff, hm, hl, hc);                                          \
+    else                                                                                                            \
+      sa_partial<false, SP>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,      \
+                            max_chunks, sscale, qs4, sp, roff, hm, hl, hc);                                         \
+  }
+SA_ENTRY(m3s_attn_partial, 0)
+SA_ENTRY(m3s_attn_partial_sparse, 1)
+SA_ENTRY(m3s_attn_partial_split, SA_SPLIT)
 
 #define SC_THREADS 128  // m3s_attn_combine block size
 #define SC_UNROLL 16    // chunk loads issued together

@@ -598,6 +598,7 @@ impl GpuDraft {
                     out: b.o.ptr(),
                     scratch: b.ascratch.ptr(),
                     max_chunks: attn::attn_max_chunks(nctx + n, 0).min(CHUNKS),
+                    split: 1,
                 },
             )?;
             self.lin(&[(&lw.o, LinOut::AddF32(b.x.ptr()))], b.o.ptr(), n)?;

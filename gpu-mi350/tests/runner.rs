@@ -588,6 +588,7 @@ fn decode_matches_prefill_on_the_gpu() {
         // default (8 warps) the 40-row prefill runs; it is checked against
         // the default within summation noise in the next test
         gpu.path_options.small_step_variant = false;
+        gpu.path_options.small_step_attn_split = false;
         let spec = LoadSpec {
             cache_dtype: cfg.cache,
             block_size: PAGE,
@@ -679,6 +680,7 @@ fn decode_taps_match_prefill_taps_by_layer() {
     let mut failures = Vec::new();
     for small_step in [false, true] {
         gpu.path_options.small_step_variant = small_step;
+        gpu.path_options.small_step_attn_split = small_step;
         let tol = if small_step { 1e-2 } else { 1e-6 };
         let m = Arc::new(synthetic::model(&c, MX, 5).expect("synthetic model"));
         let spec = LoadSpec {

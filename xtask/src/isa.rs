@@ -36,9 +36,16 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
     ),
     (
         "m3s_attn_partial",
-        59,
+        43,
         "kernel arguments and 64-bit lane masks live across the tile loop; spilled and \
-         read back outside its Q K^T / P V loops",
+         read back outside its Q K^T / P V loops (full layers; the split sparse entry \
+         point, m3s_attn_partial_split, spills none)",
+    ),
+    (
+        "m3s_attn_partial_sparse",
+        51,
+        "as m3s_attn_partial: the same tile loop for sparse layers, a CTA a selected block \
+         (the one kernel before it was split in three spilled 59)",
     ),
     (
         "m3s_attn_combine",

@@ -17,23 +17,26 @@ use crate::error::{GpuError, Result};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
-/// `m3s_index_scores` CTAs a launch aims at over all its rows (each CTA
-/// loops over blocks x, x + X, ...): about 16 resident CTAs an SM on a
-/// 132-SM H200, so a batch-1 step at 128k context scores its 1024 blocks
-/// one a CTA instead of four in a row (bench/NOTES.md session 7).
-const INDEX_SCORES_CTAS: u32 = 2048;
-/// Fewest `m3s_index_scores` CTAs per row (many-row steps).
-const INDEX_SCORES_MIN_X: u32 = 64;
-
-/// The index-scores grid's x (CTAs per row) for `t` rows of capacity
-/// `maxnb` blocks.
-fn index_scores_grid_x(maxnb: u32, t: u32) -> u32 {
-    maxnb.min((INDEX_SCORES_CTAS / t.max(1)).max(INDEX_SCORES_MIN_X))
-}
+/// Most `m3s_index_scores` CTAs per row (each loops over blocks x, x + X..).
+/// More CTAs a row measured slower at 128k context (bench/NOTES.md
+/// session 7 run 4: about 2048 a launch, 3.683 -> 3.743 ms a step).
+const INDEX_SCORES_GRID_X: u32 = 256;
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
 const ATTN_PARTIAL_BLOCK: u32 = 128;
+/// Parts `m3s_attn_partial_split` splits a sparse layer's selected block
+/// into, one CTA each (tiles of ATTN_TILE / SPARSE_SPLIT keys; the
+/// kernel's SA_SPLIT): one CTA a 128-key block left a batch-1 step's 64
+/// CTAs each a long serial chain at one warp per scheduler (Nsight Compute,
+/// bench/NOTES.md session 7 run 5).
+pub(crate) const SPARSE_SPLIT: usize = 4;
+/// Steps of at most this many rows take the split kernel (when the path's
+/// `small_step_attn_split` is on): measured on m3.1 -10.3% a step at 1
+/// row, -3.2% at 4, +0.3% at 8, +1.5% at 16 (bench/NOTES.md session 7
+/// runs 6-7: past a few rows the 4x partial records cost more than the
+/// shorter chains save).
+pub(crate) const SPLIT_MAX_ROWS: usize = 4;
 /// Threads of `m3s_attn_combine` (SC_THREADS).
 const ATTN_COMBINE_BLOCK: u32 = 128;
 
@@ -60,6 +63,8 @@ pub(crate) struct AttnKernels {
     index_scores: CudaFunction,
     index_topk: CudaFunction,
     attn_partial: CudaFunction,
+    attn_partial_sparse: CudaFunction,
+    attn_partial_split: CudaFunction,
     attn_combine: CudaFunction,
 }
 
@@ -71,6 +76,8 @@ impl AttnKernels {
             index_scores: f("m3s_index_scores")?,
             index_topk: f("m3s_index_topk")?,
             attn_partial: f("m3s_attn_partial")?,
+            attn_partial_sparse: f("m3s_attn_partial_sparse")?,
+            attn_partial_split: f("m3s_attn_partial_split")?,
             attn_combine: f("m3s_attn_combine")?,
         })
     }
@@ -199,6 +206,9 @@ pub(crate) struct AttnArgs {
     pub scratch: u64,
     /// Chunks per (row, KV head) of the scratch ([`attn_max_chunks`]).
     pub max_chunks: usize,
+    /// Sparse layers: parts each selected block is split into, one CTA
+    /// each (1, or [`SPARSE_SPLIT`] for small steps).
+    pub split: usize,
 }
 
 fn bad(why: String) -> GpuError {
@@ -300,10 +310,16 @@ pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
         )));
     }
     if a.sel != 0 {
-        if a.topk == 0 || a.topk > MAX_TOPK || a.topk > a.max_chunks {
+        if a.split != 1 && a.split != SPARSE_SPLIT {
             return Err(bad(format!(
-                "top-k blocks {} must be in 1..={MAX_TOPK} and <= max_chunks {}",
-                a.topk, a.max_chunks
+                "split {} must be 1 or {SPARSE_SPLIT}",
+                a.split
+            )));
+        }
+        if a.topk == 0 || a.topk > MAX_TOPK || a.topk * a.split > a.max_chunks {
+            return Err(bad(format!(
+                "top-k blocks {} must be in 1..={MAX_TOPK} and {} x top-k <= max_chunks {}",
+                a.topk, a.split, a.max_chunks
             )));
         }
         if a.block == 0 {
@@ -350,8 +366,8 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(a.cache_bf16 as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
-    // a bounded number of CTAs
-    let gx = index_scores_grid_x(maxnb, t);
+    // no more than INDEX_SCORES_GRID_X CTAs per row
+    let gx = maxnb.min(INDEX_SCORES_GRID_X);
     sp.launch(
         "index_scores",
         &k.index_scores,
@@ -386,12 +402,17 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
     check_attn(a)?;
     let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
     let mc = a.max_chunks as u32;
-    // a sparse layer has topk chunks per row: no CTAs for the rest of the
-    // scratch's capacity (the kernel still indexes records by `mc`)
-    let gx = if a.sel != 0 { a.topk as u32 } else { mc };
+    // a sparse layer has topk * split chunks per row: no CTAs for the rest
+    // of the scratch's capacity (the kernel still indexes records by `mc`)
+    let sparse_chunks = (a.topk * a.split) as u32;
+    let gx = if a.sel != 0 { sparse_chunks } else { mc };
     sp.launch(
         "attn_partial",
-        &k.attn_partial,
+        match (a.sel != 0, a.split) {
+            (false, _) => &k.attn_partial,
+            (true, 1) => &k.attn_partial_sparse,
+            _ => &k.attn_partial_split,
+        },
         (gx, nkv, t),
         ATTN_PARTIAL_BLOCK,
         0,
@@ -431,7 +452,7 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
             Arg::U32(d),
             Arg::U64(a.pos),
             Arg::U32((a.sel != 0) as u32),
-            Arg::U32(a.topk as u32),
+            Arg::U32(sparse_chunks),
             Arg::U32(mc),
             Arg::U64(a.out),
         ],
@@ -459,6 +480,7 @@ mod tests {
         assert_eq!(d("SA_MAXHG"), Some(MAX_GROUP));
         assert_eq!(d("SK_MAXK"), Some(MAX_TOPK));
         assert_eq!(d("SA_TILE"), Some(ATTN_TILE));
+        assert_eq!(d("SA_SPLIT"), Some(SPARSE_SPLIT));
     }
 
     /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
@@ -485,7 +507,16 @@ mod tests {
             out: 256,
             scratch: 256,
             max_chunks: attn_max_chunks(131_072, 16),
+            split: SPARSE_SPLIT,
         }
+    }
+
+    #[test]
+    fn sparse_split_fits_the_tile() {
+        // the kernel's S phase gives each of 4 mma groups whole 8-key
+        // n-tiles of a tile of ATTN_TILE / SPARSE_SPLIT keys
+        assert!([1, 2, 4].contains(&SPARSE_SPLIT));
+        assert_eq!(ATTN_TILE % (32 * SPARSE_SPLIT), 0);
     }
 
     fn index_m31() -> IndexArgs {
@@ -541,7 +572,7 @@ mod tests {
             d: 32,
             block: 16,
             topk: 4,
-            max_chunks: attn_max_chunks(512, 4),
+            max_chunks: 4 * SPARSE_SPLIT,
             ..attn_m31()
         };
         assert!(check_attn(&tiny).is_ok());

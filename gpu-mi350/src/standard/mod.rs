@@ -83,6 +83,8 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_index_scores",
         "m3s_index_topk",
         "m3s_attn_partial",
+        "m3s_attn_partial_sparse",
+        "m3s_attn_partial_split",
         "m3s_attn_combine",
     ],
 };
@@ -161,6 +163,13 @@ pub struct PathOptions {
     /// instead of three launches of its own, and is added after the routed
     /// sum exactly as before (the same products, the same f32 sum).
     pub fold_shared_expert: bool,
+    /// Steps of at most `attn::SPLIT_MAX_ROWS` rows run sparse attention
+    /// with each selected block split over `attn::SPARSE_SPLIT` CTAs
+    /// (`m3s_attn_partial_split`: -10% a batch-1 step on the H200,
+    /// bench/NOTES.md session 7). Its partials merge in another order than
+    /// a prefill's, so with it on a decode row is not bit-identical to the
+    /// same row in a larger step (as with `small_step_variant`).
+    pub small_step_attn_split: bool,
 }
 
 impl Default for PathOptions {
@@ -172,6 +181,7 @@ impl Default for PathOptions {
             small_step_variant: true,
             small_step_defines: SMALL_STEP_VARIANT,
             fold_shared_expert: false,
+            small_step_attn_split: true,
         }
     }
 }
@@ -316,6 +326,9 @@ pub struct StandardPath {
     pub(crate) maxnb: usize,
     /// Attention chunks per (row, KV head) of a full layer (attn.rs).
     pub(crate) full_chunks: usize,
+    /// Attention chunks per (row, KV head) of a sparse layer (attn.rs:
+    /// top-k blocks, each in `SPARSE_SPLIT` parts).
+    pub(crate) sparse_chunks: usize,
     /// A tensor-core variant forced by the bench (index into
     /// `kern.lin.mma`); `None`: chosen per step by its rows.
     pub(crate) forced_variant: Option<usize>,
@@ -428,6 +441,8 @@ impl StandardPath {
         } else {
             kb.max(1)
         };
+        // a sparse layer's chunks: each selected block in SPARSE_SPLIT parts
+        let sparse_chunks = kb.max(1) * attn::SPARSE_SPLIT;
         let nl = c.num_hidden_layers;
         let selh = if c.index_selection == IndexSelection::Shared {
             1
@@ -466,7 +481,10 @@ impl StandardPath {
             iq: z(&ctx, t * nih * di * 2)?,
             ik: z(&ctx, t * di * 2)?,
             scratch: z(&ctx, attn::index_scratch_bytes(t, selh, maxnb))?,
-            ascratch: z(&ctx, attn::attn_scratch_bytes(t, nkv, full_chunks, hg, d))?,
+            ascratch: z(
+                &ctx,
+                attn::attn_scratch_bytes(t, nkv, full_chunks.max(sparse_chunks), hg, d),
+            )?,
             o: z(&ctx, t * nh * d * 2)?,
             h2: z(&ctx, t * h * 2)?,
             xq: z(
@@ -555,6 +573,7 @@ impl StandardPath {
             opts,
             maxnb,
             full_chunks,
+            sparse_chunks,
             forced_variant: None,
         })
     }

@@ -356,7 +356,16 @@ impl StandardPath {
                 t,
                 out: a.o.ptr(),
                 scratch: a.ascratch.ptr(),
-                max_chunks: if sparse { kb } else { self.full_chunks },
+                max_chunks: if sparse {
+                    self.sparse_chunks
+                } else {
+                    self.full_chunks
+                },
+                split: if t <= attn::SPLIT_MAX_ROWS && self.options().small_step_attn_split {
+                    attn::SPARSE_SPLIT
+                } else {
+                    1
+                },
             },
         )?;
         // o projection, added into the residual in its epilogue (or, to tap

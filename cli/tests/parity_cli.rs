@@ -257,3 +257,53 @@ fn bad_arguments_are_one_line_errors() {
         assert!(h.contains(v), "--help does not explain {v}: {h}");
     }
 }
+
+/// `--backend-nvfp4-to-mxfp4` converts the NVFP4 experts on the backend
+/// side only: against the native reference its teacher-forced logits
+/// differ (the conversion's accuracy cost, bench/NOTES.md), and without it
+/// the two sides are the same; with `--nvfp4-to-mxfp4` it is refused.
+#[test]
+fn backend_nvfp4_to_mxfp4_converts_the_backend_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = dir.path().join("tiny-nvfp4");
+    let ck_s = ck.to_str().expect("utf-8 path");
+    ok(&m3(&[
+        "synth",
+        "--out",
+        ck_s,
+        "--experts",
+        "nvfp4",
+        "--draft-layers",
+        "0",
+        "-q",
+    ]));
+    let js = dir.path().join("p.json");
+    let js_s = js.to_str().expect("utf-8 path");
+    let base = [
+        "parity",
+        "--model",
+        ck_s,
+        "--backend",
+        "cpu",
+        "--max-tokens",
+        "8",
+        "--teacher-forced-logits",
+        "--json",
+        js_s,
+    ];
+    let rel = |extra: &[&str]| -> f64 {
+        let mut v: Vec<&str> = base.to_vec();
+        v.extend_from_slice(extra);
+        let _ = m3(&v);
+        let j = read_json(&js);
+        j["results"][0]["teacher_forced"]["rel_l2"]
+            .as_f64()
+            .expect("rel_l2")
+    };
+    assert_eq!(rel(&[]), 0.0, "the same model on both sides");
+    let converted = rel(&["--backend-nvfp4-to-mxfp4"]);
+    assert!(converted > 1e-2, "converted experts: rel L2 {converted}");
+    let mut v: Vec<&str> = base.to_vec();
+    v.extend_from_slice(&["--nvfp4-to-mxfp4", "--backend-nvfp4-to-mxfp4"]);
+    one_line_error(&m3(&v), "--backend-nvfp4-to-mxfp4");
+}

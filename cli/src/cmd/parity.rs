@@ -138,6 +138,13 @@ pub struct Args {
     /// cpu --backend-online-quant ptpc_fp8` measures what PTPC FP8 costs.
     #[arg(long, value_enum)]
     pub backend_online_quant: Option<OnlineQuantArg>,
+    /// Convert NVFP4 routed experts to MXFP4 at load on the backend under
+    /// test only (with --scale-rule): e.g. `--reference cpu --backend cpu
+    /// --backend-nvfp4-to-mxfp4` on an NVFP4 checkpoint measures what
+    /// serving the NVFP4 experts as MXFP4 costs against serving them
+    /// natively.
+    #[arg(long, conflicts_with = "nvfp4_to_mxfp4")]
+    pub backend_nvfp4_to_mxfp4: bool,
     /// Also run both sides teacher-forced on prompt + the reference's
     /// tokens (one prefill step each) and compare every logits row: rel L2
     /// and max abs over all rows, and how many rows' top-1 agree.
@@ -720,6 +727,11 @@ pub fn run(args: Args) -> Result<()> {
                 opts.online_quant.map(|q| q.exclude).unwrap_or(""),
             )),
             None => opts.online_quant,
+        },
+        nvfp4_experts_to_mxfp4: if args.backend_nvfp4_to_mxfp4 {
+            Some(args.model.scale_rule.into())
+        } else {
+            opts.nvfp4_experts_to_mxfp4
         },
         ..opts
     };

@@ -522,6 +522,33 @@ mod gpu_tests {
             k.mma
                 .push(MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap());
         }
+        // `m3s_act_ptpc` on m rows of kk bf16 values: the device buffers
+        // (x, quantized x, scales) and the quantized values and scales read back
+        let quantize = |xs: &[u16], m: usize, kk: usize| {
+            let xd = DevBuf::from_slice(ctx, xs).unwrap();
+            let xq = DevBuf::zeroed(ctx, m * kk * 2).unwrap();
+            let xsd = DevBuf::zeroed(ctx, m * 4).unwrap();
+            l.launch(
+                "act_ptpc",
+                &act,
+                (m as u32, 1, 1),
+                PTPC_BLOCK,
+                0,
+                &[
+                    Arg::U64(xd.ptr()),
+                    Arg::U32(m as u32),
+                    Arg::U32(kk as u32),
+                    Arg::U64(xq.ptr()),
+                    Arg::U64(xsd.ptr()),
+                ],
+            )
+            .unwrap();
+            let mut gq = vec![0u16; m * kk];
+            xq.read(l.stream(), 0, &mut gq).unwrap();
+            let mut gs = vec![0f32; m];
+            xsd.read(l.stream(), 0, &mut gs).unwrap();
+            (xd, xq, xsd, gq, gs)
+        };
         let mut seed = 11u64;
         let mut failures = Vec::new();
         let mut planted_caught = 0usize;
@@ -553,28 +580,7 @@ mod gpu_tests {
                     xs[kk + 5] = 0x7fc0;
                     xs[2 * kk..3 * kk].fill(0);
                 }
-                let xd = DevBuf::from_slice(ctx, &xs).unwrap();
-                let xq = DevBuf::zeroed(ctx, m * kk * 2).unwrap();
-                let xsd = DevBuf::zeroed(ctx, m * 4).unwrap();
-                l.launch(
-                    "act_ptpc",
-                    &act,
-                    (m as u32, 1, 1),
-                    PTPC_BLOCK,
-                    0,
-                    &[
-                        Arg::U64(xd.ptr()),
-                        Arg::U32(m as u32),
-                        Arg::U32(kk as u32),
-                        Arg::U64(xq.ptr()),
-                        Arg::U64(xsd.ptr()),
-                    ],
-                )
-                .unwrap();
-                let mut gq = vec![0u16; m * kk];
-                xq.read(l.stream(), 0, &mut gq).unwrap();
-                let mut gs = vec![0f32; m];
-                xsd.read(l.stream(), 0, &mut gs).unwrap();
+                let (xd, xq, xsd, gq, gs) = quantize(&xs, m, kk);
                 // the CPU's quantized rows
                 let xf: Vec<f32> = xs.iter().map(|&b| bf16::to_f32(b)).collect();
                 let mut qa = vec![0u8; m * kk];
@@ -691,26 +697,7 @@ mod gpu_tests {
             xs[r * kk + 1] = x;
             xs[r * kk + 2] = x | 0x8000;
         }
-        let xd = DevBuf::from_slice(ctx, &xs).unwrap();
-        let xq = DevBuf::zeroed(ctx, m * kk * 2).unwrap();
-        let xsd = DevBuf::zeroed(ctx, m * 4).unwrap();
-        l.launch(
-            "act_ptpc",
-            &act,
-            (m as u32, 1, 1),
-            PTPC_BLOCK,
-            0,
-            &[
-                Arg::U64(xd.ptr()),
-                Arg::U32(m as u32),
-                Arg::U32(kk as u32),
-                Arg::U64(xq.ptr()),
-                Arg::U64(xsd.ptr()),
-            ],
-        )
-        .unwrap();
-        let mut gq = vec![0u16; m * kk];
-        xq.read(l.stream(), 0, &mut gq).unwrap();
+        let (_, _, _, gq, _) = quantize(&xs, m, kk);
         let mut dr_off = 0;
         for r in 0..m {
             let row: Vec<f32> = xs[r * kk..(r + 1) * kk]

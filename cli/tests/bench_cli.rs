@@ -83,6 +83,10 @@ fn online_quant_bad_inputs_are_one_line_errors() {
             "no tensor names",
         ),
         (
+            &["bench", "--backend", "gpu", "--weights", "fp6"][..],
+            "not one of mxfp4, nvfp4, bf16",
+        ),
+        (
             &[
                 "bench",
                 "--preset",

@@ -38,7 +38,8 @@ pub struct Args {
     /// GPU: cached positions before the timed decode row.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
-    /// GPU: bench-model weights: mxfp4 (PERF.md formats) or bf16.
+    /// GPU: bench-model weights: mxfp4 (PERF.md formats), nvfp4 (the same
+    /// with NVFP4 routed experts) or bf16.
     #[arg(long, default_value = "mxfp4")]
     pub weights: String,
     /// GPU: timed replays per case per round.

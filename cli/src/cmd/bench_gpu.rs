@@ -621,8 +621,9 @@ fn bench_model(
 pub fn run(args: &Args) -> Result<()> {
     let kind = match args.weights.as_str() {
         "mxfp4" | "mx" => BenchWeights::Mx,
+        "nvfp4" => BenchWeights::Nvfp4,
         "bf16" => BenchWeights::Bf16,
-        o => bail!("--weights `{o}` is not one of mxfp4, bf16"),
+        o => bail!("--weights `{o}` is not one of mxfp4, nvfp4, bf16"),
     };
     let batches: Vec<usize> = args
         .batch

@@ -4,7 +4,8 @@
 //!
 //! Formats: routed experts MXFP4, attention / indexer / dense MLP / shared
 //! expert MXFP8 (E4M3), router f32, embeddings and LM head bf16
-//! ([`BenchWeights::Mx`]); or everything bf16 but the f32 router
+//! ([`BenchWeights::Mx`]); the same with NVFP4 routed experts
+//! ([`BenchWeights::Nvfp4`]); or everything bf16 but the f32 router
 //! ([`BenchWeights::Bf16`]).
 //!
 //! Scales keep activations finite and O(1): MXFP8 codes have |v| in
@@ -31,6 +32,9 @@ pub enum BenchWeights {
     Mx,
     /// bf16 everywhere (f32 router): the like-for-like peer variant.
     Bf16,
+    /// As [`BenchWeights::Mx`] with NVFP4 routed experts (E4M3 scale per
+    /// 16, an f32 global per matrix): the NVFP4 release served natively.
+    Nvfp4,
 }
 
 /// Launcher of the generation kernels on a private stream.
@@ -140,10 +144,12 @@ fn gen_linear(
         WFmt::Mxfp8E4M3 | WFmt::Ptpc => g.bytes(&w.codes, seed, *tid, 0x8f, 0x30)?,
         WFmt::Bf16 => g.bf16(&w.codes, seed, *tid, (127 - s).max(2) as u32)?,
         WFmt::F32 => g.f32(&w.codes, seed, *tid, 1.7 / (cols as f32).sqrt())?,
-        WFmt::Mxfp8E5M2 | WFmt::Nvfp4 => {
+        // E2M1 codes as MXFP4's; the magnitude in the global (below)
+        WFmt::Nvfp4 => g.bytes(&w.codes, seed, *tid, 0xff, 0)?,
+        WFmt::Mxfp8E5M2 => {
             return Err(GpuError::input(
                 "bench model",
-                format!("{fmt:?} weights are not generated (mxfp4 or bf16 bench models)"),
+                format!("{fmt:?} weights are not generated (mxfp4, nvfp4 or bf16 bench models)"),
             ))
         }
     }
@@ -153,6 +159,15 @@ fn gen_linear(
             g.bytes(sc, seed, *tid, 0, 127)?;
             g.f32(ch, seed, *tid + 1, 2f32.powi(-s))?;
             *tid += 1;
+        }
+        // NVFP4: E4M3 block scales in [1, 1.875] (exponent field 7), the
+        // matrix's global 2^-s
+        (Some(sc), None) if fmt == WFmt::Nvfp4 => {
+            g.bytes(sc, seed, *tid, 0x07, 0x38)?;
+            if let Some(gl) = &w.globals {
+                let v = vec![2f32.powi(-s); count];
+                gl.write_sync(0, bytemuck::cast_slice(&v))?;
+            }
         }
         (Some(sc), None) => g.bytes(sc, seed, *tid, 0, (127 - s).clamp(1, 254) as u32)?,
         _ => {}
@@ -191,6 +206,7 @@ pub fn generate(
     let ctx = g.context().clone();
     let (ef, df) = match kind {
         BenchWeights::Mx => (WFmt::Mxfp4, WFmt::Mxfp8E4M3),
+        BenchWeights::Nvfp4 => (WFmt::Nvfp4, WFmt::Mxfp8E4M3),
         BenchWeights::Bf16 => (WFmt::Bf16, WFmt::Bf16),
     };
     // online quantization's targets

@@ -150,6 +150,18 @@ def check(args):
         err = (st["glogits"] - both).abs().max().item()
         print(f"check: CUDA graph replay vs eager, batch 2: max |dlogit| {err:.4g} (tol {tol:.4g})")
         ok &= err <= tol
+        if getattr(args, "compile", "off") != "off":  # the compiled, captured step too
+            from peer import compiled_step
+            cst = dict(tok=tok.clone(), pos=pos, seq=seq)
+            cg = capture(m, cst, None, compiled_step(m, args.compile))
+            cst["tok"].copy_(tok)
+            cg.replay()
+            torch.cuda.synchronize()
+            err = (cst["glogits"] - both).abs().max().item()
+            # inductor fuses and reorders f32 / bf16 roundings: a looser bound
+            print(f"check: torch.compile ({args.compile}) + graph vs eager, batch 2: max |dlogit| "
+                  f"{err:.4g} (tol {4 * tol:.4g})")
+            ok &= err <= 4 * tol
     print(f"check: moe path {moe}, cache {args.cache}")
     print("check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1

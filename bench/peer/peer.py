@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch peer of m3's GPU bench (PERF.md): the same decode step of the same
 model (MODEL.md section 3, preset m3.1 --layers 12 by default) with bf16
-weights and ordinary PyTorch ops, timed eager and CUDA-graph captured.
+weights and ordinary PyTorch ops, timed eager, CUDA-graph captured, and
+(--compile) compiled by torch.compile (inductor) then captured.
 See bench/peer/README.md for what it models, what differs from m3, and the
 byte formula.  Needs only torch (>= 2.4) and the standard library."""
 import argparse, json, math, os, subprocess, sys, time
@@ -357,21 +358,34 @@ def probe_grouped(dev):
         raise RuntimeError(f"torch._grouped_mm probe: relative error {err:.3g}")
 
 
-def capture(m, st, pool):
-    """CUDA graph of one step on static buffers st (token fed back in place)."""
+def capture(m, st, pool, step=None):
+    """CUDA graph of one step (m.step, or a compiled form of it) on static
+    buffers st (token fed back in place); the warm-up steps before the
+    capture are where torch.compile compiles."""
+    step = step or m.step
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            nt, _, _ = m.step(st["tok"], st["pos"], st["seq"])
+            nt, _, _ = step(st["tok"], st["pos"], st["seq"])
             st["tok"].copy_(nt)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, pool=pool):
-        nt, lg, rec = m.step(st["tok"], st["pos"], st["seq"])
+        nt, lg, rec = step(st["tok"], st["pos"], st["seq"])
         st["tok"].copy_(nt)
     st["grec"], st["glogits"] = rec, lg  # static outputs: read back after replays
     return g
+
+
+COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def compiled_step(m, mode):
+    """m.step compiled by torch.compile (inductor) in `mode` (default or
+    max-autotune, without inductor's own CUDA graphs: capture() takes the
+    graph, as for the plain step), shapes static."""
+    return torch.compile(m.step, mode=COMPILE_MODES[mode], dynamic=False)
 
 
 def main():
@@ -391,6 +405,10 @@ def main():
     ap.add_argument("--experts-resident", type=int, default=0,
                     help="expert pool slots per MoE layer; 0 = all experts if they fit, else as many as fit")
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--compile", default="off", choices=["off"] + sorted(COMPILE_MODES),
+                    help="also time the step compiled by torch.compile (inductor; max-autotune without "
+                         "its own CUDA graphs) and captured in a CUDA graph, as mode 'compiled' "
+                         "(CUDA only; compile time is printed, ~25 s default, minutes max-autotune)")
     ap.add_argument("--seed", type=int, default=0x5eed)
     ap.add_argument("--out", default=None)
     ap.add_argument("--check", action="store_true", help="self-check on the tiny preset, then exit")
@@ -458,6 +476,24 @@ def main():
                 case["notes"].append(msg)
         else:
             print(f"batch {b}: graph mode skipped ({'device is not CUDA' if not cuda else '--no-graph'})")
+        if cuda and args.compile != "off":
+            # its own static buffers: the plain graph keeps st's outputs
+            cst = dict(tok=st["tok"].clone(), pos=st["pos"], seq=st["seq"])
+            try:
+                t0 = time.time()
+                cg = capture(m, cst, gpool, compiled_step(m, args.compile))
+                for _ in range(args.warmup):
+                    cg.replay()
+                torch.cuda.synchronize()
+                msg = f"batch {b}: torch.compile ({args.compile}) + capture in {time.time() - t0:.1f} s"
+                print(msg)
+                case["notes"].append(msg)
+                case["modes"]["compiled"] = cg.replay
+                case["cst"] = cst
+            except Exception as e:
+                msg = f"batch {b}: compiled mode failed: {str(e).splitlines()[0][:300]}"
+                print(msg)
+                case["notes"].append(msg)
         cases.append(case)
     if cuda:
         torch.cuda.synchronize()
@@ -467,7 +503,8 @@ def main():
             b, st = case["batch"], case["st"]
             for mode, fn in case["modes"].items():
                 v = timed(fn, args.iters, cuda)
-                rec = st["grec"] if mode == "graph" else st["rec"]  # read back outside the timed loop
+                # read back outside the timed loop
+                rec = {"graph": st.get("grec"), "compiled": case.get("cst", {}).get("grec")}.get(mode, st["rec"])
                 by = step_bytes(m, b, args.context, rec, ce)
                 case["samples"].setdefault(mode, []).append(v)
                 case["bytes"].setdefault(mode, []).append(by)
@@ -500,7 +537,9 @@ def main():
                           weights="bf16 (router, norms, router bias f32)", cache=args.cache,
                           cache_note="random values, no prefill", context=args.context, seed=args.seed,
                           moe=moe, experts_resident=pool, experts=c.E),
-               protocol=dict(warmup=args.warmup, iters=args.iters, rounds=args.rounds), cases=out_cases)
+               protocol=dict(warmup=args.warmup, iters=args.iters, rounds=args.rounds,
+                             compile=args.compile, compile_mode=COMPILE_MODES.get(args.compile)),
+               cases=out_cases)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         tmp = args.out + ".tmp"

@@ -205,10 +205,16 @@ impl WeightSource<'_> {
         match self {
             WeightSource::Checkpoint(ck, opts) => {
                 let name = self.name(w);
-                if let Some(p) = ck
-                    .online_linear(&name, rows, cols, opts)
-                    .map_err(|e| bad(e.to_string()))?
-                {
+                let routed = matches!(w, Lin::Expert(..));
+                // routed experts are never online-quantization targets (and
+                // are most of the tensors: skip the target lookup for them)
+                let online = if routed {
+                    None
+                } else {
+                    ck.online_linear(&name, rows, cols, opts)
+                        .map_err(|e| bad(e.to_string()))?
+                };
+                if let Some(p) = online {
                     return Ok(Parts {
                         fmt: WFmt::Ptpc,
                         rows,
@@ -218,7 +224,6 @@ impl WeightSource<'_> {
                         global: 1.0,
                     });
                 }
-                let routed = matches!(w, Lin::Expert(..));
                 ck.stored_linear(&name, rows, cols, routed, opts)
                     .map(parts)
                     .map_err(|e| bad(e.to_string()))

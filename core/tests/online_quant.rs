@@ -164,3 +164,24 @@ fn from_bf16_and_mxfp8_and_stored_linear_refuses_targets() {
     let e = ck.online_targets(&typo).unwrap_err().to_string();
     assert!(e.contains("no_such"), "{e}");
 }
+
+/// The table-driven `ptpc_dot` equals the literal per-code sum on every
+/// pair of codes (NaN codes giving None).
+#[test]
+fn ptpc_dot_equals_the_literal_sum_on_every_code_pair() {
+    for a in 0..=255u8 {
+        for w in 0..=255u8 {
+            let want = match (e4m3_units(a), e4m3_units(w)) {
+                (Some(x), Some(y)) => {
+                    Some((x as i64 * y as i64) as f32 * f32::from_bits((127 - 18) << 23))
+                }
+                _ => None,
+            };
+            // one pair, and the pair after terms that cancel exactly
+            // (1.0 * 2.0 + -1.0 * 2.0): the same value
+            assert_eq!(ptpc_dot(&[a], &[w]), want, "{a:#x} x {w:#x}");
+            let (qa, qw) = ([0x38u8, 0xb8, a], [0x40u8, 0x40, w]);
+            assert_eq!(ptpc_dot(&qa, &qw), want, "3-term {a:#x} x {w:#x}");
+        }
+    }
+}

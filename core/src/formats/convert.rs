@@ -232,6 +232,22 @@ pub fn e4m3_units(c: u8) -> Option<i32> {
     Some(if c & 0x80 != 0 { -u } else { u })
 }
 
+/// [`e4m3_units`] of every code, NaN codes as 0 (callers check them).
+const E4M3_UNITS: [i32; 256] = {
+    let mut t = [0i32; 256];
+    let mut c = 0usize;
+    while c < 256 {
+        let mag = (c & 0x7f) as i32;
+        if mag != 0x7f {
+            let (e, m) = (mag >> 3, mag & 7);
+            let u = if e == 0 { m } else { (8 + m) << (e - 1) };
+            t[c] = if c & 0x80 != 0 { -u } else { u };
+        }
+        c += 1;
+    }
+    t
+};
+
 /// The PTPC FP8 dot product of two rows of E4M3 codes (ARCHITECTURE.md,
 /// Online quantization): the products `qa_k * qw_k` are summed **exactly**
 /// (each is an integer number of 2^-18 units below 2^36, so an i64 holds
@@ -244,9 +260,17 @@ pub fn ptpc_dot(qa: &[u8], qw: &[u8]) -> Option<f32> {
     if qa.len() > (1 << 27) {
         return None;
     }
+    // the same sum as `e4m3_units(a) * e4m3_units(w)` term by term, from a
+    // table (NaN codes read as 0 there and flagged), without a branch in
+    // the loop (bench/NOTES.md: the CPU PTPC decode step 1.5x faster)
     let mut acc: i64 = 0;
+    let mut nan = false;
     for (&a, &w) in qa.iter().zip(qw) {
-        acc += e4m3_units(a)? as i64 * e4m3_units(w)? as i64;
+        nan |= (a & 0x7f) == 0x7f || (w & 0x7f) == 0x7f;
+        acc += i64::from(E4M3_UNITS[a as usize]) * i64::from(E4M3_UNITS[w as usize]);
+    }
+    if nan {
+        return None;
     }
     // `i64 as f32` rounds to nearest even (one rounding); the power-of-two
     // scaling is exact (|acc| >= 1 unit or zero, far from f32 underflow).

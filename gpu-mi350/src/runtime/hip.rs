@@ -4,9 +4,14 @@
 //! **Untested on hardware**: no AMD GPU has been available to this project.
 //! The binding compiles and its discovery path fails cleanly where ROCm is
 //! absent; kernels are checked to compile with hipcc in `cargo xtask kernels`.
-//! Only what the first kernels need is bound: init, device count and arch
-//! name, hiprtc compile to a code object, module load, launch, malloc,
-//! memcpy, free.
+//! Bound: init, device count and arch name, hiprtc compile to a code
+//! object, module load, launch (3-D grid, dynamic shared memory, on a
+//! stream), malloc, memcpy (and async copies / memset on a stream), free;
+//! streams, timing events and stream capture into graphs ([`HipStream`],
+//! [`HipEvent`], [`HipGraph`]: what the standard path's launcher uses on
+//! CUDA). Their call sequences are unit-tested against a stub table that
+//! records every call (`tests` below); nothing here has run on AMD
+//! hardware.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::ptr;
@@ -21,10 +26,22 @@ type HiprtcResult = c_int;
 type HipModule = *mut c_void;
 type HipFunction = *mut c_void;
 type HiprtcProgram = *mut c_void;
+type HipStreamT = *mut c_void;
+type HipEventT = *mut c_void;
+type HipGraphT = *mut c_void;
+type HipGraphExecT = *mut c_void;
 
 /// hipMemcpyHostToDevice / DeviceToHost.
 const HIP_MEMCPY_H2D: c_int = 1;
 const HIP_MEMCPY_D2H: c_int = 2;
+/// hipMemcpyDeviceToDevice.
+const HIP_MEMCPY_D2D: c_int = 3;
+/// hipStreamNonBlocking: no implicit ordering with the null stream.
+const HIP_STREAM_NON_BLOCKING: c_uint = 1;
+/// hipEventDefault (timing enabled).
+const HIP_EVENT_DEFAULT: c_uint = 0;
+/// hipStreamCaptureModeThreadLocal: other threads' calls are not captured.
+const HIP_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// hipDeviceProp_t is large and its layout moves between ROCm versions, so
 /// `hipGetDeviceProperties` writes into this generous buffer and the
 /// `gcnArchName` string is searched for (see `arch_name`).
@@ -55,6 +72,28 @@ struct Fns {
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> HipError,
     free: unsafe extern "C" fn(*mut c_void) -> HipError,
     device_synchronize: unsafe extern "C" fn() -> HipError,
+    stream_create: unsafe extern "C" fn(*mut HipStreamT, c_uint) -> HipError,
+    stream_synchronize: unsafe extern "C" fn(HipStreamT) -> HipError,
+    stream_destroy: unsafe extern "C" fn(HipStreamT) -> HipError,
+    event_create: unsafe extern "C" fn(*mut HipEventT, c_uint) -> HipError,
+    event_record: unsafe extern "C" fn(HipEventT, HipStreamT) -> HipError,
+    event_elapsed: unsafe extern "C" fn(*mut f32, HipEventT, HipEventT) -> HipError,
+    event_destroy: unsafe extern "C" fn(HipEventT) -> HipError,
+    memcpy_async:
+        unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStreamT) -> HipError,
+    memset_d8_async: unsafe extern "C" fn(*mut c_void, u8, usize, HipStreamT) -> HipError,
+    begin_capture: unsafe extern "C" fn(HipStreamT, c_int) -> HipError,
+    end_capture: unsafe extern "C" fn(HipStreamT, *mut HipGraphT) -> HipError,
+    graph_instantiate: unsafe extern "C" fn(
+        *mut HipGraphExecT,
+        HipGraphT,
+        *mut c_void,
+        *mut c_char,
+        usize,
+    ) -> HipError,
+    graph_launch: unsafe extern "C" fn(HipGraphExecT, HipStreamT) -> HipError,
+    graph_exec_destroy: unsafe extern "C" fn(HipGraphExecT) -> HipError,
+    graph_destroy: unsafe extern "C" fn(HipGraphT) -> HipError,
     rtc_create: unsafe extern "C" fn(
         *mut HiprtcProgram,
         *const c_char,
@@ -76,8 +115,9 @@ pub struct HipGpu {
     fns: Fns,
     /// e.g. `gfx950` (the part of gcnArchName before any ':' features).
     pub arch: String,
-    _hip: Library,
-    _rtc: Library,
+    /// The loaded libraries (`None` for a stub table in tests).
+    _hip: Option<Library>,
+    _rtc: Option<Library>,
 }
 
 /// The first of `names` that loads, or why none did.
@@ -130,6 +170,21 @@ impl HipGpu {
             memcpy: sym!(hip, "hipMemcpy"),
             free: sym!(hip, "hipFree"),
             device_synchronize: sym!(hip, "hipDeviceSynchronize"),
+            stream_create: sym!(hip, "hipStreamCreateWithFlags"),
+            stream_synchronize: sym!(hip, "hipStreamSynchronize"),
+            stream_destroy: sym!(hip, "hipStreamDestroy"),
+            event_create: sym!(hip, "hipEventCreateWithFlags"),
+            event_record: sym!(hip, "hipEventRecord"),
+            event_elapsed: sym!(hip, "hipEventElapsedTime"),
+            event_destroy: sym!(hip, "hipEventDestroy"),
+            memcpy_async: sym!(hip, "hipMemcpyAsync"),
+            memset_d8_async: sym!(hip, "hipMemsetD8Async"),
+            begin_capture: sym!(hip, "hipStreamBeginCapture"),
+            end_capture: sym!(hip, "hipStreamEndCapture"),
+            graph_instantiate: sym!(hip, "hipGraphInstantiate"),
+            graph_launch: sym!(hip, "hipGraphLaunch"),
+            graph_exec_destroy: sym!(hip, "hipGraphExecDestroy"),
+            graph_destroy: sym!(hip, "hipGraphDestroy"),
             rtc_create: sym!(rtc, "hiprtcCreateProgram"),
             rtc_compile: sym!(rtc, "hiprtcCompileProgram"),
             rtc_log_size: sym!(rtc, "hiprtcGetProgramLogSize"),
@@ -152,8 +207,8 @@ impl HipGpu {
         Ok(HipGpu {
             fns,
             arch,
-            _hip: hip,
-            _rtc: rtc,
+            _hip: Some(hip),
+            _rtc: Some(rtc),
         })
     }
 
@@ -331,5 +386,517 @@ impl HipGpu {
     /// `p` must come from `upload` and not be freed twice.
     pub unsafe fn free(&self, p: *mut c_void) -> Result<()> {
         check("hipFree", (self.fns.free)(p))
+    }
+
+    /// A new non-blocking stream (the launcher's: every launch, copy and
+    /// event of a runner is ordered on it).
+    pub fn stream(&self) -> Result<HipStream<'_>> {
+        let mut s: HipStreamT = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("hipStreamCreateWithFlags", unsafe {
+            (self.fns.stream_create)(&mut s, HIP_STREAM_NON_BLOCKING)
+        })?;
+        Ok(HipStream { gpu: self, s })
+    }
+}
+
+/// A HIP stream of a [`HipGpu`], destroyed on drop.
+pub struct HipStream<'g> {
+    gpu: &'g HipGpu,
+    s: HipStreamT,
+}
+
+/// A timing event, destroyed on drop.
+pub struct HipEvent<'g> {
+    gpu: &'g HipGpu,
+    e: HipEventT,
+}
+
+/// An instantiated graph of captured stream work, destroyed on drop.
+pub struct HipGraph<'g> {
+    gpu: &'g HipGpu,
+    graph: HipGraphT,
+    exec: HipGraphExecT,
+}
+
+impl<'g> HipStream<'g> {
+    /// Launch `func` on this stream: a 3-D grid of 1-D blocks of `block`
+    /// threads, `smem` bytes of dynamic shared memory. Asynchronous.
+    ///
+    /// # Safety
+    /// As [`HipGpu::launch`]: `args` match the kernel's parameters and
+    /// every device pointer in them is live until the work has run.
+    pub unsafe fn launch(
+        &self,
+        func: HipFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        check(
+            "hipModuleLaunchKernel",
+            (self.gpu.fns.module_launch_kernel)(
+                func,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                smem,
+                self.s,
+                args.as_mut_ptr(),
+                ptr::null_mut(),
+            ),
+        )
+    }
+
+    /// Device-to-device copy of `bytes`, ordered on the stream.
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations.
+    pub unsafe fn copy(&self, dst: *mut c_void, src: *const c_void, bytes: usize) -> Result<()> {
+        check(
+            "hipMemcpyAsync",
+            (self.gpu.fns.memcpy_async)(dst, src, bytes, HIP_MEMCPY_D2D, self.s),
+        )
+    }
+
+    /// Zero `bytes` at `dst`, ordered on the stream.
+    ///
+    /// # Safety
+    /// The range lies inside a live allocation.
+    pub unsafe fn zero(&self, dst: *mut c_void, bytes: usize) -> Result<()> {
+        check(
+            "hipMemsetD8Async",
+            (self.gpu.fns.memset_d8_async)(dst, 0, bytes, self.s),
+        )
+    }
+
+    /// Wait for everything enqueued so far (surfaces asynchronous errors).
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        check("hipStreamSynchronize", unsafe {
+            (self.gpu.fns.stream_synchronize)(self.s)
+        })
+    }
+
+    /// A timing event recorded on this stream now.
+    pub fn record(&self) -> Result<HipEvent<'g>> {
+        let mut e: HipEventT = ptr::null_mut();
+        // SAFETY: valid out-pointer; a live stream.
+        unsafe {
+            check(
+                "hipEventCreateWithFlags",
+                (self.gpu.fns.event_create)(&mut e, HIP_EVENT_DEFAULT),
+            )?;
+            let ev = HipEvent { gpu: self.gpu, e };
+            check("hipEventRecord", (self.gpu.fns.event_record)(ev.e, self.s))?;
+            Ok(ev)
+        }
+    }
+
+    /// Capture what `enqueue` puts on this stream (thread-local capture
+    /// mode) into an instantiated graph; the work itself does not run. A
+    /// failing `enqueue` still ends the capture, and its error is returned.
+    pub fn capture(&self, enqueue: impl FnOnce(&Self) -> Result<()>) -> Result<HipGraph<'g>> {
+        // SAFETY: a live stream; out-pointers valid; the graph is destroyed
+        // once, by HipGraph's drop or here on failure.
+        unsafe {
+            check(
+                "hipStreamBeginCapture",
+                (self.gpu.fns.begin_capture)(self.s, HIP_CAPTURE_MODE_THREAD_LOCAL),
+            )?;
+            let body = enqueue(self);
+            let mut graph: HipGraphT = ptr::null_mut();
+            let ended = check(
+                "hipStreamEndCapture",
+                (self.gpu.fns.end_capture)(self.s, &mut graph),
+            );
+            if let Err(e) = body.and(ended) {
+                if !graph.is_null() {
+                    (self.gpu.fns.graph_destroy)(graph);
+                }
+                return Err(e);
+            }
+            let mut exec: HipGraphExecT = ptr::null_mut();
+            if let Err(e) = check(
+                "hipGraphInstantiate",
+                (self.gpu.fns.graph_instantiate)(
+                    &mut exec,
+                    graph,
+                    ptr::null_mut(),
+                    ptr::null_mut(),
+                    0,
+                ),
+            ) {
+                (self.gpu.fns.graph_destroy)(graph);
+                return Err(e);
+            }
+            Ok(HipGraph {
+                gpu: self.gpu,
+                graph,
+                exec,
+            })
+        }
+    }
+
+    /// Launch an instantiated graph on this stream.
+    pub fn replay(&self, g: &HipGraph<'_>) -> Result<()> {
+        // SAFETY: a live graph exec and stream.
+        check("hipGraphLaunch", unsafe {
+            (self.gpu.fns.graph_launch)(g.exec, self.s)
+        })
+    }
+}
+
+impl HipEvent<'_> {
+    /// Milliseconds from `self` to `later` (both recorded and complete).
+    pub fn elapsed_ms(&self, later: &HipEvent<'_>) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid out-pointer; live events.
+        check("hipEventElapsedTime", unsafe {
+            (self.gpu.fns.event_elapsed)(&mut ms, self.e, later.e)
+        })?;
+        Ok(ms)
+    }
+}
+
+impl Drop for HipStream<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by hipStreamCreateWithFlags, destroyed once.
+        unsafe { (self.gpu.fns.stream_destroy)(self.s) };
+    }
+}
+
+impl Drop for HipEvent<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by hipEventCreateWithFlags, destroyed once.
+        unsafe { (self.gpu.fns.event_destroy)(self.e) };
+    }
+}
+
+impl Drop for HipGraph<'_> {
+    fn drop(&mut self) {
+        // SAFETY: instantiated from this graph, each destroyed once.
+        unsafe {
+            (self.gpu.fns.graph_exec_destroy)(self.exec);
+            (self.gpu.fns.graph_destroy)(self.graph);
+        }
+    }
+}
+
+/// The HIP call sequences against a stub table that records every call
+/// (no ROCm, no AMD GPU: what CI can check of the HIP route).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        static LOG: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+        /// The stub that returns an error (code 98) instead of 0.
+        static FAIL: RefCell<Option<&'static str>> = const { RefCell::new(None) };
+    }
+
+    fn log(call: &'static str, what: String) -> HipError {
+        LOG.with(|l| l.borrow_mut().push(format!("{call}{what}")));
+        if FAIL.with(|f| *f.borrow() == Some(call)) {
+            98
+        } else {
+            0
+        }
+    }
+
+    fn h(p: *const c_void) -> usize {
+        p as usize
+    }
+
+    unsafe extern "C" fn init(_: c_uint) -> HipError {
+        log("init", String::new())
+    }
+    unsafe extern "C" fn count(n: *mut c_int) -> HipError {
+        *n = 1;
+        log("count", String::new())
+    }
+    unsafe extern "C" fn props(_: *mut c_void, _: c_int) -> HipError {
+        log("props", String::new())
+    }
+    unsafe extern "C" fn load(_: *mut HipModule, _: *const c_void) -> HipError {
+        log("load", String::new())
+    }
+    unsafe extern "C" fn get_fn(_: *mut HipFunction, _: HipModule, _: *const c_char) -> HipError {
+        log("get_fn", String::new())
+    }
+    #[allow(clippy::too_many_arguments)]
+    unsafe extern "C" fn launch(
+        f: HipFunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        smem: c_uint,
+        s: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> HipError {
+        // the first parameter's value (a u32 here) proves the array reached it
+        let p0 = *(*params as *const u32);
+        log(
+            "launch",
+            format!(
+                " f={:#x} grid={gx}x{gy}x{gz} block={bx}x{by}x{bz} smem={smem} stream={:#x} p0={p0} extra={}",
+                h(f),
+                h(s),
+                h(extra.cast())
+            ),
+        )
+    }
+    unsafe extern "C" fn malloc(_: *mut *mut c_void, _: usize) -> HipError {
+        log("malloc", String::new())
+    }
+    unsafe extern "C" fn memcpy(_: *mut c_void, _: *const c_void, _: usize, _: c_int) -> HipError {
+        log("memcpy", String::new())
+    }
+    unsafe extern "C" fn free(_: *mut c_void) -> HipError {
+        log("free", String::new())
+    }
+    unsafe extern "C" fn dev_sync() -> HipError {
+        log("device_sync", String::new())
+    }
+    unsafe extern "C" fn stream_create(s: *mut HipStreamT, flags: c_uint) -> HipError {
+        *s = 0x51 as HipStreamT;
+        log("stream_create", format!(" flags={flags}"))
+    }
+    unsafe extern "C" fn stream_sync(s: HipStreamT) -> HipError {
+        log("stream_sync", format!(" {:#x}", h(s)))
+    }
+    unsafe extern "C" fn stream_destroy(s: HipStreamT) -> HipError {
+        log("stream_destroy", format!(" {:#x}", h(s)))
+    }
+    unsafe extern "C" fn event_create(e: *mut HipEventT, flags: c_uint) -> HipError {
+        let n = LOG.with(|l| {
+            l.borrow()
+                .iter()
+                .filter(|c| c.starts_with("event_create"))
+                .count()
+        });
+        *e = (0xe1 + n) as HipEventT;
+        log("event_create", format!(" flags={flags}"))
+    }
+    unsafe extern "C" fn event_record(e: HipEventT, s: HipStreamT) -> HipError {
+        log("event_record", format!(" {:#x} on {:#x}", h(e), h(s)))
+    }
+    unsafe extern "C" fn event_elapsed(ms: *mut f32, a: HipEventT, b: HipEventT) -> HipError {
+        *ms = 1.5;
+        log("event_elapsed", format!(" {:#x}..{:#x}", h(a), h(b)))
+    }
+    unsafe extern "C" fn event_destroy(e: HipEventT) -> HipError {
+        log("event_destroy", format!(" {:#x}", h(e)))
+    }
+    unsafe extern "C" fn memcpy_async(
+        d: *mut c_void,
+        src: *const c_void,
+        n: usize,
+        kind: c_int,
+        s: HipStreamT,
+    ) -> HipError {
+        log(
+            "memcpy_async",
+            format!(" {:#x}<-{:#x} {n} kind={kind} on {:#x}", h(d), h(src), h(s)),
+        )
+    }
+    unsafe extern "C" fn memset_async(d: *mut c_void, v: u8, n: usize, s: HipStreamT) -> HipError {
+        log(
+            "memset_async",
+            format!(" {:#x}={v} {n} on {:#x}", h(d), h(s)),
+        )
+    }
+    unsafe extern "C" fn begin(s: HipStreamT, mode: c_int) -> HipError {
+        log("begin_capture", format!(" {:#x} mode={mode}", h(s)))
+    }
+    unsafe extern "C" fn end(s: HipStreamT, g: *mut HipGraphT) -> HipError {
+        *g = 0x61 as HipGraphT;
+        log("end_capture", format!(" {:#x}", h(s)))
+    }
+    unsafe extern "C" fn instantiate(
+        x: *mut HipGraphExecT,
+        g: HipGraphT,
+        _: *mut c_void,
+        _: *mut c_char,
+        _: usize,
+    ) -> HipError {
+        *x = 0x71 as HipGraphExecT;
+        log("instantiate", format!(" {:#x}", h(g)))
+    }
+    unsafe extern "C" fn graph_launch(x: HipGraphExecT, s: HipStreamT) -> HipError {
+        log("graph_launch", format!(" {:#x} on {:#x}", h(x), h(s)))
+    }
+    unsafe extern "C" fn exec_destroy(x: HipGraphExecT) -> HipError {
+        log("exec_destroy", format!(" {:#x}", h(x)))
+    }
+    unsafe extern "C" fn graph_destroy(g: HipGraphT) -> HipError {
+        log("graph_destroy", format!(" {:#x}", h(g)))
+    }
+    unsafe extern "C" fn rtc_create(
+        _: *mut HiprtcProgram,
+        _: *const c_char,
+        _: *const c_char,
+        _: c_int,
+        _: *const *const c_char,
+        _: *const *const c_char,
+    ) -> HiprtcResult {
+        log("rtc_create", String::new())
+    }
+    unsafe extern "C" fn rtc_compile(
+        _: HiprtcProgram,
+        _: c_int,
+        _: *const *const c_char,
+    ) -> HiprtcResult {
+        log("rtc_compile", String::new())
+    }
+    unsafe extern "C" fn rtc_size(_: HiprtcProgram, n: *mut usize) -> HiprtcResult {
+        *n = 0;
+        log("rtc_size", String::new())
+    }
+    unsafe extern "C" fn rtc_buf(_: HiprtcProgram, _: *mut c_char) -> HiprtcResult {
+        log("rtc_buf", String::new())
+    }
+    unsafe extern "C" fn rtc_destroy(_: *mut HiprtcProgram) -> HiprtcResult {
+        log("rtc_destroy", String::new())
+    }
+
+    fn stub_gpu() -> HipGpu {
+        LOG.with(|l| l.borrow_mut().clear());
+        FAIL.with(|f| *f.borrow_mut() = None);
+        HipGpu {
+            fns: Fns {
+                init,
+                get_device_count: count,
+                get_device_properties: props,
+                module_load_data: load,
+                module_get_function: get_fn,
+                module_launch_kernel: launch,
+                malloc,
+                memcpy,
+                free,
+                device_synchronize: dev_sync,
+                stream_create,
+                stream_synchronize: stream_sync,
+                stream_destroy,
+                event_create,
+                event_record,
+                event_elapsed,
+                event_destroy,
+                memcpy_async,
+                memset_d8_async: memset_async,
+                begin_capture: begin,
+                end_capture: end,
+                graph_instantiate: instantiate,
+                graph_launch,
+                graph_exec_destroy: exec_destroy,
+                graph_destroy,
+                rtc_create,
+                rtc_compile,
+                rtc_log_size: rtc_size,
+                rtc_log: rtc_buf,
+                rtc_code_size: rtc_size,
+                rtc_code: rtc_buf,
+                rtc_destroy,
+            },
+            arch: "gfx950".into(),
+            _hip: None,
+            _rtc: None,
+        }
+    }
+
+    fn taken() -> Vec<String> {
+        LOG.with(|l| std::mem::take(&mut *l.borrow_mut()))
+    }
+
+    #[test]
+    fn stream_launch_copy_events_and_graph_in_order() {
+        let gpu = stub_gpu();
+        let f = 0xf00 as HipFunction;
+        let mut v = 7u32;
+        {
+            let s = gpu.stream().unwrap();
+            let mut args = [(&mut v as *mut u32).cast::<c_void>()];
+            // SAFETY: the stub reads the one u32 argument.
+            unsafe {
+                s.launch(f, (3, 4, 5), 128, 4096, &mut args).unwrap();
+                s.copy(0xd0 as *mut c_void, 0x50 as *const c_void, 64)
+                    .unwrap();
+                s.zero(0xd0 as *mut c_void, 32).unwrap();
+            }
+            let a = s.record().unwrap();
+            let b = s.record().unwrap();
+            assert_eq!(a.elapsed_ms(&b).unwrap(), 1.5);
+            let g = s
+                // SAFETY: as above.
+                .capture(|s| unsafe { s.launch(f, (1, 1, 1), 64, 0, &mut args) })
+                .unwrap();
+            s.replay(&g).unwrap();
+            s.sync().unwrap();
+        }
+        let want = [
+            "stream_create flags=1",
+            "launch f=0xf00 grid=3x4x5 block=128x1x1 smem=4096 stream=0x51 p0=7 extra=0",
+            "memcpy_async 0xd0<-0x50 64 kind=3 on 0x51",
+            "memset_async 0xd0=0 32 on 0x51",
+            "event_create flags=0",
+            "event_record 0xe1 on 0x51",
+            "event_create flags=0",
+            "event_record 0xe2 on 0x51",
+            "event_elapsed 0xe1..0xe2",
+            "begin_capture 0x51 mode=1",
+            "launch f=0xf00 grid=1x1x1 block=64x1x1 smem=0 stream=0x51 p0=7 extra=0",
+            "end_capture 0x51",
+            "instantiate 0x61",
+            "graph_launch 0x71 on 0x51",
+            "stream_sync 0x51",
+            // drops in reverse order of creation: graph, events, stream
+            "exec_destroy 0x71",
+            "graph_destroy 0x61",
+            "event_destroy 0xe2",
+            "event_destroy 0xe1",
+            "stream_destroy 0x51",
+        ];
+        assert_eq!(taken(), want);
+    }
+
+    #[test]
+    fn a_failure_inside_a_capture_ends_it_and_names_the_call() {
+        let gpu = stub_gpu();
+        let s = gpu.stream().unwrap();
+        assert_eq!(taken(), ["stream_create flags=1"]);
+        FAIL.with(|x| *x.borrow_mut() = Some("launch"));
+        let mut v = 1u32;
+        let mut args = [(&mut v as *mut u32).cast::<c_void>()];
+        let e = s
+            // SAFETY: the stub reads the one u32 argument.
+            .capture(|s| unsafe { s.launch(0xf00 as HipFunction, (2, 1, 1), 32, 0, &mut args) })
+            .err()
+            .expect("the launch fails")
+            .to_string();
+        assert!(
+            e.contains("hipModuleLaunchKernel") && e.contains("98"),
+            "{e}"
+        );
+        let log = taken();
+        // the capture is ended and its graph destroyed; nothing instantiated
+        assert_eq!(log[0], "begin_capture 0x51 mode=1");
+        assert!(log[1].starts_with("launch "));
+        assert_eq!(log[2..], ["end_capture 0x51", "graph_destroy 0x61"]);
+        // a failing call outside a capture names itself too
+        FAIL.with(|x| *x.borrow_mut() = Some("memset_async"));
+        // SAFETY: the stub touches no memory.
+        let e = unsafe { s.zero(0xd0 as *mut c_void, 8) }
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hipMemsetD8Async"), "{e}");
     }
 }

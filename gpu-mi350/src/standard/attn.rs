@@ -511,6 +511,65 @@ mod tests {
         }
     }
 
+    /// The split kernel's key assignment, modelled from its source: over
+    /// the SPARSE_SPLIT chunks of a selected block, the tiles of each chunk,
+    /// the 4 mma groups, their n-tiles and lanes, every visible key of the
+    /// block is scored exactly once and no other key is (block sizes that
+    /// do and do not divide by the split, a last block cut by the
+    /// position), and each key's score column is inside its tile.
+    #[test]
+    fn split_chunks_cover_each_visible_key_once() {
+        let body = super::super::STANDARD.body;
+        // the expressions modelled below, as the kernel has them
+        for expr in [
+            "const u64 sub = (B + S - 1u) / S, bend = (u64)b * B + B;",
+            "j0 = (u64)b * B + (u64)(c % S) * sub;",
+            "constexpr u32 tk = SPLIT > 0 ? SA_TILE / (u32)SPLIT : SA_TILE;",
+            "constexpr u32 kpg = tk / 4u, nt = kpg / 8u;",
+            "const u32 key = kpg * grp + 8u * (u32)n + lg;",
+        ] {
+            assert!(body.contains(expr), "the kernel no longer has `{expr}`");
+        }
+        let s = SPARSE_SPLIT as u64;
+        let tk = (ATTN_TILE / SPARSE_SPLIT) as u64;
+        let (kpg, nt) = (tk / 4, tk / 32);
+        for bsz in [16u64, 48, 64, 128, 256] {
+            for b in [0u64, 3] {
+                for p in [b * bsz, b * bsz + 5, b * bsz + bsz - 1, b * bsz + 3 * bsz] {
+                    let mut seen = vec![0u32; bsz as usize];
+                    for c in 0..s {
+                        let sub = bsz.div_ceil(s);
+                        let bend = b * bsz + bsz;
+                        let j0 = b * bsz + c * sub;
+                        let jend = (j0 + sub).min(bend).min(p + 1);
+                        let mut jt = j0;
+                        while jt < jend {
+                            let nk = (jend - jt).min(tk);
+                            for grp in 0..4 {
+                                for n in 0..nt {
+                                    for lg in 0..8 {
+                                        let key = kpg * grp + 8 * n + lg;
+                                        assert!(key < tk, "column {key} past the tile");
+                                        if key < nk {
+                                            let j = jt + key;
+                                            assert!(j >= b * bsz && j < bend && j <= p, "key {j}");
+                                            seen[(j - b * bsz) as usize] += 1;
+                                        }
+                                    }
+                                }
+                            }
+                            jt += tk;
+                        }
+                    }
+                    for (o, &k) in seen.iter().enumerate() {
+                        let visible = b * bsz + o as u64 <= p;
+                        assert_eq!(k, u32::from(visible), "B {bsz} block {b} p {p}: key {o}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn sparse_split_fits_the_tile() {
         // the kernel's S phase gives each of 4 mma groups whole 8-key

@@ -585,3 +585,42 @@ fn router_scores_are_rarely_near_tied() {
         "control: squeezed router near-tie fraction {squeezed}"
     );
 }
+
+/// `--bf16-attention-layers`: the listed layers' attention is bf16 in the
+/// written checkpoint (inspect reports the mix), and a layer past the
+/// model is a one-line error that leaves no output directory.
+#[test]
+fn bf16_attention_layers_flag() {
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("q");
+    let o = m3(&[
+        "synth",
+        "--experts",
+        "mxfp4",
+        "--bf16-attention-layers",
+        "0,2",
+        "--draft-layers",
+        "0",
+        "-q",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let i = m3(&["inspect", out.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&i.stdout).to_string() + &String::from_utf8_lossy(&i.stderr);
+    assert!(text.contains("bf16+mxfp8(e4m3)"), "{text}");
+    let bad = root.path().join("bad");
+    let o = m3(&[
+        "synth",
+        "--bf16-attention-layers",
+        "9",
+        "-q",
+        "--out",
+        bad.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("layer 9"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!bad.exists(), "no output left behind");
+}

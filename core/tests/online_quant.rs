@@ -185,3 +185,59 @@ fn ptpc_dot_equals_the_literal_sum_on_every_code_pair() {
         }
     }
 }
+
+/// `SynthSpec::bf16_attention_layers` (`m3 synth --bf16-attention-layers`):
+/// the Quark export's shape, some layers' attention left bf16 among MXFP8
+/// ones, described by per-layer exclusions; it loads (the config agrees
+/// with the tensors), PTPC converts both kinds, and a layer past the model
+/// is refused.
+#[test]
+fn quark_style_bf16_attention_layers_load_and_convert() {
+    use m3_core::weights::LinearWeight;
+    let d = tempfile::tempdir().unwrap();
+    let cfg = ModelConfig::preset("tiny").unwrap().with_layers(3).unwrap();
+    let mut spec = SynthSpec::new(cfg.clone(), ExpertFormat::Mxfp4, DenseFormat::Mxfp8);
+    spec.bf16_attention_layers = vec![0, 2];
+    spec.draft = None;
+    let dir = d.path().join("q");
+    write_checkpoint(&spec, &dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = ck.load(&LoadOptions::default()).unwrap();
+    for (l, lw) in w.layers.iter().enumerate() {
+        let bf16 = [0, 2].contains(&l);
+        let a = &lw.attn;
+        let ix = a.indexer.as_ref().expect("tiny layers are sparse");
+        for (name, x) in [("q", &a.q), ("o", &a.o), ("index_k", &ix.k)] {
+            assert_eq!(
+                matches!(x, LinearWeight::Bf16 { .. }),
+                bf16,
+                "layer {l} {name}"
+            );
+        }
+        // the rest of the layer keeps --dense (MXFP8) or the experts' MXFP4
+        if let FfnWeights::Dense(m) = &lw.ffn {
+            assert!(
+                matches!(m.down, LinearWeight::Mx(_)),
+                "layer {l} dense down"
+            );
+        }
+    }
+    let p = ck
+        .load(&LoadOptions {
+            online_quant: Some(OnlineQuant::ptpc_fp8("")),
+            ..LoadOptions::default()
+        })
+        .unwrap();
+    assert!(p
+        .layers
+        .iter()
+        .all(|l| l.ptpc.q.is_some() && l.ptpc.o.is_some()));
+    // a layer the model does not have
+    let mut bad = SynthSpec::new(cfg, ExpertFormat::Mxfp4, DenseFormat::Mxfp8);
+    bad.bf16_attention_layers = vec![3];
+    let e = write_checkpoint(&bad, &d.path().join("bad"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("layer 3") && e.contains("3 layers"), "{e}");
+    assert!(!d.path().join("bad").exists(), "nothing left behind");
+}

@@ -65,6 +65,12 @@ pub struct Args {
     /// Replace an existing output directory.
     #[arg(long)]
     pub force: bool,
+    /// Layers whose attention and indexer projections are stored bf16
+    /// whatever --dense says, excluded by name in the quantization config
+    /// (the Quark MXFP4 export's shape: some attention layers unquantized;
+    /// what `--online-quant ptpc_fp8` converts from bf16), e.g. `0,2`.
+    #[arg(long, value_delimiter = ',', value_name = "LAYER,...")]
+    pub bf16_attention_layers: Vec<usize>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -118,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     spec.chat_template = Some(m3_serve::MINIMAX_STYLE_TEMPLATE.to_string());
     spec.seed = args.seed;
     spec.force = args.force;
+    spec.bf16_attention_layers = args.bf16_attention_layers.clone();
     if let Some(mb) = args.shard_mb {
         anyhow::ensure!(
             mb.is_finite() && mb > 0.0,

@@ -91,6 +91,11 @@ pub struct SynthSpec {
     pub chat_template: Option<String>,
     /// Replace an existing output directory.
     pub force: bool,
+    /// Layers whose attention and indexer projections are stored in bf16
+    /// whatever `dense` says, excluded by name in the quantization config:
+    /// the Quark MXFP4 export's shape, which keeps some attention layers
+    /// unquantized (the input of PTPC FP8 from bf16, issue 17).
+    pub bf16_attention_layers: Vec<usize>,
 }
 
 impl SynthSpec {
@@ -114,6 +119,7 @@ impl SynthSpec {
             tokenizer: true,
             chat_template: None,
             force: false,
+            bf16_attention_layers: Vec::new(),
         }
     }
 }
@@ -162,7 +168,9 @@ pub fn config_json(spec: &SynthSpec) -> Result<String, SynthError> {
     let Some(obj) = v.as_object_mut() else {
         return Err(SynthError::Invalid("config.json: not a JSON object".into()));
     };
-    if let Some(q) = quant_config::for_synth(spec.experts, spec.dense) {
+    if let Some(q) =
+        quant_config::for_synth_with(spec.experts, spec.dense, &spec.bf16_attention_layers)
+    {
         obj.insert("quantization_config".into(), q);
     }
     if spec.tokenizer {
@@ -183,7 +191,22 @@ pub fn write_checkpoint_with(
     spec.config
         .validate()
         .map_err(|e| SynthError::Invalid(e.to_string()))?;
-    let units = plan::target_units(&spec.config, spec.experts, spec.dense);
+    if let Some(&l) = spec
+        .bf16_attention_layers
+        .iter()
+        .find(|&&l| l >= spec.config.num_hidden_layers)
+    {
+        return Err(SynthError::Invalid(format!(
+            "bf16 attention layer {l}: the model has {} layers",
+            spec.config.num_hidden_layers
+        )));
+    }
+    let units = plan::target_units_with(
+        &spec.config,
+        spec.experts,
+        spec.dense,
+        &spec.bf16_attention_layers,
+    );
     plan::check_blocks(&units).map_err(SynthError::Invalid)?;
     let draft_units = match &spec.draft {
         Some(d) => {

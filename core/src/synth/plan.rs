@@ -156,6 +156,17 @@ fn mlp_units(out: &mut Vec<Unit>, names3: [String; 3], h: usize, w: usize, res: 
 /// Every unit of the target model, in file order (embedding, layers, final
 /// norm, LM head), text weights under `language_model.`.
 pub fn target_units(cfg: &ModelConfig, experts: ExpertFormat, dense: DenseFormat) -> Vec<Unit> {
+    target_units_with(cfg, experts, dense, &[])
+}
+
+/// [`target_units`] with the attention and indexer projections of layers
+/// `bf16_attn` in bf16 whatever `dense` says.
+pub fn target_units_with(
+    cfg: &ModelConfig,
+    experts: ExpertFormat,
+    dense: DenseFormat,
+    bf16_attn: &[usize],
+) -> Vec<Unit> {
     let n = TensorNames::new(true);
     let h = cfg.hidden_size;
     let res = inv_sqrt(2 * cfg.num_hidden_layers);
@@ -171,16 +182,22 @@ pub fn target_units(cfg: &ModelConfig, experts: ExpertFormat, dense: DenseFormat
     )];
     for l in 0..cfg.num_hidden_layers {
         let ln = n.layer(l);
+        // this layer's attention (and indexer) storage
+        let ads = if bf16_attn.contains(&l) {
+            Storage::Bf16
+        } else {
+            ds
+        };
         u.push(Unit::new(
             ln.input_layernorm(),
             &[h],
             NORM_STD,
             Storage::Bf16,
         ));
-        u.push(Unit::new(ln.q_proj(), &[qd, h], inv_sqrt(h), ds));
-        u.push(Unit::new(ln.k_proj(), &[kvd, h], inv_sqrt(h), ds));
-        u.push(Unit::new(ln.v_proj(), &[kvd, h], inv_sqrt(h), ds));
-        u.push(Unit::new(ln.o_proj(), &[h, qd], inv_sqrt(qd) * res, ds));
+        u.push(Unit::new(ln.q_proj(), &[qd, h], inv_sqrt(h), ads));
+        u.push(Unit::new(ln.k_proj(), &[kvd, h], inv_sqrt(h), ads));
+        u.push(Unit::new(ln.v_proj(), &[kvd, h], inv_sqrt(h), ads));
+        u.push(Unit::new(ln.o_proj(), &[h, qd], inv_sqrt(qd) * res, ads));
         u.push(Unit::new(
             ln.q_norm(),
             &[cfg.head_dim],
@@ -199,9 +216,9 @@ pub fn target_units(cfg: &ModelConfig, experts: ExpertFormat, dense: DenseFormat
                 ln.index_q_proj(),
                 &[cfg.index_n_heads * di, h],
                 inv_sqrt(h),
-                ds,
+                ads,
             ));
-            u.push(Unit::new(ln.index_k_proj(), &[di, h], inv_sqrt(h), ds));
+            u.push(Unit::new(ln.index_k_proj(), &[di, h], inv_sqrt(h), ads));
             u.push(Unit::new(ln.index_q_norm(), &[di], NORM_STD, Storage::Bf16));
             u.push(Unit::new(ln.index_k_norm(), &[di], NORM_STD, Storage::Bf16));
         }

@@ -123,10 +123,30 @@ pub fn fp8_block32(bf16_patterns: &[&str]) -> Value {
 
 /// The config `m3 synth` writes for a format choice (None: all bf16).
 pub fn for_synth(experts: ExpertFormat, dense: DenseFormat) -> Option<Value> {
-    let (mx8, bf): (Vec<&str>, Vec<&str>) = match dense {
+    for_synth_with(experts, dense, &[])
+}
+
+/// The module pattern of layer `l`'s attention and indexer projections.
+pub fn layer_attn(l: usize) -> String {
+    format!("*layers.{l}.self_attn*")
+}
+
+/// [`for_synth`] with the attention of layers `bf16_attn` excluded by name
+/// (stored bf16 whatever `dense` says; exclusions win over a format
+/// pattern, as in Quark and ModelOpt).
+pub fn for_synth_with(
+    experts: ExpertFormat,
+    dense: DenseFormat,
+    bf16_attn: &[usize],
+) -> Option<Value> {
+    let per_layer: Vec<String> = bf16_attn.iter().map(|&l| layer_attn(l)).collect();
+    let (mx8, mut bf): (Vec<&str>, Vec<&str>) = match dense {
         DenseFormat::Mxfp8 => (REST_FAMILIES.to_vec(), Vec::new()),
         DenseFormat::Bf16 => (Vec::new(), REST_FAMILIES.to_vec()),
     };
+    if dense == DenseFormat::Mxfp8 {
+        bf.extend(per_layer.iter().map(String::as_str));
+    }
     match (experts, dense) {
         (ExpertFormat::Mxfp4, _) => Some(quark(&mx8, &bf)),
         (ExpertFormat::Nvfp4, _) => Some(modelopt_nvfp4(&bf)),
@@ -165,5 +185,28 @@ mod tests {
         assert_eq!(f["weight_block_size"], json!([1, 32]));
         assert_eq!(f["scale_fmt"], "ue8m0");
         assert!(for_synth(ExpertFormat::Bf16, DenseFormat::Bf16).is_none());
+    }
+
+    #[test]
+    fn bf16_attention_layers_are_excluded_by_name() {
+        let q = for_synth_with(ExpertFormat::Mxfp4, DenseFormat::Mxfp8, &[0, 2]).unwrap();
+        let ex = q["exclude"].as_array().unwrap();
+        for l in ["*layers.0.self_attn*", "*layers.2.self_attn*"] {
+            assert!(ex.contains(&Value::from(l)), "{ex:?}");
+        }
+        assert!(!ex.contains(&Value::from("*layers.1.self_attn*")));
+        // the rest of the attention stays MXFP8 by its pattern
+        assert_eq!(q["layer_quant_config"][ATTN]["weight"]["dtype"], "fp8_e4m3");
+        // the other config shapes exclude by their own key
+        let m = for_synth_with(ExpertFormat::Nvfp4, DenseFormat::Mxfp8, &[1]).unwrap();
+        assert!(m["exclude_modules"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("*layers.1.self_attn*")));
+        // no layer: the plain config
+        assert_eq!(
+            for_synth_with(ExpertFormat::Mxfp4, DenseFormat::Mxfp8, &[]),
+            for_synth(ExpertFormat::Mxfp4, DenseFormat::Mxfp8)
+        );
     }
 }

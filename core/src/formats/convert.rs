@@ -222,14 +222,7 @@ pub fn ptpc_quantize_row(row: &[f32], codes: &mut [u8]) -> f32 {
 /// an integer in [-229376, 229376] (448 = 229376 * 2^-9); `None` for the
 /// NaN codes 0x7F / 0xFF.
 pub fn e4m3_units(c: u8) -> Option<i32> {
-    let mag = c & 0x7F;
-    if mag == 0x7F {
-        return None;
-    }
-    let (e, m) = ((mag >> 3) as u32, (mag & 7) as i32);
-    // Subnormal: m * 2^-9; normal: (8 + m) * 2^(e - 10) = (8 + m) << (e - 1) units.
-    let u = if e == 0 { m } else { (8 + m) << (e - 1) };
-    Some(if c & 0x80 != 0 { -u } else { u })
+    (c & 0x7F != 0x7F).then(|| E4M3_UNITS[c as usize])
 }
 
 /// [`e4m3_units`] of every code, NaN codes as 0 (callers check them).
@@ -240,6 +233,7 @@ const E4M3_UNITS: [i32; 256] = {
         let mag = (c & 0x7f) as i32;
         if mag != 0x7f {
             let (e, m) = (mag >> 3, mag & 7);
+            // subnormal: m * 2^-9; normal: (8 + m) * 2^(e - 10) = (8 + m) << (e - 1) units
             let u = if e == 0 { m } else { (8 + m) << (e - 1) };
             t[c] = if c & 0x80 != 0 { -u } else { u };
         }

@@ -98,6 +98,11 @@ fn online_quant_bad_inputs_are_one_line_errors() {
             ][..],
             "no_such_tensor",
         ),
+        (
+            &["bench", "--preset", "tiny", "--path", "mono"][..],
+            "the mono path is the GPU's",
+        ),
+        (&["bench", "--path", "fast"][..], "invalid value 'fast'"),
     ] {
         let out = m3().args(args).output().expect("running m3 bench");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -195,8 +195,8 @@ M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)
                      u32 nkv, float* __restrict__ scores, u32 maxnb, u32 cache_bf16) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ float4 qs4[SI_MAXH * SI_MAXD / 4];  // float4: 16-byte aligned
-  __shared__ float red[SI_MAXH][SI_THREADS / M3_WARP];
+  S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]);  // float4: 16-byte aligned
+  S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);
   if (cache_bf16)
     si_scores<true>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel,
                     nkv, scores, maxnb, qs4, red);
@@ -235,9 +235,9 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
                    u32 T, u32 maxnb, int* __restrict__ sel) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ float ssc[SK_SMEM];
-  __shared__ u64 cand[SK_THREADS / M3_WARP * SK_MAXK];
-  __shared__ int chosen[SK_MAXK];  // picks by rank, -1 past the valid blocks
+  S_SMEM_SCOPE; S_SHARED(float, ssc, [SK_SMEM]);
+  S_SHARED(u64, cand, [SK_THREADS / M3_WARP * SK_MAXK]);
+  S_SHARED(int, chosen, [SK_MAXK]);  // picks by rank, -1 past the valid blocks
   const u32 gsel = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const u32 selh = gridDim.x;
   const u32 p = pos[t];
@@ -702,10 +702,10 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
                                 u32 B, u32 T, float* __restrict__ part, u32 max_chunks, u32 cache_bf16) {           \
     M3_PDL_TRIGGER();                                                                                               \
     M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
-    __shared__ uint4 qs4[SA_MAXHG * SA_QS / 4]; /* q [16][d] as bf16 pairs, rows >= hg zero */                     \
-    __shared__ float sp[SA_MAXHG * SA_PS];     /* scores, then exp(s - m) (0 past the tile's keys) */              \
-    __shared__ u64 roff[SA_TILE];              /* byte offset of each key's K / V row */                           \
-    __shared__ float hm[SA_MAXHG], hl[SA_MAXHG], hc[SA_MAXHG];                                                      \
+    S_SMEM_SCOPE; S_SHARED(uint4, qs4, [SA_MAXHG * SA_QS / 4]); /* q [16][d] as bf16 pairs, rows >= hg zero */      \
+    S_SHARED(float, sp, [SA_MAXHG * SA_PS]); /* scores, then exp(s - m) (0 past the tile's keys) */                 \
+    S_SHARED(u64, roff, [SA_TILE]); /* byte offset of each key's K / V row */                                       \
+    S_SHARED(float, hm, [SA_MAXHG]); S_SHARED(float, hl, [SA_MAXHG]); S_SHARED(float, hc, [SA_MAXHG]);              \
     /* score scale: K's dequantisation scale and 1/sqrt(d) (computed once, outside the two bodies) */              \
     const float sscale = ks / sqrtf((float)d);                                                                      \
     if (cache_bf16)                                                                                                 \
@@ -732,8 +732,8 @@ M3_KERNEL void M3_HIP_BLOCK(SC_THREADS)
                      u32 K, u32 max_chunks, u16* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  __shared__ float red[SC_THREADS / M3_WARP];
-  __shared__ float wsm[SC_THREADS];
+  S_SMEM_SCOPE; S_SHARED(float, red, [SC_THREADS / M3_WARP]);
+  S_SHARED(float, wsm, [SC_THREADS]);
   const u32 i = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const u32 hg = nh / nkv, g = i / hg, h = i % hg;
   const u32 nch = sa_chunks(pos[t], sparse, K, max_chunks);

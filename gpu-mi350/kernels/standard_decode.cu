@@ -4,6 +4,15 @@
 // the device, so a whole step can be captured into one CUDA graph.
 // Numerics follow MODEL.md section 3 (f32 math, bf16 at the marked points).
 
+// A kernel body's shared memory is declared with S_SHARED, after one
+// S_SMEM_SCOPE in the function: plain static arrays here; the mono build
+// (kernels/mono_prelude.h) carves them instead from one pool per sub-block
+// of its persistent CTA, so the bodies of every op fit one kernel.
+#ifndef S_SHARED
+#define S_SMEM_SCOPE ((void)0)
+#define S_SHARED(T, name, dims) __shared__ T name dims
+#endif
+
 // Weight formats of the tensor-core linear (compile-time template argument;
 // the Rust side picks the entry point by name, see WFmt::mma_kernel).
 #define S_FMT_BF16 0
@@ -466,18 +475,29 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
 template <int F, bool ANY>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
-  __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
-  __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
-  __shared__ int head[2];
+  S_SMEM_SCOPE; S_SHARED(float, red, [S_MMA_WARPS][S_MMA_MAXBT * 8][16]);
+  S_SHARED(u32, xrow, [S_MMA_MAXBT * 8]); S_SHARED(u32, yrow, [S_MMA_MAXBT * 8]);
+  S_SHARED(int, head, [2]);
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
+#if defined(S_MONO)
+  // mono: the table is in the program's argument bytes (global memory); a
+  // reference, so each field is read where it is used instead of all of
+  // them held in registers through the loop
+  u32 si = 0u;
+#pragma unroll
+  for (u32 i = 1; i < S_MAX_SEGS; ++i)
+    if (i < segs.nseg && blockIdx.x >= segs.s[i].tile0) si = i;
+  const SSeg1& sg = segs.s[si];
+#else
   // this CTA's matrix (constant indices only: the table stays in the
   // parameter bank)
   SSeg1 sg = segs.s[0];
 #pragma unroll
   for (int i = 1; i < S_MAX_SEGS; ++i)
     if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+#endif
   const u32 N = sg.n;
   const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
   const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
@@ -678,8 +698,8 @@ M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold,
                          int* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  __shared__ int cnt[1024];
-  __shared__ int slot[1024];
+  S_SMEM_SCOPE; S_SHARED(int, cnt, [1024]);
+  S_SHARED(int, slot, [1024]);
   const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -728,8 +748,8 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
                            float eps, u32 n, u16* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  __shared__ float part[32];
-  __shared__ float total;
+  S_SMEM_SCOPE; S_SHARED(float, part, [32]);
+  S_SHARED(float, total, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
   float v[8];
@@ -761,6 +781,45 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
     o[i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
 }
 
+#if defined(S_MONO)
+/// m3s_rmsnorm as its 1024-thread launch computes it, for any block that
+/// divides 1024 (the mono build runs 256-thread CTAs): thread t plays the
+/// 1024-thread kernel's threads t, t + B, ... in turn, each summing its
+/// elements in the same order, and each real warp reduces the virtual
+/// warps its lanes played with the same shuffle tree, so every sum, and
+/// every output, is the standard kernel's bit for bit.
+M3_KERNEL void m3s_rmsnorm_v1024(const float* __restrict__ x, const u32* __restrict__ rows,
+                                 const float* __restrict__ w, float eps, u32 n, u16* __restrict__ out) {
+  S_SMEM_SCOPE; S_SHARED(float, part, [32]);
+  S_SHARED(float, total, );
+  const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
+  const float* xr = x + (u64)src * n;
+  const u32 B = blockDim.x;
+  for (u32 vt = threadIdx.x; vt < 1024u; vt += B) {
+    float s = 0.0f;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) {
+      const u32 i = vt + j * 1024u;
+      const float v = i < n ? xr[i] : 0.0f;
+      s += v * v;
+    }
+    for (u32 i = vt + 8u * 1024u; i < n; i += 1024u) s += xr[i] * xr[i];
+    s = m3_warp_sum(s);
+    if (vt % M3_WARP == 0) part[vt / M3_WARP] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (u32 i = 0; i < 1024u / M3_WARP; ++i) t += part[i];
+    total = t;
+  }
+  __syncthreads();
+  const float r = sqrtf(total / (float)n + eps);
+  u16* o = out + (u64)blockIdx.x * n;
+  for (u32 i = threadIdx.x; i < n; i += B) o[i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+}
+#endif
+
 /// One tensor of a fused per-head norm + RoPE launch: x [T, heads, d]
 /// bf16 -> out, weight w [d], rotary dims rd; its CTAs are blockIdx.x in
 /// [h0, h0 + heads).
@@ -782,7 +841,7 @@ struct SHnJobs {
 M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  __shared__ float v[256];
+  S_SMEM_SCOPE; S_SHARED(float, v, [256]);
   SHnJob jb = jobs.j[0];
 #pragma unroll
   for (int i = 1; i < 4; ++i)
@@ -996,8 +1055,8 @@ M3_KERNEL void __launch_bounds__(S_PTPC_BLOCK) m3s_act_ptpc(const u16* __restric
                                                             u16* __restrict__ out, float* __restrict__ scales) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  __shared__ u32 part[S_PTPC_BLOCK / M3_WARP];
-  __shared__ u32 amax_bits;
+  S_SMEM_SCOPE; S_SHARED(u32, part, [S_PTPC_BLOCK / M3_WARP]);
+  S_SHARED(u32, amax_bits, );
   const u32 r = blockIdx.x;
   if (r >= rows) return;
   const u16* xr = x + (u64)r * K;
@@ -1072,7 +1131,7 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
 /// row m. Grid N, block 256.
 M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
                                float* __restrict__ y) {
-  __shared__ float part[8][32];  // [warp][row]: 8 warps of 32 lanes (4 wavefronts of 64 use half)
+  S_SMEM_SCOPE; S_SHARED(float, part, [8][32]);  // [warp][row]: 8 warps of 32 lanes (4 wavefronts of 64 use half)
   M3_PDL_TRIGGER();
   const u32 n = blockIdx.x, lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
   const u32 nw = blockDim.x / M3_WARP;
@@ -1131,7 +1190,7 @@ M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restr
     }
     v[i] = x;
   }
-  __shared__ int ch[16];
+  S_SMEM_SCOPE; S_SHARED(int, ch, [16]);
   for (u32 c = 0; c < k; ++c) {
     float bv = 0.0f;
     int bi = -1;
@@ -1175,8 +1234,8 @@ M3_KERNEL void m3s_argmax_part(const float* __restrict__ logits, u32 vocab, floa
                                u32* __restrict__ pi) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  __shared__ float bv[32];
-  __shared__ u32 bi[32];
+  S_SMEM_SCOPE; S_SHARED(float, bv, [32]);
+  S_SHARED(u32, bi, [32]);
   const u32 parts = gridDim.y, part = blockIdx.y;
   const u32 per = (vocab + parts - 1u) / parts;
   const u32 lo = part * per, hi = min(vocab, lo + per);

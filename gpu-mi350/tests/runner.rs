@@ -870,3 +870,123 @@ fn folded_shared_expert_is_bitwise_the_same() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The mono path (one persistent launch a layer running the standard
+/// kernels' bodies as a recorded program, standard/mono.rs) gives the
+/// standard path's logits bit for bit: every step of at most 16 rows after
+/// a 40-row prefill (decode rows, a 4-row and a 16-row chunk), captured
+/// graphs as a runner runs them. The mono runner must really have taken
+/// the mono path for those steps, and the check can fail: the mono path on
+/// a model with its last layer's K and V projections swapped differs.
+#[test]
+fn mono_path_is_bitwise_the_standard_path() {
+    use m3_core::backend::ModelRunner;
+    use m3_gpu::standard::PathOptions;
+    use m3_gpu::GpuRunner;
+    let Some(cuda) = gpu_or_skip("mono_path_is_bitwise_the_standard_path") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    for (preset, fmt) in [
+        ("tiny", WeightFormat::Bf16),
+        ("tiny", WeightFormat::Mxfp4),
+        ("small", WeightFormat::Mxfp4),
+    ] {
+        let c = ModelConfig::preset(preset).expect("preset");
+        let formats = Formats {
+            experts: fmt,
+            dense: fmt,
+        };
+        let m = Arc::new(synthetic::model(&c, formats, 7).expect("synthetic"));
+        let mut bad = (*m).clone();
+        let last = bad.layers.len() - 1;
+        let a = &mut bad.layers[last].attn;
+        std::mem::swap(&mut a.k, &mut a.v);
+        let bad = Arc::new(bad);
+        let vocab = c.vocab_size;
+        // (steps run on the mono path, logits of every step)
+        let run = |m: &Arc<ModelWeights>, mono: bool| -> Result<(u64, Vec<Vec<f32>>), String> {
+            let opts = PathOptions {
+                mono,
+                ..PathOptions::default()
+            };
+            let mut r = GpuRunner::load(
+                &cuda,
+                ModelSource::Weights(m.clone()),
+                &spec(&CASES[0]),
+                opts,
+                &mut |_| {},
+            )
+            .map_err(|e| format!("load: {e}"))?;
+            let table: Vec<u32> = (0..12).collect();
+            let p = prompt(vocab);
+            let mut outs = Vec::new();
+            let mut pos = 0usize;
+            // prefill 40 rows (standard either way), then 1, 1, 4, 1, 16, 1
+            for n in [40usize, 1, 1, 4, 1, 16, 1] {
+                let toks = &p[pos..pos + n];
+                let st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
+                let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
+                let o = r
+                    .step(&StepInput {
+                        batch: &st,
+                        path: Path::Standard,
+                        sampling: &sampling,
+                        read: &ReadBack {
+                            logits: (0..st.logits_rows.len() as u32).collect(),
+                            taps: TapRequest::NONE,
+                        },
+                        teacher: None,
+                    })
+                    .map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
+                outs.push(o.logits);
+                pos += n;
+            }
+            Ok((r.path().mono_steps(), outs))
+        };
+        let (std_n, plain) = match run(&m, false) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{preset} {fmt:?} standard: {e}"));
+                continue;
+            }
+        };
+        let (mono_n, mono) = match run(&m, true) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{preset} {fmt:?} mono: {e}"));
+                continue;
+            }
+        };
+        let planted = run(&bad, true).map(|(_, o)| o);
+        let same = plain.len() == mono.len() && plain.iter().zip(&mono).all(|(a, b)| bits(a, b));
+        let first_diff = plain.iter().zip(&mono).position(|(a, b)| !bits(a, b));
+        let caught = match &planted {
+            Ok(pl) => !plain.iter().zip(pl).all(|(a, b)| bits(a, b)),
+            Err(_) => false,
+        };
+        println!(
+            "{preset} {fmt:?}: mono steps {mono_n} (standard runner {std_n}); mono == standard bitwise over 7 steps: {same} (first differing step {first_diff:?}); a perturbed model differs: {caught}"
+        );
+        if std_n != 0 || mono_n != 6 {
+            failures.push(format!(
+                "{preset} {fmt:?}: mono steps {mono_n} (want 6), standard runner {std_n} (want 0)"
+            ));
+        }
+        if !same {
+            failures.push(format!(
+                "{preset} {fmt:?}: mono logits differ from standard (first at step {first_diff:?})"
+            ));
+        }
+        if !caught {
+            failures.push(format!(
+                "{preset} {fmt:?}: a perturbed model gave the same logits on the mono path ({:?})",
+                planted.err()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

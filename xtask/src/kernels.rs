@@ -198,7 +198,9 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: NVRTC {ma}.{mi} -> {arch}");
     let small = m3_gpu::standard::small_step_source()?;
-    for k in kernels::ALL.iter().chain(std::iter::once(&small)) {
+    // the mono kernel (CUDA only: named barriers; not in the HIP builds)
+    let mono = m3_gpu::standard::mono_step_source()?;
+    for k in kernels::ALL.iter().chain([&small, &mono]) {
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;

@@ -9,6 +9,14 @@
 //! position on full layers) and the index-cache bytes the indexer reads.
 
 use std::collections::BTreeSet;
+
+/// `m3 bench --path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchPath {
+    Standard,
+    Mono,
+    Both,
+}
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
@@ -92,6 +100,12 @@ pub struct Args {
     /// `--preset m3.1 --layers 12 --per-layer 6`.
     #[arg(long)]
     pub per_layer: Option<usize>,
+    /// GPU: the decode path of steps of at most 16 rows: `standard` (about
+    /// 20 launches a layer), `mono` (one persistent launch a layer running
+    /// the same kernels' bodies, bit-identical results), or `both` (every
+    /// case on each, interleaved in the same rounds, for the ratio).
+    #[arg(long, value_enum, default_value = "standard")]
+    pub path: BenchPath,
     /// GPU: the linear-kernel microbench instead of the step (every weight
     /// format at --kernel-rows x rows on a stack of 8 [hidden, hidden]
     /// matrices, and the fused expert gate+up at the preset's shapes over
@@ -294,6 +308,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.backend != "cpu" {
         bail!("--backend `{}` is not one of cpu, gpu", args.backend);
+    }
+    if args.path != BenchPath::Standard {
+        bail!("--path {:?}: the mono path is the GPU's (--backend gpu); the CPU reference has one path", args.path);
     }
     let be = args::open_backend(args::BackendArg::Cpu, false, false)?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;

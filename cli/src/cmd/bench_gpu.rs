@@ -29,6 +29,8 @@ use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
 use m3_gpu::benchmodel::{self, BenchWeights, SharedGen};
 use m3_gpu::standard::{Capacity, PathOptions, StandardPath};
+
+use super::BenchPath;
 use m3_gpu::CudaGpu;
 use serde_json::json;
 
@@ -337,8 +339,7 @@ fn print_per_layer(
         let whole = ba / (ta * 1e-3) / 1e9;
         let projected = ta + (nfull as f64 - la as f64) * dt;
         println!(
-            "| {label}{} | {ta:.3} / {tb:.3} | {dt:.4} | {:.1} | {gbs:.0} | {:.1}% | {:.1}% | {projected:.2} |",
-            if *v > 0 { format!(" [variant {v}]") } else { String::new() },
+            "| {label} | {ta:.3} / {tb:.3} | {dt:.4} | {:.1} | {gbs:.0} | {:.1}% | {:.1}% | {projected:.2} |",
             db / 1e6,
             100.0 * gbs / ceiling,
             100.0 * whole / ceiling
@@ -451,7 +452,10 @@ fn bench_model(
             act: ActMode::Bf16,
         },
         KvBudget::Blocks(pages),
-        PathOptions::default().with_env_overrides(),
+        PathOptions {
+            mono: args.path != BenchPath::Standard,
+            ..PathOptions::default().with_env_overrides()
+        },
     )
     .context("standard path")?;
     sp.fill_cache(gpu, 0xcafe).context("filling the cache")?;
@@ -461,8 +465,23 @@ fn bench_model(
     );
     // kernel variants (tensor-core linear tunables), each run on every case
     // variant None: chosen by the step's rows (the defaults)
-    let mut vlabels = vec!["auto".to_string()];
+    // (and the mono path, `--path`: a run of its own label)
+    let mut vlabels = vec![if args.path == BenchPath::Mono {
+        "mono"
+    } else {
+        "auto"
+    }
+    .to_string()];
     let mut vids: Vec<Option<usize>> = vec![None];
+    let mut vmono = vec![args.path == BenchPath::Mono];
+    if args.path == BenchPath::Both {
+        vlabels.push("mono".into());
+        vids.push(None);
+        vmono.push(true);
+    }
+    if let Some(m) = sp.mono_about() {
+        println!("mono path: {m} (one launch a layer)");
+    }
     for v in args
         .variants
         .split(';')
@@ -474,6 +493,7 @@ fn bench_model(
             .with_context(|| format!("--variants: compiling `{v}`"))?;
         vlabels.push(v.to_string());
         vids.push(Some(id));
+        vmono.push(false);
     }
     let runs: Vec<(usize, usize)> = (0..vlabels.len())
         .flat_map(|v| (0..cases.len()).map(move |c| (v, c)))
@@ -489,6 +509,7 @@ fn bench_model(
     let mut profiles = Vec::new();
     for &(v, ci) in &runs {
         sp.set_variant(vids[v]).context("variant")?;
+        sp.set_mono(vmono[v]).context("path")?;
         let c = &cases[ci];
         let s = &c.step;
         let greedy = vec![SampleParams::GREEDY; s.logits_rows.len()];
@@ -524,6 +545,7 @@ fn bench_model(
     for _round in 0..args.rounds {
         for (i, &(vi, ci)) in runs.iter().enumerate() {
             sp.set_variant(vids[vi]).context("variant")?;
+            sp.set_mono(vmono[vi]).context("path")?;
             let c = &cases[ci];
             let s = &c.step;
             let greedy = vec![SampleParams::GREEDY; s.logits_rows.len()];
@@ -593,7 +615,8 @@ fn bench_model(
                 .collect::<Vec<_>>()
                 .join(" / ")
         );
-        medians.push((c.label.clone(), vi, med, by));
+        // the run's label ([variant] or [mono] before the case when several)
+        medians.push((run_label(vi, c), vi, med, by));
         out_cases.push(json!({
             "case": c.label,
             "variant": vlabels[vi],

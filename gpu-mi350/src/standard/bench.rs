@@ -39,11 +39,23 @@ impl StandardPath {
     /// every launch: (label, ms) per launch in order. The gaps between
     /// launches (launch latency, not hidden here as in a graph) are included
     /// in each launch's time, so the sum exceeds a graph replay's time.
+    /// A mono step profiles one entry per layer (`mono`).
     pub fn profile(&mut self, s: Shape) -> Result<Vec<(&'static str, f64)>> {
+        let mono = self.mono_for(s.rows);
+        if mono {
+            self.mono_prepare(s.rows)?;
+        }
+        let run = |p: &Self| {
+            if mono {
+                p.enqueue_mono(s.rows, s.logits_rows)
+            } else {
+                p.enqueue(s.rows, s.logits_rows, &Extras::default())
+            }
+        };
         // warm: the first direct run may page in code and data
-        self.enqueue(s.rows, s.logits_rows, &Extras::default())?;
+        run(self)?;
         self.l.profile_start()?;
-        let r = self.enqueue(s.rows, s.logits_rows, &Extras::default());
+        let r = run(self);
         let marks = self.l.profile_end();
         r?;
         marks
@@ -73,6 +85,30 @@ impl StandardPath {
         }
         self.forced_variant = v;
         Ok(())
+    }
+
+    /// Run later steps of at most `mono::MONO_MAX_ROWS` rows on the mono
+    /// path (`true`, it must have been loaded: `PathOptions::mono`) or the
+    /// standard one.
+    pub fn set_mono(&mut self, on: bool) -> Result<()> {
+        if on && self.mono.is_none() {
+            return Err(GpuError::input(
+                "mono path",
+                "not loaded: build the path with PathOptions::mono",
+            ));
+        }
+        self.mono_on = on;
+        Ok(())
+    }
+
+    /// Steps launched on the mono path so far.
+    pub fn mono_steps(&self) -> u64 {
+        self.mono_steps
+    }
+
+    /// The mono kernel's launch shape and resources, if the path has it.
+    pub fn mono_about(&self) -> Option<String> {
+        self.mono.as_ref().map(|m| m.about().to_string())
     }
 
     /// Name of each compiled variant (index = variant).

@@ -11,6 +11,10 @@ use super::StandardPath;
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn};
 
+/// Graph keys of mono steps: their variant plus this (apart from every
+/// tensor-core variant index).
+const MONO_GRAPH: usize = 1 << 16;
+
 /// The shape of the uploaded step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -64,21 +68,33 @@ impl StandardPath {
 
     /// Launch the uploaded step: a graph replay (captured on first use)
     /// when `graph` and its shape allows, else direct launches.
+    /// A step of at most `mono::MONO_MAX_ROWS` rows runs on the mono path
+    /// when the path has it (its own graphs, keyed apart).
     pub fn launch(&mut self, s: Shape, graph: bool) -> Result<()> {
+        let mono = self.mono_for(s.rows);
+        if mono {
+            self.mono_prepare(s.rows)?;
+            self.mono_steps += 1;
+        }
         let key = GraphKey {
             rows: s.rows,
             logits_rows: s.logits_rows,
-            variant: self.variant_for(s.rows),
+            variant: self.variant_for(s.rows) + if mono { MONO_GRAPH } else { 0 },
+        };
+        let run = |p: &Self| {
+            if mono {
+                p.enqueue_mono(s.rows, s.logits_rows)
+            } else {
+                p.enqueue(s.rows, s.logits_rows, &Extras::default())
+            }
         };
         if graph && self.graphable(s.rows) && self.graphs.can_hold(&key) {
             let mut graphs = std::mem::replace(&mut self.graphs, super::graphs::Graphs::new(0));
-            let r = graphs.run(&self.l, key, || {
-                self.enqueue(s.rows, s.logits_rows, &Extras::default())
-            });
+            let r = graphs.run(&self.l, key, || run(self));
             self.graphs = graphs;
             r
         } else {
-            self.enqueue(s.rows, s.logits_rows, &Extras::default())
+            run(self)
         }
     }
 

@@ -28,6 +28,29 @@ pub(crate) enum Arg {
 }
 
 impl Arg {
+    /// Append this argument to `out` as the mono interpreter reads
+    /// arguments (kernels/mono.cu): a value of at most 4 bytes at a 4-byte
+    /// boundary; a u64 or a struct at an 8-byte boundary, taking a multiple
+    /// of 8 bytes.
+    fn encode(&self, out: &mut Vec<u8>) {
+        let wide = |out: &mut Vec<u8>, bytes: &[u8]| {
+            out.resize(out.len().next_multiple_of(8), 0);
+            out.extend_from_slice(bytes);
+        };
+        match self {
+            Arg::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            Arg::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            Arg::U64(v) => wide(out, &v.to_le_bytes()),
+            Arg::Pod(w) => wide(out, bytemuck::cast_slice(w)),
+        }
+    }
+
+    /// [`Arg::encode`] for the mono tests.
+    #[cfg(test)]
+    pub(crate) fn encode_for_test(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+
     /// A plain-old-data struct argument.
     pub(crate) fn pod<T: bytemuck::Pod>(v: &T) -> Arg {
         let bytes = bytemuck::bytes_of(v);
@@ -46,6 +69,19 @@ impl Arg {
     }
 }
 
+/// A launch taken down instead of made (see [`Launcher::record`]).
+pub(crate) struct Recorded {
+    pub label: &'static str,
+    /// The kernel's `CUfunction` handle, as an address (what it is, not a
+    /// pointer to follow).
+    pub func: usize,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    /// The arguments in the mono interpreter's layout ([`Arg::encode`]).
+    pub args: Vec<u8>,
+}
+
 /// The stream every launch of one runner goes to.
 pub struct Launcher {
     ctx: Arc<CudaContext>,
@@ -54,6 +90,8 @@ pub struct Launcher {
     pdl: bool,
     /// Events recorded after each launch while a profile runs.
     prof: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
+    /// Launches taken down while [`Launcher::record`] runs.
+    rec: RefCell<Option<Vec<Recorded>>>,
 }
 
 impl Launcher {
@@ -68,6 +106,7 @@ impl Launcher {
             stream,
             pdl,
             prof: RefCell::new(None),
+            rec: RefCell::new(None),
         })
     }
 
@@ -108,6 +147,21 @@ impl Launcher {
         use cudarc::driver::sys;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do (e.g. no logits rows)
+        }
+        if let Some(rec) = self.rec.borrow_mut().as_mut() {
+            let mut bytes = Vec::new();
+            for a in args {
+                a.encode(&mut bytes);
+            }
+            rec.push(Recorded {
+                label,
+                func: f.cu_function() as usize,
+                grid,
+                block,
+                smem,
+                args: bytes,
+            });
+            return Ok(());
         }
         let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(Arg::ptr).collect();
         // SAFETY: a zeroed union is a valid CUlaunchAttributeValue; only the
@@ -150,11 +204,33 @@ impl Launcher {
         self.mark(label)
     }
 
+    /// Run `enqueue` with every kernel launch taken down instead of made
+    /// (the mono path's programs are recorded this way from the standard
+    /// path's own launch code). A copy or memset while recording is an
+    /// error: a program holds kernels only.
+    pub(crate) fn record(&self, enqueue: impl FnOnce() -> Result<()>) -> Result<Vec<Recorded>> {
+        *self.rec.borrow_mut() = Some(Vec::new());
+        let r = enqueue();
+        let rec = self.rec.borrow_mut().take().unwrap_or_default();
+        r.map(|()| rec)
+    }
+
+    fn refuse_if_recording(&self, what: &str) -> Result<()> {
+        if self.rec.borrow().is_some() {
+            return Err(GpuError::input(
+                "mono program",
+                format!("a {what} among the recorded launches (a program holds kernels only)"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Device-to-device copy of `bytes` bytes, ordered on the stream.
     pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
+        self.refuse_if_recording("copy")?;
         self.bind()?;
         // SAFETY: the caller passes ranges inside live allocations.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
@@ -167,6 +243,7 @@ impl Launcher {
         if bytes == 0 {
             return Ok(());
         }
+        self.refuse_if_recording("memset")?;
         self.bind()?;
         // SAFETY: the caller passes a range inside a live allocation.
         unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }

@@ -27,6 +27,7 @@ pub mod kernel_bench;
 pub mod kv;
 pub(crate) mod launch;
 pub(crate) mod linear;
+pub(crate) mod mono;
 pub(crate) mod pointwise;
 pub(crate) mod step;
 
@@ -101,6 +102,13 @@ pub fn small_step_source() -> Result<KernelSource> {
     })
 }
 
+/// The mono kernel's translation unit as the runner compiles it (the
+/// small-step defines; CUDA only, see kernels/mono_prelude.h): CI compiles
+/// it with NVRTC beside [`crate::kernels::ALL`].
+pub fn mono_step_source() -> Result<KernelSource> {
+    mono::mono_source(SMALL_STEP_VARIANT, "")
+}
+
 /// Device-side weight and cache generation (`kernels/gen.cu`).
 pub const GEN: KernelSource = KernelSource {
     name: "gen",
@@ -170,6 +178,15 @@ pub struct PathOptions {
     /// a prefill's, so with it on a decode row is not bit-identical to the
     /// same row in a larger step (as with `small_step_variant`).
     pub small_step_attn_split: bool,
+    /// Decode steps of at most `mono::MONO_MAX_ROWS` rows run on the mono
+    /// path (`--path mono`): each layer one persistent launch running the
+    /// standard kernels' bodies as a recorded program, bit-identical to the
+    /// standard step (standard/mono.rs). Off by default until it measures
+    /// faster (bench/NOTES.md session 8).
+    pub mono: bool,
+    /// The mono build's tunables (`S_MONO_INDIRECT=0|1`; empty: mono.cu's
+    /// defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    pub mono_defines: &'static str,
 }
 
 impl Default for PathOptions {
@@ -182,6 +199,8 @@ impl Default for PathOptions {
             small_step_defines: SMALL_STEP_VARIANT,
             fold_shared_expert: false,
             small_step_attn_split: true,
+            mono: false,
+            mono_defines: "",
         }
     }
 }
@@ -190,7 +209,8 @@ impl PathOptions {
     /// These options with the diagnosis switches of the environment applied
     /// (for binaries; a runner itself reads no environment):
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
-    /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines.
+    /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
+    /// `M3_MONO_DEFINES` sets the mono build's (`S_MONO_INDIRECT=0|1`).
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -201,6 +221,12 @@ impl PathOptions {
         {
             // kernel sources are &'static: one leak per process
             self.small_step_defines = Box::leak(d.into_boxed_str());
+        }
+        if let Some(d) = std::env::var("M3_MONO_DEFINES")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            self.mono_defines = Box::leak(d.into_boxed_str());
         }
         self
     }
@@ -332,6 +358,13 @@ pub struct StandardPath {
     /// A tensor-core variant forced by the bench (index into
     /// `kern.lin.mma`); `None`: chosen per step by its rows.
     pub(crate) forced_variant: Option<usize>,
+    /// The mono path (`PathOptions::mono`).
+    pub(crate) mono: Option<mono::Mono>,
+    /// Whether steps that can take the mono path do (on when it loads;
+    /// the bench turns it off and on to time both).
+    pub(crate) mono_on: bool,
+    /// Steps launched on the mono path so far (tests check it was taken).
+    pub(crate) mono_steps: u64,
 }
 
 fn z(ctx: &std::sync::Arc<cudarc::driver::CudaContext>, n: usize) -> Result<DevBuf> {
@@ -422,6 +455,21 @@ impl StandardPath {
         let ctx = gpu.context().clone();
         let l = Launcher::new(&ctx, opts.pdl && gpu.info().cc.0 >= 9)?;
         let kern = Kernels::load(gpu, &opts)?;
+        let mono = if opts.mono {
+            if !opts.small_step_variant {
+                return Err(bad(
+                    "--path mono runs the small-step linears: it needs the small-step variant on"
+                        .into(),
+                ));
+            }
+            Some(mono::Mono::load(
+                gpu,
+                opts.small_step_defines,
+                opts.mono_defines,
+            )?)
+        } else {
+            None
+        };
         let t = cap.max_rows;
         let h = c.hidden_size;
         let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -575,6 +623,9 @@ impl StandardPath {
             full_chunks,
             sparse_chunks,
             forced_variant: None,
+            mono_on: mono.is_some(),
+            mono,
+            mono_steps: 0,
         })
     }
 

@@ -104,7 +104,7 @@ pub(crate) fn rmsnorm(
         "rmsnorm",
         f,
         (nrows as u32, 1, 1),
-        1024,
+        RMSNORM_BLOCK,
         0,
         &[
             Arg::U64(x),
@@ -116,6 +116,12 @@ pub(crate) fn rmsnorm(
         ],
     )
 }
+
+/// Threads of `m3s_rmsnorm` (one CTA a row). 1024: a 256-thread block
+/// keeping 32 values a thread measured twice as slow at one row
+/// (bench/NOTES.md session 8); the mono path runs the same sums in its
+/// 256-thread CTAs with `m3s_rmsnorm_v1024`.
+pub(crate) const RMSNORM_BLOCK: u32 = 1024;
 
 /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
 pub(crate) fn add_bf16(l: &Launcher, f: &CudaFunction, acc: u64, y: u64, n: usize) -> Result<()> {

@@ -92,18 +92,9 @@ impl StandardPath {
     pub(crate) fn enqueue(&self, t: usize, nl: usize, ex: &Extras<'_>) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
-        let inp = &self.inputs;
         let h = c.hidden_size;
         let l = &self.l;
-        pw::embed(
-            l,
-            &self.kern.embed,
-            inp.tokens(),
-            self.model.embed.ptr(),
-            h,
-            a.r.ptr(),
-            t,
-        )?;
+        self.enqueue_embed(t)?;
         let teacher_at = |layer: usize| -> Option<u64> {
             let (buf, has) = ex.teacher?;
             has.get(layer)
@@ -132,6 +123,19 @@ impl StandardPath {
             self.enqueue_head(nl)?;
         }
         Ok(())
+    }
+
+    /// The residual rows of the step's tokens (`r[t] = embed[token]`).
+    pub(crate) fn enqueue_embed(&self, t: usize) -> Result<()> {
+        pw::embed(
+            &self.l,
+            &self.kern.embed,
+            self.inputs.tokens(),
+            self.model.embed.ptr(),
+            self.model.config.hidden_size,
+            self.acts.r.ptr(),
+            t,
+        )
     }
 
     /// RMSNorm of rows of `x` (f32, all rows or those listed at `rows`)
@@ -247,7 +251,7 @@ impl StandardPath {
         )
     }
 
-    fn enqueue_attention(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
+    pub(crate) fn enqueue_attention(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let inp = &self.inputs;
@@ -380,7 +384,7 @@ impl StandardPath {
         }
     }
 
-    fn enqueue_ffn(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
+    pub(crate) fn enqueue_ffn(&self, li: usize, t: usize, ex: &Extras<'_>) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let lw = &self.model.layers[li];
@@ -505,7 +509,7 @@ impl StandardPath {
     /// Final norm of the logits rows, LM head, greedy argmax of every
     /// logits row, then keyed sampling of the stochastic ones (it
     /// overwrites their tokens; greedy rows keep the argmax).
-    fn enqueue_head(&self, nl: usize) -> Result<()> {
+    pub(crate) fn enqueue_head(&self, nl: usize) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let inp = &self.inputs;

@@ -1,0 +1,252 @@
+// Mono decode, first form (issue 13): one persistent kernel per decoder
+// layer that runs the layer's standard-path launches as a program of ops,
+// with a grid-wide barrier between two ops instead of a kernel boundary.
+// See mono_prelude.h for how a body sees its virtual launch; the host side
+// (src/standard/mono.rs) records the ops by running the standard path's
+// own enqueue code with the launcher in recording mode.
+
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#undef __syncthreads
+#undef __restrict__
+// the CUDA headers' definition (the prelude emptied it for the op bodies)
+#undef __launch_bounds__
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+
+/// One recorded launch: which body (S_MONO_OPS index), its block size (a
+/// power of two <= S_MONO_THREADS, as log2), grid, and where its arguments
+/// start in the program's argument bytes.
+struct SMonoOp {
+  u32 fn, lg, gx, gy, gz, arg, pad0, pad1;
+};
+
+// Argument bytes, as src/standard/mono.rs writes them: each argument in
+// order, one of at most 4 bytes at a 4-byte boundary, one of 8 or more (a
+// pointer, a u64, a struct) at an 8-byte boundary taking a multiple of 8.
+template <typename T> M3_DEV T s_mono_arg(const unsigned char* p) {
+  static_assert(sizeof(T) % 4 == 0, "mono arguments are whole 32-bit words");
+  T v;
+  u32* d = reinterpret_cast<u32*>(&v);
+  const u32* s = reinterpret_cast<const u32*>(p);
+#pragma unroll
+  for (u32 i = 0; i < sizeof(T) / 4; ++i) d[i] = __ldg(s + i);  // read-only: loads may move to their uses
+  return v;
+}
+template <typename... A> struct SMonoPack;
+template <> struct SMonoPack<> {
+  template <typename L, typename... B> static __device__ __forceinline__ void call(L l, const unsigned char*, u32, B... b) { l(b...); }
+};
+template <typename T, typename... R> struct SMonoPack<T, R...> {
+  template <typename L, typename... B> static __device__ __forceinline__ void call(L l, const unsigned char* p, u32 off, B... b) {
+    const u32 wide = sizeof(T) >= 8 ? 1u : 0u;
+    off = wide ? (off + 7u) & ~7u : off;
+    const T v = s_mono_arg<T>(p + off);
+    SMonoPack<R...>::call(l, p, off + (wide ? (u32)((sizeof(T) + 7) & ~7) : 4u), b..., v);
+  }
+};
+template <typename F> struct SMonoSig;
+template <typename... A> struct SMonoSig<void (*)(A...)> {
+  template <typename L> static __device__ __forceinline__ void call(const unsigned char* p, L l) { SMonoPack<A...>::call(l, p, 0u); }
+};
+
+// The ops a mono layer may hold, by index (src/standard/mono.rs MONO_OPS
+// lists the same names in the same order; a test holds them equal).
+#define S_MONO_OPS(X)             \
+  X(0, m3s_rmsnorm)               \
+  X(1, m3s_headnorm_rope)         \
+  X(2, m3s_cache_write)           \
+  X(3, m3s_swiglu)                \
+  X(4, m3s_moe_combine)           \
+  X(5, m3s_add_bf16)              \
+  X(6, m3s_act_mxfp4)             \
+  X(7, m3s_linear_f32w)           \
+  X(8, m3s_mma_bf16)              \
+  X(9, m3s_mma_e4m3)              \
+  X(10, m3s_mma_e4m3_any)         \
+  X(11, m3s_mma_e5m2)             \
+  X(12, m3s_mma_e5m2_any)         \
+  X(13, m3s_mma_fp4)              \
+  X(14, m3s_mma_fp4_any)          \
+  X(15, m3s_mma_nvfp4)            \
+  X(16, m3s_route)                \
+  X(17, m3s_router_warp)          \
+  X(18, m3s_index_scores)         \
+  X(19, m3s_index_topk)           \
+  X(20, m3s_attn_partial)         \
+  X(21, m3s_attn_partial_sparse)  \
+  X(22, m3s_attn_partial_split)   \
+  X(23, m3s_attn_combine)         \
+  X(24, m3s_rmsnorm_v1024)
+
+// one function per op (not inlined: each body gets its own register
+// allocation, as in its own kernel), its arguments read from the program
+#define S_MONO_FN(name)                                                                    \
+  struct SMonoCall_##name {                                                                \
+    template <typename... A> __device__ __forceinline__ void operator()(A... a) const { name(a...); } \
+  };                                                                                        \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) {               \
+    SMonoSig<decltype(&name)>::call(p, SMonoCall_##name{});                                 \
+  }
+S_MONO_FN(m3s_rmsnorm)
+S_MONO_FN(m3s_headnorm_rope)
+S_MONO_FN(m3s_cache_write)
+S_MONO_FN(m3s_swiglu)
+S_MONO_FN(m3s_moe_combine)
+S_MONO_FN(m3s_add_bf16)
+S_MONO_FN(m3s_act_mxfp4)
+S_MONO_FN(m3s_linear_f32w)
+S_MONO_FN(m3s_route)
+S_MONO_FN(m3s_router_warp)
+S_MONO_FN(m3s_index_scores)
+S_MONO_FN(m3s_index_topk)
+S_MONO_FN(m3s_attn_partial)
+S_MONO_FN(m3s_attn_partial_sparse)
+S_MONO_FN(m3s_attn_partial_split)
+S_MONO_FN(m3s_attn_combine)
+S_MONO_FN(m3s_rmsnorm_v1024)
+#undef S_MONO_FN
+// The tensor-core linears take their segment table by reference into the
+// program (a by-value copy of its 408 bytes would live in registers):
+// (x, segs, K, M, route, max_rows, xdiv, ts) at the offsets the argument
+// rule gives them.
+constexpr u32 S_MONO_LIN_SEGS = 8u;
+constexpr u32 S_MONO_LIN_K = S_MONO_LIN_SEGS + (u32)((sizeof(SSegs) + 7) & ~(size_t)7);
+#define S_MONO_LIN(name, F, ANY)                                                                            \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) {                               \
+    constexpr u32 k = S_MONO_LIN_K;                                                                         \
+    s_mma_linear<F, ANY || S_FORCE_ANY>(s_mono_arg<const u16*>(p), *reinterpret_cast<const SSegs*>(p + 8u),  \
+                                        s_mono_arg<u32>(p + k), s_mono_arg<u32>(p + k + 4u),                  \
+                                        s_mono_arg<const int*>(p + k + 8u), s_mono_arg<u32>(p + k + 16u),     \
+                                        s_mono_arg<u32>(p + k + 20u), s_mono_arg<const float*>(p + k + 24u)); \
+  }
+S_MONO_LIN(m3s_mma_bf16, S_FMT_BF16, true)
+S_MONO_LIN(m3s_mma_e4m3, S_FMT_E4M3, false)
+S_MONO_LIN(m3s_mma_e4m3_any, S_FMT_E4M3, true)
+S_MONO_LIN(m3s_mma_e5m2, S_FMT_E5M2, false)
+S_MONO_LIN(m3s_mma_e5m2_any, S_FMT_E5M2, true)
+S_MONO_LIN(m3s_mma_fp4, S_FMT_FP4, false)
+S_MONO_LIN(m3s_mma_fp4_any, S_FMT_FP4, true)
+S_MONO_LIN(m3s_mma_nvfp4, S_FMT_NVFP4, true)
+#undef S_MONO_LIN
+
+// How the interpreter calls an op body. 1: through a table of function
+// pointers read with a volatile load, so ptxas cannot inline or specialise
+// the calls and allocates each body on its own under the call ABI (the
+// bodies then save and restore registers at entry and exit instead of
+// spilling inside their loops: NVRTC 13.5 sm_90, the small-step linears'
+// loops went from ~21 local stores and ~36 local loads to ~0 and ~10,
+// bench/NOTES.md session 8). 0: a switch of direct calls (what runs 4-6
+// measured).
+#ifndef S_MONO_INDIRECT
+#define S_MONO_INDIRECT 1
+#endif
+
+#if S_MONO_INDIRECT
+typedef void (*SMonoFn)(const unsigned char*);
+#define S_MONO_ENTRY(i, name) s_mono_##name,
+__device__ SMonoFn s_mono_table[] = {S_MONO_OPS(S_MONO_ENTRY)};
+#undef S_MONO_ENTRY
+
+M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
+  if (fn >= sizeof(s_mono_table) / sizeof(s_mono_table[0])) __trap();
+  const SMonoFn f = *reinterpret_cast<SMonoFn volatile*>(&s_mono_table[fn]);
+  f(p);
+}
+#else
+M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
+#define S_MONO_CASE(i, name) \
+  case i:                    \
+    s_mono_##name(p);        \
+    break;
+  switch (fn) {
+    S_MONO_OPS(S_MONO_CASE)
+    default:
+      __trap();  // the host never records an op it has no body for
+  }
+#undef S_MONO_CASE
+}
+#endif
+
+/// Grid-wide barrier on a monotonic 64-bit counter: every CTA adds one and
+/// waits for the count to reach the end of its generation (old / n + 1) * n.
+/// Arrivals of generation g + 1 cannot start before generation g is
+/// complete, so the counter is never reset (not between ops, layers or
+/// steps) as long as every launch on it has the same n CTAs. Release before
+/// the arrival, acquire after the wait: an op's writes are visible to every
+/// CTA of the next op (and the acquire drops stale L1 lines).
+M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
+  asm volatile("bar.sync 0;" ::: "memory");
+  if (threadIdx.x == 0) {
+    const unsigned long long n = gridDim.x;
+    unsigned long long old, cur;
+    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(bar) : "memory");
+    const unsigned long long target = (old / n + 1ull) * n;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(bar) : "memory");
+    } while (cur < target);
+  }
+  asm volatile("bar.sync 0;" ::: "memory");
+}
+
+#ifndef S_MONO_MINB
+#define S_MONO_MINB 2
+#endif
+
+// The interpreter's own state lives in shared memory (read back through
+// volatile loads after every op body): a value it kept in a register
+// across a body's call would be a register that body cannot have, and the
+// tensor-core linears spill at one fewer (NVRTC sm_90: 440-488 bytes each
+// with the loop state in registers, none without).
+__shared__ SMonoOp s_mono_op;
+__shared__ u32 s_mono_at[2];  // [op index, first virtual block of this CTA's current round]
+
+M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
+
+/// One decoder layer: ops[0..nops) in order, each over its virtual grid
+/// (blocks v = x + gx * (y + gy * z), S_MONO_THREADS / B at a time per
+/// CTA), a grid barrier between two ops. Launched with a grid every CTA of
+/// which is resident at once (the host sizes it by occupancy); `bar` is the
+/// path's barrier counter (zeroed once at load).
+extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
+    m3s_mono(const SMonoOp* __restrict__ ops, u32 nops, const unsigned char* __restrict__ args,
+             unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  if (threadIdx.x == 0) s_mono_at[0] = 0u;
+  for (;;) {
+    // thread 0 sets up the next round: a new op, or the next virtual blocks
+    if (threadIdx.x == 0) {
+      const u32 i = s_mono_at[0];
+      if (i < nops) {
+        s_mono_op = ops[i];
+        s_mono_at[1] = blockIdx.x * (S_MONO_THREADS >> s_mono_op.lg);
+      }
+    }
+    asm volatile("bar.sync 0;" ::: "memory");
+    if (s_mono_vol(s_mono_at[0]) >= nops) break;
+    for (;;) {
+      const u32 lg = s_mono_vol(s_mono_op.lg), gx = s_mono_vol(s_mono_op.gx), gy = s_mono_vol(s_mono_op.gy);
+      const u32 n = gx * gy * s_mono_vol(s_mono_op.gz);
+      const u32 v0 = s_mono_vol(s_mono_at[1]);
+      if (v0 >= n) break;  // uniform: every thread read the same values
+      const u32 sub = threadIdx.x >> lg, v = v0 + sub;
+      if (threadIdx.x == 0) {
+        s_mono_lg = lg;
+        s_mono_gdim = make_uint3(gx, gy, s_mono_vol(s_mono_op.gz));
+      }
+      if ((threadIdx.x & ((1u << lg) - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gx, (v / gx) % gy, v / (gx * gy));
+      asm volatile("bar.sync 0;" ::: "memory");
+      if (v < n) s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
+      asm volatile("bar.sync 0;" ::: "memory");  // the pool is the next block's
+      if (threadIdx.x == 0) s_mono_at[1] = v0 + gridDim.x * (S_MONO_THREADS >> lg);
+      asm volatile("bar.sync 0;" ::: "memory");
+    }
+    if (threadIdx.x == 0) s_mono_at[0] += 1u;
+    asm volatile("bar.sync 0;" ::: "memory");
+    if (s_mono_vol(s_mono_at[0]) < nops) s_mono_grid_sync(bar);  // none after the last op
+  }
+}

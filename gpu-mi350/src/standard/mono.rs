@@ -1,0 +1,457 @@
+//! Mono decode, first form (issue 13): each decoder layer of a decode step
+//! of at most [`MONO_MAX_ROWS`] rows runs as ONE persistent launch
+//! (`m3s_mono`, kernels/mono.cu) instead of the standard path's ~20.
+//!
+//! The program a mono launch runs is recorded, not written twice: the
+//! standard path's own launch code ([`StandardPath::enqueue_attention`] /
+//! `enqueue_ffn`) runs once per (rows, layer) with the launcher in
+//! recording mode, and every launch it would have made becomes an op (which
+//! body, block size, grid, argument bytes) of that layer's program. On the
+//! device each op's body is the standard kernel's own code compiled as a
+//! device function (kernels/mono_prelude.h), run over its recorded grid by
+//! the persistent CTAs, with a grid-wide barrier between two ops. So a mono
+//! step computes exactly what the standard step computes, bit for bit; what
+//! it removes is the launch boundaries (and, later, what overlapping across
+//! them can win).
+//!
+//! Invariants: a program only holds kernel launches (a copy or memset while
+//! recording is an error); every op's block is a power of two from 32 to
+//! `MONO_THREADS`; the grid of `m3s_mono` is the same for every launch of a
+//! path (its barrier counter counts generations of that many arrivals and is
+//! never reset) and every CTA of it is resident at once (sized by the
+//! occupancy the driver reports).
+
+use std::collections::HashMap;
+
+use cudarc::driver::CudaFunction;
+
+use super::launch::{Arg, Recorded};
+use super::linear::variant_source;
+use super::{StandardPath, STANDARD};
+use crate::error::{GpuError, Result};
+use crate::kernels::KernelSource;
+use crate::model::DevBuf;
+use crate::CudaGpu;
+
+/// Most rows a mono step takes (the small-step variant's rows: its linears
+/// are the ones the mono build carries).
+pub const MONO_MAX_ROWS: usize = super::linear::SMALL_STEP_ROWS;
+
+/// Threads of a persistent CTA (`S_MONO_THREADS`).
+pub(crate) const MONO_THREADS: u32 = 256;
+
+/// The op bodies a program may name, by index: kernels/mono.cu's
+/// `S_MONO_OPS` in the same order (a test holds the two lists equal).
+pub(crate) const MONO_OPS: [&str; 25] = [
+    "m3s_rmsnorm",
+    "m3s_headnorm_rope",
+    "m3s_cache_write",
+    "m3s_swiglu",
+    "m3s_moe_combine",
+    "m3s_add_bf16",
+    "m3s_act_mxfp4",
+    "m3s_linear_f32w",
+    "m3s_mma_bf16",
+    "m3s_mma_e4m3",
+    "m3s_mma_e4m3_any",
+    "m3s_mma_e5m2",
+    "m3s_mma_e5m2_any",
+    "m3s_mma_fp4",
+    "m3s_mma_fp4_any",
+    "m3s_mma_nvfp4",
+    "m3s_route",
+    "m3s_router_warp",
+    "m3s_index_scores",
+    "m3s_index_topk",
+    "m3s_attn_partial",
+    "m3s_attn_partial_sparse",
+    "m3s_attn_partial_split",
+    "m3s_attn_combine",
+    // mono-only (not a standard kernel): what a 1024-thread `m3s_rmsnorm`
+    // launch becomes in a program, the same sums in 256-thread CTAs
+    RMSNORM_V1024,
+];
+
+/// The mono build's stand-in for a 1024-thread `m3s_rmsnorm` launch.
+const RMSNORM_V1024: &str = "m3s_rmsnorm_v1024";
+
+/// Index of op `name` in [`MONO_OPS`] (a name from that list).
+fn op_index(name: &str) -> u32 {
+    MONO_OPS.iter().position(|n| *n == name).unwrap_or(0) as u32
+}
+
+/// Whether op `name` is a tensor-core linear (its body in the mono build
+/// is the small-step variant's).
+fn is_linear(name: &str) -> bool {
+    name.starts_with("m3s_mma_")
+}
+
+/// The mono translation unit: `extra` (`NAME=VALUE` pairs, mono.cu's
+/// tunables: `S_MONO_INDIRECT=0|1`), the prelude, the standard sources with
+/// the small-step defines `small`, the interpreter. Built (and leaked) once
+/// per define strings.
+pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
+    let (std_small, _, _) = variant_source(&STANDARD, small)?;
+    let mut prefix = String::new();
+    for kv in extra.split_whitespace() {
+        match kv.split_once('=') {
+            Some(("S_MONO_INDIRECT", v @ ("0" | "1"))) => {
+                prefix.push_str(&format!("#define S_MONO_INDIRECT {v}\n"))
+            }
+            _ => {
+                return Err(GpuError::input(
+                    "mono defines",
+                    format!("`{kv}`: the mono build takes S_MONO_INDIRECT=0|1"),
+                ))
+            }
+        }
+    }
+    let body: &'static str = Box::leak(
+        format!(
+            "{prefix}{}\n#line 1 \"standard_decode.cu\"\n{}\n#line 1 \"mono.cu\"\n{}",
+            include_str!("../../kernels/mono_prelude.h"),
+            std_small.body,
+            include_str!("../../kernels/mono.cu")
+        )
+        .into_boxed_str(),
+    );
+    Ok(KernelSource {
+        name: "standard_mono",
+        body,
+        exact: false,
+        entries: &["m3s_mono"],
+    })
+}
+
+/// One recorded op as kernels/mono.cu's `SMonoOp` reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct OpRecord {
+    fn_id: u32,
+    lg: u32,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    arg: u32,
+    pad: [u32; 2],
+}
+
+/// A layer's program on the device.
+struct Program {
+    ops: DevBuf,
+    args: DevBuf,
+    nops: u32,
+}
+
+/// The mono path of one standard path.
+pub(crate) struct Mono {
+    f: CudaFunction,
+    /// Grid, registers and local memory, for reports.
+    about: String,
+    /// CTAs of every `m3s_mono` launch (all resident at once).
+    grid: u32,
+    /// The grid barrier's counter (u64, zeroed once).
+    bar: DevBuf,
+    /// `CUfunction` address of each standard kernel a program may hold ->
+    /// its op index.
+    ids: HashMap<usize, u32>,
+    /// Programs per step rows, one per layer.
+    programs: HashMap<usize, Vec<Program>>,
+}
+
+impl Mono {
+    /// Compile the mono kernel (the small-step defines `small`, the ones
+    /// the path's decode linears use; mono.cu's tunables `extra`) and size
+    /// its grid.
+    pub(crate) fn load(gpu: &CudaGpu, small: &str, extra: &str) -> Result<Self> {
+        let src = mono_source(small, extra)?;
+        let f = gpu.function(&src, "m3s_mono")?;
+        // the largest shared-memory carve-out, so the occupancy the driver
+        // reports (every CTA resident: the grid barrier needs it) is the one
+        // the launch gets
+        use cudarc::driver::sys::CUfunction_attribute_enum as A;
+        f.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .map_err(|e| GpuError::driver("cuFuncSetAttribute", e))?;
+        let regs = f.num_regs().unwrap_or(0);
+        let local = f.local_size_bytes().unwrap_or(0);
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(MONO_THREADS, 0, None)
+            .map_err(|e| GpuError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        if per_sm == 0 {
+            return Err(GpuError::input(
+                "mono path",
+                "m3s_mono cannot be resident on this device (occupancy 0)",
+            ));
+        }
+        let sms = gpu.info().sm_count.max(1) as u32;
+        let (std_small, _, _) = variant_source(&STANDARD, small)?;
+        let mut ids = HashMap::new();
+        for (i, name) in MONO_OPS.iter().enumerate() {
+            if *name == RMSNORM_V1024 {
+                continue; // a body of the mono build only
+            }
+            let from = if is_linear(name) {
+                &std_small
+            } else {
+                &STANDARD
+            };
+            let h = gpu.function(from, name)?;
+            ids.insert(h.cu_function() as usize, i as u32);
+        }
+        Ok(Mono {
+            f,
+            about: format!(
+                "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread",
+                per_sm as u32 * sms
+            ),
+            grid: per_sm as u32 * sms,
+            bar: DevBuf::zeroed(gpu.context(), 8)?,
+            ids,
+            programs: HashMap::new(),
+        })
+    }
+
+    /// The launch shape and resources, for reports.
+    pub(crate) fn about(&self) -> &str {
+        &self.about
+    }
+
+    /// Turn one layer's recorded launches into a program (checking each).
+    fn program(
+        &self,
+        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        rec: &[Recorded],
+    ) -> Result<Program> {
+        let bad = |why: String| GpuError::input("mono program", why);
+        let mut ops = Vec::with_capacity(rec.len());
+        let mut args: Vec<u8> = Vec::new();
+        for r in rec {
+            let Some(&id) = self.ids.get(&r.func) else {
+                return Err(bad(format!(
+                    "launch `{}` is not a mono op (an 8-warp linear, or a kernel the mono build lacks)",
+                    r.label
+                )));
+            };
+            // a 1024-thread RMSNorm runs as its 256-thread stand-in
+            let (fn_id, block) = if MONO_OPS[id as usize] == "m3s_rmsnorm" && r.block > MONO_THREADS
+            {
+                (op_index(RMSNORM_V1024), MONO_THREADS)
+            } else {
+                (id, r.block)
+            };
+            if !block.is_power_of_two() || !(32..=MONO_THREADS).contains(&block) {
+                return Err(bad(format!(
+                    "launch `{}` has {} threads a block (mono runs powers of two from 32 to {MONO_THREADS})",
+                    r.label, block
+                )));
+            }
+            if r.smem != 0 {
+                return Err(bad(format!(
+                    "launch `{}` takes {} bytes of dynamic shared memory (mono bodies carve a static pool)",
+                    r.label, r.smem
+                )));
+            }
+            let n = r.grid.0 as u64 * r.grid.1 as u64 * r.grid.2 as u64;
+            if n > u32::MAX as u64 {
+                return Err(bad(format!(
+                    "launch `{}`: grid {:?} too large",
+                    r.label, r.grid
+                )));
+            }
+            args.resize(args.len().next_multiple_of(8), 0);
+            ops.push(OpRecord {
+                fn_id,
+                lg: block.trailing_zeros(),
+                gx: r.grid.0,
+                gy: r.grid.1,
+                gz: r.grid.2,
+                arg: args.len() as u32,
+                pad: [0; 2],
+            });
+            args.extend_from_slice(&r.args);
+        }
+        if ops.is_empty() {
+            return Err(bad("a layer with no launches".into()));
+        }
+        args.resize(args.len().next_multiple_of(8).max(8), 0);
+        Ok(Program {
+            ops: DevBuf::from_slice(ctx, &ops)?,
+            args: DevBuf::from_slice(ctx, &args)?,
+            nops: ops.len() as u32,
+        })
+    }
+}
+
+impl StandardPath {
+    /// Whether a plain step of `t` rows runs on the mono path.
+    pub(crate) fn mono_for(&self, t: usize) -> bool {
+        self.mono_on && self.mono.is_some() && t <= MONO_MAX_ROWS && self.variant_for(t) == 1
+    }
+
+    /// Record the per-layer programs of steps of `t` rows (once per `t`).
+    pub(crate) fn mono_prepare(&mut self, t: usize) -> Result<()> {
+        let Some(mono) = self.mono.as_ref() else {
+            return Err(GpuError::input(
+                "mono path",
+                "not loaded (PathOptions::mono)",
+            ));
+        };
+        if mono.programs.contains_key(&t) {
+            return Ok(());
+        }
+        let ex = super::step::Extras::default();
+        let ctx = self.l.context().clone();
+        let mut progs = Vec::with_capacity(self.model.layers.len());
+        for li in 0..self.model.layers.len() {
+            let rec = self.l.record(|| {
+                self.enqueue_attention(li, t, &ex)?;
+                self.enqueue_ffn(li, t, &ex)
+            })?;
+            let p = mono.program(&ctx, &rec).map_err(|e| match e {
+                GpuError::Input { op, why } => GpuError::Input {
+                    op,
+                    why: format!("layer {li}, {t} rows: {why}"),
+                },
+                e => e,
+            })?;
+            progs.push(p);
+        }
+        if let Some(m) = self.mono.as_mut() {
+            m.programs.insert(t, progs);
+        }
+        Ok(())
+    }
+
+    /// Every kernel of a mono step of `t` rows with `nl` logits rows: the
+    /// embedding, one `m3s_mono` per layer, the head ([`Self::mono_prepare`]
+    /// first).
+    pub(crate) fn enqueue_mono(&self, t: usize, nl: usize) -> Result<()> {
+        let mono = self
+            .mono
+            .as_ref()
+            .ok_or_else(|| GpuError::input("mono path", "not loaded (PathOptions::mono)"))?;
+        let progs = mono
+            .programs
+            .get(&t)
+            .ok_or_else(|| GpuError::input("mono path", format!("no programs for {t} rows")))?;
+        self.enqueue_embed(t)?;
+        for p in progs {
+            self.l.launch(
+                "mono",
+                &mono.f,
+                (mono.grid, 1, 1),
+                MONO_THREADS,
+                0,
+                &[
+                    Arg::U64(p.ops.ptr()),
+                    Arg::U32(p.nops),
+                    Arg::U64(p.args.ptr()),
+                    Arg::U64(mono.bar.ptr()),
+                ],
+            )?;
+        }
+        if nl > 0 {
+            self.enqueue_head(nl)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where `list` and the `X(i, name)` entries of `src` (mono.cu's
+    /// `S_MONO_OPS`) disagree, if they do.
+    fn op_list_mismatch(list: &[&str], src: &str) -> Option<String> {
+        let mut cu = Vec::new();
+        for line in src.lines() {
+            let l = line.trim().trim_end_matches('\\').trim();
+            if let Some(rest) = l.strip_prefix("X(") {
+                let rest = rest.trim_end_matches(')');
+                let (i, name) = rest.split_once(',')?;
+                cu.push((i.trim().parse::<usize>().ok()?, name.trim().to_string()));
+            }
+        }
+        if cu.len() != list.len() {
+            return Some(format!(
+                "S_MONO_OPS has {}, the host {}",
+                cu.len(),
+                list.len()
+            ));
+        }
+        cu.iter().enumerate().find_map(|(k, (i, name))| {
+            (*i != k || name != list[k])
+                .then(|| format!("entry {k}: X({i}, {name}) vs {}", list[k]))
+        })
+    }
+
+    /// The host's op list and kernels/mono.cu's `S_MONO_OPS` name the same
+    /// bodies at the same indices (a program's op ids index that switch),
+    /// and the comparison catches a swap.
+    #[test]
+    fn op_list_matches_the_interpreter() {
+        let src = include_str!("../../kernels/mono.cu");
+        assert_eq!(op_list_mismatch(&MONO_OPS, src), None);
+        let mut swapped = MONO_OPS;
+        swapped.swap(3, 4);
+        assert!(
+            op_list_mismatch(&swapped, src).is_some(),
+            "a swap went unseen"
+        );
+        assert!(
+            op_list_mismatch(&MONO_OPS[..24], src).is_some(),
+            "a missing op went unseen"
+        );
+        // every op but the mono-only stand-in is a standard kernel
+        for n in MONO_OPS {
+            assert!(
+                n == RMSNORM_V1024 || STANDARD.entries.contains(&n),
+                "{n} is not a standard kernel"
+            );
+        }
+        assert_eq!(MONO_OPS[op_index(RMSNORM_V1024) as usize], RMSNORM_V1024);
+    }
+
+    /// The mono build takes its one tunable and refuses anything else.
+    #[test]
+    fn mono_defines_are_checked() {
+        let small = super::super::linear::SMALL_STEP_VARIANT;
+        for ok in ["", "S_MONO_INDIRECT=0", "S_MONO_INDIRECT=1"] {
+            assert!(mono_source(small, ok).is_ok(), "{ok}");
+        }
+        let src = mono_source(small, "S_MONO_INDIRECT=0").expect("source");
+        assert!(src.body.starts_with("#define S_MONO_INDIRECT 0\n"));
+        for bad in ["S_MONO_INDIRECT=2", "S_MMA_WARPS=8", "junk"] {
+            let e = mono_source(small, bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("S_MONO_INDIRECT"), "{bad}: {e}");
+        }
+    }
+
+    /// Arguments are laid out as mono.cu's `SMonoPack` reads them: 4-byte
+    /// values at 4-byte boundaries, u64s and structs at 8, structs padded to
+    /// a multiple of 8.
+    #[test]
+    fn arguments_follow_the_interpreters_layout() {
+        let mut b = Vec::new();
+        for a in [
+            Arg::U32(1),
+            Arg::U64(0x0203_0405_0607_0809),
+            Arg::F32(1.5),
+            Arg::Pod(vec![7, 8]),
+            Arg::U32(3),
+        ] {
+            a.encode_for_test(&mut b);
+        }
+        assert_eq!(b.len(), 4 + 4 + 8 + 4 + 4 + 16 + 4);
+        assert_eq!(&b[0..4], &1u32.to_le_bytes());
+        assert_eq!(&b[4..8], &[0; 4], "the u64 starts at 8");
+        assert_eq!(&b[8..16], &0x0203_0405_0607_0809u64.to_le_bytes());
+        assert_eq!(&b[16..20], &1.5f32.to_le_bytes());
+        assert_eq!(&b[24..32], &7u64.to_le_bytes(), "the struct starts at 24");
+        assert_eq!(&b[40..44], &3u32.to_le_bytes());
+    }
+}

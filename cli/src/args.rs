@@ -268,6 +268,22 @@ pub struct EngineArgs {
     /// expert inputs (not --act mxfp4). No effect on the CPU reference.
     #[arg(long)]
     pub fold_shared_expert: bool,
+    /// GPU: the path of the planner's mono steps (pure decode, at most 16
+    /// rows): `mono` loads the mono kernel (each layer one persistent
+    /// launch running the standard kernels' bodies, bit-identical results)
+    /// and runs those steps on it; `standard` and `auto` run every step on
+    /// the standard path (auto picks standard while mono measures slower:
+    /// 2.2x a layer on the H200, bench/NOTES.md session 8).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub path: DecodePathArg,
+}
+
+/// `--path` of the engine commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecodePathArg {
+    Auto,
+    Standard,
+    Mono,
 }
 
 impl EngineArgs {
@@ -281,7 +297,12 @@ impl EngineArgs {
                 "--tensor-parallel-size {n}: m3 runs a model on one device for now (multi-GPU sharding is not implemented); use 1"
             ),
         }
-        open_backend(self.backend, self.enforce_eager, self.fold_shared_expert)
+        open_backend(
+            self.backend,
+            self.enforce_eager,
+            self.fold_shared_expert,
+            self.path == DecodePathArg::Mono,
+        )
     }
 
     /// The load spec; `host_blocks` is the CPU's block count when
@@ -373,10 +394,12 @@ impl SchedArgs {
 /// and why. `eager`: a GPU runs every step with direct launches (no CUDA
 /// graphs; `--enforce-eager`); `fold`: a GPU loads shared experts into the
 /// expert tables (`--fold-shared-expert`).
+/// `mono`: the GPU loads its mono kernel (`--path mono`).
 pub fn open_backend(
     choice: BackendArg,
     eager: bool,
     fold: bool,
+    mono: bool,
 ) -> Result<Box<dyn Backend + Sync>> {
     let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
     let gpu = |mut g: m3_gpu::GpuBackend| -> Box<dyn Backend + Sync> {
@@ -385,9 +408,14 @@ pub fn open_backend(
             g.path_options.graph_max_rows = 0;
         }
         g.path_options.fold_shared_expert = fold;
+        g.path_options.mono = mono;
         Box::new(g)
     };
+    const MONO_CPU: &str =
+        "--path mono: the mono kernel is the GPU's (--backend gpu); the CPU reference runs every step one way";
     match choice {
+        BackendArg::Cpu if mono => bail!("{MONO_CPU}"),
+        BackendArg::GpuOps if mono => bail!("--path mono: the op-by-op harness (--backend gpu-ops) has no mono path; use --backend gpu"),
         BackendArg::Cpu => Ok(cpu()),
         BackendArg::GpuOps => match m3_gpu::GpuBackend::open() {
             Ok(g) => Ok(Box::new(OpsHarness(g))),
@@ -403,6 +431,7 @@ pub fn open_backend(
                 eprintln!("info: --backend auto: using gpu ({}, {})", i.name, i.arch);
                 Ok(gpu(g))
             }
+            Err(e) if mono => bail!("{MONO_CPU} (--backend auto found no usable GPU: {e})"),
             Err(e) => {
                 eprintln!("info: --backend auto: using cpu (no usable GPU: {e})");
                 Ok(cpu())
@@ -592,14 +621,15 @@ mod tests {
     #[test]
     fn cpu_and_auto_always_give_a_backend() {
         assert_eq!(
-            open_backend(BackendArg::Cpu, false, false)
+            open_backend(BackendArg::Cpu, false, false, false)
                 .map(|b| b.name().to_string())
                 .ok()
                 .as_deref(),
             Some("cpu")
         );
         // auto: gpu where a device opens, else cpu; never an error
-        let name = open_backend(BackendArg::Auto, false, false).map(|b| b.name().to_string());
+        let name =
+            open_backend(BackendArg::Auto, false, false, false).map(|b| b.name().to_string());
         assert!(matches!(name.as_deref(), Ok("cpu") | Ok("gpu")));
     }
 
@@ -608,10 +638,32 @@ mod tests {
         if m3_gpu::GpuBackend::open().is_ok() {
             return; // a device is present: nothing to check here
         }
-        let e = open_backend(BackendArg::Gpu, false, false)
+        let e = open_backend(BackendArg::Gpu, false, false, false)
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
+    }
+
+    /// `--path mono` where no mono kernel can run is a one-line error
+    /// (the CPU reference; the op harness), before anything loads.
+    #[test]
+    fn mono_path_is_refused_off_the_gpu_runner() {
+        let e = open_backend(BackendArg::Cpu, false, false, true)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("--path mono") && e.contains("--backend gpu"),
+            "{e}"
+        );
+        assert!(open_backend(BackendArg::Cpu, false, false, false).is_ok());
+        if m3_gpu::GpuBackend::open().is_err() {
+            let e = open_backend(BackendArg::Auto, false, false, true)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("--path mono"), "{e}");
+        }
     }
 
     #[test]
@@ -740,6 +792,7 @@ mod tests {
             enforce_eager: false,
             tensor_parallel_size: 1,
             fold_shared_expert: false,
+            path: DecodePathArg::Auto,
         };
         let m = ModelArgs {
             model: None,

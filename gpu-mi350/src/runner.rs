@@ -128,6 +128,12 @@ impl ModelRunner for GpuRunner<'_> {
         "cuda"
     }
 
+    /// True when the path was loaded with its mono kernel
+    /// (`PathOptions::mono`, `--path mono`).
+    fn supports_mono(&self) -> bool {
+        self.path.has_mono()
+    }
+
     fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -167,6 +173,11 @@ impl ModelRunner for GpuRunner<'_> {
                 taps = self.path.read_taps(tb).map_err(|e| be_err("taps", e))?;
             }
         } else {
+            // the planner's mono steps on the mono path when it is loaded
+            // (`supports_mono`), every other step on the standard one
+            self.path
+                .set_mono(input.path == m3_core::backend::Path::Mono && self.path.has_mono())
+                .map_err(|e| be_err("step", e))?;
             self.path
                 .launch(shape, true)
                 .map_err(|e| be_err("step", e))?;

@@ -873,9 +873,10 @@ fn folded_shared_expert_is_bitwise_the_same() {
 
 /// The mono path (one persistent launch a layer running the standard
 /// kernels' bodies as a recorded program, standard/mono.rs) gives the
-/// standard path's logits bit for bit: every step of at most 16 rows after
-/// a 40-row prefill (decode rows, a 4-row and a 16-row chunk), captured
-/// graphs as a runner runs them. The mono runner must really have taken
+/// standard path's logits bit for bit: every `Path::Mono` step of at most
+/// 16 rows after a 40-row prefill (decode rows, 4- and 16-row verify-shaped
+/// steps), captured graphs as a runner runs them; the runner reports
+/// `supports_mono` exactly when it has the mono kernel. The mono runner must really have taken
 /// the mono path for those steps, and the check can fail: the mono path on
 /// a model with its last layer's K and V projections swapped differs.
 #[test]
@@ -925,15 +926,25 @@ fn mono_path_is_bitwise_the_standard_path() {
             let p = prompt(vocab);
             let mut outs = Vec::new();
             let mut pos = 0usize;
-            // prefill 40 rows (standard either way), then 1, 1, 4, 1, 16, 1
+            // prefill 40 rows (Path::Standard), then steps of 1, 1, 4, 1, 16
+            // and 1 rows marked decode-only (a verify step's shape) and
+            // sent as the planner sends its mono steps: Path::Mono, which a
+            // runner without the mono kernel runs on the standard path
             for n in [40usize, 1, 1, 4, 1, 16, 1] {
                 let toks = &p[pos..pos + n];
-                let st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
+                let mut st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
+                let path = if n <= 16 {
+                    st.decode_only = true;
+                    Path::Mono
+                } else {
+                    Path::Standard
+                };
+                assert!(path.allows(&st), "{n}-row step not allowed on {path:?}");
                 let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
                 let o = r
                     .step(&StepInput {
                         batch: &st,
-                        path: Path::Standard,
+                        path,
                         sampling: &sampling,
                         read: &ReadBack {
                             logits: (0..st.logits_rows.len() as u32).collect(),
@@ -944,6 +955,12 @@ fn mono_path_is_bitwise_the_standard_path() {
                     .map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
                 outs.push(o.logits);
                 pos += n;
+            }
+            if r.supports_mono() != mono {
+                return Err(format!(
+                    "supports_mono {} with PathOptions::mono {mono}",
+                    r.supports_mono()
+                ));
             }
             Ok((r.path().mono_steps(), outs))
         };

@@ -65,7 +65,9 @@ use m3_golden::parity::{
 };
 use serde::Serialize;
 
-use crate::args::{self, ActArg, BackendArg, EngineArgs, KvDtypeArg, ModelArgs, OnlineQuantArg};
+use crate::args::{
+    self, ActArg, BackendArg, DecodePathArg, EngineArgs, KvDtypeArg, ModelArgs, OnlineQuantArg,
+};
 
 /// Default prompt when neither `--tokens`, `--prompt` nor `--prompts` is
 /// given (the same as `m3 generate`'s).
@@ -160,6 +162,10 @@ pub struct Args {
     /// (see `m3 generate --help`).
     #[arg(long)]
     pub fold_shared_expert: bool,
+    /// GPU backend under test: the path of its mono steps (see `m3 generate
+    /// --help`); the reference always runs its one way.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub path: DecodePathArg,
     /// Threads for a CPU backend (0 = all cores; results do not depend on it).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -654,8 +660,14 @@ pub fn run(args: Args) -> Result<()> {
     if args.prompts == Some(0) {
         bail!("--prompts must be at least 1");
     }
-    let reference = args::open_backend(args.reference, false, false).context("--reference")?;
-    let be = args::open_backend(args.backend, args.enforce_eager, args.fold_shared_expert)?;
+    let reference =
+        args::open_backend(args.reference, false, false, false).context("--reference")?;
+    let be = args::open_backend(
+        args.backend,
+        args.enforce_eager,
+        args.fold_shared_expert,
+        args.path == DecodePathArg::Mono,
+    )?;
     let ck = args.model.open()?;
     let vocab = ck.config().vocab_size;
     let prompts: Vec<Vec<u32>> = match (args.prompts, &args.tokens, &args.prompt) {
@@ -687,7 +699,7 @@ pub fn run(args: Args) -> Result<()> {
     // One step holds a whole teacher-forced prefix.
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + n;
     let bs = args.block_size.max(1);
-    let engine = |backend: BackendArg, kv: KvDtypeArg, act: ActArg| EngineArgs {
+    let engine = |backend: BackendArg, kv: KvDtypeArg, act: ActArg, path| EngineArgs {
         backend,
         kv_dtype: kv,
         act,
@@ -701,12 +713,14 @@ pub fn run(args: Args) -> Result<()> {
         enforce_eager: args.enforce_eager,
         tensor_parallel_size: 1,
         fold_shared_expert: args.fold_shared_expert,
+        path,
     };
-    let re = engine(args.reference, args.kv_dtype, args.act);
+    let re = engine(args.reference, args.kv_dtype, args.act, DecodePathArg::Auto);
     let bee = engine(
         args.backend,
         args.backend_kv_dtype.unwrap_or(args.kv_dtype),
         args.backend_act.unwrap_or(args.act),
+        args.path,
     );
     let how = Judging {
         margin: args.margin,

@@ -101,6 +101,11 @@ impl StandardPath {
         Ok(())
     }
 
+    /// Whether the path has its mono kernel (`PathOptions::mono`).
+    pub fn has_mono(&self) -> bool {
+        self.mono.is_some()
+    }
+
     /// Steps launched on the mono path so far.
     pub fn mono_steps(&self) -> u64 {
         self.mono_steps

@@ -256,8 +256,10 @@ pub struct EngineArgs {
     /// CUDA graph (slower; for debugging, vLLM's flag).
     #[arg(long)]
     pub enforce_eager: bool,
-    /// GPUs to shard the model over (vLLM's flag). Only 1 until multi-GPU
-    /// exists; larger values are refused with a message.
+    /// GPUs to shard the model over (vLLM's flag). The GPU takes only 1
+    /// until multi-GPU exists; `--backend cpu` computes every step as if
+    /// sharded N ways (row-parallel partial sums and the expert-parallel
+    /// combine all-reduced in rank order: the proof of the sharded math).
     #[arg(long, default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// GPU: run each MoE layer's shared expert inside the routed experts'
@@ -290,11 +292,21 @@ impl EngineArgs {
     /// Open `--backend` (with `--enforce-eager`), after refusing what this
     /// build cannot do (`--tensor-parallel-size` above 1).
     pub fn open_backend(&self) -> Result<Box<dyn Backend + Sync>> {
-        match self.tensor_parallel_size {
-            0 => bail!("--tensor-parallel-size must be at least 1"),
-            1 => {}
-            n => bail!(
-                "--tensor-parallel-size {n}: m3 runs a model on one device for now (multi-GPU sharding is not implemented); use 1"
+        match (self.tensor_parallel_size, self.backend) {
+            (0, _) => bail!("--tensor-parallel-size must be at least 1"),
+            (1, _) => {}
+            // the CPU computes the sharded step's math (the proof of it)
+            (n, BackendArg::Cpu) => {
+                if self.path == DecodePathArg::Mono {
+                    bail!("--path mono: the mono kernel is the GPU's (--backend gpu)");
+                }
+                return Ok(Box::new(m3_core::backend::TensorParallel {
+                    inner: m3_cpu_ref::CpuBackend::new(),
+                    ranks: n,
+                }));
+            }
+            (n, _) => bail!(
+                "--tensor-parallel-size {n}: m3 runs a model on one device for now (multi-GPU sharding is not implemented); use 1, or --backend cpu to compute the sharded step's math on the CPU"
             ),
         }
         open_backend(
@@ -757,7 +769,12 @@ mod tests {
         assert_eq!(t.e.kv_dtype, KvDtypeArg::Fp8E4m3);
         assert_eq!(t.s.spec_tokens, 2);
         assert!(!t.s.prefix_cache());
-        let err = t.e.open_backend().err().unwrap().to_string();
+        // the CPU computes the 2-way sharded step; a GPU is refused
+        let be = t.e.open_backend().expect("cpu, TP 2");
+        assert_eq!(be.tensor_parallel(), 2);
+        let mut g = t.e.clone();
+        g.backend = BackendArg::Gpu;
+        let err = g.open_backend().err().unwrap().to_string();
         assert!(err.contains("--tensor-parallel-size 2"), "{err}");
         // The old spellings still work, and the last prefix-cache flag wins.
         let t = T::try_parse_from([

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use crate::config::ModelConfig;
 use crate::formats::convert::PtpcFp8;
-use crate::formats::{MxTensor, Nvfp4Tensor};
+use crate::formats::{FormatError, MxTensor, Nvfp4Tensor};
 
 /// A `[rows, cols]` (`[out, in]`) weight matrix in its stored format.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +43,74 @@ impl LinearWeight {
             LinearWeight::Mx(t) => t.cols(),
             LinearWeight::Nvfp4(t) => t.cols(),
         }
+    }
+
+    /// Input features a column range of this weight must start and end on:
+    /// its quantization block (32 for MX, 16 for NVFP4, 1 otherwise).
+    pub fn col_block(&self) -> usize {
+        match self {
+            LinearWeight::Bf16 { .. } | LinearWeight::F32 { .. } => 1,
+            LinearWeight::Mx(_) => crate::formats::mx::MxElem::BLOCK,
+            LinearWeight::Nvfp4(_) => crate::formats::nvfp4::BLOCK,
+        }
+    }
+
+    /// Input features `k0..k1` of every row, in the same format and with
+    /// the same codes and scales (a row-parallel shard: the rank's slice of
+    /// the input). `k0` and `k1` must lie on [`Self::col_block`] boundaries.
+    pub fn cols_range(&self, k0: usize, k1: usize) -> Result<LinearWeight, FormatError> {
+        let (rows, cols, blk) = (self.rows(), self.cols(), self.col_block());
+        if k0 > k1 || k1 > cols || !k0.is_multiple_of(blk) || !k1.is_multiple_of(blk) {
+            return Err(FormatError::BadLength {
+                what: "column range (block-aligned, inside the weight)",
+                rows,
+                cols,
+                expected: blk,
+                got: k1.saturating_sub(k0),
+            });
+        }
+        let w = k1 - k0;
+        // bytes [a, b) of each row of a row-major buffer of `stride` a row
+        let rows_of = |data: &[u8], stride: usize, a: usize, b: usize| -> Vec<u8> {
+            let mut v = Vec::with_capacity(rows * (b - a));
+            for r in 0..rows {
+                v.extend_from_slice(&data[r * stride + a..r * stride + b]);
+            }
+            v
+        };
+        Ok(match self {
+            LinearWeight::Bf16 { data, .. } => LinearWeight::Bf16 {
+                rows,
+                cols: w,
+                data: (0..rows)
+                    .flat_map(|r| data[r * cols + k0..r * cols + k1].iter().copied())
+                    .collect(),
+            },
+            LinearWeight::F32 { data, .. } => LinearWeight::F32 {
+                rows,
+                cols: w,
+                data: (0..rows)
+                    .flat_map(|r| data[r * cols + k0..r * cols + k1].iter().copied())
+                    .collect(),
+            },
+            LinearWeight::Mx(t) => {
+                let e = t.elem();
+                let codes = rows_of(
+                    t.codes(),
+                    e.packed_len(cols),
+                    e.packed_len(k0),
+                    e.packed_len(k1),
+                );
+                let nb = cols / blk;
+                let scales = rows_of(t.scales(), nb, k0 / blk, k1 / blk);
+                LinearWeight::Mx(MxTensor::from_parts(e, rows, w, codes, scales)?)
+            }
+            LinearWeight::Nvfp4(t) => {
+                let codes = rows_of(t.codes(), cols / 2, k0 / 2, k1 / 2);
+                let scales = rows_of(t.scales(), cols / blk, k0 / blk, k1 / blk);
+                LinearWeight::Nvfp4(Nvfp4Tensor::from_parts(rows, w, codes, scales, t.global())?)
+            }
+        })
     }
 }
 
@@ -168,4 +236,83 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,
     /// `[vocab, H]`.
     pub lm_head: LinearWeight,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{MxElem, ScaleRule};
+
+    fn values(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| ((i * 2_654_435_761usize) % 1000) as f32 / 250.0 - 2.0)
+            .collect()
+    }
+
+    fn dense(w: &LinearWeight) -> Vec<f32> {
+        match w {
+            LinearWeight::Bf16 { data, .. } => data
+                .iter()
+                .map(|&b| crate::formats::bf16::to_f32(b))
+                .collect(),
+            LinearWeight::F32 { data, .. } => data.clone(),
+            LinearWeight::Mx(t) => t.dequantize(),
+            LinearWeight::Nvfp4(t) => t.dequantize(),
+        }
+    }
+
+    /// A column range holds exactly those columns' values in every format
+    /// (codes and scales sliced on block boundaries); a range off a block
+    /// boundary or past the weight is an error, not a panic.
+    #[test]
+    fn cols_range_slices_every_format() {
+        let (rows, cols) = (3, 128);
+        let x = values(rows, cols);
+        let ws = [
+            LinearWeight::Bf16 {
+                rows,
+                cols,
+                data: x
+                    .iter()
+                    .map(|&v| crate::formats::bf16::from_f32(v))
+                    .collect(),
+            },
+            LinearWeight::F32 {
+                rows,
+                cols,
+                data: x.clone(),
+            },
+            LinearWeight::Mx(
+                MxTensor::quantize(&x, rows, cols, MxElem::Fp4E2M1, ScaleRule::Even).unwrap(),
+            ),
+            LinearWeight::Mx(
+                MxTensor::quantize(&x, rows, cols, MxElem::Fp8E4M3, ScaleRule::Even).unwrap(),
+            ),
+            LinearWeight::Nvfp4(Nvfp4Tensor::quantize(&x, rows, cols).unwrap()),
+        ];
+        for w in &ws {
+            let full = dense(w);
+            let blk = w.col_block();
+            for (k0, k1) in [(0, 64), (64, 128), (32, 96), (0, 128)] {
+                let s = w.cols_range(k0, k1).expect("aligned range");
+                assert_eq!((s.rows(), s.cols()), (rows, k1 - k0));
+                let got = dense(&s);
+                for r in 0..rows {
+                    assert_eq!(
+                        &got[r * (k1 - k0)..(r + 1) * (k1 - k0)],
+                        &full[r * cols + k0..r * cols + k1],
+                        "{w:?} rows {r} cols {k0}..{k1}"
+                    );
+                }
+            }
+            assert!(w.cols_range(0, 129).is_err());
+            assert!(w.cols_range(64, 32).is_err());
+            if blk > 1 {
+                assert!(w.cols_range(blk / 2, 64).is_err(), "off a block boundary");
+            }
+        }
+        // the check can fail: a shifted range holds other values
+        let s = ws[2].cols_range(32, 96).unwrap();
+        assert_ne!(&dense(&s)[..64], &dense(&ws[2])[..64]);
+    }
 }

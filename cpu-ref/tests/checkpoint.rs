@@ -29,7 +29,10 @@ fn synthetic_checkpoints_load_and_run_deterministically() {
         let m = Checkpoint::open(&path)
             .and_then(|c| c.load(&LoadOptions::default()))
             .expect("load");
-        let opts = RunOptions { act: ActMode::Bf16 };
+        let opts = RunOptions {
+            act: ActMode::Bf16,
+            tensor_parallel: 1,
+        };
         let a =
             pool(1).install(|| prefill(&m, &toks, CacheDtype::Bf16, opts, TapRequest::STANDARD));
         let b =

@@ -12,7 +12,10 @@ use m3_core::weights::{FfnWeights, LinearWeight, ModelWeights};
 use m3_cpu_ref::synthetic::{Formats, WeightFormat};
 use m3_cpu_ref::CpuBackend;
 
-const BF: RunOptions = RunOptions { act: ActMode::Bf16 };
+const BF: RunOptions = RunOptions {
+    act: ActMode::Bf16,
+    tensor_parallel: 1,
+};
 
 #[test]
 fn one_and_four_threads_give_identical_bits() {
@@ -256,6 +259,7 @@ fn mxfp4_activations_and_fp8_cache_run_and_stay_close() {
         CacheDtype::Bf16,
         RunOptions {
             act: ActMode::Mxfp4,
+            tensor_parallel: 1,
         },
         TapRequest::STANDARD,
     );

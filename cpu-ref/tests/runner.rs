@@ -21,7 +21,10 @@ use m3_core::weights::ModelWeights;
 use m3_cpu_ref::synthetic::Formats;
 use m3_cpu_ref::CpuBackend;
 
-const BF: RunOptions = RunOptions { act: ActMode::Bf16 };
+const BF: RunOptions = RunOptions {
+    act: ActMode::Bf16,
+    tensor_parallel: 1,
+};
 
 fn spec(blocks: usize) -> LoadSpec {
     LoadSpec {

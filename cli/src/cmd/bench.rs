@@ -320,6 +320,7 @@ pub fn run(args: Args) -> Result<()> {
     let dtype: m3_core::kv::CacheDtype = args.kv_dtype.into();
     let opts = RunOptions {
         act: args.act.into(),
+        tensor_parallel: 1,
     };
     let formats = Formats {
         experts: fmt(&args.experts)?,

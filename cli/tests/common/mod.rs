@@ -33,7 +33,10 @@ pub fn manual_generate(
     };
     let mut cache = KvCache::new(m, layout);
     let table: Vec<u32> = (0..layout.num_pages as u32).collect();
-    let opts = RunOptions { act: ActMode::Bf16 };
+    let opts = RunOptions {
+        act: ActMode::Bf16,
+        tensor_parallel: 1,
+    };
     let mut step = StepBatch::contiguous(0, prompt, 0, &table, page, false);
     let mut out = Vec::with_capacity(max_tokens);
     for i in 0..max_tokens {

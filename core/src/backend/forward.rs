@@ -83,6 +83,7 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
     }
     let t = step.rows();
     let h = c.hidden_size;
+    let tp = opts.tensor_parallel.max(1);
     let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
     let (nih, di) = (c.index_n_heads, c.index_head_dim);
     let eps = c.rms_norm_eps;
@@ -278,9 +279,15 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
             },
             out: &mut o,
         })?;
-        // 8. r' = r + o Wo^T
+        // 8. r' = r + o Wo^T (row-parallel under tensor parallel: each
+        // rank's heads' slice of the input)
         let mut ao = zeros(t * h);
-        linear_bf16(be, &o, t, &a.o, pt.o.as_ref(), &mut ao)?;
+        if tp > 1 {
+            no_ptpc(pt.o.is_some(), "o_proj")?;
+            row_parallel(be, &o, t, &a.o, tp, &mut ao)?;
+        } else {
+            linear_bf16(be, &o, t, &a.o, pt.o.as_ref(), &mut ao)?;
+        }
         be.run_op(Op::Add {
             acc: &mut r,
             x: &ao,
@@ -305,6 +312,37 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
         // 10. FFN
         let mut y = zeros(t * h);
         match &lw.ffn {
+            FfnWeights::Dense(m) if tp > 1 => {
+                no_ptpc(
+                    pt.gate.is_some() || pt.up.is_some() || pt.down.is_some(),
+                    "the dense MLP",
+                )?;
+                mlp_tp(be, &h2, t, m, c, tp, &mut y)?;
+            }
+            FfnWeights::Moe(moe) if tp > 1 => {
+                if opts.act != super::ActMode::Bf16 {
+                    return Err(shape_err(format!(
+                        "tensor parallel {tp}: modelled with bf16 expert inputs only (--act bf16)"
+                    )));
+                }
+                let k = c.num_experts_per_tok;
+                let mut ids = vec![0i32; t * k];
+                let mut wts = zeros(t * k);
+                be.run_op(Op::Router {
+                    x: &h2,
+                    rows: t,
+                    router: &moe.router,
+                    bias: &moe.correction_bias,
+                    top_k: k,
+                    scaling: c.routed_scaling_factor,
+                    ids: &mut ids,
+                    weights: &mut wts,
+                })?;
+                experts_ep(be, &h2, t, moe, &ids, &wts, k, c, tp, &mut y)?;
+                if taps.request.experts && tap_l {
+                    taps.put_i32(format!("experts.{l}"), vec![t, k], ids);
+                }
+            }
             FfnWeights::Dense(m) if pt.gate.is_some() || pt.up.is_some() || pt.down.is_some() => {
                 // The dense MLP op by op, so each linear can take its PTPC
                 // form (the same steps as `Op::Mlp`: bf16 gate and up,
@@ -443,4 +481,187 @@ fn linear_bf16<B: Backend + ?Sized>(
             out,
         }),
     }
+}
+
+// ---- tensor / expert parallel, as the CPU proves its math ------------------
+//
+// A step sharded over `tp` ranks (ARCHITECTURE.md, *Tensor parallel*):
+// column-parallel linears (q, k, v, the indexer's, gate, up, the LM head
+// by vocabulary) give each rank whole output features, each the same dot
+// product as unsharded, so they are computed here unsharded (the same
+// numbers by construction); attention is per head. What sharding changes
+// is where partial sums meet: the row-parallel linears (o_proj; the dense
+// MLP's and the shared expert's down) sum each rank's f32 partial over its
+// slice of the input in rank order before the one bf16 rounding, and the
+// routed experts (expert parallel: rank r owns the contiguous ids
+// r*E/tp..(r+1)*E/tp) sum each rank's weighted outputs in rank order.
+
+fn no_ptpc(ptpc: bool, what: &str) -> Result<(), BackendError> {
+    if ptpc {
+        return Err(shape_err(format!(
+            "tensor parallel with an online-quantized (PTPC FP8) {what} is not modelled"
+        )));
+    }
+    Ok(())
+}
+
+/// `out = bf16(sum over ranks r, in order, of x[:, K_r] . W[:, K_r]^T)`
+/// with K split into `tp` equal, block-aligned slices; each partial in f32.
+fn row_parallel<B: Backend + ?Sized>(
+    be: &B,
+    x: &[f32],
+    rows: usize,
+    w: &LinearWeight,
+    tp: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    let (n, k, blk) = (w.rows(), w.cols(), w.col_block());
+    if !k.is_multiple_of(tp) || !(k / tp).is_multiple_of(blk) {
+        return Err(shape_err(format!(
+            "tensor parallel {tp}: {k} input features do not split into {tp} slices of whole {blk}-value blocks"
+        )));
+    }
+    let ks = k / tp;
+    let mut acc = zeros(rows * n);
+    for r in 0..tp {
+        let wr = w
+            .cols_range(r * ks, (r + 1) * ks)
+            .map_err(|e| shape_err(format!("tensor parallel {tp}, rank {r}: {e}")))?;
+        let mut xr = Vec::with_capacity(rows * ks);
+        for row in x.chunks(k).take(rows) {
+            xr.extend_from_slice(&row[r * ks..(r + 1) * ks]);
+        }
+        let mut part = zeros(rows * n);
+        be.run_op(Op::Linear {
+            x: &xr,
+            rows,
+            w: &wr,
+            input: LinearInput::Bf16,
+            round_out: false,
+            out: &mut part,
+        })?;
+        // the all-reduce, in rank order
+        for (a, p) in acc.iter_mut().zip(&part) {
+            *a += p;
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = crate::formats::bf16::round(*a);
+    }
+    Ok(())
+}
+
+/// A SwiGLU-OAI MLP with column-parallel gate / up and a row-parallel down.
+fn mlp_tp<B: Backend + ?Sized>(
+    be: &B,
+    x: &[f32],
+    rows: usize,
+    m: &crate::weights::MlpWeights,
+    c: &ModelConfig,
+    tp: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    let width = m.gate.rows();
+    let mut g = zeros(rows * width);
+    let mut u = zeros(rows * width);
+    linear_bf16(be, x, rows, &m.gate, None, &mut g)?;
+    linear_bf16(be, x, rows, &m.up, None, &mut u)?;
+    let mut act = zeros(rows * width);
+    be.run_op(Op::SwiGlu {
+        gate: &g,
+        up: &u,
+        alpha: c.swiglu_alpha,
+        limit: c.swiglu_limit,
+        out: &mut act,
+    })?;
+    row_parallel(be, &act, rows, &m.down, tp, out)
+}
+
+/// Routed experts by expert parallel plus the shared expert by tensor
+/// parallel: `out[t] = (sum over ranks r, in order, of the rank's sum over
+/// its chosen experts e ascending of f32(w_e * o_e)) + shared`, each expert
+/// run once on the rows that chose it (as `Op::Experts` runs them).
+#[allow(clippy::too_many_arguments)]
+fn experts_ep<B: Backend + ?Sized>(
+    be: &B,
+    x: &[f32],
+    rows: usize,
+    moe: &crate::weights::MoeWeights,
+    ids: &[i32],
+    wts: &[f32],
+    k: usize,
+    c: &ModelConfig,
+    tp: usize,
+    out: &mut [f32],
+) -> Result<(), BackendError> {
+    let (ne, h) = (moe.experts.len(), c.hidden_size);
+    if !ne.is_multiple_of(tp) {
+        return Err(shape_err(format!(
+            "expert parallel {tp}: {ne} routed experts do not split evenly"
+        )));
+    }
+    let per = ne / tp;
+    // each chosen expert once, on its rows (ascending)
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); ne];
+    for t in 0..rows {
+        for &e in &ids[t * k..(t + 1) * k] {
+            let e = usize::try_from(e)
+                .ok()
+                .filter(|&e| e < ne)
+                .ok_or_else(|| shape_err(format!("router chose expert {e} of {ne}")))?;
+            groups[e].push(t);
+        }
+    }
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); ne];
+    for (e, rs) in groups.iter().enumerate() {
+        if rs.is_empty() {
+            continue;
+        }
+        let mut xe = Vec::with_capacity(rs.len() * h);
+        for &t in rs {
+            xe.extend_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        let mut ye = zeros(rs.len() * h);
+        be.run_op(Op::Mlp {
+            x: &xe,
+            rows: rs.len(),
+            w: &moe.experts[e],
+            alpha: c.swiglu_alpha,
+            limit: c.swiglu_limit,
+            out: &mut ye,
+        })?;
+        outs[e] = ye;
+    }
+    let mut cursor = vec![0usize; ne];
+    out.fill(0.0);
+    let mut part = zeros(h);
+    for t in 0..rows {
+        let mut chosen: Vec<(usize, f32)> = (0..k)
+            .map(|i| (ids[t * k + i] as usize, wts[t * k + i]))
+            .collect();
+        chosen.sort_by_key(|&(e, _)| e);
+        let o = &mut out[t * h..(t + 1) * h];
+        for r in 0..tp {
+            part.fill(0.0);
+            for &(e, we) in chosen.iter().filter(|(e, _)| e / per == r) {
+                let i = cursor[e];
+                cursor[e] += 1;
+                for (a, &v) in part.iter_mut().zip(&outs[e][i * h..(i + 1) * h]) {
+                    *a += we * v;
+                }
+            }
+            // the all-reduce, in rank order
+            for (a, &p) in o.iter_mut().zip(part.iter()) {
+                *a += p;
+            }
+        }
+    }
+    if let Some(sw) = &moe.shared {
+        let mut sh = zeros(rows * h);
+        mlp_tp(be, x, rows, sw, c, tp, &mut sh)?;
+        for (a, &v) in out.iter_mut().zip(&sh) {
+            *a += v;
+        }
+    }
+    Ok(())
 }

@@ -62,7 +62,10 @@ impl<'b, B: Backend + ?Sized> HostRunner<'b, B> {
             backend,
             weights,
             cache,
-            opts: RunOptions { act: spec.act },
+            opts: RunOptions {
+                act: spec.act,
+                tensor_parallel: backend.tensor_parallel(),
+            },
         })
     }
 

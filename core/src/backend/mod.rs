@@ -66,6 +66,10 @@ impl Path {
 pub struct RunOptions {
     /// Routed-expert activation mode (MODEL.md 5).
     pub act: ActMode,
+    /// Ranks the step is computed as if sharded over (0 or 1: unsharded):
+    /// the CPU proof of tensor / expert parallel math (ARCHITECTURE.md,
+    /// *Tensor parallel*), see [`TensorParallel`].
+    pub tensor_parallel: usize,
 }
 
 /// Why a backend could not run an op or a step.
@@ -132,6 +136,12 @@ pub trait Backend {
         })
     }
 
+    /// Ranks a host runner of this backend computes each step as if
+    /// sharded over (1: unsharded; [`TensorParallel`] sets more).
+    fn tensor_parallel(&self) -> usize {
+        1
+    }
+
     /// Load a model: its weights into the backend's memory and a paged KV +
     /// index-cache pool sized by `spec`; `progress` is called as tensors
     /// arrive. The default is a [`HostRunner`] (host weights and cache,
@@ -149,6 +159,9 @@ pub trait Backend {
 impl<T: Backend + ?Sized> Backend for &T {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn tensor_parallel(&self) -> usize {
+        (**self).tensor_parallel()
     }
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
         (**self).run_op(op)
@@ -170,5 +183,37 @@ impl<T: Backend + ?Sized> Backend for &T {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<BoxedRunner<'b>, BackendError> {
         (**self).load(source, spec, progress)
+    }
+}
+
+/// A backend whose host runner computes every step as if sharded over
+/// `ranks` ranks (MODEL.md's step with the row-parallel linears' partial
+/// sums and the expert-parallel combine all-reduced in rank order:
+/// ARCHITECTURE.md, *Tensor parallel*). Its ops are the inner backend's.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorParallel<B> {
+    pub inner: B,
+    pub ranks: usize,
+}
+
+impl<B: Backend> Backend for TensorParallel<B> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        self.inner.run_op(op)
+    }
+    fn ptpc_linear(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &crate::formats::convert::PtpcFp8,
+        round_out: bool,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        self.inner.ptpc_linear(x, rows, w, round_out, out)
+    }
+    fn tensor_parallel(&self) -> usize {
+        self.ranks.max(1)
     }
 }

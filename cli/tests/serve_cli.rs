@@ -138,8 +138,9 @@ fn startup_refusals_are_one_line_errors() {
         assert!(!o.status.success(), "m3 serve {extra:?} started");
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
-    let e = run(&["--tensor-parallel-size", "2"]);
-    assert!(e.contains("--tensor-parallel-size 2"), "{e}");
+    // (the CPU serves --tensor-parallel-size N as the sharded math's proof)
+    let e = run(&["--tensor-parallel-size", "0"]);
+    assert!(e.contains("--tensor-parallel-size must be at least 1"), "{e}");
     let e = run(&["--kv-blocks", "4", "--max-model-len", "4096"]);
     assert!(
         e.contains("--max-model-len 4096") && e.contains("--kv-blocks"),

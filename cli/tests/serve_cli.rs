@@ -140,7 +140,10 @@ fn startup_refusals_are_one_line_errors() {
     };
     // (the CPU serves --tensor-parallel-size N as the sharded math's proof)
     let e = run(&["--tensor-parallel-size", "0"]);
-    assert!(e.contains("--tensor-parallel-size must be at least 1"), "{e}");
+    assert!(
+        e.contains("--tensor-parallel-size must be at least 1"),
+        "{e}"
+    );
     let e = run(&["--kv-blocks", "4", "--max-model-len", "4096"]);
     assert!(
         e.contains("--max-model-len 4096") && e.contains("--kv-blocks"),

@@ -65,6 +65,47 @@ fn ids(v: &serde_json::Value) -> Vec<u64> {
         .collect()
 }
 
+/// The CPU's 2-way sharded step (tensor / expert parallel math) against the
+/// unsharded reference: identical tokens or judged near ties, never a
+/// mismatch; a sharding the shapes do not allow is a one-line error.
+#[test]
+fn sharded_cpu_against_unsharded_cpu() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = synth(dir.path());
+    let o = m3(&[
+        "parity",
+        "--model",
+        &ck,
+        "--reference",
+        "cpu",
+        "--backend",
+        "cpu",
+        "--tensor-parallel-size",
+        "2",
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "8",
+    ]);
+    ok(&o);
+    let out = stdout(&o);
+    assert!(out.contains(" 0 MISMATCH"), "{out}");
+    let o = m3(&[
+        "parity",
+        "--model",
+        &ck,
+        "--reference",
+        "cpu",
+        "--backend",
+        "cpu",
+        "--tensor-parallel-size",
+        "3",
+        "--max-tokens",
+        "2",
+    ]);
+    one_line_error(&o, "do not split");
+}
+
 #[test]
 fn cpu_against_cpu_is_identical() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -162,6 +162,11 @@ pub struct Args {
     /// (see `m3 generate --help`).
     #[arg(long)]
     pub fold_shared_expert: bool,
+    /// Backend under test: its steps computed as if sharded N ways
+    /// (`--backend cpu`: the tensor / expert parallel math, see `m3 generate
+    /// --help`); the reference runs unsharded.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     /// GPU backend under test: the path of its mono steps (see `m3 generate
     /// --help`); the reference always runs its one way.
     #[arg(long, value_enum, default_value = "auto")]
@@ -662,12 +667,6 @@ pub fn run(args: Args) -> Result<()> {
     }
     let reference =
         args::open_backend(args.reference, false, false, false).context("--reference")?;
-    let be = args::open_backend(
-        args.backend,
-        args.enforce_eager,
-        args.fold_shared_expert,
-        args.path == DecodePathArg::Mono,
-    )?;
     let ck = args.model.open()?;
     let vocab = ck.config().vocab_size;
     let prompts: Vec<Vec<u32>> = match (args.prompts, &args.tokens, &args.prompt) {
@@ -699,7 +698,7 @@ pub fn run(args: Args) -> Result<()> {
     // One step holds a whole teacher-forced prefix.
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1) + n;
     let bs = args.block_size.max(1);
-    let engine = |backend: BackendArg, kv: KvDtypeArg, act: ActArg, path| EngineArgs {
+    let engine = |backend: BackendArg, kv: KvDtypeArg, act: ActArg, path, tp| EngineArgs {
         backend,
         kv_dtype: kv,
         act,
@@ -711,17 +710,25 @@ pub fn run(args: Args) -> Result<()> {
         max_seqs: 1,
         threads: args.threads,
         enforce_eager: args.enforce_eager,
-        tensor_parallel_size: 1,
+        tensor_parallel_size: tp,
         fold_shared_expert: args.fold_shared_expert,
         path,
     };
-    let re = engine(args.reference, args.kv_dtype, args.act, DecodePathArg::Auto);
+    let re = engine(
+        args.reference,
+        args.kv_dtype,
+        args.act,
+        DecodePathArg::Auto,
+        1,
+    );
     let bee = engine(
         args.backend,
         args.backend_kv_dtype.unwrap_or(args.kv_dtype),
         args.backend_act.unwrap_or(args.act),
         args.path,
+        args.tensor_parallel_size,
     );
+    let be = bee.open_backend()?;
     let how = Judging {
         margin: args.margin,
         margins: Margins {

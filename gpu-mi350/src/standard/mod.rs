@@ -516,6 +516,11 @@ impl StandardPath {
             .map(|w| w.cols)
             .max()
             .unwrap_or(0);
+        if mono.is_some() && ptpc_k > 0 {
+            return Err(bad(
+                "--path mono with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
+            ));
+        }
         let acts = Acts {
             r: z(&ctx, t * h * 4)?,
             hn: z(&ctx, t * h * 2)?,

@@ -300,6 +300,9 @@ impl EngineArgs {
                 if self.path == DecodePathArg::Mono {
                     bail!("--path mono: the mono kernel is the GPU's (--backend gpu)");
                 }
+                if self.act == ActArg::Mxfp4 {
+                    bail!("--tensor-parallel-size {n} with --act mxfp4: the sharded math is modelled with bf16 expert inputs only");
+                }
                 return Ok(Box::new(m3_core::backend::TensorParallel {
                     inner: m3_cpu_ref::CpuBackend::new(),
                     ranks: n,
@@ -772,6 +775,10 @@ mod tests {
         // the CPU computes the 2-way sharded step; a GPU is refused
         let be = t.e.open_backend().expect("cpu, TP 2");
         assert_eq!(be.tensor_parallel(), 2);
+        let mut a = t.e.clone();
+        a.act = ActArg::Mxfp4;
+        let err = a.open_backend().err().unwrap().to_string();
+        assert!(err.contains("--act mxfp4"), "{err}");
         let mut g = t.e.clone();
         g.backend = BackendArg::Gpu;
         let err = g.open_backend().err().unwrap().to_string();

@@ -70,44 +70,35 @@ impl LinearWeight {
             });
         }
         let w = k1 - k0;
-        // bytes [a, b) of each row of a row-major buffer of `stride` a row
-        let rows_of = |data: &[u8], stride: usize, a: usize, b: usize| -> Vec<u8> {
+        // elements [a, b) of each row of a row-major buffer of `stride` a row
+        fn rows_of<T: Copy>(data: &[T], rows: usize, stride: usize, a: usize, b: usize) -> Vec<T> {
             let mut v = Vec::with_capacity(rows * (b - a));
             for r in 0..rows {
                 v.extend_from_slice(&data[r * stride + a..r * stride + b]);
             }
             v
-        };
+        }
         Ok(match self {
             LinearWeight::Bf16 { data, .. } => LinearWeight::Bf16 {
                 rows,
                 cols: w,
-                data: (0..rows)
-                    .flat_map(|r| data[r * cols + k0..r * cols + k1].iter().copied())
-                    .collect(),
+                data: rows_of(data, rows, cols, k0, k1),
             },
             LinearWeight::F32 { data, .. } => LinearWeight::F32 {
                 rows,
                 cols: w,
-                data: (0..rows)
-                    .flat_map(|r| data[r * cols + k0..r * cols + k1].iter().copied())
-                    .collect(),
+                data: rows_of(data, rows, cols, k0, k1),
             },
             LinearWeight::Mx(t) => {
                 let e = t.elem();
-                let codes = rows_of(
-                    t.codes(),
-                    e.packed_len(cols),
-                    e.packed_len(k0),
-                    e.packed_len(k1),
-                );
-                let nb = cols / blk;
-                let scales = rows_of(t.scales(), nb, k0 / blk, k1 / blk);
+                let (pc, p0, p1) = (e.packed_len(cols), e.packed_len(k0), e.packed_len(k1));
+                let codes = rows_of(t.codes(), rows, pc, p0, p1);
+                let scales = rows_of(t.scales(), rows, cols / blk, k0 / blk, k1 / blk);
                 LinearWeight::Mx(MxTensor::from_parts(e, rows, w, codes, scales)?)
             }
             LinearWeight::Nvfp4(t) => {
-                let codes = rows_of(t.codes(), cols / 2, k0 / 2, k1 / 2);
-                let scales = rows_of(t.scales(), cols / blk, k0 / blk, k1 / blk);
+                let codes = rows_of(t.codes(), rows, cols / 2, k0 / 2, k1 / 2);
+                let scales = rows_of(t.scales(), rows, cols / blk, k0 / blk, k1 / blk);
                 LinearWeight::Nvfp4(Nvfp4Tensor::from_parts(rows, w, codes, scales, t.global())?)
             }
         })

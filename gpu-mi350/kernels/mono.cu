@@ -108,7 +108,7 @@ S_MONO_FN(m3s_attn_combine)
 S_MONO_FN(m3s_rmsnorm_v1024)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
-// program (a by-value copy of its 408 bytes would live in registers):
+// program (not as a 408-byte copy through the generic argument unpacking):
 // (x, segs, K, M, route, max_rows, xdiv, ts) at the offsets the argument
 // rule gives them.
 constexpr u32 S_MONO_LIN_SEGS = 8u;
@@ -195,10 +195,9 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
 #endif
 
 // The interpreter's own state lives in shared memory (read back through
-// volatile loads after every op body): a value it kept in a register
-// across a body's call would be a register that body cannot have, and the
-// tensor-core linears spill at one fewer (NVRTC sm_90: 440-488 bytes each
-// with the loop state in registers, none without).
+// volatile loads after every op body), so nothing of it is live across a
+// body's call for the call ABI to save. (With direct calls the bodies'
+// spills measured the same either way, bench/NOTES.md session 8.)
 __shared__ SMonoOp s_mono_op;
 __shared__ u32 s_mono_at[2];  // [op index, first virtual block of this CTA's current round]
 

@@ -72,8 +72,7 @@ M3_DEV unsigned char* m3_mono_smem(u32& off, u32 bytes) {
 #undef M3_PDL_WAIT
 #undef M3_PDL_TRIGGER
 // (the interpreter waits once at its start; a body's wait stays a compiler
-// barrier so its code is scheduled as in its own kernel: without it the
-// tensor-core linears hoist their loads past it and spill)
+// barrier, so the body's code keeps the order it has in its own kernel)
 #define M3_PDL_WAIT() asm volatile("" ::: "memory")
 #define M3_PDL_TRIGGER() ((void)0)
 #undef __launch_bounds__

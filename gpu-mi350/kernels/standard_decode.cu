@@ -481,23 +481,12 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-#if defined(S_MONO)
-  // mono: the table is in the program's argument bytes (global memory); a
-  // reference, so each field is read where it is used instead of all of
-  // them held in registers through the loop
-  u32 si = 0u;
-#pragma unroll
-  for (u32 i = 1; i < S_MAX_SEGS; ++i)
-    if (i < segs.nseg && blockIdx.x >= segs.s[i].tile0) si = i;
-  const SSeg1& sg = segs.s[si];
-#else
   // this CTA's matrix (constant indices only: the table stays in the
   // parameter bank)
   SSeg1 sg = segs.s[0];
 #pragma unroll
   for (int i = 1; i < S_MAX_SEGS; ++i)
     if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
-#endif
   const u32 N = sg.n;
   const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
   const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;

@@ -312,55 +312,17 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
         // 10. FFN
         let mut y = zeros(t * h);
         match &lw.ffn {
-            FfnWeights::Dense(m) if tp > 1 => {
-                no_ptpc(
-                    pt.gate.is_some() || pt.up.is_some() || pt.down.is_some(),
-                    "the dense MLP",
-                )?;
-                mlp_tp(be, &h2, t, m, c, tp, &mut y)?;
-            }
-            FfnWeights::Moe(moe) if tp > 1 => {
-                if opts.act != super::ActMode::Bf16 {
-                    return Err(shape_err(format!(
-                        "tensor parallel {tp}: modelled with bf16 expert inputs only (--act bf16)"
-                    )));
-                }
-                let k = c.num_experts_per_tok;
-                let mut ids = vec![0i32; t * k];
-                let mut wts = zeros(t * k);
-                be.run_op(Op::Router {
-                    x: &h2,
-                    rows: t,
-                    router: &moe.router,
-                    bias: &moe.correction_bias,
-                    top_k: k,
-                    scaling: c.routed_scaling_factor,
-                    ids: &mut ids,
-                    weights: &mut wts,
-                })?;
-                experts_ep(be, &h2, t, moe, &ids, &wts, k, c, tp, &mut y)?;
-                if taps.request.experts && tap_l {
-                    taps.put_i32(format!("experts.{l}"), vec![t, k], ids);
-                }
-            }
-            FfnWeights::Dense(m) if pt.gate.is_some() || pt.up.is_some() || pt.down.is_some() => {
+            FfnWeights::Dense(m)
+                if tp > 1 || pt.gate.is_some() || pt.up.is_some() || pt.down.is_some() =>
+            {
                 // The dense MLP op by op, so each linear can take its PTPC
-                // form (the same steps as `Op::Mlp`: bf16 gate and up,
-                // SwiGLU-OAI, bf16 down).
-                let width = m.gate.rows();
-                let mut g = zeros(t * width);
-                let mut u = zeros(t * width);
-                linear_bf16(be, &h2, t, &m.gate, pt.gate.as_ref(), &mut g)?;
-                linear_bf16(be, &h2, t, &m.up, pt.up.as_ref(), &mut u)?;
-                let mut act = zeros(t * width);
-                be.run_op(Op::SwiGlu {
-                    gate: &g,
-                    up: &u,
-                    alpha: c.swiglu_alpha,
-                    limit: c.swiglu_limit,
-                    out: &mut act,
-                })?;
-                linear_bf16(be, &act, t, &m.down, pt.down.as_ref(), &mut y)?;
+                // form, or the down its row-parallel form (the same steps as
+                // `Op::Mlp`: bf16 gate and up, SwiGLU-OAI, bf16 down).
+                let ptpc = [pt.gate.as_ref(), pt.up.as_ref(), pt.down.as_ref()];
+                if tp > 1 {
+                    no_ptpc(ptpc.iter().any(Option::is_some), "the dense MLP")?;
+                }
+                mlp_by_ops(be, &h2, t, m, c, ptpc, tp, &mut y)?;
             }
             FfnWeights::Dense(m) => {
                 be.run_op(Op::Mlp {
@@ -386,18 +348,27 @@ pub fn forward_by_ops<B: Backend + ?Sized>(
                     ids: &mut ids,
                     weights: &mut wts,
                 })?;
-                be.run_op(Op::Experts {
-                    x: &h2,
-                    rows: t,
-                    moe,
-                    ids: &ids,
-                    weights: &wts,
-                    top_k: k,
-                    act: opts.act,
-                    alpha: c.swiglu_alpha,
-                    limit: c.swiglu_limit,
-                    out: &mut y,
-                })?;
+                if tp > 1 {
+                    if opts.act != super::ActMode::Bf16 {
+                        return Err(shape_err(format!(
+                            "tensor parallel {tp}: modelled with bf16 expert inputs only (--act bf16)"
+                        )));
+                    }
+                    experts_ep(be, &h2, t, moe, &ids, &wts, k, c, tp, &mut y)?;
+                } else {
+                    be.run_op(Op::Experts {
+                        x: &h2,
+                        rows: t,
+                        moe,
+                        ids: &ids,
+                        weights: &wts,
+                        top_k: k,
+                        act: opts.act,
+                        alpha: c.swiglu_alpha,
+                        limit: c.swiglu_limit,
+                        out: &mut y,
+                    })?;
+                }
                 if taps.request.experts && tap_l {
                     taps.put_i32(format!("experts.{l}"), vec![t, k], ids);
                 }
@@ -551,21 +522,25 @@ fn row_parallel<B: Backend + ?Sized>(
     Ok(())
 }
 
-/// A SwiGLU-OAI MLP with column-parallel gate / up and a row-parallel down.
-fn mlp_tp<B: Backend + ?Sized>(
+/// A SwiGLU-OAI MLP op by op: gate and up (each in its PTPC form when
+/// given), then the down in its PTPC form, or row-parallel over `tp` ranks
+/// when `tp > 1` (gate and up are column-parallel: exact as they are).
+#[allow(clippy::too_many_arguments)]
+fn mlp_by_ops<B: Backend + ?Sized>(
     be: &B,
     x: &[f32],
     rows: usize,
     m: &crate::weights::MlpWeights,
     c: &ModelConfig,
+    [pg, pu, pd]: [Option<&PtpcFp8>; 3],
     tp: usize,
     out: &mut [f32],
 ) -> Result<(), BackendError> {
     let width = m.gate.rows();
     let mut g = zeros(rows * width);
     let mut u = zeros(rows * width);
-    linear_bf16(be, x, rows, &m.gate, None, &mut g)?;
-    linear_bf16(be, x, rows, &m.up, None, &mut u)?;
+    linear_bf16(be, x, rows, &m.gate, pg, &mut g)?;
+    linear_bf16(be, x, rows, &m.up, pu, &mut u)?;
     let mut act = zeros(rows * width);
     be.run_op(Op::SwiGlu {
         gate: &g,
@@ -574,7 +549,11 @@ fn mlp_tp<B: Backend + ?Sized>(
         limit: c.swiglu_limit,
         out: &mut act,
     })?;
-    row_parallel(be, &act, rows, &m.down, tp, out)
+    if tp > 1 {
+        row_parallel(be, &act, rows, &m.down, tp, out)
+    } else {
+        linear_bf16(be, &act, rows, &m.down, pd, out)
+    }
 }
 
 /// Routed experts by expert parallel plus the shared expert by tensor
@@ -658,7 +637,7 @@ fn experts_ep<B: Backend + ?Sized>(
     }
     if let Some(sw) = &moe.shared {
         let mut sh = zeros(rows * h);
-        mlp_tp(be, x, rows, sw, c, tp, &mut sh)?;
+        mlp_by_ops(be, x, rows, sw, c, [None; 3], tp, &mut sh)?;
         for (a, &v) in out.iter_mut().zip(&sh) {
             *a += v;
         }

@@ -11,10 +11,6 @@ use super::StandardPath;
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn};
 
-/// Graph keys of mono steps: their variant plus this (apart from every
-/// tensor-core variant index).
-const MONO_GRAPH: usize = 1 << 16;
-
 /// The shape of the uploaded step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -69,7 +65,7 @@ impl StandardPath {
     /// Launch the uploaded step: a graph replay (captured on first use)
     /// when `graph` and its shape allows, else direct launches.
     /// A step of at most `mono::MONO_MAX_ROWS` rows runs on the mono path
-    /// when the path has it (its own graphs, keyed apart).
+    /// when the path has it and it is on (its own graphs: `GraphKey::mono`).
     pub fn launch(&mut self, s: Shape, graph: bool) -> Result<()> {
         let mono = self.mono_for(s.rows);
         if mono {
@@ -79,7 +75,8 @@ impl StandardPath {
         let key = GraphKey {
             rows: s.rows,
             logits_rows: s.logits_rows,
-            variant: self.variant_for(s.rows) + if mono { MONO_GRAPH } else { 0 },
+            variant: self.variant_for(s.rows),
+            mono,
         };
         let run = |p: &Self| {
             if mono {

@@ -20,6 +20,9 @@ pub struct GraphKey {
     pub rows: usize,
     pub logits_rows: usize,
     pub variant: usize,
+    /// A mono step (standard/mono.rs): its own graph beside the standard
+    /// one of the same shape.
+    pub mono: bool,
 }
 
 /// The captured graphs of one path.

@@ -352,6 +352,7 @@ pub fn kernel_bench(
                     rows: key_n,
                     logits_rows: 0,
                     variant: v,
+                    mono: false,
                 };
                 let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
                 let row = KernelRow {
@@ -408,6 +409,7 @@ pub fn kernel_bench(
                         rows: key_n,
                         logits_rows: 0,
                         variant: v,
+                        mono: false,
                     };
                     let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
                     let row = KernelRow {

@@ -208,9 +208,20 @@ M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u3
 /// CTA), a grid barrier between two ops. Launched with a grid every CTA of
 /// which is resident at once (the host sizes it by occupancy); `bar` is the
 /// path's barrier counter (zeroed once at load).
+/// The global nanosecond timer (comparable across SMs, unlike clock64).
+M3_DEV unsigned long long s_mono_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// `prof` (null: no profile): nops rows of gridDim.x + 1 u64 timestamps a
+/// launch, row i = [when CTA 0 starts op i, when each CTA finished its share
+/// of op i]; the host (src/standard/mono.rs `op_profile`) turns them into
+/// work, straggle and barrier times per op.
 extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
     m3s_mono(const SMonoOp* __restrict__ ops, u32 nops, const unsigned char* __restrict__ args,
-             unsigned long long* bar) {
+             unsigned long long* bar, unsigned long long* prof) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -227,6 +238,8 @@ extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
     }
     asm volatile("bar.sync 0;" ::: "memory");
     if (s_mono_vol(s_mono_at[0]) >= nops) break;
+    if (prof != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+      prof[(size_t)s_mono_vol(s_mono_at[0]) * (gridDim.x + 1u)] = s_mono_now();
     for (;;) {
       const u32 lg = s_mono_vol(s_mono_op.lg), gx = s_mono_vol(s_mono_op.gx), gy = s_mono_vol(s_mono_op.gy);
       const u32 n = gx * gy * s_mono_vol(s_mono_op.gz);
@@ -244,6 +257,8 @@ extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
       if (threadIdx.x == 0) s_mono_at[1] = v0 + gridDim.x * (S_MONO_THREADS >> lg);
       asm volatile("bar.sync 0;" ::: "memory");
     }
+    if (prof != nullptr && threadIdx.x == 0)
+      prof[(size_t)s_mono_vol(s_mono_at[0]) * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
     if (threadIdx.x == 0) s_mono_at[0] += 1u;
     asm volatile("bar.sync 0;" ::: "memory");
     if (s_mono_vol(s_mono_at[0]) < nops) s_mono_grid_sync(bar);  // none after the last op

@@ -76,6 +76,36 @@ fn print_profile(case: &str, prof: &[(&'static str, f64)]) {
     }
 }
 
+/// The mono op profile: per op of the common layer program, its times
+/// summed over the `layers` layers that run it (comparable with the
+/// standard profile's per-label sums).
+fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
+    let sum = |f: fn(&m3_gpu::standard::OpTime) -> f64| ops.iter().map(f).sum::<f64>();
+    println!(
+        "mono ops {case}: {} ops x {layers} layers; work {:.1} us, straggle {:.1} us, barriers {:.1} us (sums over those layers)",
+        ops.len(),
+        sum(|o| o.work_us),
+        sum(|o| o.straggle_us),
+        sum(|o| o.barrier_us)
+    );
+    println!(
+        "  {:>3} {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9}",
+        "op", "label", "body", "grid", "block", "work us", "straggle", "barrier"
+    );
+    for (i, o) in ops.iter().enumerate() {
+        println!(
+            "  {i:>3} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1}",
+            o.label,
+            o.body,
+            format!("{}x{}x{}", o.grid.0, o.grid.1, o.grid.2),
+            o.block,
+            o.work_us,
+            o.straggle_us,
+            o.barrier_us
+        );
+    }
+}
+
 /// (median, p10, p90) of `v`.
 fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
@@ -520,6 +550,10 @@ fn bench_model(
         if args.profile {
             let prof = sp.profile(shape).context("profile")?;
             print_profile(&run_label(v, c), &prof);
+            if vmono[v] {
+                let (ops, layers) = sp.mono_op_profile(shape).context("mono op profile")?;
+                print_mono_ops(&run_label(v, c), &ops, layers);
+            }
             profiles.push(json!({"case": run_label(v, c), "launches": prof
                 .iter()
                 .map(|(l, ms)| json!([l, ms]))

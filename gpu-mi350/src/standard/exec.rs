@@ -80,7 +80,7 @@ impl StandardPath {
         };
         let run = |p: &Self| {
             if mono {
-                p.enqueue_mono(s.rows, s.logits_rows)
+                p.enqueue_mono(s.rows, s.logits_rows, false)
             } else {
                 p.enqueue(s.rows, s.logits_rows, &Extras::default())
             }

@@ -38,6 +38,7 @@ use m3_core::kv::CacheDtype;
 
 pub use kv::DevKv;
 pub use launch::Launcher;
+pub use mono::OpTime;
 
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;

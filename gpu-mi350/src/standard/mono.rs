@@ -141,6 +141,43 @@ struct Program {
     ops: DevBuf,
     args: DevBuf,
     nops: u32,
+    /// Per op: the launch label, the body and the virtual launch (for the
+    /// op profile).
+    about: Vec<OpAbout>,
+    /// The op profile's timestamps (`nops x (grid + 1)` u64, see
+    /// kernels/mono.cu `m3s_mono`), made by the first profiled run.
+    prof: Option<DevBuf>,
+}
+
+/// What one op of a program is, for reports.
+#[derive(Clone, Debug, PartialEq)]
+struct OpAbout {
+    label: &'static str,
+    body: &'static str,
+    grid: (u32, u32, u32),
+    block: u32,
+}
+
+/// One op's times in a profiled mono step, summed over the layers whose
+/// programs have the same ops ([`StandardPath::mono_op_profile`]).
+#[derive(Clone, Debug)]
+pub struct OpTime {
+    /// The standard path's launch label (what the op replaces).
+    pub label: &'static str,
+    /// The op body (kernels/mono.cu `S_MONO_OPS`).
+    pub body: &'static str,
+    /// The virtual launch: grid and threads a block.
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    /// Microseconds from the op's start (CTA 0 past the barrier before it)
+    /// to the last CTA's finish.
+    pub work_us: f64,
+    /// Microseconds from the first CTA's finish to the last one's (how long
+    /// the earliest CTA idles at the barrier).
+    pub straggle_us: f64,
+    /// Microseconds from the last CTA's finish to the next op's start (the
+    /// barrier's own cost; 0 after the last op).
+    pub barrier_us: f64,
 }
 
 /// The mono path of one standard path.
@@ -225,6 +262,7 @@ impl Mono {
         let bad = |why: String| GpuError::input("mono program", why);
         let mut ops = Vec::with_capacity(rec.len());
         let mut args: Vec<u8> = Vec::new();
+        let mut about = Vec::with_capacity(rec.len());
         for r in rec {
             let Some(&id) = self.ids.get(&r.func) else {
                 return Err(bad(format!(
@@ -269,6 +307,12 @@ impl Mono {
                 pad: [0; 2],
             });
             args.extend_from_slice(&r.args);
+            about.push(OpAbout {
+                label: r.label,
+                body: MONO_OPS[fn_id as usize],
+                grid: r.grid,
+                block,
+            });
         }
         if ops.is_empty() {
             return Err(bad("a layer with no launches".into()));
@@ -278,6 +322,8 @@ impl Mono {
             ops: DevBuf::from_slice(ctx, &ops)?,
             args: DevBuf::from_slice(ctx, &args)?,
             nops: ops.len() as u32,
+            about,
+            prof: None,
         })
     }
 }
@@ -325,7 +371,10 @@ impl StandardPath {
     /// Every kernel of a mono step of `t` rows with `nl` logits rows: the
     /// embedding, one `m3s_mono` per layer, the head ([`Self::mono_prepare`]
     /// first).
-    pub(crate) fn enqueue_mono(&self, t: usize, nl: usize) -> Result<()> {
+    ///
+    /// `profile`: each layer's launch writes its op timestamps (the buffers
+    /// [`Self::mono_op_profile`] made; a direct run, not for capture).
+    pub(crate) fn enqueue_mono(&self, t: usize, nl: usize, profile: bool) -> Result<()> {
         let mono = self
             .mono
             .as_ref()
@@ -347,6 +396,10 @@ impl StandardPath {
                     Arg::U32(p.nops),
                     Arg::U64(p.args.ptr()),
                     Arg::U64(mono.bar.ptr()),
+                    Arg::U64(match (&p.prof, profile) {
+                        (Some(b), true) => b.ptr(),
+                        _ => 0,
+                    }),
                 ],
             )?;
         }
@@ -354,6 +407,81 @@ impl StandardPath {
             self.enqueue_head(nl)?;
         }
         Ok(())
+    }
+}
+
+impl StandardPath {
+    /// Run a mono step of shape `s` once with op timestamps and return, per
+    /// op of the most common layer program, its work, straggle and barrier
+    /// times summed over the layers running that program, with how many
+    /// layers that is. The step's inputs must be uploaded
+    /// ([`Self::prepare`]); a direct run, so the first op of each layer
+    /// also holds the launch's own start.
+    pub fn mono_op_profile(&mut self, s: super::exec::Shape) -> Result<(Vec<OpTime>, usize)> {
+        let t = s.rows;
+        if !self.mono_for(t) {
+            return Err(GpuError::input(
+                "mono profile",
+                format!("a step of {t} rows does not run on the mono path"),
+            ));
+        }
+        self.mono_prepare(t)?;
+        let ctx = self.l.context().clone();
+        let Some(mono) = self.mono.as_mut() else {
+            return Err(GpuError::input("mono profile", "not loaded"));
+        };
+        let g = mono.grid as usize;
+        if let Some(progs) = mono.programs.get_mut(&t) {
+            for p in progs.iter_mut().filter(|p| p.prof.is_none()) {
+                p.prof = Some(DevBuf::zeroed(&ctx, p.nops as usize * (g + 1) * 8)?);
+            }
+        }
+        self.enqueue_mono(t, s.logits_rows, true)?;
+        let Some(progs) = self.mono.as_ref().and_then(|m| m.programs.get(&t)) else {
+            return Err(GpuError::input("mono profile", "no programs"));
+        };
+        // the most common op sequence (the MoE layers of the bench model)
+        let mut common: Vec<(&[OpAbout], usize)> = Vec::new();
+        for p in progs {
+            match common.iter_mut().find(|(a, _)| *a == p.about.as_slice()) {
+                Some((_, n)) => *n += 1,
+                None => common.push((&p.about, 1)),
+            }
+        }
+        let Some(&(about, layers)) = common.iter().max_by_key(|(_, n)| *n) else {
+            return Err(GpuError::input("mono profile", "no layers"));
+        };
+        let mut out: Vec<OpTime> = about
+            .iter()
+            .map(|a| OpTime {
+                label: a.label,
+                body: a.body,
+                grid: a.grid,
+                block: a.block,
+                work_us: 0.0,
+                straggle_us: 0.0,
+                barrier_us: 0.0,
+            })
+            .collect();
+        for p in progs.iter().filter(|p| p.about.as_slice() == about) {
+            let Some(buf) = &p.prof else { continue };
+            let mut ts = vec![0u64; p.nops as usize * (g + 1)];
+            buf.read(self.l.stream(), 0, &mut ts)?;
+            let rows: Vec<&[u64]> = ts.chunks(g + 1).collect();
+            for (i, row) in rows.iter().enumerate() {
+                let start = row[0];
+                let (lo, hi) = row[1..]
+                    .iter()
+                    .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
+                out[i].work_us += us(start, hi);
+                out[i].straggle_us += us(lo, hi);
+                if let Some(next) = rows.get(i + 1) {
+                    out[i].barrier_us += us(hi, next[0]);
+                }
+            }
+        }
+        Ok((out, layers))
     }
 }
 

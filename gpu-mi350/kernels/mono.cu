@@ -80,14 +80,38 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(23, m3s_attn_combine)         \
   X(24, m3s_rmsnorm_v1024)
 
+/// Run the calling sub-block's share of the current op: virtual blocks v =
+/// its global sub index, then strides of every sub-block of the grid, the
+/// body (`run`, inlined here) once per block between two barriers of the
+/// sub-block (before: its block index is set; after: its carved shared
+/// arrays are the next block's). Sub-blocks run their blocks independently
+/// (no CTA-wide barrier between two blocks), and the loop sits inside the
+/// op's function so the call ABI's register saves happen once an op, not
+/// once a virtual block (bench/NOTES.md session 9, run 3).
+template <typename R> M3_DEV void s_mono_blocks(R run) {
+  const u32 lg = s_mono_lg, B = 1u << lg, subs = S_MONO_THREADS >> lg, sub = threadIdx.x >> lg;
+  const uint3 gd = s_mono_gdim;
+  const u32 n = gd.x * gd.y * gd.z;
+  for (u32 v = blockIdx.x * subs + sub; v < n; v += gridDim.x * subs) {
+    if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
+    asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
+    run();
+    asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
+  }
+}
+
 // one function per op (not inlined: each body gets its own register
 // allocation, as in its own kernel), its arguments read from the program
 #define S_MONO_FN(name)                                                                    \
   struct SMonoCall_##name {                                                                \
     template <typename... A> __device__ __forceinline__ void operator()(A... a) const { name(a...); } \
   };                                                                                        \
+  struct SMonoRun_##name {                                                                 \
+    const unsigned char* p;                                                                 \
+    __device__ __forceinline__ void operator()() const { SMonoSig<decltype(&name)>::call(p, SMonoCall_##name{}); } \
+  };                                                                                        \
   static __device__ __noinline__ void s_mono_##name(const unsigned char* p) {               \
-    SMonoSig<decltype(&name)>::call(p, SMonoCall_##name{});                                 \
+    s_mono_blocks(SMonoRun_##name{p});                                                      \
   }
 S_MONO_FN(m3s_rmsnorm)
 S_MONO_FN(m3s_headnorm_rope)
@@ -113,14 +137,18 @@ S_MONO_FN(m3s_rmsnorm_v1024)
 // rule gives them.
 constexpr u32 S_MONO_LIN_SEGS = 8u;
 constexpr u32 S_MONO_LIN_K = S_MONO_LIN_SEGS + (u32)((sizeof(SSegs) + 7) & ~(size_t)7);
-#define S_MONO_LIN(name, F, ANY)                                                                            \
-  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) {                               \
-    constexpr u32 k = S_MONO_LIN_K;                                                                         \
-    s_mma_linear<F, ANY || S_FORCE_ANY>(s_mono_arg<const u16*>(p), *reinterpret_cast<const SSegs*>(p + 8u),  \
-                                        s_mono_arg<u32>(p + k), s_mono_arg<u32>(p + k + 4u),                  \
-                                        s_mono_arg<const int*>(p + k + 8u), s_mono_arg<u32>(p + k + 16u),     \
-                                        s_mono_arg<u32>(p + k + 20u), s_mono_arg<const float*>(p + k + 24u)); \
+template <int F, bool ANY> struct SMonoLin {
+  const unsigned char* p;
+  __device__ __forceinline__ void operator()() const {
+    constexpr u32 k = S_MONO_LIN_K;
+    s_mma_linear<F, ANY || S_FORCE_ANY>(s_mono_arg<const u16*>(p), *reinterpret_cast<const SSegs*>(p + 8u),
+                                        s_mono_arg<u32>(p + k), s_mono_arg<u32>(p + k + 4u),
+                                        s_mono_arg<const int*>(p + k + 8u), s_mono_arg<u32>(p + k + 16u),
+                                        s_mono_arg<u32>(p + k + 20u), s_mono_arg<const float*>(p + k + 24u));
   }
+};
+#define S_MONO_LIN(name, F, ANY) \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoLin<F, ANY>{p}); }
 S_MONO_LIN(m3s_mma_bf16, S_FMT_BF16, true)
 S_MONO_LIN(m3s_mma_e4m3, S_FMT_E4M3, false)
 S_MONO_LIN(m3s_mma_e4m3_any, S_FMT_E4M3, true)
@@ -173,19 +201,22 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
 /// waits for the count to reach the end of its generation (old / n + 1) * n.
 /// Arrivals of generation g + 1 cannot start before generation g is
 /// complete, so the counter is never reset (not between ops, layers or
-/// steps) as long as every launch on it has the same n CTAs. Release before
-/// the arrival, acquire after the wait: an op's writes are visible to every
-/// CTA of the next op (and the acquire drops stale L1 lines).
+/// steps) as long as every launch on it has the same n CTAs. The caller has
+/// passed a CTA-wide barrier after its op. Release on the arrival; the wait
+/// polls with relaxed loads and acquires once with a fence when the count
+/// is reached: an acquire load in the loop invalidates the SM's L1 on every
+/// poll, under the other CTA of the SM still running the op (session 9
+/// run 3: 1.7M invalidations in one b16 layer).
 M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
-  asm volatile("bar.sync 0;" ::: "memory");
   if (threadIdx.x == 0) {
     const unsigned long long n = gridDim.x;
     unsigned long long old, cur;
     asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(bar) : "memory");
     const unsigned long long target = (old / n + 1ull) * n;
     do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(bar) : "memory");
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(bar) : "memory");
     } while (cur < target);
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   asm volatile("bar.sync 0;" ::: "memory");
 }
@@ -194,20 +225,12 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
 #define S_MONO_MINB 2
 #endif
 
-// The interpreter's own state lives in shared memory (read back through
-// volatile loads after every op body), so nothing of it is live across a
-// body's call for the call ABI to save. (With direct calls the bodies'
-// spills measured the same either way, bench/NOTES.md session 8.)
+/// The op being run (thread 0 reads it from the program; every thread
+/// reads it back after a CTA-wide barrier).
 __shared__ SMonoOp s_mono_op;
-__shared__ u32 s_mono_at[2];  // [op index, first virtual block of this CTA's current round]
 
 M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 
-/// One decoder layer: ops[0..nops) in order, each over its virtual grid
-/// (blocks v = x + gx * (y + gy * z), S_MONO_THREADS / B at a time per
-/// CTA), a grid barrier between two ops. Launched with a grid every CTA of
-/// which is resident at once (the host sizes it by occupancy); `bar` is the
-/// path's barrier counter (zeroed once at load).
 /// The global nanosecond timer (comparable across SMs, unlike clock64).
 M3_DEV unsigned long long s_mono_now() {
   unsigned long long t;
@@ -215,10 +238,16 @@ M3_DEV unsigned long long s_mono_now() {
   return t;
 }
 
+/// One decoder layer: ops[0..nops) in order, each over its virtual grid
+/// (blocks v = x + gx * (y + gy * z); an op of B threads a block runs
+/// S_MONO_THREADS / B of them at once per CTA, see s_mono_blocks), a grid
+/// barrier between two ops. Launched with a grid every CTA of which is
+/// resident at once (the host sizes it by occupancy); `bar` is the path's
+/// barrier counter (zeroed once at load).
 /// `prof` (null: no profile): nops rows of gridDim.x + 1 u64 timestamps a
 /// launch, row i = [when CTA 0 starts op i, when each CTA finished its share
-/// of op i]; the host (src/standard/mono.rs `op_profile`) turns them into
-/// work, straggle and barrier times per op.
+/// of op i]; the host (src/standard/mono.rs `mono_op_profile`) turns them
+/// into work, straggle and barrier times per op.
 extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
     m3s_mono(const SMonoOp* __restrict__ ops, u32 nops, const unsigned char* __restrict__ args,
              unsigned long long* bar, unsigned long long* prof) {
@@ -226,41 +255,18 @@ extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
   asm volatile("griddepcontrol.launch_dependents;" :::);
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  if (threadIdx.x == 0) s_mono_at[0] = 0u;
-  for (;;) {
-    // thread 0 sets up the next round: a new op, or the next virtual blocks
+  for (u32 i = 0; i < nops; ++i) {
     if (threadIdx.x == 0) {
-      const u32 i = s_mono_at[0];
-      if (i < nops) {
-        s_mono_op = ops[i];
-        s_mono_at[1] = blockIdx.x * (S_MONO_THREADS >> s_mono_op.lg);
-      }
+      const SMonoOp o = ops[i];
+      s_mono_op = o;
+      s_mono_lg = o.lg;
+      s_mono_gdim = make_uint3(o.gx, o.gy, o.gz);
+      if (prof != nullptr && blockIdx.x == 0) prof[(size_t)i * (gridDim.x + 1u)] = s_mono_now();
     }
     asm volatile("bar.sync 0;" ::: "memory");
-    if (s_mono_vol(s_mono_at[0]) >= nops) break;
-    if (prof != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
-      prof[(size_t)s_mono_vol(s_mono_at[0]) * (gridDim.x + 1u)] = s_mono_now();
-    for (;;) {
-      const u32 lg = s_mono_vol(s_mono_op.lg), gx = s_mono_vol(s_mono_op.gx), gy = s_mono_vol(s_mono_op.gy);
-      const u32 n = gx * gy * s_mono_vol(s_mono_op.gz);
-      const u32 v0 = s_mono_vol(s_mono_at[1]);
-      if (v0 >= n) break;  // uniform: every thread read the same values
-      const u32 sub = threadIdx.x >> lg, v = v0 + sub;
-      if (threadIdx.x == 0) {
-        s_mono_lg = lg;
-        s_mono_gdim = make_uint3(gx, gy, s_mono_vol(s_mono_op.gz));
-      }
-      if ((threadIdx.x & ((1u << lg) - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gx, (v / gx) % gy, v / (gx * gy));
-      asm volatile("bar.sync 0;" ::: "memory");
-      if (v < n) s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
-      asm volatile("bar.sync 0;" ::: "memory");  // the pool is the next block's
-      if (threadIdx.x == 0) s_mono_at[1] = v0 + gridDim.x * (S_MONO_THREADS >> lg);
-      asm volatile("bar.sync 0;" ::: "memory");
-    }
-    if (prof != nullptr && threadIdx.x == 0)
-      prof[(size_t)s_mono_vol(s_mono_at[0]) * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
-    if (threadIdx.x == 0) s_mono_at[0] += 1u;
-    asm volatile("bar.sync 0;" ::: "memory");
-    if (s_mono_vol(s_mono_at[0]) < nops) s_mono_grid_sync(bar);  // none after the last op
+    s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
+    asm volatile("bar.sync 0;" ::: "memory");  // the CTA's share is done; s_mono_op is free
+    if (prof != nullptr && threadIdx.x == 0) prof[(size_t)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
+    if (i + 1u < nops) s_mono_grid_sync(bar);  // none after the last op
   }
 }

@@ -29,6 +29,14 @@
 #define S_MONO_POOL 40960
 #endif
 #define S_MONO_MAX_SUBS (S_MONO_THREADS / 32)
+// The linears' bodies with half the loads in flight a warp: under the call
+// ABI at 128 registers the full unroll spills inside their loops (NVRTC
+// 13.0, sm_90); half does not, and measured 11-14% faster a mono layer
+// (bench/NOTES.md session 9, run 5). The order of the sums is the same
+// (bit-identical to the standard path's full unroll).
+#ifndef S_UNROLL_HALF
+#define S_UNROLL_HALF 1
+#endif
 
 // the virtual launch of the op being run (set by the interpreter between
 // two CTA-wide barriers): per sub-block its block index, and for all the

@@ -910,9 +910,10 @@ fn mono_path_is_bitwise_the_standard_path() {
         let vocab = c.vocab_size;
         // (steps run on the mono path, logits of every step)
         let run = |m: &Arc<ModelWeights>, mono: bool| -> Result<(u64, Vec<Vec<f32>>), String> {
+            // (M3_MONO_DEFINES selects a mono build to check)
             let opts = PathOptions {
                 mono,
-                ..PathOptions::default()
+                ..PathOptions::default().with_env_overrides()
             };
             let mut r = GpuRunner::load(
                 &cuda,

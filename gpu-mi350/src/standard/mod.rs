@@ -185,8 +185,8 @@ pub struct PathOptions {
     /// standard step (standard/mono.rs). Off by default until it measures
     /// faster (bench/NOTES.md session 8).
     pub mono: bool,
-    /// The mono build's tunables (`S_MONO_INDIRECT=0|1`; empty: mono.cu's
-    /// defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
+    /// S_UNROLL_HALF=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
 }
 
@@ -211,7 +211,7 @@ impl PathOptions {
     /// (for binaries; a runner itself reads no environment):
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
     /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
-    /// `M3_MONO_DEFINES` sets the mono build's (`S_MONO_INDIRECT=0|1`).
+    /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";

@@ -87,7 +87,7 @@ fn is_linear(name: &str) -> bool {
 }
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs, mono.cu's
-/// tunables: `S_MONO_INDIRECT=0|1`), the prelude, the standard sources with
+/// tunables: `S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2 S_UNROLL_HALF=0|1`), the prelude, the standard sources with
 /// the small-step defines `small`, the interpreter. Built (and leaked) once
 /// per define strings.
 pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
@@ -95,13 +95,22 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
     let mut prefix = String::new();
     for kv in extra.split_whitespace() {
         match kv.split_once('=') {
-            Some(("S_MONO_INDIRECT", v @ ("0" | "1"))) => {
-                prefix.push_str(&format!("#define S_MONO_INDIRECT {v}\n"))
+            Some((k @ ("S_MONO_INDIRECT" | "S_MONO_MINB"), v @ ("0" | "1" | "2")))
+                if !(k == "S_MONO_MINB" && v == "0") && !(k == "S_MONO_INDIRECT" && v == "2") =>
+            {
+                prefix.push_str(&format!("#define {k} {v}\n"))
+            }
+            Some((k @ ("S_UNROLL_MUL" | "S_UNROLL_HALF"), v @ ("0" | "1" | "2")))
+                if !(k == "S_UNROLL_HALF" && v == "2") && !(k == "S_UNROLL_MUL" && v == "0") =>
+            {
+                prefix.push_str(&format!("#define {k} {v}\n"))
             }
             _ => {
                 return Err(GpuError::input(
                     "mono defines",
-                    format!("`{kv}`: the mono build takes S_MONO_INDIRECT=0|1"),
+                    format!(
+                        "`{kv}`: the mono build takes S_MONO_INDIRECT=0|1, S_MONO_MINB=1|2 (persistent CTAs an SM), S_UNROLL_MUL=1|2 and S_UNROLL_HALF=0|1 (the linears' loads in flight; 1 is the default)"
+                    ),
                 ))
             }
         }
@@ -545,12 +554,26 @@ mod tests {
     #[test]
     fn mono_defines_are_checked() {
         let small = super::super::linear::SMALL_STEP_VARIANT;
-        for ok in ["", "S_MONO_INDIRECT=0", "S_MONO_INDIRECT=1"] {
+        for ok in [
+            "",
+            "S_MONO_INDIRECT=0",
+            "S_MONO_INDIRECT=1",
+            "S_MONO_MINB=1 S_UNROLL_MUL=2",
+            "S_UNROLL_HALF=1",
+        ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
         let src = mono_source(small, "S_MONO_INDIRECT=0").expect("source");
         assert!(src.body.starts_with("#define S_MONO_INDIRECT 0\n"));
-        for bad in ["S_MONO_INDIRECT=2", "S_MMA_WARPS=8", "junk"] {
+        for bad in [
+            "S_MONO_INDIRECT=2",
+            "S_MONO_MINB=0",
+            "S_UNROLL_MUL=3",
+            "S_UNROLL_MUL=0",
+            "S_UNROLL_HALF=2",
+            "S_MMA_WARPS=8",
+            "junk",
+        ] {
             let e = mono_source(small, bad)
                 .err()
                 .map(|e| e.to_string())

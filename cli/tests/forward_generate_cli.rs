@@ -208,6 +208,98 @@ fn generate_from_tokens_and_prompt() {
     );
 }
 
+/// `--kv-cache-dtype nvfp4` on the default checkpoint (made on first use
+/// under a private `XDG_CACHE_HOME`): `generate` and `batch` run on the
+/// CPU, deterministically, the cache changes the numbers (`forward`), the
+/// GPU refuses it in one line naming the option, and every engine
+/// command's `--help` lists it.
+#[test]
+fn nvfp4_kv_cache_on_the_default_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_m3"))
+            .env("XDG_CACHE_HOME", dir.path())
+            .args(args)
+            .output()
+            .expect("run m3")
+    };
+    let gen = |threads: &str| {
+        let o = run(&[
+            "generate",
+            "--backend",
+            "cpu",
+            "--kv-cache-dtype",
+            "nvfp4",
+            "--tokens",
+            "5,6,7,8",
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--threads",
+            threads,
+        ]);
+        ok(&o);
+        o
+    };
+    let a = gen("1");
+    let err = String::from_utf8_lossy(&a.stderr);
+    assert!(
+        err.contains("(Nvfp4)") && err.contains("generated 8 tokens"),
+        "{err}"
+    );
+    assert_eq!(a.stdout, gen("2").stdout, "greedy output is deterministic");
+
+    // the option reaches the cache: the logits differ from the bf16 cache's
+    let dump = |kv: &str| {
+        let p = dir.path().join(format!("{kv}.safetensors"));
+        ok(&run(&[
+            "forward",
+            "--backend",
+            "cpu",
+            "--tokens",
+            "5,6,7,8,9,10",
+            "--kv-dtype",
+            kv,
+            "--dump",
+            p.to_str().unwrap(),
+        ]));
+        std::fs::read(&p).unwrap()
+    };
+    assert_ne!(dump("bf16"), dump("nvfp4"));
+
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"id\": \"a\", \"tokens\": [1, 2, 3], \"max_tokens\": 5}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out.jsonl");
+    ok(&run(&[
+        "batch",
+        "--backend",
+        "cpu",
+        "--kv-cache-dtype",
+        "nvfp4",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--ignore-eos",
+    ]));
+    assert!(std::fs::read_to_string(&out).unwrap().contains("\"a\""));
+
+    one_line_error(
+        &run(&["generate", "--backend", "gpu", "--kv-cache-dtype", "nvfp4"]),
+        "--kv-cache-dtype nvfp4",
+    );
+    for cmd in ["generate", "batch", "serve", "forward", "bench"] {
+        let o = run(&[cmd, "--help"]);
+        ok(&o);
+        let help = String::from_utf8_lossy(&o.stdout);
+        assert!(help.contains("nvfp4"), "m3 {cmd} --help: {help}");
+    }
+}
+
 /// `--mxfp8-to-bf16` converts every MXFP8 weight to bf16 at load without
 /// changing a value: the same greedy tokens and the same dumped taps as the
 /// MXFP8 weights; a scale byte outside the exact range is refused, naming

@@ -40,10 +40,11 @@ impl Drop for Server {
     }
 }
 
-fn start(model: &std::path::Path) -> (Server, String) {
+fn start(model: &std::path::Path, extra: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_m3"))
         .args(["serve", "--backend", "cpu", "--port", "0", "--model"])
         .arg(model)
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -66,7 +67,7 @@ fn start(model: &std::path::Path) -> (Server, String) {
 fn serves_then_drains_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let model = synth(tmp.path());
-    let (mut server, base) = start(&model);
+    let (mut server, base) = start(&model, &[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -122,6 +123,31 @@ fn serves_then_drains_on_sigterm() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "m3 serve exited with {status}");
+}
+
+/// `--kv-cache-dtype nvfp4` (ARCHITECTURE.md, NVFP4 KV cache) serves on
+/// the CPU backend.
+#[test]
+fn serves_with_an_nvfp4_kv_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = synth(tmp.path());
+    let (_server, base) = start(&model, &["--kv-cache-dtype", "nvfp4"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let v: Value = reqwest::Client::new()
+            .post(format!("{base}/v1/completions"))
+            .json(&json!({"prompt":"hello","max_tokens":6,"temperature":0,"ignore_eos":true}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 6, "{v}");
+    });
 }
 
 #[test]

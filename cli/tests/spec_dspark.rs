@@ -260,7 +260,7 @@ impl Drafter for OracleDrafter<'_> {
             num_pages: 8,
             dtype: CacheDtype::Bf16,
         };
-        let mut cache = KvCache::new(self.m, layout);
+        let mut cache = KvCache::new(self.m, layout).unwrap();
         let table: Vec<u32> = (0..8).collect();
         let vocab = self.m.config.vocab_size;
         let (mut tokens, mut probs) = (Vec::new(), Vec::new());
@@ -355,7 +355,7 @@ fn target_taps(be: &CpuBackend, m: &ModelWeights, tokens: &[u32]) -> Taps {
         num_pages: 8,
         dtype: CacheDtype::Bf16,
     };
-    let mut cache = KvCache::new(m, layout);
+    let mut cache = KvCache::new(m, layout).unwrap();
     let table: Vec<u32> = (0..8).collect();
     let step = StepBatch::contiguous(0, tokens, 0, &table, 16, false);
     let mut taps = Taps::new(m3_core::backend::TapRequest {

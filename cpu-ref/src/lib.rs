@@ -90,7 +90,12 @@ impl Backend for CpuBackend {
             Op::CacheWrite { cache, slots, x } => {
                 let w = cache.width;
                 for (t, &s) in slots.iter().enumerate() {
-                    cache.write(s as usize, &x[t * w..(t + 1) * w]);
+                    cache
+                        .write(s as usize, &x[t * w..(t + 1) * w])
+                        .map_err(|e| BackendError::Shape {
+                            op: "cache_write",
+                            what: e.to_string(),
+                        })?;
                 }
                 Ok(())
             }

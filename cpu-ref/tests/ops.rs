@@ -281,13 +281,14 @@ fn index_scores_and_sparse_attention_hand_case() {
     // d = 2, page 2 with pages [1, 0] (positions 0,1 in page 1; 2,3 in page 0).
     // keys k_j: j0 = (1,0), j1 = (0,1), j2 = (2,0), j3 = (0,0); v_j = (j, 10j).
     let page = 2;
-    let mut kc = CacheTensor::new(CacheDtype::Bf16, 4, 2, 1.0);
-    let mut vc = CacheTensor::new(CacheDtype::Bf16, 4, 2, 1.0);
+    let mut kc = CacheTensor::new(CacheDtype::Bf16, 4, 2, 1.0).unwrap();
+    let mut vc = CacheTensor::new(CacheDtype::Bf16, 4, 2, 1.0).unwrap();
     let slots = [2u32, 3, 0, 1];
     let keys = [[1.0f32, 0.0], [0.0, 1.0], [2.0, 0.0], [0.0, 0.0]];
     for j in 0..4 {
-        kc.write(slots[j] as usize, &keys[j]);
-        vc.write(slots[j] as usize, &[j as f32, 10.0 * j as f32]);
+        kc.write(slots[j] as usize, &keys[j]).unwrap();
+        vc.write(slots[j] as usize, &[j as f32, 10.0 * j as f32])
+            .unwrap();
     }
     let step = one_seq_step(&[3], &[1, 0], page);
     assert_eq!(step.slot_mapping, [1]);
@@ -374,8 +375,8 @@ fn index_scores_and_sparse_attention_hand_case() {
 
 #[test]
 fn fp8_cache_saturates_and_scales() {
-    let mut c = CacheTensor::new(CacheDtype::Fp8E4M3, 1, 3, 2.0);
-    c.write(0, &[1000.0, 3.0, -0.5]);
+    let mut c = CacheTensor::new(CacheDtype::Fp8E4M3, 1, 3, 2.0).unwrap();
+    c.write(0, &[1000.0, 3.0, -0.5]).unwrap();
     let mut out = [0.0f32; 3];
     c.read(0, 0, &mut out);
     // 1000/2 = 500 saturates to 448 -> 896; 3/2 = 1.5 exact; -0.25 exact.

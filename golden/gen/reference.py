@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent numpy reference of MODEL.md: dumps and golden cases.
 
-  reference.py forward --model DIR --tokens 1,2,3 [--kv-dtype bf16|fp8_e4m3]
+  reference.py forward --model DIR --tokens 1,2,3 [--kv-dtype bf16|fp8_e4m3|nvfp4]
       [--act bf16|mxfp4] [--selection per_kv_head|shared] [--nvfp4-as-mxfp4]
       [--teacher IN.safetensors] [--greedy N] --dump OUT.safetensors
   reference.py case --model DIR --spec JSON --out-dir golden/cases
@@ -301,13 +301,84 @@ def cmd_op_ptpc(a):
     print(f"op-ptpc: x [{T}, {K}], w [{N}, {K}] -> {a.out}")
 
 
+def cmd_op_nvfp4_cache(a):
+    """The op-level NVFP4 KV-cache case (ARCHITECTURE.md, NVFP4 KV cache):
+    rows x [R, 64] (four blocks of 16 each) with a global scale g [R] per
+    row (each row stands for its own cache tensor), and the expected packed
+    E2M1 codes [R, 32], E4M3 block scales [R, 4] and reads [R, 64], all from
+    m3ref.formats (numpy + ml_dtypes).  Rows 0-4 are chosen blocks (ties,
+    zero and underflowing blocks, a saturated scale, a scale that rounds
+    down, NaN / Inf blocks); the rest are random, bf16 (as the model caches)
+    or full f32, across many binades and global scales."""
+    from m3ref import formats as F
+
+    W = 64
+    ties = [6, 3, -1.5, 0.75, 0.25, 0.2, -0.0, 5, 2.5, 3.5, 1.25, 1.75, -6, 0, 0.5, 4]
+    rows, gs = [], []
+
+    def row(blocks, g):
+        r = np.concatenate([np.asarray(b, dtype=np.float64) for b in blocks])
+        assert r.size == W
+        rows.append(r)
+        gs.append(g)
+
+    rng = np.random.default_rng(20251104)
+    z = np.zeros(16)
+    # 0: E2M1 ties at s = 1 (bamax 6), a block at s = 2^-3, two random blocks
+    row([ties, [0.75, 0.3, -0.1875] + [0.0] * 13, rng.standard_normal(16), rng.standard_normal(16) * 100], 1.0)
+    # 1: the same ties with a non-power-of-two global (g = 3: s = 1 again)
+    row([np.array(ties) * 3, np.array(ties) * 0.75, rng.standard_normal(16) * 3, z], 3.0)
+    # 2: all zero; bamax / 6 below half the least E4M3 subnormal (s -> 0);
+    #    exactly on it (2^-10: ties to 0); just past it (s = 2^-9)
+    tiny = rng.uniform(-1, 1, 16) * 0.005
+    edge = np.zeros(16)
+    edge[3] = 6 * 2.0 ** -10
+    edge[4] = -2.0 ** -12
+    past = rng.uniform(-1, 1, 16) * 2.0 ** -8
+    past[0] = 2.0 ** -7
+    row([z, tiny, edge, past], 1.0)
+    # 3: a saturated scale (bamax / 6 past 448), a scale that rounds down so
+    #    the block's amax saturates to 6 (bamax / 6 = 1.0625 ties to 1.0), an
+    #    E4M3 tie that rounds up (1.1875 -> 1.25), and -0.0 kept in a live block
+    sat = [3000, 100, -2688, 1000, 448, -1e5] + [0.0] * 10
+    down = [6.375, -3.1875, 1.0] + [0.0] * 13
+    up = [6 * 1.1875, 2.0, -1.0] + [0.0] * 13
+    negz = [-0.0, 1.0, -0.0, -2.0] + [0.5] * 12
+    row([sat, down, up, negz], 1.0)
+    # 4: NaN, +Inf and -Inf blocks beside a finite one (g = 0.25)
+    nanb = rng.standard_normal(16)
+    nanb[5] = np.nan
+    infb = rng.standard_normal(16)
+    infb[0] = np.inf
+    ninfb = rng.standard_normal(16)
+    ninfb[15] = -np.inf
+    row([nanb, infb, ninfb, rng.standard_normal(16)], 0.25)
+    # 5..: random rows: binades 2^-24 .. 2^12 per block, global scales from
+    #      tiny to large, bf16 values (as cached) and raw f32 values
+    for i, g in enumerate([1.0, 0.25, 2.0 ** -20, 0.1, 7.3, 1e-3, 1e3, 0.0625, 1.7, 1.0, 5e-2]):
+        blocks = [rng.standard_normal(16) * np.exp2(rng.integers(-24, 13)) for _ in range(4)]
+        r = np.concatenate(blocks)
+        row([F.bf16(r) if i % 2 == 0 else r.astype(np.float32)], g)
+    x = np.stack(rows).astype(np.float32)
+    g = np.asarray(gs, dtype=np.float32)
+    codes = np.zeros((len(rows), W // 2), np.uint8)
+    scales = np.zeros((len(rows), W // 16), np.uint8)
+    y = np.zeros((len(rows), W), np.float32)
+    for i in range(len(rows)):
+        codes[i], scales[i] = F.nvfp4_cache_quantize(x[i], g[i])
+        y[i] = F.nvfp4_cache_dequant(codes[i], scales[i], g[i])
+    out = {"x": x, "g": g, "codes": codes, "scales": scales, "y": y}
+    write_safetensors(a.out, out, {"case": "op-nvfp4-cache", "generator": "golden/gen/reference.py op-nvfp4-cache"})
+    print(f"op-nvfp4-cache: x [{len(rows)}, {W}] -> {a.out}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("forward")
     f.add_argument("--model", required=True)
     f.add_argument("--tokens", required=True)
-    f.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp8_e4m3"])
+    f.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp8_e4m3", "nvfp4"])
     f.add_argument("--act", default="bf16", choices=["bf16", "mxfp4"])
     f.add_argument("--selection", default="per_kv_head", choices=["per_kv_head", "shared"])
     f.add_argument("--nvfp4-as-mxfp4", action="store_true")
@@ -323,9 +394,13 @@ def main():
     c.add_argument("--out-dir", required=True)
     op = sub.add_parser("op-ptpc", help="write the op-level PTPC FP8 linear case")
     op.add_argument("--out", required=True, help="OUT.safetensors")
+    opn = sub.add_parser("op-nvfp4-cache", help="write the op-level NVFP4 KV-cache case")
+    opn.add_argument("--out", required=True, help="OUT.safetensors")
     a = p.parse_args()
     try:
-        {"forward": cmd_forward, "case": cmd_case, "op-ptpc": cmd_op_ptpc}[a.cmd](a)
+        {"forward": cmd_forward, "case": cmd_case, "op-ptpc": cmd_op_ptpc, "op-nvfp4-cache": cmd_op_nvfp4_cache}[
+            a.cmd
+        ](a)
     except (ValueError, KeyError, OSError) as e:
         raise SystemExit(f"error: {e}")
 

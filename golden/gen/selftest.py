@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Self-test of the numpy reference on a `tiny` checkpoint written here (so it
 does not depend on `m3 synth`).  Checks:
-  - the codecs against ml_dtypes (E2M1 / E4M3 rounding) and the FORMATS.md tie table;
+  - the codecs against ml_dtypes (E2M1 / E4M3 rounding) and the FORMATS.md tie table,
+    and the NVFP4 KV-cache codec against ml_dtypes' casts;
   - every weight format round-trips through the writer's quantizer and the
     reader's decoder within its quantization error;
   - prefill of T tokens equals prefill of T-1 then one decode step (last row);
@@ -151,6 +152,35 @@ def test_codecs():
     check(F.mx_exponent(np.float32(6.5), 2, 1)[()] == 0 and F.mx_exponent(np.float32(7.0), 2, 1)[()] == 1,
           "MX even rule raises the scale when amax would clip")
     check(F.mx_exponent(np.float32(7.0), 2, 1, "floor")[()] == 0, "MX floor rule")
+    test_nvfp4_cache()
+
+
+def test_nvfp4_cache():
+    """The NVFP4 KV-cache codec against a second computation through
+    ml_dtypes' float4_e2m1fn and float8_e4m3fn casts (per element, f64)."""
+    rng = np.random.default_rng(5)
+    for g in (1.0, 0.375, 3.0, 2.0 ** -20, 1e3):
+        x = (rng.standard_normal((64, 32)) * np.exp2(rng.integers(-30, 14, size=(64, 2)).repeat(16, axis=1))).astype(np.float32)
+        x[0, :16] = 0.0
+        x[1, 3] = np.nan
+        x[2, 20] = -np.inf
+        g32 = float(np.float32(g))
+        want = np.empty_like(x)
+        for r in range(x.shape[0]):
+            for b in range(2):
+                blk = x[r, 16 * b : 16 * (b + 1)].astype(np.float64)
+                if not np.all(np.isfinite(blk)):
+                    want[r, 16 * b : 16 * (b + 1)] = np.nan
+                    continue
+                s = float(np.array(min(np.abs(blk).max() / (6 * g32), 448.0)).astype(ml_dtypes.float8_e4m3fn).astype(np.float64))
+                if s == 0:
+                    want[r, 16 * b : 16 * (b + 1)] = 0.0
+                    continue
+                q = np.clip(blk / (g32 * s), -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
+                want[r, 16 * b : 16 * (b + 1)] = (q * s * g32).astype(np.float32)
+        got = F.nvfp4_cache_roundtrip(x, g)
+        same = np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+        check(same, f"NVFP4 cache codec equals ml_dtypes' E2M1 / E4M3 casts (g = {g})")
 
 
 def main():
@@ -165,8 +195,9 @@ def main():
             err = np.linalg.norm(w - rng_w) / np.linalg.norm(rng_w)
             bound = {"bf16": 4e-3, "mxfp8": 0.05, "mxfp4": 0.25, "nvfp4": 0.2}[fmt]
             check(f == fmt and err < bound, f"{fmt} expert weight decodes within its quantization error ({err:.3g})")
+            extra = (Options(kv_dtype="nvfp4"),) if fmt == "bf16" else ()
             for opts in (Options(), Options(kv_dtype="fp8_e4m3", act="mxfp4", selection="shared",
-                                             nvfp4_as_mxfp4=(fmt == "nvfp4"))):
+                                             nvfp4_as_mxfp4=(fmt == "nvfp4"))) + extra:
                 model_checks(ck, fmt, opts)
     if check.failed:
         raise SystemExit("selftest FAILED")

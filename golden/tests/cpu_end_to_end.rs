@@ -28,6 +28,21 @@ fn m3_bin() -> PathBuf {
 }
 
 fn run_case(m3: &PathBuf, name: &str) {
+    let rep = forward_report(m3, name, None);
+    for l in table_lines(&rep) {
+        println!("{l}");
+    }
+    assert!(
+        rep.passed(),
+        "{name}: first divergence {:?}",
+        rep.first_divergence()
+    );
+}
+
+/// `m3 forward --teacher` on a committed case's checkpoint (made by
+/// `m3 synth`), with the case's options or another `--kv-dtype`, held to
+/// the case.
+fn forward_report(m3: &PathBuf, name: &str, kv_dtype: Option<&str>) -> m3_golden::Report {
     let case = Case::load(&cases_dir(), name).expect("committed case");
     assert!(
         case.meta.config_edit.is_none(),
@@ -58,7 +73,8 @@ fn run_case(m3: &PathBuf, name: &str) {
         .arg("forward")
         .arg("--model")
         .arg(&ckpt)
-        .args(["--tokens", &case.tokens_arg(), "--kv-dtype", &o.kv_dtype])
+        .args(["--tokens", &case.tokens_arg()])
+        .args(["--kv-dtype", kv_dtype.unwrap_or(&o.kv_dtype)])
         .args([
             "--act",
             &o.act,
@@ -78,15 +94,7 @@ fn run_case(m3: &PathBuf, name: &str) {
         "m3 forward failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rep = compare(&case, &Taps::load(&dump).unwrap(), "cpu");
-    for l in table_lines(&rep) {
-        println!("{l}");
-    }
-    assert!(
-        rep.passed(),
-        "{name}: first divergence {:?}",
-        rep.first_divergence()
-    );
+    compare(&case, &Taps::load(&dump).unwrap(), "cpu")
 }
 
 #[test]
@@ -96,4 +104,17 @@ fn cpu_backend_matches_the_reference_on_committed_cases() {
     // MXFP4 weights and activations, MXFP8 dense).
     run_case(&m3, "tiny-bf16-short");
     run_case(&m3, "tiny-mxfp4-a4-long");
+}
+
+/// The NVFP4-cache case passes with the NVFP4 cache, and a wrong cache
+/// codec (the same run with the FP8 cache) is caught at the first layer.
+#[test]
+fn nvfp4_cache_case_passes_and_a_wrong_cache_codec_is_caught() {
+    let m3 = m3_bin();
+    let name = "tiny-bf16-short-kvnvfp4";
+    run_case(&m3, name);
+    let rep = forward_report(&m3, name, Some("fp8_e4m3"));
+    assert!(!rep.passed(), "an FP8 cache read passed as NVFP4");
+    let first = rep.first_divergence().expect("a divergence");
+    assert_eq!(first.layer, Some(0), "{first:?}");
 }

@@ -87,7 +87,7 @@ fn target_taps(be: &CpuBackend, m: &ModelWeights, tokens: &[u32]) -> Taps {
         num_pages: pages,
         dtype: CacheDtype::Bf16,
     };
-    let mut cache = KvCache::new(m, layout);
+    let mut cache = KvCache::new(m, layout).unwrap();
     let table: Vec<u32> = (0..pages as u32).collect();
     let step = StepBatch::contiguous(0, tokens, 0, &table, 16, false);
     let mut taps = Taps::new(TapRequest {

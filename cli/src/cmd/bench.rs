@@ -147,8 +147,14 @@ pub struct Args {
     /// `o_proj,model.layers.0.`).
     #[arg(long, requires = "online_quant", value_name = "PATTERN,...")]
     pub online_quant_exclude: Option<String>,
-    /// KV and index cache dtype.
-    #[arg(long, value_enum, default_value = "fp8_e4m3")]
+    /// KV and index cache dtype of the CPU bench (bf16, fp8_e4m3, nvfp4);
+    /// the GPU bench runs an fp8_e4m3 cache and refuses nvfp4.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "fp8_e4m3",
+        visible_alias = "kv-cache-dtype"
+    )]
     pub kv_dtype: KvDtypeArg,
     /// Routed-expert activation mode.
     #[arg(long, value_enum, default_value = "bf16")]
@@ -294,6 +300,11 @@ fn median(v: &mut [f64]) -> f64 {
 pub fn run(args: Args) -> Result<()> {
     let oq = args::online_quant(args.online_quant, args.online_quant_exclude.as_deref());
     if args.backend == "gpu" || args.backend == "cuda" {
+        if args.kv_dtype == KvDtypeArg::Nvfp4 {
+            bail!(
+                "--kv-cache-dtype nvfp4: the NVFP4 KV cache runs on the CPU backend only so far; use --backend cpu"
+            );
+        }
         if let Some(oq) = oq {
             // the device-generated model has no tensor names to match
             if oq.patterns().next().is_some() {
@@ -353,7 +364,7 @@ pub fn run(args: Args) -> Result<()> {
             num_pages: total.div_ceil(page),
             dtype,
         };
-        let mut cache = KvCache::new(&model, layout);
+        let mut cache = KvCache::new(&model, layout).map_err(|e| anyhow!("--kv-dtype: {e}"))?;
         let table: Vec<u32> = (0..layout.num_pages as u32).collect();
         let prompt: Vec<u32> = (0..args.prompt_len as u32)
             .map(|i| (i * 7919 + 13) % cfg.vocab_size as u32)

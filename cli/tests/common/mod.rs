@@ -31,7 +31,7 @@ pub fn manual_generate(
         num_pages: positions.div_ceil(page),
         dtype,
     };
-    let mut cache = KvCache::new(m, layout);
+    let mut cache = KvCache::new(m, layout).unwrap();
     let table: Vec<u32> = (0..layout.num_pages as u32).collect();
     let opts = RunOptions {
         act: ActMode::Bf16,

@@ -4,6 +4,7 @@
 //! the op-parity harness's.
 
 use alloc::boxed::Box;
+use alloc::string::ToString;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
@@ -12,7 +13,7 @@ use super::runner::{
 };
 use super::{forward_by_ops, Backend, BackendError, RunOptions, StepOutput, Taps};
 use crate::config::ModelConfig;
-use crate::kv::{CacheData, KvCache, KvLayout};
+use crate::kv::{KvCache, KvLayout};
 use crate::sample::sample;
 use crate::weights::ModelWeights;
 
@@ -57,7 +58,9 @@ impl<'b, B: Backend + ?Sized> HostRunner<'b, B> {
             num_pages,
             dtype: spec.cache_dtype,
         };
-        let cache = KvCache::new(&weights, layout);
+        let cache = KvCache::new(&weights, layout).map_err(|e| BackendError::Load {
+            what: alloc::format!("--kv-cache-dtype {}: {e}", layout.dtype.name()),
+        })?;
         Ok(HostRunner {
             backend,
             weights,
@@ -100,12 +103,11 @@ pub fn copy_host_page(cache: &mut KvCache, src: u32, dst: u32) -> Result<(), Bac
         .into_iter()
         .flatten()
         {
-            let n = ps * t.width;
-            let (s, d) = (src as usize * n, dst as usize * n);
-            match &mut t.data {
-                CacheData::Bf16(x) => x.copy_within(s..s + n, d),
-                CacheData::Fp8(x) => x.copy_within(s..s + n, d),
-            }
+            t.copy_slots(src as usize * ps, dst as usize * ps, ps)
+                .map_err(|e| BackendError::Shape {
+                    op: "copy_blocks",
+                    what: e.to_string(),
+                })?;
         }
     }
     Ok(())

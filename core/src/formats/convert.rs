@@ -4,7 +4,9 @@ use alloc::format;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{bf16, e8m0, fp8::e4m3, FormatError, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
+use super::{
+    bf16, e2m1, e8m0, fp8::e4m3, nvfp4, FormatError, MxElem, MxTensor, Nvfp4Tensor, ScaleRule,
+};
 
 /// NVFP4 -> MXFP4: decode each value exactly (f64), then MX-quantize the
 /// exact values under `rule` (`Even` by default). Lossy in general.
@@ -281,4 +283,90 @@ pub fn cache_cast_e4m3(x: f32, scale: f32) -> u8 {
 /// FP8 KV / index cache load: `e4m3 * scale`.
 pub fn cache_load_e4m3(code: u8, scale: f32) -> f32 {
     super::fp8::e4m3::decode(code) * scale
+}
+
+/// NVFP4 KV / index cache store of one cached row (ARCHITECTURE.md, *NVFP4
+/// KV cache*): FORMATS.md's NVFP4 block rule with the tensor's cache scale
+/// `g` (checkpoint `k_scale` / `v_scale` / `index_k_scale`, default 1.0) as
+/// the global scale, because a cache is written a row at a time and has no
+/// whole-tensor amax to derive a global from.
+///
+/// Per block of 16 values ([`nvfp4::quantize_block`]): NaN or +-Inf in the
+/// block gives scale byte 0x7F (E4M3 NaN) and codes 0, so the block reads as
+/// NaN; else `s = encode_sat_e4m3(bamax / (6 g))` and, unless `s` decodes to
+/// 0 (then every code is 0 and the block reads as +0),
+/// `code_i = encode_sat_e2m1(x_i / (g s))`, both quotients exact (f64).
+/// `codes` gets the E2M1 codes packed two a byte (low nibble = even
+/// element), `row.len() / 2` bytes; `scales` the E4M3 bytes, `row.len() / 16`.
+///
+/// `g` must be finite and positive (the loader and
+/// [`crate::kv::CacheTensor::new`] check it). A row that is not a whole
+/// number of blocks, or buffers of the wrong length, are refused.
+pub fn cache_store_nvfp4(
+    row: &[f32],
+    g: f32,
+    codes: &mut [u8],
+    scales: &mut [u8],
+) -> Result<(), FormatError> {
+    let n = row.len();
+    if !n.is_multiple_of(nvfp4::BLOCK) {
+        return Err(FormatError::NotBlockMultiple {
+            cols: n,
+            block: nvfp4::BLOCK,
+        });
+    }
+    if codes.len() != n / 2 || scales.len() != n / nvfp4::BLOCK {
+        return Err(FormatError::BadLength {
+            what: "nvfp4 cache row (codes + scales)",
+            rows: 1,
+            cols: n,
+            expected: n / 2 + n / nvfp4::BLOCK,
+            got: codes.len() + scales.len(),
+        });
+    }
+    let mut block = [0u8; nvfp4::BLOCK];
+    for ((vals, packed), s) in row
+        .chunks_exact(nvfp4::BLOCK)
+        .zip(codes.chunks_exact_mut(nvfp4::BLOCK / 2))
+        .zip(scales.iter_mut())
+    {
+        *s = nvfp4::quantize_block(vals, g, &mut block);
+        e2m1::pack(&block, packed);
+    }
+    Ok(())
+}
+
+/// NVFP4 KV / index cache load: elements `first .. first + out.len()` of a
+/// row stored by [`cache_store_nvfp4`] (`codes` and `scales` of that one
+/// row), each `f32(e2m1(code) * e4m3(s) * g)`: the product is exact in f64
+/// (2 + 4 + 24 significant bits) and rounded to f32 once, as
+/// [`Nvfp4Tensor::dequantize_row`] decodes a weight. A NaN scale byte reads
+/// as NaN. `first` need not be block-aligned (a head's slice of a K row
+/// is). An element past the row's buffers reads as NaN (callers check the
+/// range first; this keeps the read free of panics).
+pub fn cache_load_nvfp4(codes: &[u8], scales: &[u8], g: f32, first: usize, out: &mut [f32]) {
+    let g = g as f64;
+    let mut cur = usize::MAX;
+    let mut sg = f64::NAN;
+    for (i, o) in out.iter_mut().enumerate() {
+        let e = first + i;
+        let b = e / nvfp4::BLOCK;
+        if b != cur {
+            cur = b;
+            // exact: a 4-bit significand times a 24-bit one
+            sg = scales
+                .get(b)
+                .map_or(f64::NAN, |&s| e4m3::decode(s) as f64 * g);
+        }
+        let Some(&byte) = codes.get(e / 2) else {
+            *o = f32::NAN;
+            continue;
+        };
+        let code = if e.is_multiple_of(2) {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        };
+        *o = (e2m1::decode(code) as f64 * sg) as f32;
+    }
 }

@@ -11,6 +11,7 @@
 //!   draft keeps the draft weights and every request's context K/V on the
 //!   device and shares the target's embedding and LM head there.
 
+use alloc::collections::btree_map::Entry;
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::ToString;
@@ -21,7 +22,7 @@ use super::request::RequestId;
 use crate::backend::{Backend, BackendError, LinearInput, Op, StepBatch, StepSeq};
 use crate::config::ModelConfig;
 use crate::dspark::DsparkWeights;
-use crate::kv::{CacheData, CacheDtype, CacheTensor};
+use crate::kv::{CacheDtype, CacheTensor, KvError};
 use crate::weights::{LinearWeight, ModelWeights};
 
 /// The DSpark draft's forward on some backend.
@@ -70,15 +71,15 @@ struct RequestCtx {
 }
 
 impl RequestCtx {
-    fn new(layers: usize, width: usize) -> Self {
+    fn new(layers: usize, width: usize) -> Result<Self, KvError> {
         let cap = 64;
         let t = || CacheTensor::new(CacheDtype::Bf16, cap, width, 1.0);
-        RequestCtx {
+        Ok(RequestCtx {
             positions: Vec::new(),
-            k: (0..layers).map(|_| t()).collect(),
-            v: (0..layers).map(|_| t()).collect(),
+            k: (0..layers).map(|_| t()).collect::<Result<_, _>>()?,
+            v: (0..layers).map(|_| t()).collect::<Result<_, _>>()?,
             cap,
-        }
+        })
     }
 
     /// Grow every cache tensor to hold at least `slots` rows.
@@ -88,11 +89,7 @@ impl RequestCtx {
         }
         let cap = slots.next_power_of_two();
         for t in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let n = cap * t.width;
-            match &mut t.data {
-                CacheData::Bf16(d) => d.resize(n, 0),
-                CacheData::Fp8(d) => d.resize(n, 0),
-            }
+            t.resize_slots(cap);
         }
         self.cap = cap;
     }
@@ -259,10 +256,14 @@ impl DraftForward for OpsDraft<'_> {
             let hn = self.norm(&cr, h, &self.weights.layers[l].input_norm, true)?;
             kv.push(self.kv(l, &hn, positions)?);
         }
-        let st = self
-            .ctx
-            .entry(id)
-            .or_insert_with(|| RequestCtx::new(c.n_layers, width));
+        let kv_err = |e: KvError| BackendError::Shape {
+            op: "draft context",
+            what: e.to_string(),
+        };
+        let st = match self.ctx.entry(id) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert(RequestCtx::new(c.n_layers, width).map_err(kv_err)?),
+        };
         for (i, &p) in positions.iter().enumerate() {
             let slot = match st.positions.binary_search(&p) {
                 Ok(s) => s,
@@ -276,8 +277,12 @@ impl DraftForward for OpsDraft<'_> {
                 Err(_) => continue,
             };
             for (l, (k, v)) in kv.iter().enumerate() {
-                st.k[l].write(slot, &k[i * width..(i + 1) * width]);
-                st.v[l].write(slot, &v[i * width..(i + 1) * width]);
+                st.k[l]
+                    .write(slot, &k[i * width..(i + 1) * width])
+                    .map_err(kv_err)?;
+                st.v[l]
+                    .write(slot, &v[i * width..(i + 1) * width])
+                    .map_err(kv_err)?;
             }
         }
         Ok(())
@@ -298,10 +303,13 @@ impl DraftForward for OpsDraft<'_> {
             c.head_dim,
         );
         let width = nkv * d;
-        let mut st = self
-            .ctx
-            .remove(&id)
-            .unwrap_or_else(|| RequestCtx::new(c.n_layers, width));
+        let mut st = match self.ctx.remove(&id) {
+            Some(st) => st,
+            None => RequestCtx::new(c.n_layers, width).map_err(|e| BackendError::Shape {
+                op: "draft context",
+                what: e.to_string(),
+            })?,
+        };
         // Only rows strictly before the last committed token are context.
         let keep = st.positions.partition_point(|&p| p < last_pos);
         st.positions.truncate(keep);

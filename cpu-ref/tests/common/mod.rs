@@ -42,6 +42,7 @@ pub fn cache(m: &ModelWeights, dtype: CacheDtype) -> KvCache {
             dtype,
         },
     )
+    .unwrap()
 }
 
 /// One prefill of `toks` with every row's logits; returns the taps.

@@ -215,6 +215,56 @@ def nvfp4_quantize(x):
     return pack_fp4(codes), s_raw, g
 
 
+# ------------------------------------------------------ NVFP4 KV cache
+#
+# ARCHITECTURE.md, "NVFP4 KV cache": a cached row (one position of a K, V or
+# index-K cache tensor) in blocks of 16 along the row, the tensor's cache
+# scale g (checkpoint k_scale / v_scale / index_k_scale, default 1.0) as
+# NVFP4's global scale.  Per block: NaN or +-Inf anywhere -> scale byte
+# 0x7F (NaN) and codes 0, the block reads NaN; else
+# s = encode_sat_e4m3(bamax / (6 g)) (quotient exact), and if e4m3(s) == 0
+# every code is 0 (the block reads +0), else
+# code = encode_sat_e2m1(x / (g e4m3(s))) (quotient exact).  Read:
+# f32(e2m1 * e4m3(s) * g), the product exact in f64, rounded once.
+
+
+def nvfp4_cache_quantize(x, g):
+    """Rows [..., n] (n a multiple of 16) with global scale g ->
+    (packed E2M1 codes [..., n/2] u8, E4M3 scale bytes [..., n/16] u8)."""
+    x = np.asarray(x, dtype=np.float32)
+    n = x.shape[-1]
+    if n % 16:
+        raise ValueError(f"NVFP4 cache row length {n} is not a multiple of 16")
+    g = float(np.float32(g))
+    if not (np.isfinite(g) and g > 0):
+        raise ValueError(f"NVFP4 cache global scale {g} must be finite and positive")
+    blocks = x.reshape(x.shape[:-1] + (n // 16, 16)).astype(np.float64)
+    bad = ~np.all(np.isfinite(blocks), axis=-1)
+    safe = np.where(bad[..., None], 0.0, blocks)
+    bamax = np.max(np.abs(safe), axis=-1)
+    # 6 g is exact in f64; the f64 quotient rounds like the exact one.
+    s_raw = e4m3_encode_sat(bamax / (6.0 * g))
+    s = e4m3_decode(s_raw)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = safe / (g * s)[..., None]
+    zero = bad | (s == 0)
+    codes = np.where(zero[..., None], 0, e2m1_encode_sat(np.where(zero[..., None], 0.0, q)))
+    s_raw = np.where(bad, np.uint8(0x7F), s_raw).astype(np.uint8)
+    return pack_fp4(codes.reshape(x.shape).astype(np.uint8)), s_raw
+
+
+def nvfp4_cache_dequant(packed, scales, g):
+    """Packed codes [..., n/2] + scale bytes [..., n/16] -> f32 [..., n]."""
+    vals = nvfp4_dequant_f64(packed, scales, g)  # e2m1 * e4m3(s) * g, exact in f64
+    return vals.astype(np.float32)
+
+
+def nvfp4_cache_roundtrip(x, g):
+    """The value an NVFP4 cache read returns for each element of x."""
+    packed, scales = nvfp4_cache_quantize(x, g)
+    return nvfp4_cache_dequant(packed, scales, g)
+
+
 # ------------------------------------------------------------- PTPC FP8
 #
 # ARCHITECTURE.md, "Online quantization": per row (output channel of a

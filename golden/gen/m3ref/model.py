@@ -20,7 +20,7 @@ ROOT = "model."
 
 @dataclass
 class Options:
-    kv_dtype: str = "bf16"  # or "fp8_e4m3"
+    kv_dtype: str = "bf16"  # or "fp8_e4m3", "nvfp4"
     act: str = "bf16"  # routed-expert activations: "bf16" or "mxfp4"
     selection: str = "per_kv_head"  # or "shared"
     nvfp4_as_mxfp4: bool = False
@@ -103,6 +103,11 @@ def cache_cast(x, kv_dtype, scale):
     if kv_dtype == "fp8_e4m3":
         q = (x.astype(np.float32) / np.float32(scale)).astype(np.float32)
         return (F.e4m3_roundtrip(q) * np.float32(scale)).astype(np.float32)
+    if kv_dtype == "nvfp4":
+        # Blocks of 16 along the cached row; a head's head_dim is a multiple
+        # of 16, so blocking the last axis ([.., kv_heads, d] or [.., di])
+        # cuts the same blocks as the whole row.
+        return F.nvfp4_cache_roundtrip(x, scale)
     raise ValueError(f"unknown kv dtype {kv_dtype}")
 
 

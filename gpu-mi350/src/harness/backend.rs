@@ -29,7 +29,7 @@ use m3_core::backend::{
 };
 use m3_core::config::IndexSelection;
 use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
-use m3_core::kv::{CacheData, CacheTensor};
+use m3_core::kv::{CacheData, CacheDtype, CacheTensor};
 use m3_core::sample;
 use m3_core::weights::{LinearWeight, MlpWeights, MoeWeights};
 
@@ -109,11 +109,22 @@ fn weight_key(w: &LinearWeight) -> WeightKey {
     (addr, len, w.rows(), w.cols(), fp)
 }
 
-/// The bytes of a cache tensor as stored.
-fn cache_bytes(c: &CacheTensor) -> &[u8] {
+/// The op harness has no NVFP4 cache kernels (issue 17's GPU half).
+fn nvfp4_cache_refused(op: &'static str) -> BackendError {
+    BackendError::Unsupported {
+        op,
+        backend: "gpu".into(),
+        what: "--kv-cache-dtype nvfp4: the NVFP4 KV cache runs on the CPU reference only so far"
+            .into(),
+    }
+}
+
+/// The bytes of a cache tensor as stored (bf16 or fp8; nvfp4 refused).
+fn cache_bytes(c: &CacheTensor) -> Result<&[u8], BackendError> {
     match &c.data {
-        CacheData::Bf16(d) => bytemuck::cast_slice(d),
-        CacheData::Fp8(d) => d,
+        CacheData::Bf16(d) => Ok(bytemuck::cast_slice(d)),
+        CacheData::Fp8(d) => Ok(d),
+        CacheData::Nvfp4 { .. } => Err(nvfp4_cache_refused("cache read")),
     }
 }
 
@@ -349,7 +360,7 @@ impl GpuBackend {
 
     fn device_cache(&self, c: &CacheTensor) -> Result<DeviceCache, BackendError> {
         Ok(DeviceCache {
-            data: self.up(cache_bytes(c))?,
+            data: self.up(cache_bytes(c)?)?,
             fp8: matches!(c.data, CacheData::Fp8(_)),
             scale: c.scale,
         })
@@ -428,6 +439,9 @@ impl GpuBackend {
         x: &[f32],
     ) -> Result<(), BackendError> {
         let w = cache.width;
+        if cache.dtype() == CacheDtype::Nvfp4 {
+            return Err(nvfp4_cache_refused("cache_write"));
+        }
         if x.is_empty() {
             return Ok(());
         }
@@ -453,6 +467,7 @@ impl GpuBackend {
                     d[s * w..(s + 1) * w].copy_from_slice(&v[t * w..(t + 1) * w]);
                 }
             }
+            CacheData::Nvfp4 { .. } => return Err(nvfp4_cache_refused("cache_write")),
         }
         Ok(())
     }

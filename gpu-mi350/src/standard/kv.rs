@@ -36,16 +36,15 @@ pub struct DevKv {
 impl DevKv {
     /// Bytes one block takes across every layer (K, V and index keys).
     pub fn block_bytes(c: &ModelConfig, page_size: usize, dtype: CacheDtype) -> usize {
-        let e = dtype.bytes();
-        let kv = 2 * c.num_key_value_heads * c.head_dim;
+        let kv = 2 * dtype.row_bytes(c.num_key_value_heads * c.head_dim);
         (0..c.num_hidden_layers)
             .map(|l| {
                 let ik = if c.attn_kinds.get(l) == Some(&AttnKind::Sparse) {
-                    c.index_head_dim
+                    dtype.row_bytes(c.index_head_dim)
                 } else {
                     0
                 };
-                page_size * (kv + ik) * e
+                page_size * (kv + ik)
             })
             .sum()
     }
@@ -64,8 +63,14 @@ impl DevKv {
                 format!("{num_pages} blocks of {page_size} positions"),
             ));
         }
+        if dtype == CacheDtype::Nvfp4 {
+            return Err(GpuError::input(
+                "kv cache",
+                "--kv-cache-dtype nvfp4: the device has no NVFP4 cache kernels yet (CPU reference only)",
+            ));
+        }
         let slots = page_size * num_pages;
-        let e = dtype.bytes();
+        let e = dtype.row_bytes(1);
         let width = c.num_key_value_heads * c.head_dim;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {

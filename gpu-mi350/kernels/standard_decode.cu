@@ -784,50 +784,6 @@ M3_KERNEL void m3s_rmsnorm_v1024(const float* __restrict__ x, const u32* __restr
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
   const u32 B = blockDim.x;
-  if (B == 256u && n <= 8192u) {
-    // the mono build's case (256-thread CTAs, rows of at most 8192): thread
-    // t's values are i = t + 256 k, k < 32, for the sums (as virtual threads
-    // t + 256 (k % 4), term k / 4) and for the output alike, so all 32 are
-    // loaded at once and kept, and the weights too: one memory round trip
-    // each instead of one per virtual thread and per output element
-    // (session 9: the loop form took ~20 us for one row)
-    const u32 t = threadIdx.x;
-    float xv[32], wv[32];
-#pragma unroll
-    for (u32 k = 0; k < 32u; ++k) {
-      const u32 i = t + 256u * k;
-      xv[k] = i < n ? xr[i] : 0.0f;
-    }
-#pragma unroll
-    for (u32 k = 0; k < 32u; ++k) {
-      const u32 i = t + 256u * k;
-      wv[k] = i < n ? w[i] : 0.0f;
-    }
-#pragma unroll
-    for (u32 m = 0; m < 4u; ++m) {
-      float s = 0.0f;
-#pragma unroll
-      for (u32 j = 0; j < 8u; ++j) s += xv[m + 4u * j] * xv[m + 4u * j];
-      s = m3_warp_sum(s);
-      const u32 vt = t + 256u * m;
-      if (vt % M3_WARP == 0) part[vt / M3_WARP] = s;
-    }
-    __syncthreads();
-    if (t == 0) {
-      float tot = 0.0f;
-      for (u32 i = 0; i < 1024u / M3_WARP; ++i) tot += part[i];
-      total = tot;
-    }
-    __syncthreads();
-    const float r = sqrtf(total / (float)n + eps);
-    u16* o = out + (u64)blockIdx.x * n;
-#pragma unroll
-    for (u32 k = 0; k < 32u; ++k) {
-      const u32 i = t + 256u * k;
-      if (i < n) o[i] = m3_bf16_from_f32((xv[k] / r) * (1.0f + wv[k]));
-    }
-    return;
-  }
   for (u32 vt = threadIdx.x; vt < 1024u; vt += B) {
     float s = 0.0f;
 #pragma unroll

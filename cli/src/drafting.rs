@@ -31,8 +31,8 @@ use crate::args::DraftArg;
 
 /// The weights of a draft model.
 pub enum DraftWeights {
-    Dspark(DsparkWeights),
-    Eagle3(Eagle3Weights),
+    Dspark(Box<DsparkWeights>),
+    Eagle3(Box<Eagle3Weights>),
 }
 
 /// A draft model, and (read on first use) the target parts it shares.
@@ -95,7 +95,7 @@ pub fn load_draft(ck: &Checkpoint, choice: DraftArg) -> Result<Option<DraftModel
                 dir.display()
             );
         };
-        DraftWeights::Eagle3(w)
+        DraftWeights::Eagle3(Box::new(w))
     } else {
         let w = load_dspark(dir, ck.config())
             .with_context(|| format!("loading the DSpark draft of {}", dir.display()))?;
@@ -105,7 +105,7 @@ pub fn load_draft(ck: &Checkpoint, choice: DraftArg) -> Result<Option<DraftModel
                 dir.display()
             );
         };
-        DraftWeights::Dspark(w)
+        DraftWeights::Dspark(Box::new(w))
     };
     Ok(Some(DraftModel {
         weights,

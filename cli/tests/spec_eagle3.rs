@@ -370,7 +370,7 @@ fn softmax(l: &[f32]) -> Vec<f32> {
 fn max_diff(got: &[f32], want: &[Vec<f32>]) -> f32 {
     let mut worst = 0.0f32;
     for (i, l) in want.iter().enumerate() {
-        let mut row = vec![0.0f32; VOCAB];
+        let mut row = [0.0f32; VOCAB];
         for (d, p) in softmax(l).into_iter().enumerate() {
             row[MAP[d] as usize] = p;
         }

@@ -432,7 +432,7 @@ impl<'a> Eagle3Drafter<'a> {
                 let pd = sampling_probs(&logits, params);
                 let w: Vec<f64> = pd.iter().map(|&x| f64::from(x)).collect();
                 let u = uniform(params.seed ^ DRAFT_SALT, last_pos + 1 + i as u32);
-                let x = sample_index(&w, u).map_or_else(|| greedy(&logits) as usize, |t| t);
+                let x = sample_index(&w, u).unwrap_or_else(|| greedy(&logits) as usize);
                 let t = self
                     .weights
                     .draft_to_target

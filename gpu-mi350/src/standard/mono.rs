@@ -96,12 +96,12 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
     for kv in extra.split_whitespace() {
         match kv.split_once('=') {
             Some((k @ ("S_MONO_INDIRECT" | "S_MONO_MINB"), v @ ("0" | "1" | "2")))
-                if !(k == "S_MONO_MINB" && v == "0") && !(k == "S_MONO_INDIRECT" && v == "2") =>
+                if !((k == "S_MONO_MINB" && v == "0") || (k == "S_MONO_INDIRECT" && v == "2")) =>
             {
                 prefix.push_str(&format!("#define {k} {v}\n"))
             }
             Some((k @ ("S_UNROLL_MUL" | "S_UNROLL_HALF"), v @ ("0" | "1" | "2")))
-                if !(k == "S_UNROLL_HALF" && v == "2") && !(k == "S_UNROLL_MUL" && v == "0") =>
+                if !((k == "S_UNROLL_HALF" && v == "2") || (k == "S_UNROLL_MUL" && v == "0")) =>
             {
                 prefix.push_str(&format!("#define {k} {v}\n"))
             }

@@ -374,14 +374,28 @@ impl From<VerifyArg> for VerifyMode {
     }
 }
 
+/// `--draft`: where speculative drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftArg {
+    /// The checkpoint's DSpark draft (`dspark/`) if it has one, else its
+    /// EAGLE3 draft (`eagle3/`), else prompt lookup.
+    #[default]
+    Auto,
+    /// The DSpark draft (`dspark/`); an error without one.
+    Dspark,
+    /// The EAGLE3 draft head (`eagle3/`); an error without one.
+    Eagle3,
+    /// Prompt lookup (n-gram matching over the request's own tokens).
+    Ngram,
+}
+
 /// Scheduler options shared by every command that runs the scheduler
 /// (`generate`, `batch`, `serve`): speculative decoding and the prefix
 /// cache, with vLLM's names as aliases.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SchedArgs {
     /// Draft tokens verified per decode step (0 = no speculation; at most
-    /// 7). Drafts come from the checkpoint's DSpark draft (`dspark/`), else
-    /// from prompt lookup; the run says which.
+    /// 7). Drafts come from `--draft`; the run says which.
     #[arg(
         long,
         default_value_t = 0,
@@ -389,6 +403,11 @@ pub struct SchedArgs {
         alias = "num-speculative-tokens"
     )]
     pub spec_tokens: usize,
+    /// Drafter for --spec-tokens: auto (dspark/, else eagle3/, else prompt
+    /// lookup), dspark, eagle3 (the checkpoint's EAGLE3 draft head under
+    /// eagle3/, op by op on the backend) or ngram.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub draft: DraftArg,
     /// Verifier for speculative steps (greedy requests always verify
     /// greedily).
     #[arg(long, value_enum, default_value = "greedy")]

@@ -1,5 +1,9 @@
-//! The drafter of a speculative run (`--spec-tokens K`): the checkpoint's
-//! DSpark draft when it has one (`dspark/`), else prompt lookup.
+//! The drafter of a speculative run (`--spec-tokens K`, `--draft`): the
+//! checkpoint's DSpark draft (`dspark/`), its EAGLE3 draft head
+//! (`eagle3/`), or prompt lookup. `--draft auto` takes the first present.
+//!
+//! The EAGLE3 draft always runs op by op on the command's backend
+//! (`Eagle3Drafter`), sharing a host copy of the target's embedding.
 //!
 //! The DSpark draft runs where the loaded model keeps its weights when the
 //! runner offers that (`ModelRunner::draft_forward`: the GPU runner's draft
@@ -9,20 +13,31 @@
 
 use std::sync::OnceLock;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use m3_core::backend::{Backend, ModelRunner};
-use m3_core::checkpoint::dspark_loader::load_dspark;
+use m3_core::checkpoint::dspark_loader::{has_dspark, load_dspark};
+use m3_core::checkpoint::eagle3_loader::{has_eagle3, load_eagle3};
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::ModelConfig;
 use m3_core::dspark::DsparkWeights;
+use m3_core::eagle3::Eagle3Weights;
 use m3_core::sched::dspark_drafter::{DraftTarget, DsparkDrafter};
+use m3_core::sched::eagle3_drafter::Eagle3Drafter;
 use m3_core::sched::ngram::NgramDrafter;
 use m3_core::sched::runner::Drafter;
 use m3_core::weights::LinearWeight;
 
-/// A DSpark draft, and (read on first use) the target parts it shares.
+use crate::args::DraftArg;
+
+/// The weights of a draft model.
+pub enum DraftWeights {
+    Dspark(Box<DsparkWeights>),
+    Eagle3(Box<Eagle3Weights>),
+}
+
+/// A draft model, and (read on first use) the target parts it shares.
 pub struct DraftModel {
-    pub weights: DsparkWeights,
+    pub weights: DraftWeights,
     pub config: ModelConfig,
     /// The target's embedding and LM head on the host, for the op-by-op
     /// draft only.
@@ -52,20 +67,45 @@ impl DraftModel {
                         why: e.to_string(),
                     })
             })
-            .with_context(|| format!("reading {name} for the DSpark draft"))
+            .with_context(|| format!("reading {name} for the draft model"))
         };
         let pair = (lin(n.embed())?, lin(n.lm_head())?);
         Ok(self.shared.get_or_init(|| pair))
     }
 }
 
-/// Load the checkpoint's DSpark draft, if it has one.
-pub fn load_draft(ck: &Checkpoint) -> Result<Option<DraftModel>> {
+/// Load the draft model `choice` asks for: `None` means prompt lookup
+/// (`--draft ngram`, or `auto` on a checkpoint without a draft). Asking for
+/// a draft the checkpoint lacks is an error.
+pub fn load_draft(ck: &Checkpoint, choice: DraftArg) -> Result<Option<DraftModel>> {
     let dir = ck.dir();
-    let Some(weights) = load_dspark(dir, ck.config())
-        .with_context(|| format!("loading the DSpark draft of {}", dir.display()))?
-    else {
-        return Ok(None);
+    let kind = match choice {
+        DraftArg::Ngram => return Ok(None),
+        DraftArg::Auto if has_dspark(dir) => DraftArg::Dspark,
+        DraftArg::Auto if has_eagle3(dir) => DraftArg::Eagle3,
+        DraftArg::Auto => return Ok(None),
+        k => k,
+    };
+    let weights = if kind == DraftArg::Eagle3 {
+        let w = load_eagle3(dir, ck.config())
+            .with_context(|| format!("loading the EAGLE3 draft of {}", dir.display()))?;
+        let Some(w) = w else {
+            bail!(
+                "--draft eagle3: {} has no eagle3/config.json (m3 synth --eagle3 writes one)",
+                dir.display()
+            );
+        };
+        DraftWeights::Eagle3(Box::new(w))
+    } else {
+        let w = load_dspark(dir, ck.config())
+            .with_context(|| format!("loading the DSpark draft of {}", dir.display()))?;
+        let Some(w) = w else {
+            bail!(
+                "--draft dspark: {} has no dspark/config.json",
+                dir.display()
+            );
+        };
+        DraftWeights::Dspark(Box::new(w))
     };
     Ok(Some(DraftModel {
         weights,
@@ -83,15 +123,26 @@ pub fn make_drafter<'a>(
     draft: Option<&'a DraftModel>,
 ) -> Result<(Box<dyn Drafter + 'a>, &'static str)> {
     let Some(d) = draft else {
-        return Ok((
-            Box::new(NgramDrafter::default()),
-            "ngram (no dspark/ in the checkpoint)",
-        ));
+        return Ok((Box::new(NgramDrafter::default()), "ngram (prompt lookup)"));
     };
-    if let Some(f) = runner.draft_forward(&d.weights) {
+    let weights = match &d.weights {
+        DraftWeights::Dspark(w) => w,
+        DraftWeights::Eagle3(w) => {
+            let (embed, lm_head) = d.shared(ck)?;
+            let target = DraftTarget {
+                config: &d.config,
+                embed,
+                lm_head,
+            };
+            let drafter =
+                Eagle3Drafter::new(be, target, w).map_err(|e| anyhow!("EAGLE3 draft: {e}"))?;
+            return Ok((Box::new(drafter), "eagle3"));
+        }
+    };
+    if let Some(f) = runner.draft_forward(weights) {
         let f = f.map_err(|e| anyhow!("DSpark draft: {e}"))?;
         return Ok((
-            Box::new(DsparkDrafter::with_forward(&d.weights.config, f)),
+            Box::new(DsparkDrafter::with_forward(&weights.config, f)),
             "dspark (on the device)",
         ));
     }
@@ -102,6 +153,6 @@ pub fn make_drafter<'a>(
         lm_head,
     };
     let drafter =
-        DsparkDrafter::new(be, target, &d.weights).map_err(|e| anyhow!("DSpark draft: {e}"))?;
+        DsparkDrafter::new(be, target, weights).map_err(|e| anyhow!("DSpark draft: {e}"))?;
     Ok((Box::new(drafter), "dspark"))
 }

@@ -154,3 +154,126 @@ fn without_a_draft_generate_and_batch_fall_back_to_ngram() {
     // Speculation does not change greedy outputs.
     assert_eq!(outs[0], outs[1]);
 }
+
+#[test]
+fn generate_and_batch_with_the_eagle3_draft() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = dir.path().join("eagle");
+    let ck = ck.to_str().expect("utf-8 path").to_string();
+    ok(&m3(&[
+        "synth",
+        "--out",
+        &ck,
+        "--experts",
+        "mxfp4",
+        "--draft-layers",
+        "0",
+        "--eagle3",
+        "-q",
+    ]));
+    assert!(Path::new(&ck).join("eagle3/config.json").is_file());
+    assert!(!Path::new(&ck).join("dspark").exists());
+    let base = [
+        "generate",
+        "--model",
+        &ck,
+        "--tokens",
+        "5,17,99,3,250,7",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+    ];
+    let plain = m3(&base);
+    ok(&plain);
+    for (k, draft) in [("1", "eagle3"), ("3", "eagle3"), ("7", "auto")] {
+        let mut a = base.to_vec();
+        a.extend(["--spec-tokens", k, "--draft", draft]);
+        let o = m3(&a);
+        ok(&o);
+        assert_eq!(
+            tokens(&o),
+            tokens(&plain),
+            "--spec-tokens {k} --draft {draft}"
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("drafter eagle3"), "{err}");
+        assert!(err.contains("mean acceptance length"), "{err}");
+    }
+    // Sampled with the rejection verifier: runs and reports.
+    let mut a = base.to_vec();
+    a.extend([
+        "--spec-tokens",
+        "3",
+        "--draft",
+        "eagle3",
+        "--verify",
+        "rejection",
+        "--temperature",
+        "0.9",
+    ]);
+    let o = m3(&a);
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("verifies"));
+    // A draft the checkpoint lacks: one clear error.
+    let mut a = base.to_vec();
+    a.extend(["--spec-tokens", "3", "--draft", "dspark"]);
+    let o = m3(&a);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no dspark/config.json"), "{err}");
+    let nod = synth(dir.path(), "nodraft", "0");
+    let o = m3(&[
+        "generate",
+        "--model",
+        &nod,
+        "--tokens",
+        "1,2,3",
+        "--max-tokens",
+        "3",
+        "--spec-tokens",
+        "2",
+        "--draft",
+        "eagle3",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no eagle3/config.json"), "{err}");
+
+    // batch: the same outputs with and without the draft.
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"tokens\": [5, 6, 7, 8], \"max_tokens\": 5}\n{\"tokens\": [9, 10, 11], \"max_tokens\": 4}\n",
+    )
+    .unwrap();
+    let mut outs = Vec::new();
+    for spec in ["0", "3"] {
+        let out = dir.path().join(format!("out{spec}.jsonl"));
+        let o = m3(&[
+            "batch",
+            "--model",
+            &ck,
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--spec-tokens",
+            spec,
+            "--draft",
+            "eagle3",
+            "--ignore-eos",
+        ]);
+        ok(&o);
+        if spec != "0" {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("drafter eagle3"), "{err}");
+        }
+        outs.push(std::fs::read_to_string(&out).unwrap());
+    }
+    assert_eq!(outs[0], outs[1]);
+    // The options are documented.
+    let o = m3(&["serve", "--help"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--draft"));
+    let o = m3(&["synth", "--help"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--eagle3"));
+}

@@ -12,6 +12,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod dspark;
+pub mod eagle3;
 pub mod formats;
 pub mod kv;
 pub mod sample;

@@ -238,7 +238,7 @@ pub fn run(args: Args) -> Result<()> {
     let spec = e.load_spec(args::is_gpu(&*be), HOST_DEFAULT_BLOCKS, &args.model);
     let n_jobs = jobs.len();
     let draft = if args.sched.spec_tokens > 0 {
-        drafting::load_draft(&ck)?
+        drafting::load_draft(&ck, args.sched.draft)?
     } else {
         None
     };

@@ -120,7 +120,7 @@ pub fn run(args: Args) -> Result<()> {
         .engine
         .load_spec(args::is_gpu(&*be), need.div_ceil(bs) + 1, &args.model);
     let draft = if args.sched.spec_tokens > 0 {
-        drafting::load_draft(&ck)?
+        drafting::load_draft(&ck, args.sched.draft)?
     } else {
         None
     };

@@ -183,7 +183,7 @@ pub fn run(a: Args) -> Result<()> {
         ..SchedulerConfig::default()
     };
     let draft = if a.sched.spec_tokens > 0 {
-        drafting::load_draft(&ck)?
+        drafting::load_draft(&ck, a.sched.draft)?
     } else {
         None
     };

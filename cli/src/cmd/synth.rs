@@ -8,6 +8,7 @@ use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use m3_core::config::ModelConfig;
 use m3_core::dspark::DsparkConfig;
+use m3_core::eagle3::Eagle3Config;
 use m3_core::synth::{self, tokenizer, DenseFormat, ExpertFormat, Progress, SynthSpec};
 
 /// Routed-expert storage format.
@@ -30,7 +31,8 @@ pub enum DenseArg {
 /// quantization_config, sharded safetensors + index (text weights under
 /// `language_model.`), a byte-level BPE tokenizer.json, a tokenizer_config.json
 /// with a MiniMax-style chat template (reasoning `<think>`, tool calls),
-/// generation_config.json and a dspark/ draft.
+/// generation_config.json, a dspark/ draft and (with --eagle3) an eagle3/
+/// draft head.
 /// Same arguments and seed give byte-identical files. The output appears
 /// only when complete (written as DIR.tmp-<pid>, then renamed).
 #[derive(clap::Args)]
@@ -62,6 +64,12 @@ pub struct Args {
     /// DSpark draft layers (default 2 for tiny, 5 otherwise; 0 = no draft).
     #[arg(long)]
     pub draft_layers: Option<usize>,
+    /// Also write an EAGLE3 draft head under eagle3/ (one Llama-style
+    /// midlayer over the fused target layers low / mid / high, a draft
+    /// vocabulary of half the target's mapped by d2t; run it with
+    /// `--draft eagle3`).
+    #[arg(long)]
+    pub eagle3: bool,
     /// Replace an existing output directory.
     #[arg(long)]
     pub force: bool,
@@ -140,12 +148,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => {}
     }
+    if args.eagle3 {
+        spec.eagle3 = Some(Eagle3Config::for_target(&spec.config));
+    }
     let mut bar = Bar::new(args.quiet);
     let report = synth::write_checkpoint_with(&spec, &args.out, &mut bar)
         .with_context(|| format!("m3 synth --out {}", args.out.display()))?;
     bar.0.finish_and_clear();
     eprintln!(
-        "wrote {}: {} tensors in {} shards, {:.1} MiB (+ {:.1} MiB dspark draft)",
+        "wrote {}: {} tensors in {} shards, {:.1} MiB (+ {:.1} MiB of drafts)",
         args.out.display(),
         report.tensors,
         report.shards,

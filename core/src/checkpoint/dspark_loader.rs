@@ -20,68 +20,104 @@ use crate::dspark::{DsparkConfig, DsparkLayerWeights, DsparkNames, DsparkWeights
 use crate::formats::bf16;
 use crate::weights::{AttnWeights, LinearWeight, MlpWeights};
 
-/// The opened shards of `dspark/` and where each tensor lives.
-struct DraftFiles {
+/// The opened shards of a draft directory (`dspark/`, `eagle3/`) and where
+/// each tensor lives.
+pub(crate) struct DraftFiles {
+    /// The directory's name inside the checkpoint, for messages.
+    dir: &'static str,
+    /// The draft's name, for messages ("DSpark", "EAGLE3").
+    what: &'static str,
     shards: Vec<SafetensorsFile>,
     /// Tensor name -> index into `shards`.
     map: BTreeMap<String, usize>,
 }
 
 impl DraftFiles {
-    fn open(d: &Path) -> Result<Self, CheckpointError> {
+    pub(crate) fn open(
+        d: &Path,
+        dir: &'static str,
+        what: &'static str,
+    ) -> Result<Self, CheckpointError> {
         let index = d.join(INDEX_FILE);
         let shard_names: Vec<String> = if index.is_file() {
             let bytes = std::fs::read(&index).map_err(|e| CheckpointError::io(&index, e))?;
-            parse_index(&format!("{DIR}/{INDEX_FILE}"), &bytes)?.shards()
+            parse_index(&format!("{dir}/{INDEX_FILE}"), &bytes)?.shards()
         } else if d.join(SINGLE_FILE).is_file() {
             vec![SINGLE_FILE.to_string()]
         } else {
             return Err(CheckpointError::file(
-                format!("{DIR}/"),
+                format!("{dir}/"),
                 format!("has neither {INDEX_FILE} nor {SINGLE_FILE}"),
             ));
         };
         let mut shards = Vec::with_capacity(shard_names.len());
         let mut map = BTreeMap::new();
         for (i, s) in shard_names.iter().enumerate() {
-            let f = SafetensorsFile::open(&d.join(s), &format!("{DIR}/{s}"))?;
+            let f = SafetensorsFile::open(&d.join(s), &format!("{dir}/{s}"))?;
             for t in &f.header.tensors {
                 map.insert(t.name.clone(), i);
             }
             shards.push(f);
         }
-        Ok(DraftFiles { shards, map })
+        Ok(DraftFiles {
+            dir,
+            what,
+            shards,
+            map,
+        })
     }
 
-    /// The tensor `name` as f32 values, after checking its shape.
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<(Dtype, Vec<u8>), CheckpointError> {
+    /// Whether the draft has tensor `name`.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    /// The raw bytes of tensor `name` after checking its shape and that its
+    /// dtype is one of `dtypes`.
+    pub(crate) fn raw(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtypes: &[Dtype],
+    ) -> Result<(Dtype, Vec<u8>), CheckpointError> {
+        let (dir, what) = (self.dir, self.what);
         let &i = self.map.get(name).ok_or_else(|| CheckpointError::Missing {
-            tensor: format!("{DIR}/{name}"),
-            why: "the DSpark config needs it".into(),
+            tensor: format!("{dir}/{name}"),
+            why: format!("the {what} config needs it"),
         })?;
         let f = &self.shards[i];
         let t = f.info(name).ok_or_else(|| CheckpointError::Missing {
-            tensor: format!("{DIR}/{name}"),
+            tensor: format!("{dir}/{name}"),
             why: format!("not in {}", f.name),
         })?;
         if t.shape != shape {
             return Err(CheckpointError::tensor(
                 &f.name,
-                format!("{DIR}/{name}"),
+                format!("{dir}/{name}"),
                 format!("shape {:?}, expected {:?}", t.shape, shape),
             ));
         }
-        if !matches!(t.dtype, Dtype::BF16 | Dtype::F32) {
+        if !dtypes.contains(&t.dtype) {
+            let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
             return Err(CheckpointError::tensor(
                 &f.name,
-                format!("{DIR}/{name}"),
-                format!("dtype {} but a DSpark draft is BF16 or F32", t.dtype.name()),
+                format!("{dir}/{name}"),
+                format!(
+                    "dtype {} but {what} expects {}",
+                    t.dtype.name(),
+                    names.join(" or ")
+                ),
             ));
         }
         Ok((t.dtype, f.bytes(t).to_vec()))
     }
 
-    fn linear(
+    /// The tensor `name` (BF16 or F32) after checking its shape.
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<(Dtype, Vec<u8>), CheckpointError> {
+        self.raw(name, shape, &[Dtype::BF16, Dtype::F32])
+    }
+
+    pub(crate) fn linear(
         &self,
         name: &str,
         rows: usize,
@@ -104,7 +140,7 @@ impl DraftFiles {
         })
     }
 
-    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
+    pub(crate) fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>, CheckpointError> {
         Ok(match self.tensor(name, &[n])? {
             (Dtype::BF16, raw) => raw
                 .chunks_exact(2)
@@ -149,7 +185,7 @@ pub fn load_dspark(
             file: format!("{DIR}/config.json"),
             why: e.to_string(),
         })?;
-    let files = DraftFiles::open(&d)?;
+    let files = DraftFiles::open(&d, DIR, "DSpark")?;
     let c = &config;
     let n = DsparkNames;
     let h = c.hidden_size;

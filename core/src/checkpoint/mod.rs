@@ -14,6 +14,7 @@
 //! - [`writer`], streamed shard writing for `m3 synth` / `m3 convert`.
 
 pub mod dspark_loader;
+pub mod eagle3_loader;
 mod error;
 pub mod index;
 pub mod loader;

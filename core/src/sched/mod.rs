@@ -22,6 +22,7 @@
 pub mod blocks;
 pub mod draft_forward;
 pub mod dspark_drafter;
+pub mod eagle3_drafter;
 pub mod mock;
 pub mod ngram;
 pub mod prefix;

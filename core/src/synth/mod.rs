@@ -23,6 +23,7 @@
 //! never in memory. The output directory appears only when complete
 //! ([`crate::checkpoint::writer::StagedDir`]).
 
+pub mod eagle3;
 pub mod plan;
 pub mod quant_config;
 pub mod rng;
@@ -82,6 +83,8 @@ pub struct SynthSpec {
     pub shard_bytes: Option<u64>,
     /// The DSpark draft to write under `dspark/` (None: no draft).
     pub draft: Option<DsparkConfig>,
+    /// The EAGLE3 draft to write under `eagle3/` (None, the default: none).
+    pub eagle3: Option<crate::eagle3::Eagle3Config>,
     /// Write `tokenizer.json` and `generation_config.json`.
     pub tokenizer: bool,
     /// With `tokenizer`: also write a `tokenizer_config.json` whose
@@ -116,6 +119,7 @@ impl SynthSpec {
             seed: 0,
             shard_bytes: None,
             draft: Some(draft),
+            eagle3: None,
             tokenizer: true,
             chat_template: None,
             force: false,
@@ -145,7 +149,7 @@ pub struct SynthReport {
     pub tensors: usize,
     /// Bytes of tensor data of the target model.
     pub bytes: u64,
-    /// Bytes of tensor data of the draft (0 without a draft).
+    /// Bytes of tensor data of the drafts (DSpark and EAGLE3; 0 without).
     pub draft_bytes: u64,
 }
 
@@ -208,6 +212,10 @@ pub fn write_checkpoint_with(
         &spec.bf16_attention_layers,
     );
     plan::check_blocks(&units).map_err(SynthError::Invalid)?;
+    if let Some(e) = &spec.eagle3 {
+        e.validate(Some(&spec.config))
+            .map_err(|e| SynthError::Invalid(e.to_string()))?;
+    }
     let draft_units = match &spec.draft {
         Some(d) => {
             d.validate(Some(&spec.config))
@@ -252,6 +260,10 @@ pub fn write_checkpoint_with(
             plan::draft_key,
             progress,
         )?;
+    }
+    let mut draft_bytes = draft_bytes;
+    if let Some(e) = &spec.eagle3 {
+        draft_bytes += eagle3::write_eagle3(&root, e, spec.seed)?;
     }
     stage.commit()?;
     Ok(SynthReport {

@@ -13,14 +13,12 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use m3_core::backend::{
     forward_by_ops, ActMode, Backend, KvBudget, LoadSpec, ModelSource, Op, Path, RunOptions,
     StepBatch, TapRequest, Taps,
 };
-use m3_core::checkpoint::safetensors_file::SafetensorsFile;
 use m3_core::formats::{e2m1, fp8::e4m3};
 use m3_core::kv::{CacheData, CacheDtype, CacheTensor};
 use m3_cpu_ref::synthetic::{Formats, WeightFormat};
@@ -42,27 +40,14 @@ struct Case {
 }
 
 fn load() -> Case {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../golden/cases/ops/nvfp4-cache.safetensors");
-    let f = SafetensorsFile::open(&path, "nvfp4-cache.safetensors").unwrap();
-    let raw = |name: &str| -> (Vec<usize>, Vec<u8>) {
-        let i = f.info(name).unwrap_or_else(|| panic!("case lacks {name}"));
-        (i.shape.clone(), f.bytes(i).to_vec())
-    };
-    let f32s = |name: &str| -> Vec<f32> {
-        raw(name)
-            .1
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let (xs, _) = raw("x");
+    let f = OpCase::open("nvfp4-cache.safetensors");
+    let (xs, _) = f.raw("x");
     Case {
-        x: f32s("x"),
-        g: f32s("g"),
-        codes: raw("codes").1,
-        scales: raw("scales").1,
-        y: f32s("y"),
+        x: f.f32s("x"),
+        g: f.f32s("g"),
+        codes: f.raw("codes").1,
+        scales: f.raw("scales").1,
+        y: f.f32s("y"),
         rows: xs[0],
         width: xs[1],
     }

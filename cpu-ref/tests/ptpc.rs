@@ -8,11 +8,11 @@
 //! round-to-nearest-even, the scales multiplied in the other order) must be
 //! caught by the same comparison.
 
-use std::path::PathBuf;
+mod common;
 
+use common::OpCase;
 use m3_core::backend::Backend;
 use m3_core::checkpoint::online::{quantize_weight, OnlineQuantError};
-use m3_core::checkpoint::safetensors_file::SafetensorsFile;
 use m3_core::formats::convert::{self, PtpcFp8};
 use m3_core::formats::{bf16, fp8::e4m3, MxElem, MxTensor, ScaleRule};
 use m3_core::weights::LinearWeight;
@@ -34,32 +34,19 @@ struct Case {
 }
 
 fn load() -> Case {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../golden/cases/ops/ptpc-linear.safetensors");
-    let f = SafetensorsFile::open(&path, "ptpc-linear.safetensors").unwrap();
-    let raw = |name: &str| -> (Vec<usize>, Vec<u8>) {
-        let i = f.info(name).unwrap_or_else(|| panic!("case lacks {name}"));
-        (i.shape.clone(), f.bytes(i).to_vec())
-    };
-    let f32s = |name: &str| -> Vec<f32> {
-        raw(name)
-            .1
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let (xs, _) = raw("x");
-    let (ws, _) = raw("w");
+    let f = OpCase::open("ptpc-linear.safetensors");
+    let (xs, _) = f.raw("x");
+    let (ws, _) = f.raw("w");
     Case {
-        x: f32s("x"),
-        w: f32s("w"),
-        w_codes: raw("w_codes").1,
-        w_scales: f32s("w_scales"),
-        x_codes: raw("x_codes").1,
-        x_scales: f32s("x_scales"),
-        x_finite: raw("x_finite").1,
-        y_f32: f32s("y_f32"),
-        y_bf16: f32s("y_bf16"),
+        x: f.f32s("x"),
+        w: f.f32s("w"),
+        w_codes: f.raw("w_codes").1,
+        w_scales: f.f32s("w_scales"),
+        x_codes: f.raw("x_codes").1,
+        x_scales: f.f32s("x_scales"),
+        x_finite: f.raw("x_finite").1,
+        y_f32: f.f32s("y_f32"),
+        y_bf16: f.f32s("y_bf16"),
         t: xs[0],
         k: xs[1],
         n: ws[0],

@@ -51,6 +51,7 @@
 //! a proposal whose `g_P` is missing proposes nothing. Backend errors give an
 //! empty proposal and are kept in [`Eagle3Drafter::last_error`].
 
+use alloc::collections::btree_map::Entry;
 use alloc::collections::BTreeMap;
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -66,7 +67,7 @@ use crate::backend::{
 };
 use crate::eagle3::{Eagle3Config, Eagle3Weights};
 use crate::formats::bf16;
-use crate::kv::{CacheData, CacheDtype, CacheTensor};
+use crate::kv::{CacheDtype, CacheTensor};
 use crate::sample::{exp_det, greedy, uniform};
 use crate::spec_decode::sample_index;
 use crate::weights::LinearWeight;
@@ -90,15 +91,21 @@ struct ReqState {
 }
 
 impl ReqState {
-    fn new(width: usize) -> Self {
+    fn new(width: usize) -> Result<Self, BackendError> {
         let cap = 64;
-        ReqState {
+        let t = || {
+            CacheTensor::new(CacheDtype::Bf16, cap, width, 1.0).map_err(|e| BackendError::Shape {
+                op: "eagle3 draft cache",
+                what: e.to_string(),
+            })
+        };
+        Ok(ReqState {
             pending: BTreeMap::new(),
             positions: Vec::new(),
-            k: CacheTensor::new(CacheDtype::Bf16, cap, width, 1.0),
-            v: CacheTensor::new(CacheDtype::Bf16, cap, width, 1.0),
+            k: t()?,
+            v: t()?,
             cap,
-        }
+        })
     }
 
     /// Grow both cache tensors to hold at least `slots` rows.
@@ -108,11 +115,7 @@ impl ReqState {
         }
         let cap = slots.next_power_of_two();
         for t in [&mut self.k, &mut self.v] {
-            let n = cap * t.width;
-            match &mut t.data {
-                CacheData::Bf16(d) => d.resize(n, 0),
-                CacheData::Fp8(d) => d.resize(n, 0),
-            }
+            t.resize_slots(cap);
         }
         self.cap = cap;
     }
@@ -374,9 +377,15 @@ impl<'a> Eagle3Drafter<'a> {
         let width = st.k.width;
         let base = st.positions.len();
         st.reserve(base + todo.len());
+        let kv_err = |e: crate::kv::KvError| BackendError::Shape {
+            op: "eagle3 draft cache",
+            what: e.to_string(),
+        };
         for (i, &j) in todo.iter().enumerate() {
-            st.k.write(base + i, &k[i * width..(i + 1) * width]);
-            st.v.write(base + i, &v[i * width..(i + 1) * width]);
+            st.k.write(base + i, &k[i * width..(i + 1) * width])
+                .map_err(kv_err)?;
+            st.v.write(base + i, &v[i * width..(i + 1) * width])
+                .map_err(kv_err)?;
             st.positions.push(j);
         }
         // Rows at or before the last committed one will never be needed.
@@ -403,10 +412,10 @@ impl<'a> Eagle3Drafter<'a> {
         let last = context[context.len() - 1];
         let p = last_pos - 1;
         let width = c.num_key_value_heads * c.head_dim();
-        let mut st = self
-            .state
-            .remove(&id)
-            .unwrap_or_else(|| ReqState::new(width));
+        let mut st = match self.state.remove(&id) {
+            Some(st) => st,
+            None => ReqState::new(width)?,
+        };
         // Rows at or after `p` are not committed context of this proposal
         // (a rollback); pending states past `p` cannot be used yet.
         let keep = st.positions.partition_point(|&q| q < p);
@@ -533,7 +542,16 @@ impl Drafter for Eagle3Drafter<'_> {
         };
         let h = c.hidden_size;
         let width = c.num_key_value_heads * c.head_dim();
-        let st = self.state.entry(id).or_insert_with(|| ReqState::new(width));
+        let st = match self.state.entry(id) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => match ReqState::new(width) {
+                Ok(st) => v.insert(st),
+                Err(e) => {
+                    self.last_error = Some(format!("eagle3 draft: {e}"));
+                    return;
+                }
+            },
+        };
         for (i, &p) in positions.iter().enumerate() {
             if let Some(row) = g.get(i * h..(i + 1) * h) {
                 st.pending.insert(p, row.to_vec());

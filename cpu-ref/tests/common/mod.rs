@@ -121,3 +121,39 @@ pub fn pool(n: usize) -> rayon::ThreadPool {
         .build()
         .expect("pool")
 }
+
+/// An op-level golden case, `golden/cases/ops/<file>` (written by
+/// golden/gen/reference.py): its tensors as raw little-endian bytes.
+pub struct OpCase(m3_core::checkpoint::safetensors_file::SafetensorsFile);
+
+impl OpCase {
+    /// Open `golden/cases/ops/<file>` (a missing or corrupt case fails the
+    /// test, naming the file).
+    pub fn open(file: &str) -> Self {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../golden/cases/ops")
+            .join(file);
+        OpCase(
+            m3_core::checkpoint::safetensors_file::SafetensorsFile::open(&path, file)
+                .unwrap_or_else(|e| panic!("{file}: {e}")),
+        )
+    }
+
+    /// Tensor `name`: (shape, bytes).
+    pub fn raw(&self, name: &str) -> (Vec<usize>, Vec<u8>) {
+        let i = self
+            .0
+            .info(name)
+            .unwrap_or_else(|| panic!("case lacks {name}"));
+        (i.shape.clone(), self.0.bytes(i).to_vec())
+    }
+
+    /// Tensor `name` as f32 values.
+    pub fn f32s(&self, name: &str) -> Vec<f32> {
+        self.raw(name)
+            .1
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Compile the mono translation unit (or any kernel source) to a cubin with
+a chosen NVRTC, as the engine does at run time, for static SASS checks.
+
+Usage: NVRTC_LIB=/path/libnvrtc.so.13 nvrtc_cubin.py OUT.cubin "DEFINES" FILE...
+  FILES are concatenated after gpu-mi350/kernels/compat.h and the defines
+  (e.g. "#define S_MMA_WARPS 4\\n#define S_MMA_MAXBT 2" for the small-step
+  variant; the mono TU is mono_prelude.h standard_decode.cu
+  standard_attention.cu mono.cu). sm_90.
+"""
+import ctypes
+import os
+import sys
+
+KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../gpu-mi350/kernels")
+
+
+def main():
+    out, defines, files = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3:]
+    lib = ctypes.CDLL(os.environ["NVRTC_LIB"])
+    src = open(os.path.join(KERNELS, "compat.h")).read() + "\n" + defines + "\n"
+    src += "".join(open(os.path.join(KERNELS, f)).read() + "\n" for f in files)
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"x.cu", 0, None, None) == 0
+    opts = [b"--gpu-architecture=sm_90", b"--std=c++17"]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    if rc != 0:
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        sys.exit(log.value.decode()[-4000:])
+    n = ctypes.c_size_t()
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    b = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, b)
+    open(out, "wb").write(b.raw)
+
+
+if __name__ == "__main__":
+    main()

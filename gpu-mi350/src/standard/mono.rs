@@ -476,22 +476,34 @@ impl StandardPath {
             let Some(buf) = &p.prof else { continue };
             let mut ts = vec![0u64; p.nops as usize * (g + 1)];
             buf.read(self.l.stream(), 0, &mut ts)?;
-            let rows: Vec<&[u64]> = ts.chunks(g + 1).collect();
-            for (i, row) in rows.iter().enumerate() {
-                let start = row[0];
-                let (lo, hi) = row[1..]
-                    .iter()
-                    .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-                let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
-                out[i].work_us += us(start, hi);
-                out[i].straggle_us += us(lo, hi);
-                if let Some(next) = rows.get(i + 1) {
-                    out[i].barrier_us += us(hi, next[0]);
-                }
+            for (o, (w, s, b)) in out.iter_mut().zip(op_times(&ts, g)) {
+                o.work_us += w;
+                o.straggle_us += s;
+                o.barrier_us += b;
             }
         }
         Ok((out, layers))
     }
+}
+
+/// (work, straggle, barrier) in us per op of one launch's stamps `ts`
+/// (`nops` rows of `grid + 1` ns stamps: CTA 0's start of the op, then each
+/// CTA's finish; kernels/mono.cu `m3s_mono`). Work: start to the last
+/// finish; straggle: first finish to last; barrier: last finish to the next
+/// op's start (0 for the last op). Stamps out of order count as 0.
+fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
+    let rows: Vec<&[u64]> = ts.chunks_exact(grid + 1).collect();
+    let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let (lo, hi) = row[1..]
+                .iter()
+                .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            let barrier = rows.get(i + 1).map_or(0.0, |next| us(hi, next[0]));
+            (us(row[0], hi), us(lo, hi), barrier)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -580,6 +592,22 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains("S_MONO_INDIRECT"), "{bad}: {e}");
         }
+    }
+
+    /// The op profile's arithmetic on stamps worked by hand: 2 ops over 3
+    /// CTAs; and a wrong stamp is seen.
+    #[test]
+    fn op_times_from_stamps() {
+        // op 0 starts at 1000 ns, CTAs finish at 3000, 1500, 2000; op 1
+        // starts at 3400 (barrier 400 ns), CTAs finish at 5000, 5000, 4000
+        let ts = [1000, 3000, 1500, 2000, 3400, 5000, 5000, 4000];
+        let t = op_times(&ts, 3);
+        assert_eq!(t, vec![(2.0, 1.5, 0.4), (1.6, 1.0, 0.0)]);
+        let mut bad = ts;
+        bad[1] = 2500; // the last CTA of op 0 finishing earlier
+        assert_ne!(op_times(&bad, 3), t);
+        // a stamp before its op's start counts as 0, not a negative time
+        assert_eq!(op_times(&[5, 1, 2], 2), vec![(0.0, 0.001, 0.0)]);
     }
 
     /// Arguments are laid out as mono.cu's `SMonoPack` reads them: 4-byte

@@ -14,7 +14,7 @@ use std::path::Path;
 
 mod common;
 
-use m3_core::backend::{forward_by_ops, Backend, Path as ExecPath, RunOptions, StepBatch, Taps};
+use m3_core::backend::{forward_by_ops, Path as ExecPath, RunOptions, StepBatch, Taps};
 use m3_core::checkpoint::dspark_loader::load_dspark;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::ModelConfig;
@@ -22,9 +22,9 @@ use m3_core::dspark::DsparkWeights;
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::sample::{uniform, SampleParams};
 use m3_core::sched::dspark_drafter::{DraftTarget, DsparkDrafter};
-use m3_core::sched::runner::{Drafter, Proposal, SchedRunner, SpecStats, VerifyMode};
+use m3_core::sched::runner::{Drafter, Proposal, SpecStats, VerifyMode};
 use m3_core::sched::spec_probs::sampling_probs;
-use m3_core::sched::{Request, RequestId, SchedulerConfig, StepCounters};
+use m3_core::sched::{Request, RequestId};
 use m3_core::spec_decode::sample_index;
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 use m3_core::weights::ModelWeights;
@@ -47,58 +47,6 @@ fn checkpoint(dir: &Path) -> (ModelWeights, DsparkWeights) {
         .unwrap()
         .expect("dspark/ present");
     (m, w)
-}
-
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (seed * 131 + i * 17 + i * i * 3) % 500)
-        .collect()
-}
-
-fn cfg() -> SchedulerConfig {
-    SchedulerConfig {
-        block_size: 16,
-        num_blocks: 64,
-        max_batch_tokens: 64,
-        max_seqs: 4,
-        enable_prefix_cache: true,
-        ..SchedulerConfig::default()
-    }
-}
-
-fn run(
-    m: &ModelWeights,
-    reqs: &[Request],
-    spec: usize,
-    verify: VerifyMode,
-    drafter: Option<Box<dyn Drafter + '_>>,
-) -> (
-    BTreeMap<RequestId, Vec<u32>>,
-    StepCounters,
-    BTreeMap<RequestId, SpecStats>,
-) {
-    let be = CpuBackend::new();
-    let mut runner = be
-        .load(
-            common::source(m),
-            &common::load_spec(cfg().num_blocks, CacheDtype::Bf16),
-            &mut |_| {},
-        )
-        .unwrap();
-    let mut r = SchedRunner::new(&mut *runner, cfg()).unwrap();
-    r.spec_tokens = spec;
-    r.verify = verify;
-    r.drafter = drafter;
-    for q in reqs {
-        r.sched.add_request(q.clone()).unwrap();
-    }
-    let out = r.run(|_, _| {}).unwrap();
-    r.sched.check_invariants().unwrap();
-    (
-        out.into_iter().map(|f| (f.id, f.output)).collect(),
-        *r.sched.counters(),
-        r.spec_stats.clone(),
-    )
 }
 
 #[test]
@@ -157,7 +105,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     let mut reqs: Vec<Request> = [(1u32, 9usize, 20usize), (2, 30, 14), (3, 4, 24)]
         .iter()
         .enumerate()
-        .map(|(i, &(s, n, max))| Request::greedy(i as u64, prompt(s, n), max))
+        .map(|(i, &(s, n, max))| Request::greedy(i as u64, common::spec_prompt(s, n), max))
         .collect();
     // A stochastic request too: greedy verification reproduces plain
     // decoding token for token whatever the sampler (keyed by position).
@@ -167,7 +115,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
         top_p: 0.95,
         seed: 9,
     };
-    let (plain, _, _) = run(&m, &reqs, 0, VerifyMode::Greedy, None);
+    let (plain, _, _) = common::run_spec(&m, &reqs, 0, VerifyMode::Greedy, None);
     for r in &reqs[..2] {
         assert_eq!(
             plain[&r.id],
@@ -179,7 +127,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     let be = CpuBackend::new();
     for k in [1usize, 3, 7] {
         let d = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-        let (out, c, per) = run(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
+        let (out, c, per) = common::run_spec(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
         for r in &reqs {
             assert_eq!(out[&r.id], plain[&r.id], "K = {k}, request {}", r.id);
         }
@@ -210,7 +158,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     // request (lossless in distribution, not token for token) changes its
     // tokens, and the same equality check sees it.
     let d = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-    let (out, _, _) = run(&m, &reqs, 3, VerifyMode::Rejection, Some(Box::new(d)));
+    let (out, _, _) = common::run_spec(&m, &reqs, 3, VerifyMode::Rejection, Some(Box::new(d)));
     assert_eq!(
         out[&0], plain[&0],
         "greedy requests verify greedily in every mode"
@@ -306,7 +254,8 @@ fn oracle_drafter_is_accepted_perturbed_less() {
     let be = CpuBackend::new();
     let reqs: Vec<Request> = (0..3u64)
         .map(|i| {
-            let mut r = Request::greedy(i, prompt(i as u32 + 4, 6 + 5 * i as usize), 40);
+            let mut r =
+                Request::greedy(i, common::spec_prompt(i as u32 + 4, 6 + 5 * i as usize), 40);
             r.sampling = SampleParams {
                 temperature: 1.0,
                 top_k: 0,
@@ -324,7 +273,7 @@ fn oracle_drafter_is_accepted_perturbed_less() {
                 m: &m,
                 perturb,
             };
-            let (out, c, _) = run(&m, &reqs, 3, verify, Some(Box::new(d)));
+            let (out, c, _) = common::run_spec(&m, &reqs, 3, verify, Some(Box::new(d)));
             for r in &reqs {
                 assert_eq!(out[&r.id].len(), r.max_tokens);
             }
@@ -380,7 +329,7 @@ fn dspark_context_is_incremental_and_attention_non_causal() {
     let tmp = tempfile::tempdir().unwrap();
     let (m, w) = checkpoint(&tmp.path().join("ck"));
     let be = CpuBackend::new();
-    let p = prompt(7, 20);
+    let p = common::spec_prompt(7, 20);
     let taps = target_taps(&be, &m, &p);
     let pos: Vec<u32> = (0..20).collect();
     let rows: Vec<usize> = (0..20).collect();

@@ -9,22 +9,20 @@
 //! - speculative greedy output with the EAGLE3 drafter (K = 1, 3, 7) is
 //!   identical to plain decoding, with acceptance statistics reported.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 mod common;
 
-use m3_core::backend::{Backend, TapRequest, Taps};
+use m3_core::backend::{TapRequest, Taps};
 use m3_core::checkpoint::eagle3_loader::load_eagle3;
 use m3_core::checkpoint::{Checkpoint, LoadOptions};
 use m3_core::config::ModelConfig;
 use m3_core::eagle3::{Eagle3Config, Eagle3Weights};
-use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
 use m3_core::sched::dspark_drafter::DraftTarget;
 use m3_core::sched::eagle3_drafter::Eagle3Drafter;
-use m3_core::sched::runner::{Drafter, SchedRunner, SpecStats, VerifyMode};
-use m3_core::sched::{Request, RequestId, SchedulerConfig, StepCounters};
+use m3_core::sched::runner::{Drafter, SpecStats, VerifyMode};
+use m3_core::sched::{Request, RequestId};
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 use m3_core::weights::{LinearWeight, ModelWeights};
 use m3_cpu_ref::CpuBackend;
@@ -482,58 +480,6 @@ fn draft_forward_matches_a_plain_loop_computation() {
 // ---------------------------------------------------------------------
 // End to end through the scheduler runner.
 
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (seed * 131 + i * 17 + i * i * 3) % 500)
-        .collect()
-}
-
-fn cfg() -> SchedulerConfig {
-    SchedulerConfig {
-        block_size: 16,
-        num_blocks: 64,
-        max_batch_tokens: 64,
-        max_seqs: 4,
-        enable_prefix_cache: true,
-        ..SchedulerConfig::default()
-    }
-}
-
-fn run(
-    m: &ModelWeights,
-    reqs: &[Request],
-    spec: usize,
-    verify: VerifyMode,
-    drafter: Option<Box<dyn Drafter + '_>>,
-) -> (
-    BTreeMap<RequestId, Vec<u32>>,
-    StepCounters,
-    BTreeMap<RequestId, SpecStats>,
-) {
-    let be = CpuBackend::new();
-    let mut runner = be
-        .load(
-            common::source(m),
-            &common::load_spec(cfg().num_blocks, CacheDtype::Bf16),
-            &mut |_| {},
-        )
-        .unwrap();
-    let mut r = SchedRunner::new(&mut *runner, cfg()).unwrap();
-    r.spec_tokens = spec;
-    r.verify = verify;
-    r.drafter = drafter;
-    for q in reqs {
-        r.sched.add_request(q.clone()).unwrap();
-    }
-    let out = r.run(|_, _| {}).unwrap();
-    r.sched.check_invariants().unwrap();
-    (
-        out.into_iter().map(|f| (f.id, f.output)).collect(),
-        *r.sched.counters(),
-        r.spec_stats.clone(),
-    )
-}
-
 #[test]
 fn eagle3_speculative_greedy_equals_plain_decoding() {
     let tmp = tempfile::tempdir().unwrap();
@@ -541,7 +487,7 @@ fn eagle3_speculative_greedy_equals_plain_decoding() {
     let mut reqs: Vec<Request> = [(1u32, 9usize, 20usize), (2, 30, 14), (3, 4, 24)]
         .iter()
         .enumerate()
-        .map(|(i, &(s, n, max))| Request::greedy(i as u64, prompt(s, n), max))
+        .map(|(i, &(s, n, max))| Request::greedy(i as u64, common::spec_prompt(s, n), max))
         .collect();
     // A stochastic request too: greedy verification reproduces plain
     // decoding token for token whatever the sampler.
@@ -551,11 +497,11 @@ fn eagle3_speculative_greedy_equals_plain_decoding() {
         top_p: 0.95,
         seed: 9,
     };
-    let (plain, _, _) = run(&m, &reqs, 0, VerifyMode::Greedy, None);
+    let (plain, _, _) = common::run_spec(&m, &reqs, 0, VerifyMode::Greedy, None);
     let be = CpuBackend::new();
     for k in [1usize, 3, 7] {
         let d = Eagle3Drafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-        let (out, c, per) = run(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
+        let (out, c, per) = common::run_spec(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
         for r in &reqs {
             assert_eq!(out[&r.id], plain[&r.id], "K = {k}, request {}", r.id);
         }
@@ -583,7 +529,7 @@ fn eagle3_speculative_greedy_equals_plain_decoding() {
     // draft's target-id distributions (lossless in distribution, so its
     // tokens may differ); greedy requests still verify greedily.
     let d = Eagle3Drafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-    let (out, c, _) = run(&m, &reqs, 3, VerifyMode::Rejection, Some(Box::new(d)));
+    let (out, c, _) = common::run_spec(&m, &reqs, 3, VerifyMode::Rejection, Some(Box::new(d)));
     assert_eq!(out[&0], plain[&0]);
     assert_eq!(out[&1], plain[&1]);
     assert_eq!(out[&2].len(), plain[&2].len());

@@ -76,3 +76,62 @@ pub fn load_spec(blocks: usize, dtype: CacheDtype) -> LoadSpec {
 pub fn source(m: &ModelWeights) -> ModelSource<'static> {
     ModelSource::Weights(Arc::new(m.clone()))
 }
+
+/// A deterministic prompt of `len` tokens below 500 (the speculative tests').
+pub fn spec_prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (seed * 131 + i * 17 + i * i * 3) % 500)
+        .collect()
+}
+
+/// The scheduler of the speculative tests: 64 blocks of 16, 4 sequences.
+pub fn spec_cfg() -> m3_core::sched::SchedulerConfig {
+    m3_core::sched::SchedulerConfig {
+        block_size: 16,
+        num_blocks: 64,
+        max_batch_tokens: 64,
+        max_seqs: 4,
+        enable_prefix_cache: true,
+        ..m3_core::sched::SchedulerConfig::default()
+    }
+}
+
+/// Outputs by request, counters and speculative stats of one run.
+pub type SpecRun = (
+    std::collections::BTreeMap<m3_core::sched::RequestId, Vec<u32>>,
+    m3_core::sched::StepCounters,
+    std::collections::BTreeMap<m3_core::sched::RequestId, m3_core::sched::runner::SpecStats>,
+);
+
+/// Run `reqs` on `m` through the scheduler runner on the CPU reference
+/// (bf16 cache) with `spec` draft tokens a step, `verify`, and `drafter`.
+pub fn run_spec(
+    m: &ModelWeights,
+    reqs: &[m3_core::sched::Request],
+    spec: usize,
+    verify: m3_core::sched::runner::VerifyMode,
+    drafter: Option<Box<dyn m3_core::sched::runner::Drafter + '_>>,
+) -> SpecRun {
+    let be = m3_cpu_ref::CpuBackend::new();
+    let mut runner = be
+        .load(
+            source(m),
+            &load_spec(spec_cfg().num_blocks, CacheDtype::Bf16),
+            &mut |_| {},
+        )
+        .unwrap();
+    let mut r = m3_core::sched::runner::SchedRunner::new(&mut *runner, spec_cfg()).unwrap();
+    r.spec_tokens = spec;
+    r.verify = verify;
+    r.drafter = drafter;
+    for q in reqs {
+        r.sched.add_request(q.clone()).unwrap();
+    }
+    let out = r.run(|_, _| {}).unwrap();
+    r.sched.check_invariants().unwrap();
+    (
+        out.into_iter().map(|f| (f.id, f.output)).collect(),
+        *r.sched.counters(),
+        r.spec_stats.clone(),
+    )
+}

@@ -14,12 +14,12 @@
 use alloc::collections::btree_map::Entry;
 use alloc::collections::BTreeMap;
 use alloc::format;
-use alloc::string::ToString;
+use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 
 use super::request::RequestId;
-use crate::backend::{Backend, BackendError, LinearInput, Op, StepBatch, StepSeq};
+use crate::backend::{Backend, BackendError, LinearInput, Op, StepBatch, StepSeq, Taps};
 use crate::config::ModelConfig;
 use crate::dspark::DsparkWeights;
 use crate::kv::{CacheDtype, CacheTensor, KvError};
@@ -93,6 +93,53 @@ impl RequestCtx {
         }
         self.cap = cap;
     }
+}
+
+/// `x [rows, w.cols()] · wᵀ` op by op on `backend` (bf16 input; the output
+/// rounded to bf16 when `round_out`): the linear both drafts run.
+pub(crate) fn linear(
+    backend: &dyn Backend,
+    x: &[f32],
+    rows: usize,
+    w: &LinearWeight,
+    round_out: bool,
+) -> Result<Vec<f32>, BackendError> {
+    let mut o = vec![0.0f32; rows * w.rows()];
+    backend.run_op(Op::Linear {
+        x,
+        rows,
+        w,
+        input: LinearInput::Bf16,
+        round_out,
+        out: &mut o,
+    })?;
+    Ok(o)
+}
+
+/// A draft's `fc` input for the committed `rows` of a step: per row, the
+/// target residual after each layer of `layer_ids` (the `residual.{l}` taps,
+/// `width` values each) concatenated in that order, `[rows, ids * width]`.
+/// Errs naming the missing tap or row.
+pub(crate) fn tap_features(
+    taps: &Taps,
+    layer_ids: &[usize],
+    width: usize,
+    rows: &[usize],
+) -> Result<Vec<f32>, String> {
+    let fc_in = layer_ids.len() * width;
+    let mut feats = vec![0.0f32; rows.len() * fc_in];
+    for (j, &l) in layer_ids.iter().enumerate() {
+        let res = taps
+            .f32(&format!("residual.{l}"))
+            .ok_or_else(|| format!("the backend did not capture residual.{l}"))?;
+        for (i, &r) in rows.iter().enumerate() {
+            let src = res
+                .get(r * width..(r + 1) * width)
+                .ok_or_else(|| format!("residual.{l} has no row {r}"))?;
+            feats[i * fc_in + j * width..i * fc_in + (j + 1) * width].copy_from_slice(src);
+        }
+    }
+    Ok(feats)
 }
 
 /// What the draft takes from its target: the config it must fit, and the
@@ -180,16 +227,7 @@ impl<'a> OpsDraft<'a> {
         w: &LinearWeight,
         round_out: bool,
     ) -> Result<Vec<f32>, BackendError> {
-        let mut o = vec![0.0f32; rows * w.rows()];
-        self.backend.run_op(Op::Linear {
-            x,
-            rows,
-            w,
-            input: LinearInput::Bf16,
-            round_out,
-            out: &mut o,
-        })?;
-        Ok(o)
+        linear(self.backend, x, rows, w, round_out)
     }
 
     fn norm(

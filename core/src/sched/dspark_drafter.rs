@@ -49,10 +49,9 @@
 use alloc::boxed::Box;
 use alloc::format;
 use alloc::string::String;
-use alloc::vec;
 use alloc::vec::Vec;
 
-use super::draft_forward::{DraftForward, OpsDraft};
+use super::draft_forward::{tap_features, DraftForward, OpsDraft};
 use super::request::{RequestId, SamplingParams};
 use super::runner::{Drafter, Proposal};
 use super::spec_probs::sampling_probs;
@@ -195,24 +194,13 @@ impl Drafter for DsparkDrafter<'_> {
             return;
         }
         let c = &self.config;
-        let h = c.hidden_size;
-        let fc_in = c.fc_in();
-        let mut feats = vec![0.0f32; rows.len() * fc_in];
-        for (j, &l) in c.target_layer_ids.iter().enumerate() {
-            let Some(res) = taps.f32(&format!("residual.{l}")) else {
-                self.last_error = Some(format!(
-                    "dspark draft: the backend did not capture residual.{l}"
-                ));
+        let feats = match tap_features(taps, &c.target_layer_ids, c.hidden_size, rows) {
+            Ok(f) => f,
+            Err(e) => {
+                self.last_error = Some(format!("dspark draft: {e}"));
                 return;
-            };
-            for (i, &r) in rows.iter().enumerate() {
-                let Some(src) = res.get(r * h..(r + 1) * h) else {
-                    self.last_error = Some(format!("dspark draft: residual.{l} has no row {r}"));
-                    return;
-                };
-                feats[i * fc_in + j * h..i * fc_in + (j + 1) * h].copy_from_slice(src);
             }
-        }
+        };
         if let Err(e) = self.forward.add_context(id, positions, &feats) {
             self.last_error = Some(format!("dspark draft: {e}"));
         }

@@ -58,13 +58,11 @@ use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::draft_forward::DraftTarget;
+use super::draft_forward::{linear, tap_features, DraftTarget};
 use super::request::{RequestId, SamplingParams};
 use super::runner::{Drafter, Proposal};
 use super::spec_probs::sampling_probs;
-use crate::backend::{
-    Backend, BackendError, LinearInput, Op, StepBatch, StepSeq, TapRequest, Taps,
-};
+use crate::backend::{Backend, BackendError, Op, StepBatch, StepSeq, TapRequest, Taps};
 use crate::eagle3::{Eagle3Config, Eagle3Weights};
 use crate::formats::bf16;
 use crate::kv::{CacheDtype, CacheTensor};
@@ -193,16 +191,7 @@ impl<'a> Eagle3Drafter<'a> {
         w: &LinearWeight,
         round_out: bool,
     ) -> Result<Vec<f32>, BackendError> {
-        let mut o = vec![0.0f32; rows * w.rows()];
-        self.backend.run_op(Op::Linear {
-            x,
-            rows,
-            w,
-            input: LinearInput::Bf16,
-            round_out,
-            out: &mut o,
-        })?;
-        Ok(o)
+        linear(self.backend, x, rows, w, round_out)
     }
 
     /// RMSNorm over rows of width H (weights in Gemma form, `w - 1`).
@@ -515,24 +504,13 @@ impl Drafter for Eagle3Drafter<'_> {
             return;
         }
         let c = self.config().clone();
-        let th = c.target_hidden();
-        let fc_in = c.fc_in();
-        let mut feats = vec![0.0f32; rows.len() * fc_in];
-        for (j, &l) in c.target_layer_ids.iter().enumerate() {
-            let Some(res) = taps.f32(&format!("residual.{l}")) else {
-                self.last_error = Some(format!(
-                    "eagle3 draft: the backend did not capture residual.{l}"
-                ));
+        let feats = match tap_features(taps, &c.target_layer_ids, c.target_hidden(), rows) {
+            Ok(f) => f,
+            Err(e) => {
+                self.last_error = Some(format!("eagle3 draft: {e}"));
                 return;
-            };
-            for (i, &r) in rows.iter().enumerate() {
-                let Some(src) = res.get(r * th..(r + 1) * th) else {
-                    self.last_error = Some(format!("eagle3 draft: residual.{l} has no row {r}"));
-                    return;
-                };
-                feats[i * fc_in + j * th..i * fc_in + (j + 1) * th].copy_from_slice(src);
             }
-        }
+        };
         let g = match self.lin(&feats, rows.len(), &self.weights.fc, true) {
             Ok(g) => g,
             Err(e) => {

@@ -86,34 +86,40 @@ fn is_linear(name: &str) -> bool {
     name.starts_with("m3s_mma_")
 }
 
-/// The mono translation unit: `extra` (`NAME=VALUE` pairs, mono.cu's
-/// tunables: `S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2 S_UNROLL_HALF=0|1`), the prelude, the standard sources with
-/// the small-step defines `small`, the interpreter. Built (and leaked) once
-/// per define strings.
+/// The mono build's tunables and the values each takes (mono.cu /
+/// mono_prelude.h / standard_decode.cu): op calls through a pointer table
+/// or a switch, persistent CTAs an SM, and the linears' loads in flight.
+const MONO_TUNABLES: [(&str, &[&str]); 4] = [
+    ("S_MONO_INDIRECT", &["0", "1"]),
+    ("S_MONO_MINB", &["1", "2"]),
+    ("S_UNROLL_MUL", &["1", "2"]),
+    ("S_UNROLL_HALF", &["0", "1"]),
+];
+
+/// The mono translation unit: `extra` (`NAME=VALUE` pairs of
+/// [`MONO_TUNABLES`]), the prelude, the standard sources with the
+/// small-step defines `small`, the interpreter. Built (and leaked) once per
+/// define strings.
 pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
     let (std_small, _, _) = variant_source(&STANDARD, small)?;
     let mut prefix = String::new();
     for kv in extra.split_whitespace() {
-        match kv.split_once('=') {
-            Some((k @ ("S_MONO_INDIRECT" | "S_MONO_MINB"), v @ ("0" | "1" | "2")))
-                if !((k == "S_MONO_MINB" && v == "0") || (k == "S_MONO_INDIRECT" && v == "2")) =>
-            {
-                prefix.push_str(&format!("#define {k} {v}\n"))
-            }
-            Some((k @ ("S_UNROLL_MUL" | "S_UNROLL_HALF"), v @ ("0" | "1" | "2")))
-                if !((k == "S_UNROLL_HALF" && v == "2") || (k == "S_UNROLL_MUL" && v == "0")) =>
-            {
-                prefix.push_str(&format!("#define {k} {v}\n"))
-            }
-            _ => {
-                return Err(GpuError::input(
-                    "mono defines",
-                    format!(
-                        "`{kv}`: the mono build takes S_MONO_INDIRECT=0|1, S_MONO_MINB=1|2 (persistent CTAs an SM), S_UNROLL_MUL=1|2 and S_UNROLL_HALF=0|1 (the linears' loads in flight; 1 is the default)"
-                    ),
-                ))
-            }
+        let known = kv.split_once('=').is_some_and(|(k, v)| {
+            MONO_TUNABLES
+                .iter()
+                .any(|(name, vals)| *name == k && vals.contains(&v))
+        });
+        if !known {
+            let takes: Vec<String> = MONO_TUNABLES
+                .iter()
+                .map(|(name, vals)| format!("{name}={}", vals.join("|")))
+                .collect();
+            return Err(GpuError::input(
+                "mono defines",
+                format!("`{kv}`: the mono build takes {}", takes.join(", ")),
+            ));
         }
+        prefix.push_str(&format!("#define {}\n", kv.replacen('=', " ", 1)));
     }
     let body: &'static str = Box::leak(
         format!(

@@ -472,35 +472,6 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
   }
 }
 
-/// The CTA's outputs from the warps' partial sums `red` (summed in warp
-/// order), scaled and stored as the segment's mode says.
-template <int F>
-M3_DEV void s_mma_store(const SSeg1& sg, const float (*red)[S_MMA_MAXBT * 8][16], const u32* xrow, const u32* yrow,
-                        u32 cnt, u32 n0, u32 N, u32 nwarp, u32 ge, const float* __restrict__ ts) {
-  u16* yb = reinterpret_cast<u16*>(sg.yb);
-  float* yf = reinterpret_cast<float*>(sg.yf);
-  // the matrix's global scale (NVFP4; 1.0 when absent)
-  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
-  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
-    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
-    if (n >= N) continue;
-    float v = 0.0f;
-    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
-    // NVFP4: undo the operands' 2^-S_NV_SHIFT (exact), then one rounding
-    // by the global scale
-    if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);
-    v = v * gsc;
-    // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
-    // x row's (ARCHITECTURE.md, Online quantization)
-    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
-    if (ts) v = v * ts[xrow[m]];
-    const u64 o = (u64)yrow[m] * N + n;
-    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
-    else if (sg.mode == 1u) yf[o] = v;
-    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
-  }
-}
-
 template <int F, bool ANY>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
@@ -652,298 +623,36 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
   }
   __syncthreads();
-  s_mma_store<F>(sg, red, xrow, yrow, cnt, n0, N, nwarp, ge, ts);
-}
-
-// ---- tensor-core linear, weights streamed by the bulk-copy engine ----------
-// S_MMA_BULK=1 (sm_90+, CUDA; a bench variant): the same CTA, warp walk,
-// decode and tile products as s_mma_linear (so the same sums in the same
-// order: bit-identical), but a warp's weights (and, for steps of at most
-// S_BULK_XROWS rows, its x) reach shared memory by `cp.async.bulk` (one
-// copy per W row and stage, issued by lane 0) and the block scales by
-// 4 / 8-byte `cp.async`, into a ring of S_BULK_NS stages of one loop
-// iteration each, completion tracked by an mbarrier per stage. Bytes in
-// flight per warp are then bounded by shared memory (S_BULK_NS - 1 stages
-// ahead of the one decoded), not by the registers a batch of loads takes,
-// and a warp has loads in flight while it decodes (bench/NOTES.md session
-// 10). Taken when the launch's dynamic shared memory covers
-// s_bulk_bytes (the host sizes it: StandardPath's bulk variants) and every
-// address is aligned for the copies (K % 128 == 0); otherwise the kernel
-// runs s_mma_linear.
-#ifndef S_MMA_BULK
-#define S_MMA_BULK 0
-#endif
-#if S_MMA_BULK && !(defined(M3_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-#undef S_MMA_BULK
-#define S_MMA_BULK 0
-#endif
-#ifndef S_BULK_NS
-#define S_BULK_NS 4
-#endif
-#ifndef S_BULK_XROWS
-#define S_BULK_XROWS 1
-#endif
-#if S_MMA_BULK
-/// Bytes of one W row's share of a stage (U super-chunks of 128 values).
-template <int F> struct SBulk {
-  static const u32 WR = SUnroll<F>::U * 4u * SSeg<F>::B;
-  static const u32 WSTAGE = 16u * WR;
-  // scale words: per row and super-chunk one 8-byte slot (MX: a 4-byte
-  // word of 4 E8M0 scales; NVFP4: 8 E4M3 scales)
-  static const u32 SSTAGE = 16u * SUnroll<F>::U * 8u;
-};
-/// Dynamic shared memory one warp's share takes for K (per = super-chunks
-/// of the warp's range): mbarriers, W ring, scale ring, x rows.
-template <int F> M3_DEV u32 s_bulk_warp_bytes(u32 per) {
-  return 16u * ((S_BULK_NS + 2u) / 2u) + S_BULK_NS * (SBulk<F>::WSTAGE + SBulk<F>::SSTAGE) + S_BULK_XROWS * per * 256u;
-}
-M3_DEV u32 s_smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-M3_DEV void s_mbar_init(unsigned long long* b, u32 n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(s_smem_u32(b)), "r"(n) : "memory");
-}
-M3_DEV void s_mbar_expect(unsigned long long* b, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(s_smem_u32(b)), "r"(bytes) : "memory");
-}
-M3_DEV void s_mbar_wait(unsigned long long* b, u32 parity) {
-  u32 done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(s_smem_u32(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-M3_DEV void s_bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* b) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   s_smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(s_smem_u32(b))
-               : "memory");
-}
-template <int N> M3_DEV void s_cp_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s_smem_u32(dst)), "l"(src), "n"(N) : "memory");
-}
-M3_DEV void s_cp_arrive(unsigned long long* b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(s_smem_u32(b)) : "memory");
-}
-
-/// Issue stage `s` of a warp's walk into ring slot s % S_BULK_NS: lane 0
-/// copies the stage's K range of the CTA's 16 W rows (rows past N are not
-/// read), lanes 0..15 the scale words of row lane; every lane then arrives
-/// on the slot's barrier when its small copies land. `xb` (x rows by bulk
-/// copy) only when the stage's x is not preloaded. Returns nothing; the
-/// stage is empty (and nothing is issued) past the warp's range.
-template <int F>
-M3_DEV void s_bulk_issue(u32 s, u32 q0w, u32 per, u32 nsc, u32 K, u32 lane, u32 n0, u32 N, const u8* W, const u8* S,
-                         unsigned char* wring, unsigned char* sring, unsigned long long* bars, bool weights_only) {
-  const u32 U = SUnroll<F>::U;
-  const u32 i0 = U * s;
-  const u32 q0 = q0w + i0;
-  if (i0 >= per || q0 >= nsc) return;
-  const u32 nq = min(min(U, per - i0), nsc - q0);
-  const u32 kbeg = q0 * 128u, kend = min(kbeg + nq * 128u, K);
-  const u32 slot = s % S_BULK_NS;
-  unsigned long long* bar = bars + slot;
-  const u64 rb = SFmt<F>::FP8 ? (u64)K : K / 2ull;
-  const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;
-  const u32 rows = N > n0 ? min(16u, N - n0) : 0u;
-  const u32 wbytes = (kend - kbeg) * SSeg<F>::B / 32u;
-  (void)weights_only;
-  if (lane == 0u) {
-    s_mbar_expect(bar, rows * wbytes);
-    for (u32 r = 0; r < rows; ++r)
-      s_bulk_g2s(wring + slot * SBulk<F>::WSTAGE + r * SBulk<F>::WR, W + (u64)(n0 + r) * rb + (u64)kbeg * SSeg<F>::B / 32u,
-                 wbytes, bar);
+  u16* yb = reinterpret_cast<u16*>(sg.yb);
+  float* yf = reinterpret_cast<float*>(sg.yf);
+  // the matrix's global scale (NVFP4; 1.0 when absent)
+  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
+  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
+    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
+    if (n >= N) continue;
+    float v = 0.0f;
+    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    // NVFP4: undo the operands' 2^-S_NV_SHIFT (exact), then one rounding
+    // by the global scale
+    if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);
+    v = v * gsc;
+    // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
+    // x row's (ARCHITECTURE.md, Online quantization)
+    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
+    if (ts) v = v * ts[xrow[m]];
+    const u64 o = (u64)yrow[m] * N + n;
+    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
+    else if (sg.mode == 1u) yf[o] = v;
+    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
   }
-  // scale words: lane r < 16 copies row r's words of the stage's
-  // super-chunks (4 bytes a super-chunk for MX, 8 for NVFP4)
-  if (lane < rows) {
-    for (u32 u = 0; u < nq; ++u) {
-      unsigned char* d = sring + slot * SBulk<F>::SSTAGE + (lane * U + u) * 8u;
-      if (F == S_FMT_NVFP4) s_cp_small<8>(d, S + (u64)(n0 + lane) * sb + (q0 + u) * 8u);
-      else s_cp_small<4>(d, S + (u64)(n0 + lane) * sb + (q0 + u) * 4u);
-    }
-  }
-  s_cp_arrive(bar);
 }
-
-template <int F, bool ANY>
-M3_DEV void s_mma_linear_bulk(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
-                              u32 max_rows, u32 xdiv, const float* __restrict__ ts, unsigned char* dyn) {
-  __shared__ float red[S_MMA_WARPS][S_MMA_MAXBT * 8][16];
-  __shared__ u32 xrow[S_MMA_MAXBT * 8], yrow[S_MMA_MAXBT * 8];
-  __shared__ int head[2];
-  M3_PDL_TRIGGER();
-  const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
-  const u32 g = lane / 4u, t = lane % 4u;
-  SSeg1 sg = segs.s[0];
-#pragma unroll
-  for (int i = 1; i < S_MAX_SEGS; ++i)
-    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
-  const u32 N = sg.n;
-  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
-  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
-  const u32 U = SUnroll<F>::U;
-  const u32 nsc = K / 128u;
-  const u32 per = (nsc + nwarp - 1u) / nwarp;
-  const u32 q0w = warp * per;
-  const u32 iters = (per + U - 1u) / U;
-  const bool oka = n0 + g < N, okc = n0 + g + 8u < N;
-  const u8* W = reinterpret_cast<const u8*>(sg.w);
-  const u8* S = reinterpret_cast<const u8*>(sg.ws);
-  // this warp's share of the dynamic shared memory
-  unsigned char* base = dyn + warp * s_bulk_warp_bytes<F>(per);
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(base);  // S_BULK_NS stages + x
-  unsigned char* wring = base + 16u * ((S_BULK_NS + 2u) / 2u);
-  unsigned char* sring = wring + S_BULK_NS * SBulk<F>::WSTAGE;
-  unsigned char* xs = sring + S_BULK_NS * SBulk<F>::SSTAGE;
-  if (lane == 0u) {
-    for (u32 j = 0; j <= S_BULK_NS; ++j) s_mbar_init(bars + j, j < S_BULK_NS ? 33u : 1u);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-  u32 cnt, ge = 0u;
-  if (!route) {
-    const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
-    cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-    if (cnt == 0u) return;  // nothing issued yet
-    // the weights are known before the previous kernel ends
-    for (u32 s = 0; s < S_BULK_NS && s < iters; ++s)
-      s_bulk_issue<F>(s, q0w, per, nsc, K, lane, n0, N, W, S, wring, sring, bars, true);
-    M3_PDL_WAIT();
-    if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
-    __syncthreads();
-  } else {
-    M3_PDL_WAIT();
-    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
-    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
-    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
-      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
-      xrow[threadIdx.x] = pr / xdiv;
-      yrow[threadIdx.x] = pr;
-    }
-    __syncthreads();
-    const int rows = head[1];
-    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
-    if (cnt == 0u) return;
-    const u32 e = (u32)head[0];
-    ge = e;
-    W += (u64)e * sg.w_es;
-    if (S) S += (u64)e * sg.ws_es;
-    for (u32 s = 0; s < S_BULK_NS && s < iters; ++s)
-      s_bulk_issue<F>(s, q0w, per, nsc, K, lane, n0, N, W, S, wring, sring, bars, true);
-  }
-  // x of the warp's whole K range, when the CTA has at most S_BULK_XROWS
-  // rows: one copy a row (written by the previous kernel: after the wait)
-  const bool xbulk = cnt <= S_BULK_XROWS && q0w < nsc;
-  unsigned long long* xbar = bars + S_BULK_NS;
-  if (xbulk && lane == 0u) {
-    const u32 kb = q0w * 128u, ke = min(kb + per * 128u, K);
-    s_mbar_expect(xbar, cnt * (ke - kb) * 2u);
-    for (u32 m = 0; m < cnt; ++m) s_bulk_g2s(xs + m * per * 256u, x + (u64)xrow[m] * K + kb, (ke - kb) * 2u, xbar);
-  }
-  if (xbulk) s_mbar_wait(xbar, 0u);
-  const u32 nbt = (cnt + 7u) / 8u;
-  float acc[S_MMA_MAXBT][4];
-#pragma unroll
-  for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
-  for (u32 it = 0; it < iters; ++it) {
-    const u32 slot = it % S_BULK_NS;
-    if (q0w + U * it < nsc) s_mbar_wait(bars + slot, (it / S_BULK_NS) & 1u);
-    const unsigned char* ws = wring + slot * SBulk<F>::WSTAGE;
-    const unsigned char* ss = sring + slot * SBulk<F>::SSTAGE;
-#pragma unroll
-    for (u32 u = 0; u < U; ++u) {
-      const u32 i = U * it + u, q = q0w + i;
-      if (i >= per || q >= nsc) break;
-      const u32 k0 = q * 128u + 32u * t;
-      uint4 raw[2][SSeg<F>::B / 16u];
-      u32 sca[2];
-#pragma unroll
-      for (u32 r = 0; r < 2u; ++r) {
-        const bool ok = r == 0u ? oka : okc;
-        const u32 row = g + 8u * r;
-        const uint4* p = reinterpret_cast<const uint4*>(ws + row * SBulk<F>::WR + u * 4u * SSeg<F>::B + t * SSeg<F>::B);
-#pragma unroll
-        for (u32 j = 0; j < SSeg<F>::B / 16u; ++j) raw[r][j] = ok ? p[j] : make_uint4(0u, 0u, 0u, 0u);
-        const unsigned char* sp = ss + (row * U + u) * 8u;
-        sca[r] = !ok ? 0u : (F == S_FMT_NVFP4 ? (u32) reinterpret_cast<const u16*>(sp)[t] : (u32)sp[t]);
-      }
-      u32 fa[16], fc[16];
-      s_seg_frag<F, ANY>(raw[0], sca[0], fa);
-      s_seg_frag<F, ANY>(raw[1], sca[1], fc);
-#pragma unroll
-      for (int b = 0; b < S_MMA_MAXBT; ++b) {
-        if ((u32)b >= nbt) break;
-        uint4 xr[4];
-        const u32 m = (u32)b * 8u + g;
-        if (xbulk) {
-          const uint4* xp = reinterpret_cast<const uint4*>(xs + m * per * 256u + (i * 128u + 32u * t) * 2u);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) xr[j] = m < cnt ? xp[j] : make_uint4(0u, 0u, 0u, 0u);
-        } else {
-          s_x_load(x, xrow, m, cnt, true, k0, K, xr);
-        }
-        s_tile_mma(acc[b], fa, fc, xr);
-      }
-    }
-    // every lane has its copy of the slot: refill it with stage it + NS
-    __syncwarp();
-    if (it + S_BULK_NS < iters) {
-      if (lane == 0u) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncwarp();
-      s_bulk_issue<F>(it + S_BULK_NS, q0w, per, nsc, K, lane, n0, N, W, S, wring, sring, bars, true);
-    }
-  }
-  // split-K reduction over the CTA's warps (as s_mma_linear)
-#pragma unroll
-  for (int b = 0; b < S_MMA_MAXBT; ++b) {
-    if ((u32)b >= nbt) break;
-    red[warp][b * 8 + 2 * t][g] = acc[b][0];
-    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
-    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
-    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
-  }
-  __syncthreads();
-  s_mma_store<F>(sg, red, xrow, yrow, cnt, n0, N, nwarp, ge, ts);
-}
-
-/// Whether this launch takes s_mma_linear_bulk: a bulk-streamed format,
-/// K a multiple of 128, dynamic shared memory for every warp's share, and
-/// every base address and stride aligned for the copies (16 bytes W and x,
-/// 8 scales).
-template <int F> M3_DEV bool s_bulk_ok(const u16* x, const SSegs& segs, u32 K) {
-  if (F == S_FMT_BF16 || S_MMA_INTERLEAVE || K % 128u != 0u) return false;
-  u32 dyn;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-  const u32 nwarp = blockDim.x / 32u, per = (K / 128u + nwarp - 1u) / nwarp;
-  if (dyn < nwarp * s_bulk_warp_bytes<F>(per)) return false;
-  bool ok = ((u64)x & 15u) == 0u;
-  for (u32 i = 0; i < segs.nseg && i < S_MAX_SEGS; ++i) {
-    const SSeg1& s = segs.s[i];
-    ok = ok && ((s.w | s.w_es) & 15u) == 0u && ((s.ws | s.ws_es) & 7u) == 0u;
-  }
-  return ok;
-}
-extern __shared__ __align__(16) unsigned char s_bulk_dyn[];
-#endif
 
 #define S_MMA_LINEAR(name, F, ANY)                                                                              \
   M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
            u32 max_rows, u32 xdiv, const float* __restrict__ ts) {                                               \
-    S_MMA_BULK_TRY(F, ANY || S_FORCE_ANY);                                                                     \
     s_mma_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv, ts);                             \
   }
-#if S_MMA_BULK
-#define S_MMA_BULK_TRY(F, ANY)                                                          \
-  if (s_bulk_ok<F>(x, segs, K)) {                                                        \
-    s_mma_linear_bulk<F, ANY>(x, segs, K, M, route, max_rows, xdiv, ts, s_bulk_dyn);     \
-    return;                                                                              \
-  }
-#else
-#define S_MMA_BULK_TRY(F, ANY) ((void)0)
-#endif
 // Bench variant: 1 = every entry point compiled as its `_any` form, to time
 // the split in one run. Runs 6-7 (bench/NOTES.md session 6) used it when
 // that form was the kernel before the split; since the E4M3 NaN-code change

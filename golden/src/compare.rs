@@ -202,40 +202,13 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
     let mut rows = Vec::new();
     let cname = meta.name.clone();
     let mut push = |tensor: String, layer: Option<usize>, op: &'static str, measure: Measure| {
-        let verdict = match &measure {
-            Measure::Continuous {
-                rel_l2,
-                max_abs,
-                tol,
-            } => {
-                if *rel_l2 <= tol.rel_l2 && *max_abs <= tol.max_abs {
-                    Verdict::Pass
-                } else {
-                    Verdict::Fail
-                }
-            }
-            Measure::Discrete {
-                mismatches,
-                near_ties,
-                ..
-            } => {
-                if *mismatches == 0 {
-                    Verdict::Pass
-                } else if near_ties == mismatches {
-                    Verdict::NearTie
-                } else {
-                    Verdict::Fail
-                }
-            }
-            Measure::Broken(_) => Verdict::Fail,
-        };
         rows.push(Row {
             case: cname.clone(),
             tensor,
             layer,
             op,
+            verdict: verdict(&measure),
             measure,
-            verdict,
         });
     };
     let disc = |name: &str, margin_name: &str, margin: f64| match discrete(
@@ -295,47 +268,106 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
     }
     let m = cont("logits", meta.logits_rows_from);
     push("logits".into(), None, "final norm + LM head", m);
-    if let Some(d) = &meta.draft {
-        // Tokens first: a near-tie flip at step i sends later steps
-        // elsewhere, so the continuous rows are compared up to step i.
-        let (tok, upto) = draft_tokens(case, dump.get("draft.tokens"), d.token_margin);
-        let g = cont("draft.g", 0);
-        push(
-            "draft.g".into(),
-            None,
-            "eagle3 fc (fused target features)",
-            g,
-        );
-        for (name, op) in [
-            ("draft.hidden", "eagle3 midlayer (step output)"),
-            ("draft.logits", "eagle3 final norm + draft LM head"),
-        ] {
-            let m = match (
-                meta.tolerances.get(name).copied(),
-                continuous_rows(case, name, dump.get(name), upto),
-            ) {
-                (Some(tol), Ok((rel_l2, max_abs))) => Measure::Continuous {
-                    rel_l2,
-                    max_abs,
-                    tol,
-                },
-                (None, _) => Measure::Broken("no tolerance in the case".into()),
-                (_, Err(e)) => Measure::Broken(e),
-            };
-            push(name.into(), None, op, m);
-        }
-        push(
-            "draft.tokens".into(),
-            None,
-            "eagle3 greedy token + d2t",
-            tok,
-        );
-    }
+    rows.extend(draft_rows(case, dump));
     Report {
         case: meta.name.clone(),
         backend: backend.to_string(),
         rows,
     }
+}
+
+/// A row's verdict from what it measured.
+fn verdict(measure: &Measure) -> Verdict {
+    match measure {
+        Measure::Continuous {
+            rel_l2,
+            max_abs,
+            tol,
+        } => {
+            if *rel_l2 <= tol.rel_l2 && *max_abs <= tol.max_abs {
+                Verdict::Pass
+            } else {
+                Verdict::Fail
+            }
+        }
+        Measure::Discrete {
+            mismatches,
+            near_ties,
+            ..
+        } => {
+            if *mismatches == 0 {
+                Verdict::Pass
+            } else if near_ties == mismatches {
+                Verdict::NearTie
+            } else {
+                Verdict::Fail
+            }
+        }
+        Measure::Broken(_) => Verdict::Fail,
+    }
+}
+
+/// Only the draft rows of a draft case (none for a model case): `dump`
+/// holds the `draft.*` tensors of `m3_golden::run_eagle3` (or of `m3
+/// forward --eagle3-steps`), run on the case's own residuals.
+pub fn compare_draft(case: &Case, dump: &Taps, backend: &str) -> Report {
+    Report {
+        case: case.meta.name.clone(),
+        backend: backend.to_string(),
+        rows: draft_rows(case, dump),
+    }
+}
+
+/// The draft rows in forward order: `draft.g`, `draft.hidden`,
+/// `draft.logits`, `draft.tokens`.
+fn draft_rows(case: &Case, dump: &Taps) -> Vec<Row> {
+    let meta = &case.meta;
+    let Some(d) = &meta.draft else {
+        return Vec::new();
+    };
+    // Tokens first: a near-tie flip at step i sends later steps elsewhere,
+    // so the continuous rows are compared up to step i.
+    let (tok, upto) = draft_tokens(case, dump.get("draft.tokens"), d.token_margin);
+    let cont = |name: &str, rows: usize| match (
+        meta.tolerances.get(name).copied(),
+        continuous_rows(case, name, dump.get(name), rows),
+    ) {
+        (Some(tol), Ok((rel_l2, max_abs))) => Measure::Continuous {
+            rel_l2,
+            max_abs,
+            tol,
+        },
+        (None, _) => Measure::Broken("no tolerance in the case".into()),
+        (_, Err(e)) => Measure::Broken(e),
+    };
+    [
+        (
+            "draft.g",
+            "eagle3 fc (fused target features)",
+            cont("draft.g", usize::MAX),
+        ),
+        (
+            "draft.hidden",
+            "eagle3 midlayer (step output)",
+            cont("draft.hidden", upto),
+        ),
+        (
+            "draft.logits",
+            "eagle3 final norm + draft LM head",
+            cont("draft.logits", upto),
+        ),
+        ("draft.tokens", "eagle3 greedy token + d2t", tok),
+    ]
+    .into_iter()
+    .map(|(tensor, op, measure)| Row {
+        case: meta.name.clone(),
+        tensor: tensor.into(),
+        layer: None,
+        op,
+        verdict: verdict(&measure),
+        measure,
+    })
+    .collect()
 }
 
 /// The draft's proposed tokens against the reference's: exact, except a
@@ -415,7 +447,7 @@ fn continuous_rows(
         return Err(format!("shape {gshape:?}, expected {wshape:?}"));
     }
     let width: usize = wshape.iter().skip(1).product();
-    let n = (rows * width).min(wdata.len());
+    let n = rows.saturating_mul(width).min(wdata.len());
     Ok(rel_l2_max_abs(&gdata[..n], &wdata[..n]))
 }
 

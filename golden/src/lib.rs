@@ -24,7 +24,9 @@ pub mod parity;
 pub mod tensors;
 
 pub use case::{Case, CaseMeta, Greedy, NearTie, Recipe, RunOptions, Tolerance};
-pub use compare::{compare, table_header, table_lines, Measure, Report, Row, Verdict};
+pub use compare::{
+    compare, compare_draft, table_header, table_lines, Measure, Report, Row, Verdict,
+};
 pub use draft::{run_eagle3, DraftError, DraftMeta};
 pub use tensors::{Tap, Taps};
 

@@ -46,7 +46,7 @@ pub struct DraftModel {
 
 impl DraftModel {
     /// The target's embedding and LM head, read from `ck` the first time.
-    fn shared(&self, ck: &Checkpoint) -> Result<&(LinearWeight, LinearWeight)> {
+    pub fn shared(&self, ck: &Checkpoint) -> Result<&(LinearWeight, LinearWeight)> {
         if let Some(s) = self.shared.get() {
             return Ok(s);
         }

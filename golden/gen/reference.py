@@ -5,6 +5,7 @@
       [--act bf16|mxfp4] [--selection per_kv_head|shared] [--nvfp4-as-mxfp4]
       [--teacher IN.safetensors] [--greedy N] --dump OUT.safetensors
   reference.py case --model DIR --spec JSON --out-dir golden/cases
+  reference.py forward ... --eagle3-steps K   (also the EAGLE3 draft's taps, below)
 
 Taps (same names and layouts as `m3 forward --dump`):
   residual.{l}     F32 [T, H]               after layer l
@@ -15,6 +16,15 @@ and the near-tie margins of the reference:
   topk_margin.{l}   F32 [kv_heads, T]  block-score gap at the selection boundary
                                        (+inf where every visible block is taken)
   router_margin.{l} F32 [T]            biased score of the k-th minus (k+1)-th expert
+Draft cases (spec "draft": {"kind": "eagle3", "steps": K}; the checkpoint
+made with `m3 synth --eagle3`) add the EAGLE3 draft's greedy proposal after
+the prompt, its input features being the reference's own residual taps
+(m3ref/eagle3.py):
+  draft.g          F32 [T, H]               fused target features g_j of every prompt row
+  draft.hidden     F32 [K, H]               each step's output before the final norm
+  draft.logits     F32 [K, draft_vocab]     each step's draft-vocabulary logits
+  draft.tokens     I32 [K]                  the proposed target ids (greedy, via d2t)
+  draft.logit_gap  F32 [K]                  top-1 minus top-2 draft logit (near ties)
 """
 
 import argparse
@@ -28,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from m3ref.checkpoint import Checkpoint, read_safetensors, write_safetensors  # noqa: E402
+from m3ref.eagle3 import Eagle3  # noqa: E402
 from m3ref.model import Model, Options  # noqa: E402
 
 
@@ -71,6 +82,11 @@ def cmd_forward(a):
     taps = run_forward(m, tokens, teacher)
     out = {k: v for k, v in taps.items()}
     out["tokens"] = np.asarray(tokens, dtype=np.int32)
+    if a.eagle3_steps:
+        ref = Eagle3(a.model, ck.config, m.embed)
+        src = teacher if teacher is not None else {l: taps[f"residual.{l}"] for l in range(ck.config.num_layers)}
+        feats = np.concatenate([src[l] for l in ref.cfg.layer_ids], axis=-1)
+        out.update(draft_taps(ref.propose(tokens, feats, a.eagle3_steps)))
     if a.greedy:
         toks, gaps, rmin, bmin = m.greedy(tokens, a.greedy)
         out["greedy.tokens"] = np.asarray(toks, dtype=np.int32)
@@ -121,7 +137,7 @@ def near_tie(stats):
     nt = {"router_margin": 1e-3, "topk_margin": 2e-2}
     for k, s in stats.items():
         gap = s.get("max_mismatch_gap")
-        if gap is None:
+        if gap is None or k.startswith("draft."):  # the draft's margin is its own
             continue
         key = "topk_margin" if k.startswith("topk_blocks.") else "router_margin"
         nt[key] = max(nt[key], 2 * gap)
@@ -151,6 +167,74 @@ TOLERANCE_NOTE = (
     "logits (an f32 GEMM on a bf16 input: one flipped element of the final norm output moves a "
     "row by ~2^-8/sqrt(H)); max-abs 4 bf16 ulps of the tensor's largest value (2 for logits). "
     "An f32-only path would hold rel-L2 ~1e-5."
+)
+
+
+DRAFT_TENSORS = ("g", "hidden", "logits")
+
+
+def draft_taps(prop):
+    """The draft tensors of a proposal (m3ref/eagle3.py) by tap name."""
+    return {f"draft.{k}": prop[k] for k in DRAFT_TENSORS + ("tokens", "logit_gap")}
+
+
+def draft_case(ck, model, taps, tokens, spec):
+    """The reference's EAGLE3 proposal for a draft case, its noise floor
+    and tolerances.  Returns (tensors, sidecar entry, tolerances, stats)."""
+    if spec.get("kind") != "eagle3":
+        raise ValueError(f"draft kind {spec.get('kind')!r}: only eagle3 draft cases exist")
+    n = int(spec["steps"])
+    ref = Eagle3(ck.path, ck.config, model.embed)
+    if not 1 <= n <= ref.cfg.max_draft_tokens:
+        raise ValueError(f"draft steps {n}: must be 1..{ref.cfg.max_draft_tokens} (max_draft_tokens)")
+    feats = ref.features(taps)
+    prop = ref.propose(tokens, feats, n)
+    # Noise probes: f32 sums in two orders on the reference's own features,
+    # following the reference's tokens (a flipped token is counted, with the
+    # reference's gap at it, instead of sending the probe elsewhere).
+    stats = {}
+    for acc in ("f32", "f32_reversed"):
+        probe = Eagle3(ck.path, ck.config, model.embed, accum=acc).propose(tokens, feats, n, forced=prop["tokens"])
+        for k in DRAFT_TENSORS:
+            a, b = probe[k], prop[k]
+            s = stats.setdefault(f"draft.{k}", {"rel_l2": 0.0, "max_abs": 0.0, "ref_max_abs": float(np.abs(b).max())})
+            s["rel_l2"] = max(s["rel_l2"], rel_l2(a, b))
+            s["max_abs"] = max(s["max_abs"], float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()))
+        diff = probe["tokens"] != prop["tokens"]
+        s = stats.setdefault("draft.tokens", {"mismatches": 0, "max_mismatch_gap": None})
+        s["mismatches"] = max(s["mismatches"], int(diff.sum()))
+        if diff.any():
+            g = float(prop["logit_gap"][diff].max())
+            s["max_mismatch_gap"] = g if s["max_mismatch_gap"] is None else max(g, s["max_mismatch_gap"])
+    tol = {}
+    for k in DRAFT_TENSORS:
+        s = stats[f"draft.{k}"]
+        fr = 3e-4 if k == "logits" else 1e-3
+        fa = s["ref_max_abs"] * (2.0 ** -7 if k == "logits" else 2.0 ** -6)
+        tol[f"draft.{k}"] = {"rel_l2": max(fr, 4 * s["rel_l2"]), "max_abs": max(fa, 4 * s["max_abs"])}
+    # Two correct logits rows may each move by the logits tolerance.
+    margin = 2 * tol["draft.logits"]["max_abs"]
+    if stats["draft.tokens"]["max_mismatch_gap"] is not None:
+        margin = max(margin, 2 * stats["draft.tokens"]["max_mismatch_gap"])
+    entry = {
+        "kind": "eagle3",
+        "steps": n,
+        "target_layer_ids": ref.cfg.layer_ids,
+        "draft_vocab_size": ref.cfg.draft_vocab_size,
+        "token_margin": margin,
+        "min_logit_gap": float(prop["logit_gap"].min()),
+        "note": DRAFT_NOTE,
+    }
+    return draft_taps(prop), entry, tol, stats
+
+
+DRAFT_NOTE = (
+    "EAGLE3 draft (ARCHITECTURE.md, EAGLE3 draft), greedy, K steps after the prompt, fed the "
+    "reference's own residual taps of target_layer_ids (teacher-forced: a backend is judged on "
+    "the draft alone). draft.g, draft.hidden and draft.logits have tolerances derived like the "
+    "model's (max(floor, 4x the f32-vs-f64 noise)); draft.tokens are exact except at a step whose "
+    "reference top-2 gap (draft.logit_gap) is below token_margin; after such a near-tie the later "
+    "steps follow another token and are not compared."
 )
 
 
@@ -204,6 +288,12 @@ def cmd_case(a):
     out = dict(taps)
     out["logits"] = taps["logits"][T - keep :]
     out["tokens"] = np.asarray(tokens, dtype=np.int32)
+    draft_entry = None
+    if "draft" in spec:
+        dt, draft_entry, dtol, dstats = draft_case(ck, m, taps, tokens, spec["draft"])
+        out.update(dt)
+        tol.update(dtol)
+        stats.update(dstats)
     sidecar = {
         "name": name,
         "description": spec.get("description", ""),
@@ -234,6 +324,8 @@ def cmd_case(a):
         "tolerance_note": TOLERANCE_NOTE,
         "generator": "golden/gen/reference.py (numpy, f64 sums, written from MODEL.md/FORMATS.md)",
     }
+    if draft_entry is not None:
+        sidecar["draft"] = draft_entry
     if "logits_rows" in spec and keep < T:
         sidecar["logits_note"] = f"logits kept for the last {keep} of {T} rows (case size)"
     g = int(spec.get("greedy", 0))
@@ -255,7 +347,10 @@ def cmd_case(a):
         f.write("\n")
     os.replace(tmp, jp)
     worst = max(stats[f"residual.{l}"]["rel_l2"] for l in range(L))
-    print(f"case {name}: T={T}, formats {','.join(m.formats)}, forward {t_fwd:.2f} s, noise floor rel-L2 <= {worst:.2e}")
+    extra = ""
+    if draft_entry is not None:
+        extra = f", eagle3 draft {draft_entry['steps']} steps -> {out['draft.tokens'].tolist()}"
+    print(f"case {name}: T={T}, formats {','.join(m.formats)}, forward {t_fwd:.2f} s, noise floor rel-L2 <= {worst:.2e}{extra}")
 
 
 def cmd_op_ptpc(a):
@@ -387,6 +482,7 @@ def main():
     f.add_argument("--online-quant-exclude", default="")
     f.add_argument("--teacher")
     f.add_argument("--greedy", type=int, default=0)
+    f.add_argument("--eagle3-steps", type=int, default=0, help="also the EAGLE3 draft's K-step greedy proposal")
     f.add_argument("--dump", required=True)
     c = sub.add_parser("case")
     c.add_argument("--model", required=True)

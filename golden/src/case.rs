@@ -21,6 +21,9 @@ pub struct Recipe {
     /// `--layers N` override, if any.
     #[serde(default)]
     pub layers: Option<usize>,
+    /// `--eagle3`: the checkpoint carries the synthetic EAGLE3 draft.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub eagle3: bool,
 }
 
 impl Recipe {
@@ -32,6 +35,9 @@ impl Recipe {
         );
         if let Some(l) = self.layers {
             key.push_str(&format!("-l{l}"));
+        }
+        if self.eagle3 {
+            key.push_str("-eagle3");
         }
         if let Some(e) = edit {
             key.push_str(&format!("-e{}", Self::short_hash(&e.to_string())));
@@ -119,6 +125,9 @@ pub struct CaseMeta {
     pub near_tie: NearTie,
     #[serde(default)]
     pub greedy: Option<Greedy>,
+    /// A draft case: the reference's draft proposal after the prompt.
+    #[serde(default)]
+    pub draft: Option<crate::draft::DraftMeta>,
 }
 
 /// A loaded case.
@@ -190,6 +199,44 @@ impl Case {
             }
         }
         self.taps.f32("logits", &file)?;
+        if let Some(d) = &self.meta.draft {
+            for name in ["draft.g", "draft.hidden", "draft.logits", "draft.logit_gap"] {
+                let (shape, _) = self.taps.f32(name, &file)?;
+                let rows = if name == "draft.g" {
+                    self.meta.tokens.len()
+                } else {
+                    d.steps
+                };
+                if shape.first() != Some(&rows) {
+                    return Err(GoldenError::Tensor {
+                        path: file.clone(),
+                        name: name.into(),
+                        msg: format!("shape {shape:?}, expected {rows} rows"),
+                    });
+                }
+                if name != "draft.logit_gap" && !self.meta.tolerances.contains_key(name) {
+                    return Err(GoldenError::Tensor {
+                        path: file.clone(),
+                        name: name.into(),
+                        msg: "no tolerance in the sidecar".into(),
+                    });
+                }
+            }
+            match self.taps.get("draft.tokens") {
+                Some(crate::Tap::I32 { shape, .. }) if shape == &[d.steps] => {}
+                other => {
+                    return Err(GoldenError::Tensor {
+                        path: file,
+                        name: "draft.tokens".into(),
+                        msg: format!(
+                            "expected I32 [{}], got {:?}",
+                            d.steps,
+                            other.map(|t| t.shape())
+                        ),
+                    })
+                }
+            }
+        }
         Ok(())
     }
 

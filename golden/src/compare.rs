@@ -202,40 +202,13 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
     let mut rows = Vec::new();
     let cname = meta.name.clone();
     let mut push = |tensor: String, layer: Option<usize>, op: &'static str, measure: Measure| {
-        let verdict = match &measure {
-            Measure::Continuous {
-                rel_l2,
-                max_abs,
-                tol,
-            } => {
-                if *rel_l2 <= tol.rel_l2 && *max_abs <= tol.max_abs {
-                    Verdict::Pass
-                } else {
-                    Verdict::Fail
-                }
-            }
-            Measure::Discrete {
-                mismatches,
-                near_ties,
-                ..
-            } => {
-                if *mismatches == 0 {
-                    Verdict::Pass
-                } else if near_ties == mismatches {
-                    Verdict::NearTie
-                } else {
-                    Verdict::Fail
-                }
-            }
-            Measure::Broken(_) => Verdict::Fail,
-        };
         rows.push(Row {
             case: cname.clone(),
             tensor,
             layer,
             op,
+            verdict: verdict(&measure),
             measure,
-            verdict,
         });
     };
     let disc = |name: &str, margin_name: &str, margin: f64| match discrete(
@@ -295,11 +268,187 @@ pub fn compare(case: &Case, dump: &Taps, backend: &str) -> Report {
     }
     let m = cont("logits", meta.logits_rows_from);
     push("logits".into(), None, "final norm + LM head", m);
+    rows.extend(draft_rows(case, dump));
     Report {
         case: meta.name.clone(),
         backend: backend.to_string(),
         rows,
     }
+}
+
+/// A row's verdict from what it measured.
+fn verdict(measure: &Measure) -> Verdict {
+    match measure {
+        Measure::Continuous {
+            rel_l2,
+            max_abs,
+            tol,
+        } => {
+            if *rel_l2 <= tol.rel_l2 && *max_abs <= tol.max_abs {
+                Verdict::Pass
+            } else {
+                Verdict::Fail
+            }
+        }
+        Measure::Discrete {
+            mismatches,
+            near_ties,
+            ..
+        } => {
+            if *mismatches == 0 {
+                Verdict::Pass
+            } else if near_ties == mismatches {
+                Verdict::NearTie
+            } else {
+                Verdict::Fail
+            }
+        }
+        Measure::Broken(_) => Verdict::Fail,
+    }
+}
+
+/// Only the draft rows of a draft case (none for a model case): `dump`
+/// holds the `draft.*` tensors of `m3_golden::run_eagle3` (or of `m3
+/// forward --eagle3-steps`), run on the case's own residuals.
+pub fn compare_draft(case: &Case, dump: &Taps, backend: &str) -> Report {
+    Report {
+        case: case.meta.name.clone(),
+        backend: backend.to_string(),
+        rows: draft_rows(case, dump),
+    }
+}
+
+/// The draft rows in forward order: `draft.g`, `draft.hidden`,
+/// `draft.logits`, `draft.tokens`.
+fn draft_rows(case: &Case, dump: &Taps) -> Vec<Row> {
+    let meta = &case.meta;
+    let Some(d) = &meta.draft else {
+        return Vec::new();
+    };
+    // Tokens first: a near-tie flip at step i sends later steps elsewhere,
+    // so the continuous rows are compared up to step i.
+    let (tok, upto) = draft_tokens(case, dump.get("draft.tokens"), d.token_margin);
+    let cont = |name: &str, rows: usize| match (
+        meta.tolerances.get(name).copied(),
+        continuous_rows(case, name, dump.get(name), rows),
+    ) {
+        (Some(tol), Ok((rel_l2, max_abs))) => Measure::Continuous {
+            rel_l2,
+            max_abs,
+            tol,
+        },
+        (None, _) => Measure::Broken("no tolerance in the case".into()),
+        (_, Err(e)) => Measure::Broken(e),
+    };
+    [
+        (
+            "draft.g",
+            "eagle3 fc (fused target features)",
+            cont("draft.g", usize::MAX),
+        ),
+        (
+            "draft.hidden",
+            "eagle3 midlayer (step output)",
+            cont("draft.hidden", upto),
+        ),
+        (
+            "draft.logits",
+            "eagle3 final norm + draft LM head",
+            cont("draft.logits", upto),
+        ),
+        ("draft.tokens", "eagle3 greedy token + d2t", tok),
+    ]
+    .into_iter()
+    .map(|(tensor, op, measure)| Row {
+        case: meta.name.clone(),
+        tensor: tensor.into(),
+        layer: None,
+        op,
+        verdict: verdict(&measure),
+        measure,
+    })
+    .collect()
+}
+
+/// The draft's proposed tokens against the reference's: exact, except a
+/// first mismatch where the reference's top-2 gap is below `margin` (a
+/// near-tie: later steps then follow another token and are not judged).
+/// Returns the measure and how many leading steps the continuous draft
+/// tensors are compared on.
+fn draft_tokens(case: &Case, got: Option<&Tap>, margin: f64) -> (Measure, usize) {
+    let want = match case.taps.get("draft.tokens") {
+        Some(Tap::I32 { data, .. }) => data,
+        _ => return (Measure::Broken("case has no I32 draft.tokens".into()), 0),
+    };
+    let got = match got {
+        Some(Tap::I32 { shape, data }) if shape.as_slice() == [want.len()] => data,
+        Some(t) => {
+            return (
+                Measure::Broken(format!(
+                    "dumped draft.tokens is {:?}, expected I32 [{}]",
+                    t.shape(),
+                    want.len()
+                )),
+                0,
+            )
+        }
+        None => return (Measure::Broken("missing from the dump".into()), 0),
+    };
+    let gaps = match case.taps.get("draft.logit_gap") {
+        Some(Tap::F32 { data, .. }) => data.as_slice(),
+        _ => &[][..],
+    };
+    let steps = want.len();
+    let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) else {
+        let m = Measure::Discrete {
+            rows: steps,
+            mismatches: 0,
+            near_ties: 0,
+            margin,
+            first_unexplained: None,
+        };
+        return (m, steps);
+    };
+    let gap = gaps.get(i).map(|&g| f64::from(g)).unwrap_or(f64::NAN);
+    let tie = gap < margin;
+    let m = Measure::Discrete {
+        rows: steps,
+        mismatches: 1,
+        near_ties: usize::from(tie),
+        margin,
+        first_unexplained: (!tie).then(|| {
+            format!(
+                "step {i}: got token {}, want {}, reference gap {gap:.3e}",
+                got[i], want[i]
+            )
+        }),
+    };
+    (m, i + 1)
+}
+
+/// Relative L2 and max-abs error over the first `rows` rows of `name`
+/// (the shapes must agree in full).
+fn continuous_rows(
+    case: &Case,
+    name: &str,
+    got: Option<&Tap>,
+    rows: usize,
+) -> Result<(f64, f64), String> {
+    let (wshape, wdata) = match case.taps.get(name) {
+        Some(Tap::F32 { shape, data }) => (shape, data),
+        _ => return Err(format!("case has no F32 {name}")),
+    };
+    let (gshape, gdata) = match got {
+        Some(Tap::F32 { shape, data }) => (shape, data),
+        Some(_) => return Err("dumped tap is not F32".into()),
+        None => return Err("missing from the dump".into()),
+    };
+    if gshape != wshape {
+        return Err(format!("shape {gshape:?}, expected {wshape:?}"));
+    }
+    let width: usize = wshape.iter().skip(1).product();
+    let n = rows.saturating_mul(width).min(wdata.len());
+    Ok(rel_l2_max_abs(&gdata[..n], &wdata[..n]))
 }
 
 /// Header of the table printed by `cargo xtask golden`.

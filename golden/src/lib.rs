@@ -13,14 +13,21 @@
 //!   below the case's stated margin: those are counted as near-ties.
 //!
 //! [`Report::first_divergence`] names the first layer and op that fails.
+//!
+//! Draft cases ([`draft`]) add the EAGLE3 draft's proposal after the prompt
+//! (`draft.*`), compared after the target's rows by the same [`compare`].
 
 pub mod case;
 pub mod compare;
+pub mod draft;
 pub mod parity;
 pub mod tensors;
 
 pub use case::{Case, CaseMeta, Greedy, NearTie, Recipe, RunOptions, Tolerance};
-pub use compare::{compare, table_header, table_lines, Measure, Report, Row, Verdict};
+pub use compare::{
+    compare, compare_draft, table_header, table_lines, Measure, Report, Row, Verdict,
+};
+pub use draft::{run_eagle3, DraftError, DraftMeta};
 pub use tensors::{Tap, Taps};
 
 /// Re-exported for tools that read the case sidecars (xtask).

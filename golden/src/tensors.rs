@@ -72,6 +72,30 @@ impl Taps {
         Ok(Taps { tensors })
     }
 
+    /// The tensors of a backend's in-memory taps (`m3_core`'s type).
+    pub fn from_core(taps: &m3_core::backend::Taps) -> Taps {
+        use m3_core::backend::TapData;
+        let tensors = taps
+            .tensors
+            .iter()
+            .map(|(name, t)| {
+                let shape = t.shape.clone();
+                let tap = match &t.data {
+                    TapData::F32(v) => Tap::F32 {
+                        shape,
+                        data: v.clone(),
+                    },
+                    TapData::I32(v) => Tap::I32 {
+                        shape,
+                        data: v.clone(),
+                    },
+                };
+                (name.clone(), tap)
+            })
+            .collect();
+        Taps { tensors }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Tap> {
         self.tensors.get(name)
     }

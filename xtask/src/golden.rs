@@ -7,9 +7,11 @@
 //! `golden/cases/NAME.{json,safetensors}` (temp + rename).
 //!
 //! golden: for each committed case, regenerate (or reuse) the checkpoint,
-//! run `m3 forward --teacher <case taps> --dump` on each backend, compare
-//! with `m3_golden::compare` and print the parity table; then the
-//! free-running greedy report. Exit status non-zero on any failure.
+//! run `m3 forward --teacher <case taps> --dump` on each backend (draft
+//! cases add `--eagle3-steps K`: the EAGLE3 drafter on the same backend,
+//! fed the teacher's residuals), compare with `m3_golden::compare` and
+//! print the parity table; then the free-running greedy report. Exit
+//! status non-zero on any failure.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -231,6 +233,9 @@ fn checkpoint(
     if let Some(l) = recipe.layers {
         cmd.args(["--layers", &l.to_string()]);
     }
+    if recipe.eagle3 {
+        cmd.arg("--eagle3");
+    }
     cmd.arg("-q").stdout(std::process::Stdio::null());
     run_checked(&mut cmd, &format!("m3 synth for {key}"))?;
     if let Some(e) = edit {
@@ -427,6 +432,20 @@ fn run_backend(
         .arg(&case.taps_path)
         .arg("--dump")
         .arg(&out);
+    if let Some(d) = &case.meta.draft {
+        // The draft's proposal, from the teacher's (reference) residuals.
+        if d.kind != "eagle3" {
+            bail!(
+                "case {}: draft kind {}: only eagle3 draft cases run",
+                case.meta.name,
+                d.kind
+            );
+        }
+        if !help.contains("--eagle3-steps") {
+            return Ok(Outcome::Skipped("m3 forward has no --eagle3-steps".into()));
+        }
+        cmd.args(["--eagle3-steps", &d.steps.to_string()]);
+    }
     if help.contains("--backend") {
         cmd.args(["--backend", backend]);
     } else if backend != "cpu" {
@@ -607,10 +626,11 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
                         .filter(|r| r.verdict == Verdict::NearTie)
                         .count();
                     if let Some(r) = rep.first_divergence() {
-                        let layer = r
-                            .layer
-                            .map(|l| format!("layer {l}"))
-                            .unwrap_or_else(|| "after the last layer".into());
+                        let layer = match r.layer {
+                            Some(l) => format!("layer {l}"),
+                            None if r.tensor.starts_with("draft.") => "the EAGLE3 draft".into(),
+                            None => "after the last layer".into(),
+                        };
                         failed.push(format!(
                             "{name} [{b}]: first divergence at {layer}, {} ({})",
                             r.op, r.tensor

@@ -16,6 +16,14 @@
 //! from the teacher's `residual.{l-1}` (its caches are filled from that
 //! input too) and the logits come from the teacher's last `residual.{L-1}`;
 //! each layer's own output is still dumped.
+//!
+//! With `--eagle3-steps K`, the checkpoint's EAGLE3 draft (`eagle3/`) then
+//! proposes K tokens greedily after the prompt, op by op on the same
+//! backend (`m3_golden::run_eagle3`, the drafter the scheduler runs), from
+//! the teacher's residuals of its `target_layer_ids` when `--teacher` is
+//! given, else this forward's own; it adds `draft.g` `[T, H]`,
+//! `draft.hidden` `[K, H]`, `draft.logits` `[K, draft_vocab]` and
+//! `draft.tokens` I32 `[K]` (the golden draft cases' tensors).
 
 use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
@@ -51,6 +59,10 @@ pub struct Args {
     /// (`attn_out.{l}`, `ffn_in.{l}`, `ffn_out.{l}`).
     #[arg(long)]
     pub diagnose: bool,
+    /// Also run the checkpoint's EAGLE3 draft: K greedy draft steps after
+    /// the prompt, dumped as `draft.*` (1..=max_draft_tokens).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub eagle3_steps: usize,
 }
 
 /// Read the teacher residuals `residual.{l}` for `l in 0..layers`.
@@ -112,6 +124,29 @@ pub(crate) fn write_taps(taps: &m3_core::backend::Taps, path: &FsPath) -> Result
     write_file_atomic(path, &bytes).with_context(|| format!("writing --dump {}", path.display()))
 }
 
+/// The EAGLE3 draft's proposal after `toks` on `be` (`--eagle3-steps`).
+fn eagle3_taps(
+    be: &dyn m3_core::backend::Backend,
+    ck: &m3_core::checkpoint::Checkpoint,
+    toks: &[u32],
+    features: &BTreeMap<usize, Vec<f32>>,
+    steps: usize,
+) -> Result<m3_core::backend::Taps> {
+    let draft = crate::drafting::load_draft(ck, crate::args::DraftArg::Eagle3)?
+        .context("--eagle3-steps: the checkpoint has no EAGLE3 draft")?;
+    let crate::drafting::DraftWeights::Eagle3(w) = &draft.weights else {
+        bail!("--eagle3-steps: the checkpoint's draft is not an EAGLE3 draft");
+    };
+    let (embed, lm_head) = draft.shared(ck)?;
+    let target = m3_core::sched::dspark_drafter::DraftTarget {
+        config: ck.config(),
+        embed,
+        lm_head,
+    };
+    m3_golden::run_eagle3(be, target, w, toks, features, steps)
+        .map_err(|e| anyhow!("--eagle3-steps {steps}: {e}"))
+}
+
 pub fn run(args: Args) -> Result<()> {
     let be = args.engine.open_backend()?;
     let ck = args.model.open()?;
@@ -164,6 +199,16 @@ pub fn run(args: Args) -> Result<()> {
     })??;
     let secs = start.elapsed().as_secs_f64();
     taps.teacher.clear();
+    if args.eagle3_steps > 0 {
+        let features = match &teacher {
+            Some(t) => t.clone(),
+            None => (0..c.num_hidden_layers)
+                .filter_map(|l| taps.f32(&format!("residual.{l}")).map(|r| (l, r.to_vec())))
+                .collect(),
+        };
+        let draft = eagle3_taps(&*be, &ck, &toks, &features, args.eagle3_steps)?;
+        taps.tensors.extend(draft.tensors);
+    }
     write_taps(&taps, &args.dump)?;
     println!(
         "forward: {t} tokens, {} layers, backend {}, {:.3} s; wrote {} tensors to {}",

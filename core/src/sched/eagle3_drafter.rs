@@ -392,6 +392,49 @@ impl<'a> Eagle3Drafter<'a> {
         k: usize,
         params: &SamplingParams,
     ) -> Result<Proposal, BackendError> {
+        self.propose_inner(id, context, k, params, None)
+    }
+
+    /// [`Self::try_propose`], also returning what each step computed (the
+    /// golden draft cases hold these to the independent reference).
+    pub fn propose_traced(
+        &mut self,
+        id: RequestId,
+        context: &[u32],
+        k: usize,
+        params: &SamplingParams,
+    ) -> Result<(Proposal, Eagle3Trace), BackendError> {
+        let mut trace = Eagle3Trace::default();
+        let p = self.propose_inner(id, context, k, params, Some(&mut trace))?;
+        Ok((p, trace))
+    }
+
+    /// The fused target states `g = bf16(fc(feats))` of `rows` rows, `feats`
+    /// `[rows, fc_in]` (the target residuals of `target_layer_ids`,
+    /// concatenated): what [`Drafter::observe`] stores per position.
+    pub fn fuse(&self, feats: &[f32], rows: usize) -> Result<Vec<f32>, BackendError> {
+        let want = rows * self.config().fc_in();
+        if feats.len() != want {
+            return Err(BackendError::Shape {
+                op: "eagle3 fc",
+                what: format!(
+                    "features hold {} values, {rows} rows of fc_in {} need {want}",
+                    feats.len(),
+                    self.config().fc_in()
+                ),
+            });
+        }
+        self.lin(feats, rows, &self.weights.fc, true)
+    }
+
+    fn propose_inner(
+        &mut self,
+        id: RequestId,
+        context: &[u32],
+        k: usize,
+        params: &SamplingParams,
+        mut trace: Option<&mut Eagle3Trace>,
+    ) -> Result<Proposal, BackendError> {
         let c = self.config().clone();
         let n = k.min(c.max_draft_tokens);
         if n == 0 || context.len() < 2 {
@@ -445,6 +488,11 @@ impl<'a> Eagle3Drafter<'a> {
                         probs[i * vocab + tj as usize] = pj;
                     }
                 }
+                if let Some(tr) = trace.as_deref_mut() {
+                    tr.draft_ids.push(x as u32);
+                    tr.hidden.extend_from_slice(&out);
+                    tr.logits.extend_from_slice(&logits);
+                }
                 tokens.push(t);
                 tok = t;
                 hid = out;
@@ -460,6 +508,18 @@ impl<'a> Eagle3Drafter<'a> {
         }
         result
     }
+}
+
+/// What each step of a proposal computed ([`Eagle3Drafter::propose_traced`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Eagle3Trace {
+    /// The chosen draft-vocabulary id of each step (before `d2t`).
+    pub draft_ids: Vec<u32>,
+    /// `[steps, H]`: each step's output before the final norm (the next
+    /// step's hidden input).
+    pub hidden: Vec<f32>,
+    /// `[steps, draft_vocab]`: each step's draft-vocabulary logits (f32).
+    pub logits: Vec<f32>,
 }
 
 /// SiLU-gated activation of one element: `bf16((g * sigmoid(g)) * u)`,

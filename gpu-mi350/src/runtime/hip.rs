@@ -27,6 +27,10 @@ use crate::cache::{self, DiskCache};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
 
+#[cfg(test)]
+#[path = "hip_stub.rs"]
+pub(crate) mod stub;
+
 pub(crate) type HipError = c_int;
 pub(crate) type HiprtcResult = c_int;
 pub(crate) type HipModule = *mut c_void;

@@ -27,6 +27,8 @@ pub(crate) mod attn;
 pub mod bench;
 pub mod exec;
 pub mod graphs;
+#[cfg(test)]
+mod hip_route_tests;
 pub mod inputs;
 pub mod kernel_bench;
 pub mod kv;

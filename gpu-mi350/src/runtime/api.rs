@@ -526,3 +526,73 @@ impl Graph {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Names only `runtime/` may use (the op harness, CUDA only, and the
+    /// gfx950-only `mfma_mx` are the documented exceptions; `lib.rs`
+    /// re-exports).
+    const VENDOR_NAMES: [&str; 5] = [
+        "cudarc",
+        "runtime::hip",
+        "CudaGpu",
+        "CudaFunction",
+        "CudaContext",
+    ];
+
+    /// Lines of `src` before its first `#[cfg(test)]` (tests may open a
+    /// particular vendor's device, and test-only files `*tests.rs` are
+    /// skipped) that name a vendor's runtime.
+    fn vendor_lines(src: &str) -> Vec<String> {
+        src.lines()
+            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .filter(|l| VENDOR_NAMES.iter().any(|n| l.contains(n)))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("source directory").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// ARCHITECTURE.md's invariant: nothing above `runtime/` names cudarc
+    /// or the HIP binding.
+    #[test]
+    fn nothing_above_the_runtime_line_names_a_vendor() {
+        // control: the scan sees a use line
+        assert_eq!(vendor_lines("use cudarc::driver::CudaStream;\n").len(), 1);
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&root, &mut files);
+        assert!(files.len() > 20, "{} sources", files.len());
+        let mut bad = Vec::new();
+        for f in files {
+            let rel = f.strip_prefix(&root).expect("under src");
+            let r = rel.to_string_lossy().replace('\\', "/");
+            if r.starts_with("runtime/")
+                || r.starts_with("harness/")
+                || r == "lib.rs"
+                || r == "mfma_mx.rs"
+                || r.ends_with("tests.rs")
+            {
+                continue;
+            }
+            let src = std::fs::read_to_string(&f).expect("readable source");
+            bad.extend(vendor_lines(&src).into_iter().map(|l| format!("{r}: {l}")));
+        }
+        assert!(
+            bad.is_empty(),
+            "vendor runtime named above the line:\n{}",
+            bad.join("\n")
+        );
+    }
+}

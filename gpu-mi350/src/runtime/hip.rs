@@ -13,7 +13,7 @@
 //! ([`crate::runtime::api`]): the standard path runs on them through
 //! [`HipGpu`]'s `Gpu` implementation. Their call sequences are unit-tested
 //! against stub tables that record every call (`tests` below, and
-//! [`stub`]: a table backed by host memory that a whole standard-path step
+//! `stub`: a table backed by host memory that a whole standard-path step
 //! runs on); nothing here has run on AMD hardware.
 
 use std::collections::HashMap;
@@ -678,7 +678,7 @@ impl HipStream {
     /// `kernelParams` is passed with a null entry after the last argument:
     /// HIP reads as many entries as the kernel declares (from the code
     /// object's metadata) and never the terminator, and the recording stub
-    /// ([`stub`]) counts the arguments up to it.
+    /// (`stub`) counts the arguments up to it.
     ///
     /// # Safety
     /// As [`HipGpu::launch`]: `args` match the kernel's parameters and

@@ -399,8 +399,8 @@ impl Stream {
     ) -> Result<()> {
         match (&self.0, &f.0) {
             (Str::Cuda(s), Fun::Cuda(f)) => {
-                // a zeroed union is a valid CUlaunchAttributeValue; only the
-                // PDL field is read for this attribute id
+                // SAFETY: a zeroed union is a valid CUlaunchAttributeValue;
+                // only the PDL field is read for this attribute id
                 let mut value: sys::CUlaunchAttributeValue = std::mem::zeroed();
                 value.programmaticStreamSerializationAllowed = 1;
                 let mut attr = sys::CUlaunchAttribute {
@@ -420,6 +420,8 @@ impl Stream {
                     attrs: &mut attr,
                     numAttrs: cfg.pdl as u32,
                 };
+                // SAFETY: the caller's contract (see `# Safety`); `lc` and
+                // `attr` outlive the call
                 sys::cuLaunchKernelEx(
                     &lc,
                     f.cu_function(),

@@ -31,7 +31,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::CudaFunction;
 use m3_core::backend::BackendError;
 use m3_core::config::ModelConfig;
 use m3_core::dspark::{DsparkConfig, DsparkWeights};
@@ -43,11 +42,11 @@ use m3_core::weights::LinearWeight;
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevLinear, DevMlp};
 use crate::runner::be_err;
+use crate::runtime::api::{Func, Gpu};
 use crate::standard::attn::{self, AttnArgs};
 use crate::standard::linear::{linears, LinOut, SMALL_STEP_ROWS};
 use crate::standard::pointwise as pw;
 use crate::standard::{Kernels, Launcher, PathOptions, STANDARD};
-use crate::CudaGpu;
 
 /// Context rows added per launch sequence (longer prompts loop).
 const CTX_ROWS: usize = 256;
@@ -119,7 +118,7 @@ struct Bufs {
 pub struct GpuDraft {
     l: Launcher,
     kern: Kernels,
-    markov: CudaFunction,
+    markov: Func,
     small_step: bool,
     cfg: DsparkConfig,
     embed: Arc<DevBuf>,
@@ -152,7 +151,7 @@ impl GpuDraft {
     /// Upload draft `w` for a target of `target` config whose embedding
     /// and LM head are `embed` / `lm_head` (already on `gpu`).
     pub(crate) fn new(
-        gpu: &CudaGpu,
+        gpu: &dyn Gpu,
         opts: &PathOptions,
         target: &ModelConfig,
         embed: Arc<DevBuf>,
@@ -189,10 +188,10 @@ impl GpuDraft {
                 c.n_layers
             )));
         }
-        let ctx = gpu.context().clone();
+        let ctx = gpu.device().clone();
         let l = Launcher::new(&ctx, false)?;
         let kern = Kernels::load(gpu, opts)?;
-        let markov = gpu.function(&STANDARD, "m3s_markov_bias")?;
+        let markov = gpu.kernel(&STANDARD, "m3s_markov_bias")?;
         let up = |name: &str, x: &LinearWeight| DevLinear::upload(&ctx, name, &[x]);
         let vec = |x: &[f32], len: usize, name: &str| -> Result<DevBuf> {
             if x.len() != len {
@@ -344,7 +343,7 @@ impl GpuDraft {
     fn reserve(&mut self, id: RequestId, slots: usize) -> Result<()> {
         let width = self.width();
         let layers = self.cfg.n_layers;
-        let ctx = self.l.context().clone();
+        let ctx = self.l.device().clone();
         let alloc = |cap: usize| -> Result<Vec<DevBuf>> {
             (0..layers)
                 .map(|_| DevBuf::zeroed(&ctx, cap * width * 2))

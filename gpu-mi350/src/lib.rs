@@ -3,9 +3,10 @@
 //!
 //! Code map (one home per concept):
 //! - [`runtime`]: device discovery that never panics, NVRTC straight to
-//!   CUBIN for the device's `sm_XX`, the module cache on disk, and a
+//!   CUBIN for the device's `sm_XX`, the module cache on disk, a
 //!   run-time-loaded HIP + hiprtc binding for MI350 (**untested on
-//!   hardware**).
+//!   hardware**), and the runtime line ([`runtime::api`]: [`Gpu`] and its
+//!   handles) that everything below calls instead of either vendor.
 //! - [`kernels`]: the embedded kernel sources (`kernels/*.cu` + the
 //!   `compat.h` prelude) and their compiler flags; [`sampling`]: the keyed
 //!   sampling kernel's Rust side.
@@ -16,7 +17,8 @@
 //!   stored formats, loading from a checkpoint tensor by tensor, and
 //!   PERF.md's bench model generated on the device.
 //! - [`standard`]: the standard path (a step = a fixed launch sequence over
-//!   device-resident state, captured into CUDA graphs).
+//!   device-resident state, captured into graphs), one code path for CUDA
+//!   and HIP above the runtime line.
 //! - [`runner`]: [`GpuRunner`], the loaded model behind
 //!   `m3_core::backend::ModelRunner` that every `--backend gpu` command
 //!   runs on; [`draft`]: the DSpark draft it runs beside the target
@@ -50,4 +52,6 @@ pub use ops::formats::Quantized;
 pub use ops::linear::{DeviceLinear, LinearKernel, WeightFormat};
 pub use ops::probe::Timing;
 pub use runner::GpuRunner;
+pub use runtime::api::{Device, Func, Gpu};
+pub use runtime::hip::HipGpu;
 pub use runtime::{cache, cuda, hip};

@@ -29,8 +29,8 @@ use m3_core::backend::runner::LoadProgress;
 
 use crate::model::load::WeightSource;
 use crate::model::DevModel;
+use crate::runtime::api::Gpu;
 use crate::standard::{Capacity, PathOptions, StandardPath};
-use crate::CudaGpu;
 
 /// A GPU error as a backend error, naming what failed.
 pub(crate) fn be_err(what: &str, e: GpuError) -> BackendError {
@@ -58,7 +58,7 @@ pub fn nvfp4_cache_refused() -> BackendError {
 
 /// The loaded model on one GPU.
 pub struct GpuRunner<'g> {
-    gpu: &'g CudaGpu,
+    gpu: &'g dyn Gpu,
     path: StandardPath,
     config: ModelConfig,
     /// Steps run (graph replays or direct).
@@ -68,7 +68,7 @@ pub struct GpuRunner<'g> {
 impl<'g> GpuRunner<'g> {
     /// Load `source` onto `gpu` for `spec`, reporting progress per tensor.
     pub fn load(
-        gpu: &'g CudaGpu,
+        gpu: &'g dyn Gpu,
         source: ModelSource<'_>,
         spec: &LoadSpec,
         opts: PathOptions,
@@ -80,7 +80,7 @@ impl<'g> GpuRunner<'g> {
         if spec.cache_dtype == CacheDtype::Nvfp4 {
             return Err(nvfp4_cache_refused());
         }
-        let ctx = gpu.context();
+        let ctx = gpu.device();
         let mut model = match &source {
             ModelSource::Weights(w) => DevModel::load(
                 ctx,
@@ -133,14 +133,17 @@ impl<'g> GpuRunner<'g> {
     }
 
     /// The device.
-    pub fn gpu(&self) -> &CudaGpu {
+    pub fn gpu(&self) -> &dyn Gpu {
         self.gpu
     }
 }
 
 impl ModelRunner for GpuRunner<'_> {
     fn backend_name(&self) -> &str {
-        "cuda"
+        match self.gpu.vendor() {
+            crate::kernels::Vendor::Cuda => "cuda",
+            crate::kernels::Vendor::Hip => "hip",
+        }
     }
 
     /// True when the path was loaded with its mono kernel

@@ -85,14 +85,6 @@ impl RowSample {
     }
 }
 
-// SAFETY: `RowSample` is `#[repr(C)]` plain old data (checked by bytemuck's
-// Pod derive) with the field order, sizes and alignment of `M3RowSample`
-// (checked by `row_layout_matches_the_kernel`), so a device copy of a slice
-// of it is what the kernel reads.
-unsafe impl cudarc::driver::DeviceRepr for RowSample {}
-// SAFETY: all-zero bits are a valid `RowSample` (Zeroable).
-unsafe impl cudarc::driver::ValidAsZeroBits for RowSample {}
-
 /// Bytes of the optional `scratch` output: one u64 per element of every
 /// row (`nrows * vocab * 8`), which receives each stochastic row's relative
 /// weights (`m3_core::sample::relative_weight`) as f64 bits, 0 for NaN and

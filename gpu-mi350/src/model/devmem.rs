@@ -3,53 +3,47 @@
 //! The standard path hands kernels plain device addresses (`u64`), never
 //! cudarc slices: slices record events on every launch, which a CUDA graph
 //! would capture and which would make a replayed step depend on host-side
-//! bookkeeping. A `DevBuf` is one `cuMemAlloc` freed on drop.
-
-use std::sync::Arc;
-
-use cudarc::driver::{result, CudaContext, CudaStream};
+//! bookkeeping. A `DevBuf` is one allocation of the runtime line's
+//! [`Device`] (`cuMemAlloc` / `hipMalloc`) freed on drop.
 
 use crate::error::{GpuError, Result};
+use crate::runtime::api::{Device, Stream};
 
 /// One device allocation of `bytes` bytes.
 pub struct DevBuf {
     ptr: u64,
     bytes: usize,
-    ctx: Arc<CudaContext>,
+    dev: Device,
 }
 
 impl DevBuf {
     /// Allocate `bytes` (at least 1) uninitialised bytes.
-    pub fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        ctx.bind_to_thread()
-            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
-        // SAFETY: a plain allocation; the pointer is freed exactly once in Drop.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
-            .map_err(|e| GpuError::driver("cuMemAlloc", format!("{bytes} bytes: {e}")))?;
+    pub fn new(dev: &Device, bytes: usize) -> Result<Self> {
+        dev.bind()?;
+        // freed exactly once, in Drop
+        let ptr = dev.alloc(bytes.max(1))?;
         Ok(DevBuf {
             ptr,
             bytes,
-            ctx: ctx.clone(),
+            dev: dev.clone(),
         })
     }
 
     /// Allocate and zero.
-    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
-        let b = Self::new(ctx, bytes)?;
+    pub fn zeroed(dev: &Device, bytes: usize) -> Result<Self> {
+        let b = Self::new(dev, bytes)?;
         // SAFETY: the range lies inside the allocation just made.
-        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(1)) }
-            .map_err(|e| GpuError::driver("cuMemsetD8", e))?;
+        unsafe { dev.zero(b.ptr, bytes.max(1)) }?;
         Ok(b)
     }
 
     /// Allocate and copy `data` in (synchronous).
-    pub fn from_slice<T: bytemuck::Pod>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self> {
+    pub fn from_slice<T: bytemuck::Pod>(dev: &Device, data: &[T]) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let b = Self::new(ctx, bytes.len())?;
+        let b = Self::new(dev, bytes.len())?;
         if !bytes.is_empty() {
             // SAFETY: `bytes.len()` bytes fit the allocation.
-            unsafe { result::memcpy_htod_sync(b.ptr, bytes) }
-                .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))?;
+            unsafe { dev.htod(b.ptr, bytes) }?;
         }
         Ok(b)
     }
@@ -86,18 +80,15 @@ impl DevBuf {
         if !self.in_bounds("device write", off, bytes.len())? {
             return Ok(());
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
+        self.dev.bind()?;
         // SAFETY: bounds checked above; the copy completes before return.
-        unsafe { result::memcpy_htod_sync(self.ptr + off as u64, bytes) }
-            .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))
+        unsafe { self.dev.htod(self.ptr + off as u64, bytes) }
     }
 
     /// Copy `data` to byte offset `off`, ordered on `stream`.
     pub fn write_async<T: bytemuck::Pod>(
         &self,
-        stream: &CudaStream,
+        stream: &Stream,
         off: usize,
         data: &[T],
     ) -> Result<()> {
@@ -105,37 +96,29 @@ impl DevBuf {
         if !self.in_bounds("device write", off, bytes.len())? {
             return Ok(());
         }
-        // SAFETY: bounds checked above; pageable source is staged before return.
-        unsafe { result::memcpy_htod_async(self.ptr + off as u64, bytes, stream.cu_stream()) }
-            .map_err(|e| GpuError::driver("cuMemcpyHtoDAsync", e))
+        // SAFETY: bounds checked above; the source is consumed before return
+        // (`Stream::htod`).
+        unsafe { stream.htod(self.ptr + off as u64, bytes) }
     }
 
     /// Copy `out.len()` elements from byte offset `off` (waits for `stream`).
-    pub fn read<T: bytemuck::Pod>(
-        &self,
-        stream: &CudaStream,
-        off: usize,
-        out: &mut [T],
-    ) -> Result<()> {
+    pub fn read<T: bytemuck::Pod>(&self, stream: &Stream, off: usize, out: &mut [T]) -> Result<()> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
         let nonempty = self.in_bounds("device read", off, bytes.len())?;
-        stream
-            .synchronize()
-            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+        stream.sync()?;
         if !nonempty {
             return Ok(());
         }
         // SAFETY: bounds checked above; the stream is idle.
-        unsafe { result::memcpy_dtoh_sync(bytes, self.ptr + off as u64) }
-            .map_err(|e| GpuError::driver("cuMemcpyDtoH", e))
+        unsafe { self.dev.dtoh(bytes, self.ptr + off as u64) }
     }
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by malloc_sync in `new`, freed once.
-            let _ = unsafe { result::free_sync(self.ptr) };
+        if self.dev.bind().is_ok() {
+            // SAFETY: allocated by `Device::alloc` in `new`, freed once.
+            unsafe { self.dev.free(self.ptr) };
         }
     }
 }

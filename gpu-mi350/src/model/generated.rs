@@ -16,14 +16,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use m3_core::config::{AttnKind, MlpKind, ModelConfig};
 
 use super::devmem::DevBuf;
 use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
 use crate::error::{GpuError, Result};
+use crate::runtime::api::{Device, Func, Gpu};
+use crate::standard::launch::{Arg, Launcher};
 use crate::standard::GEN;
-use crate::CudaGpu;
 
 /// Which weight variant to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,81 +37,93 @@ pub enum BenchWeights {
     Nvfp4,
 }
 
-/// Launcher of the generation kernels on a private stream.
+/// Launcher of the generation kernels on a private stream (its own
+/// [`Launcher`], without programmatic dependent launch: the generation
+/// kernels do not wait on `M3_PDL_WAIT`).
 pub struct Gen {
-    stream: Arc<CudaStream>,
-    ctx: Arc<CudaContext>,
-    bytes: CudaFunction,
-    bf16: CudaFunction,
-    f32: CudaFunction,
+    l: Launcher,
+    bytes: Func,
+    bf16: Func,
+    f32: Func,
     grid: u32,
 }
 
+/// Threads of a generation block.
+const GEN_BLOCK: u32 = 256;
+
 impl Gen {
-    pub fn new(gpu: &CudaGpu) -> Result<Self> {
-        let ctx = gpu.context().clone();
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
+    pub fn new(gpu: &dyn Gpu) -> Result<Self> {
         Ok(Gen {
-            stream,
-            ctx,
-            bytes: gpu.function(&GEN, "m3s_gen_bytes")?,
-            bf16: gpu.function(&GEN, "m3s_gen_bf16")?,
-            f32: gpu.function(&GEN, "m3s_gen_f32")?,
-            grid: (gpu.info().sm_count.max(1) as u32) * 8,
+            l: Launcher::new(gpu.device(), false)?,
+            bytes: gpu.kernel(&GEN, "m3s_gen_bytes")?,
+            bf16: gpu.kernel(&GEN, "m3s_gen_bf16")?,
+            f32: gpu.kernel(&GEN, "m3s_gen_f32")?,
+            grid: gpu.multiprocessors() * 8,
         })
     }
 
-    fn cfg(&self) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (self.grid, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
+    /// One grid-stride launch of `f` (writes within the buffer the
+    /// arguments name).
+    fn run(&self, label: &'static str, f: &Func, args: &[Arg]) -> Result<()> {
+        self.l
+            .launch(label, f, (self.grid, 1, 1), GEN_BLOCK, 0, args)
     }
 
     /// Every byte of `b`: `(hash & mask) | orv`.
     pub fn bytes(&self, b: &DevBuf, seed: u64, tid: u32, mask: u32, orv: u32) -> Result<()> {
         let (p, n) = (b.ptr(), b.bytes() as u64);
-        let mut l = self.stream.launch_builder(&self.bytes);
-        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&mask).arg(&orv);
-        // SAFETY: writes n bytes of b's allocation.
-        unsafe { l.launch(self.cfg()) }
-            .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_bytes", e))
+        self.run(
+            "m3s_gen_bytes",
+            &self.bytes,
+            &[
+                Arg::U64(p),
+                Arg::U64(n),
+                Arg::U64(seed),
+                Arg::U32(tid),
+                Arg::U32(mask),
+                Arg::U32(orv),
+            ],
+        )
     }
 
     /// bf16 values of exponent field `e` or `e + 1`, random sign/mantissa.
     pub fn bf16(&self, b: &DevBuf, seed: u64, tid: u32, e: u32) -> Result<()> {
         let (p, n) = (b.ptr(), (b.bytes() / 2) as u64);
-        let mut l = self.stream.launch_builder(&self.bf16);
-        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&e);
-        // SAFETY: writes n u16 of b's allocation.
-        unsafe { l.launch(self.cfg()) }
-            .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_bf16", e))
+        self.run(
+            "m3s_gen_bf16",
+            &self.bf16,
+            &[
+                Arg::U64(p),
+                Arg::U64(n),
+                Arg::U64(seed),
+                Arg::U32(tid),
+                Arg::U32(e),
+            ],
+        )
     }
 
     /// f32 uniform in [-amp, amp).
     pub fn f32(&self, b: &DevBuf, seed: u64, tid: u32, amp: f32) -> Result<()> {
         let (p, n) = (b.ptr(), (b.bytes() / 4) as u64);
-        let mut l = self.stream.launch_builder(&self.f32);
-        l.arg(&p).arg(&n).arg(&seed).arg(&tid).arg(&amp);
-        // SAFETY: writes n f32 of b's allocation.
-        unsafe { l.launch(self.cfg()) }
-            .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3s_gen_f32", e))
+        self.run(
+            "m3s_gen_f32",
+            &self.f32,
+            &[
+                Arg::U64(p),
+                Arg::U64(n),
+                Arg::U64(seed),
+                Arg::U32(tid),
+                Arg::F32(amp),
+            ],
+        )
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+        self.l.sync()
     }
 
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    pub fn context(&self) -> &Device {
+        self.l.device()
     }
 }
 
@@ -195,7 +207,7 @@ pub enum SharedGen {
 /// (attention q / k / v / o, the indexer's q / k, the dense MLP) are
 /// generated in PTPC FP8 form, as a load with that option holds them.
 pub fn generate(
-    gpu: &CudaGpu,
+    gpu: &dyn Gpu,
     c: &ModelConfig,
     kind: BenchWeights,
     seed: u64,

@@ -11,7 +11,6 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use m3_core::checkpoint::{Checkpoint, LoadOptions, StoredLinear, WeightFormat};
 use m3_core::config::{AttnKind, MlpKind, ModelConfig};
 use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
@@ -19,6 +18,7 @@ use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
 use super::devmem::DevBuf;
 use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
 use crate::error::{GpuError, Result};
+use crate::runtime::api::Device;
 
 /// Where the device model's tensors come from.
 pub enum WeightSource<'a> {
@@ -387,7 +387,7 @@ impl WeightSource<'_> {
 
 /// Builds the device model, one tensor at a time.
 struct Loader<'s, 'p> {
-    ctx: Arc<CudaContext>,
+    ctx: Device,
     src: &'s WeightSource<'s>,
     progress: &'p mut dyn FnMut(LoadProgress),
     state: LoadProgress,
@@ -493,7 +493,7 @@ impl DevModel {
     /// matrix of its expert stacks (it must have the experts' format and
     /// width).
     pub fn load(
-        ctx: &Arc<CudaContext>,
+        ctx: &Device,
         src: &WeightSource<'_>,
         fold_shared: bool,
         progress: &mut dyn FnMut(LoadProgress),

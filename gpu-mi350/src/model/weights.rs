@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use m3_core::checkpoint::WeightFormat;
 use m3_core::config::ModelConfig;
 use m3_core::formats::convert::PtpcFp8;
@@ -14,6 +13,7 @@ use m3_core::weights::{LinearWeight, ModelWeights};
 
 use super::devmem::DevBuf;
 use crate::error::{GpuError, Result};
+use crate::runtime::api::Device;
 
 /// Storage format of a device weight (what the standard path's linear
 /// kernels read; the same bytes as the checkpoint stores).
@@ -176,13 +176,7 @@ pub struct DevLinear {
 
 impl DevLinear {
     /// Uninitialised storage.
-    pub fn alloc(
-        ctx: &Arc<CudaContext>,
-        fmt: WFmt,
-        rows: usize,
-        cols: usize,
-        count: usize,
-    ) -> Result<Self> {
+    pub fn alloc(ctx: &Device, fmt: WFmt, rows: usize, cols: usize, count: usize) -> Result<Self> {
         if !cols.is_multiple_of(32) || rows == 0 || count == 0 {
             return Err(GpuError::input(
                 "device weights",
@@ -311,7 +305,7 @@ impl DevLinear {
     }
 
     /// Upload PTPC FP8 weights (all the same shape) as one stack.
-    pub fn upload_ptpc(ctx: &Arc<CudaContext>, name: &str, ws: &[&PtpcFp8]) -> Result<Self> {
+    pub fn upload_ptpc(ctx: &Device, name: &str, ws: &[&PtpcFp8]) -> Result<Self> {
         let bad = |why: String| GpuError::input("device weights", format!("{name}: {why}"));
         let first = ws.first().ok_or_else(|| bad("no matrices".into()))?;
         let d = Self::alloc(ctx, WFmt::Ptpc, first.rows, first.cols, ws.len())
@@ -327,7 +321,7 @@ impl DevLinear {
     }
 
     /// Upload `ws` (all the same format and shape) as one stack.
-    pub fn upload(ctx: &Arc<CudaContext>, name: &str, ws: &[&LinearWeight]) -> Result<Self> {
+    pub fn upload(ctx: &Device, name: &str, ws: &[&LinearWeight]) -> Result<Self> {
         let bad = |why: String| GpuError::input("device weights", format!("{name}: {why}"));
         let first = ws.first().ok_or_else(|| bad("no matrices".into()))?;
         let (rows, cols) = (first.rows(), first.cols());
@@ -442,7 +436,7 @@ pub struct DevModel {
 
 impl DevModel {
     /// Upload host weights `m` (weights stay resident).
-    pub fn upload(ctx: &Arc<CudaContext>, m: &ModelWeights) -> Result<Self> {
+    pub fn upload(ctx: &Device, m: &ModelWeights) -> Result<Self> {
         DevModel::load(ctx, &super::load::WeightSource::Host(m), false, &mut |_| {})
     }
 }

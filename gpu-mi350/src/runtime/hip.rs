@@ -5,57 +5,78 @@
 //! The binding compiles and its discovery path fails cleanly where ROCm is
 //! absent; kernels are checked to compile with hipcc in `cargo xtask kernels`.
 //! Bound: init, device count and arch name, hiprtc compile to a code
-//! object, module load, launch (3-D grid, dynamic shared memory, on a
-//! stream), malloc, memcpy (and async copies / memset on a stream), free;
+//! object (cached in memory and on disk like NVRTC's CUBINs), module load,
+//! launch (3-D grid, dynamic shared memory, on a stream), malloc, memset,
+//! memcpy (and async copies / memset on a stream), free, memory info;
 //! streams, timing events and stream capture into graphs ([`HipStream`],
-//! [`HipEvent`], [`HipGraph`]: what the standard path's launcher uses on
-//! CUDA). Their call sequences are unit-tested against a stub table that
-//! records every call (`tests` below); nothing here has run on AMD
-//! hardware.
+//! [`HipEvent`], [`HipGraph`]). These are the HIP half of the runtime line
+//! ([`crate::runtime::api`]): the standard path runs on them through
+//! [`HipGpu`]'s `Gpu` implementation. Their call sequences are unit-tested
+//! against stub tables that record every call (`tests` below, and
+//! `stub`: a table backed by host memory that a whole standard-path step
+//! runs on); nothing here has run on AMD hardware.
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::ptr;
+use std::sync::{Arc, Mutex};
 
 use libloading::Library;
 
+use crate::cache::{self, DiskCache};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
 
-type HipError = c_int;
-type HiprtcResult = c_int;
-type HipModule = *mut c_void;
-type HipFunction = *mut c_void;
-type HiprtcProgram = *mut c_void;
-type HipStreamT = *mut c_void;
-type HipEventT = *mut c_void;
-type HipGraphT = *mut c_void;
-type HipGraphExecT = *mut c_void;
+#[cfg(test)]
+#[path = "hip_stub.rs"]
+pub(crate) mod stub;
+
+pub(crate) type HipError = c_int;
+pub(crate) type HiprtcResult = c_int;
+pub(crate) type HipModule = *mut c_void;
+pub(crate) type HipFunction = *mut c_void;
+pub(crate) type HiprtcProgram = *mut c_void;
+pub(crate) type HipStreamT = *mut c_void;
+pub(crate) type HipEventT = *mut c_void;
+pub(crate) type HipGraphT = *mut c_void;
+pub(crate) type HipGraphExecT = *mut c_void;
 
 /// hipMemcpyHostToDevice / DeviceToHost.
-const HIP_MEMCPY_H2D: c_int = 1;
-const HIP_MEMCPY_D2H: c_int = 2;
+pub(crate) const HIP_MEMCPY_H2D: c_int = 1;
+pub(crate) const HIP_MEMCPY_D2H: c_int = 2;
 /// hipMemcpyDeviceToDevice.
-const HIP_MEMCPY_D2D: c_int = 3;
+pub(crate) const HIP_MEMCPY_D2D: c_int = 3;
 /// hipStreamNonBlocking: no implicit ordering with the null stream.
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 /// hipEventDefault (timing enabled).
 const HIP_EVENT_DEFAULT: c_uint = 0;
 /// hipStreamCaptureModeThreadLocal: other threads' calls are not captured.
-const HIP_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+pub(crate) const HIP_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// hipDeviceProp_t is large and its layout moves between ROCm versions, so
 /// `hipGetDeviceProperties` writes into this generous buffer and the
 /// `gcnArchName` string is searched for (see `arch_name`).
 const PROPS_BYTES: usize = 4096;
+/// Compute units reported for every device: `hipDeviceProp_t`'s
+/// `multiProcessorCount` moves between ROCm versions (see `PROPS_BYTES`)
+/// and `hipDeviceAttribute_t`'s numbering changed in ROCm 6, so it is not
+/// queried. 256 is MI350X's / MI355X's count; the standard path only sizes
+/// grid-stride generation launches by it (the CUDA-only mono path is the
+/// one that needs the true count).
+const ASSUMED_CUS: u32 = 256;
 
-struct Fns {
-    init: unsafe extern "C" fn(c_uint) -> HipError,
-    get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
-    get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> HipError,
-    module_load_data: unsafe extern "C" fn(*mut HipModule, *const c_void) -> HipError,
-    module_get_function:
+/// The HIP and hiprtc entry points the binding calls (one field a symbol,
+/// the C signature as declared by HIP's headers).
+pub(crate) struct Fns {
+    pub init: unsafe extern "C" fn(c_uint) -> HipError,
+    pub get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
+    pub get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> HipError,
+    pub set_device: unsafe extern "C" fn(c_int) -> HipError,
+    pub mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
+    pub module_load_data: unsafe extern "C" fn(*mut HipModule, *const c_void) -> HipError,
+    pub module_get_function:
         unsafe extern "C" fn(*mut HipFunction, HipModule, *const c_char) -> HipError,
     #[allow(clippy::type_complexity)]
-    module_launch_kernel: unsafe extern "C" fn(
+    pub module_launch_kernel: unsafe extern "C" fn(
         HipFunction,
         c_uint,
         c_uint,
@@ -68,33 +89,35 @@ struct Fns {
         *mut *mut c_void,
         *mut *mut c_void,
     ) -> HipError,
-    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
-    memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> HipError,
-    free: unsafe extern "C" fn(*mut c_void) -> HipError,
-    device_synchronize: unsafe extern "C" fn() -> HipError,
-    stream_create: unsafe extern "C" fn(*mut HipStreamT, c_uint) -> HipError,
-    stream_synchronize: unsafe extern "C" fn(HipStreamT) -> HipError,
-    stream_destroy: unsafe extern "C" fn(HipStreamT) -> HipError,
-    event_create: unsafe extern "C" fn(*mut HipEventT, c_uint) -> HipError,
-    event_record: unsafe extern "C" fn(HipEventT, HipStreamT) -> HipError,
-    event_elapsed: unsafe extern "C" fn(*mut f32, HipEventT, HipEventT) -> HipError,
-    event_destroy: unsafe extern "C" fn(HipEventT) -> HipError,
-    memcpy_async:
+    pub malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
+    pub memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> HipError,
+    pub memset_d8: unsafe extern "C" fn(*mut c_void, u8, usize) -> HipError,
+    pub free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    pub device_synchronize: unsafe extern "C" fn() -> HipError,
+    pub stream_create: unsafe extern "C" fn(*mut HipStreamT, c_uint) -> HipError,
+    pub stream_synchronize: unsafe extern "C" fn(HipStreamT) -> HipError,
+    pub stream_destroy: unsafe extern "C" fn(HipStreamT) -> HipError,
+    pub event_create: unsafe extern "C" fn(*mut HipEventT, c_uint) -> HipError,
+    pub event_record: unsafe extern "C" fn(HipEventT, HipStreamT) -> HipError,
+    pub event_elapsed: unsafe extern "C" fn(*mut f32, HipEventT, HipEventT) -> HipError,
+    pub event_destroy: unsafe extern "C" fn(HipEventT) -> HipError,
+    pub memcpy_async:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStreamT) -> HipError,
-    memset_d8_async: unsafe extern "C" fn(*mut c_void, u8, usize, HipStreamT) -> HipError,
-    begin_capture: unsafe extern "C" fn(HipStreamT, c_int) -> HipError,
-    end_capture: unsafe extern "C" fn(HipStreamT, *mut HipGraphT) -> HipError,
-    graph_instantiate: unsafe extern "C" fn(
+    pub memset_d8_async: unsafe extern "C" fn(*mut c_void, u8, usize, HipStreamT) -> HipError,
+    pub begin_capture: unsafe extern "C" fn(HipStreamT, c_int) -> HipError,
+    pub end_capture: unsafe extern "C" fn(HipStreamT, *mut HipGraphT) -> HipError,
+    pub graph_instantiate: unsafe extern "C" fn(
         *mut HipGraphExecT,
         HipGraphT,
         *mut c_void,
         *mut c_char,
         usize,
     ) -> HipError,
-    graph_launch: unsafe extern "C" fn(HipGraphExecT, HipStreamT) -> HipError,
-    graph_exec_destroy: unsafe extern "C" fn(HipGraphExecT) -> HipError,
-    graph_destroy: unsafe extern "C" fn(HipGraphT) -> HipError,
-    rtc_create: unsafe extern "C" fn(
+    pub graph_launch: unsafe extern "C" fn(HipGraphExecT, HipStreamT) -> HipError,
+    pub graph_exec_destroy: unsafe extern "C" fn(HipGraphExecT) -> HipError,
+    pub graph_destroy: unsafe extern "C" fn(HipGraphT) -> HipError,
+    pub rtc_version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> HiprtcResult,
+    pub rtc_create: unsafe extern "C" fn(
         *mut HiprtcProgram,
         *const c_char,
         *const c_char,
@@ -102,22 +125,45 @@ struct Fns {
         *const *const c_char,
         *const *const c_char,
     ) -> HiprtcResult,
-    rtc_compile: unsafe extern "C" fn(HiprtcProgram, c_int, *const *const c_char) -> HiprtcResult,
-    rtc_log_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> HiprtcResult,
-    rtc_log: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> HiprtcResult,
-    rtc_code_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> HiprtcResult,
-    rtc_code: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> HiprtcResult,
-    rtc_destroy: unsafe extern "C" fn(*mut HiprtcProgram) -> HiprtcResult,
+    pub rtc_compile:
+        unsafe extern "C" fn(HiprtcProgram, c_int, *const *const c_char) -> HiprtcResult,
+    pub rtc_log_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> HiprtcResult,
+    pub rtc_log: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> HiprtcResult,
+    pub rtc_code_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> HiprtcResult,
+    pub rtc_code: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> HiprtcResult,
+    pub rtc_destroy: unsafe extern "C" fn(*mut HiprtcProgram) -> HiprtcResult,
 }
 
-/// An open HIP device (untested on hardware; see the module docs).
-pub struct HipGpu {
-    fns: Fns,
-    /// e.g. `gfx950` (the part of gcnArchName before any ':' features).
-    pub arch: String,
+/// The loaded libraries, their function table and the device ordinal: what
+/// every buffer, stream, event and graph of one device shares (through an
+/// `Arc`, so none outlives the libraries).
+pub struct HipApi {
+    pub(crate) fns: Fns,
+    ordinal: c_int,
     /// The loaded libraries (`None` for a stub table in tests).
     _hip: Option<Library>,
     _rtc: Option<Library>,
+}
+
+/// A code object's loaded module; HIP module handles are process-wide.
+#[derive(Clone, Copy)]
+struct ModuleH(HipModule);
+// SAFETY: a hipModule_t is an opaque process-wide handle; HIP's module
+// calls are thread-safe, and this binding never unloads a module.
+unsafe impl Send for ModuleH {}
+
+/// An open HIP device (untested on hardware; see the module docs).
+pub struct HipGpu {
+    api: Arc<HipApi>,
+    /// e.g. `gfx950` (the part of gcnArchName before any ':' features).
+    pub arch: String,
+    /// hiprtc (major, minor): part of the module cache key.
+    rtc: (i32, i32),
+    disk: Option<DiskCache>,
+    /// Loaded modules by cache key (never unloaded: few and long-lived).
+    modules: Mutex<HashMap<String, ModuleH>>,
+    /// This device as the runtime line's handle (`api::Gpu::device`).
+    device: crate::runtime::api::Device,
 }
 
 /// The first of `names` that loads, or why none did.
@@ -151,6 +197,11 @@ fn check(call: &'static str, rc: c_int) -> Result<()> {
     }
 }
 
+/// A device address as the pointer HIP's C API takes.
+fn dptr(p: u64) -> *mut c_void {
+    p as usize as *mut c_void
+}
+
 impl HipGpu {
     /// Load the HIP runtime and hiprtc and open device 0. Fails cleanly
     /// (never panics) where ROCm or an AMD GPU is absent.
@@ -163,11 +214,14 @@ impl HipGpu {
             init: sym!(hip, "hipInit"),
             get_device_count: sym!(hip, "hipGetDeviceCount"),
             get_device_properties: sym!(hip, "hipGetDeviceProperties"),
+            set_device: sym!(hip, "hipSetDevice"),
+            mem_get_info: sym!(hip, "hipMemGetInfo"),
             module_load_data: sym!(hip, "hipModuleLoadData"),
             module_get_function: sym!(hip, "hipModuleGetFunction"),
             module_launch_kernel: sym!(hip, "hipModuleLaunchKernel"),
             malloc: sym!(hip, "hipMalloc"),
             memcpy: sym!(hip, "hipMemcpy"),
+            memset_d8: sym!(hip, "hipMemsetD8"),
             free: sym!(hip, "hipFree"),
             device_synchronize: sym!(hip, "hipDeviceSynchronize"),
             stream_create: sym!(hip, "hipStreamCreateWithFlags"),
@@ -185,6 +239,7 @@ impl HipGpu {
             graph_launch: sym!(hip, "hipGraphLaunch"),
             graph_exec_destroy: sym!(hip, "hipGraphExecDestroy"),
             graph_destroy: sym!(hip, "hipGraphDestroy"),
+            rtc_version: sym!(rtc, "hiprtcVersion"),
             rtc_create: sym!(rtc, "hiprtcCreateProgram"),
             rtc_compile: sym!(rtc, "hiprtcCompileProgram"),
             rtc_log_size: sym!(rtc, "hiprtcGetProgramLogSize"),
@@ -203,12 +258,35 @@ impl HipGpu {
                 return Err(GpuError::NoDevice("HIP reports 0 devices".to_string()));
             }
         }
+        let mut gpu = Self::with_table(fns, Some(hip), Some(rtc))?;
+        gpu.disk = cache::default_dir().map(|d| DiskCache::new(d, "hsaco"));
+        Ok(gpu)
+    }
+
+    /// A device over the function table `fns` (the real libraries, or a
+    /// stub's table in tests): device 0, its arch and hiprtc's version
+    /// read through the table, no disk cache.
+    pub(crate) fn with_table(fns: Fns, hip: Option<Library>, rtc: Option<Library>) -> Result<Self> {
         let arch = Self::arch_name(&fns)?;
-        Ok(HipGpu {
+        let (mut ma, mut mi) = (0, 0);
+        // SAFETY: two valid out-pointers.
+        check("hiprtcVersion", unsafe {
+            (fns.rtc_version)(&mut ma, &mut mi)
+        })
+        .map_err(|e| GpuError::NoCompiler(e.to_string()))?;
+        let api = Arc::new(HipApi {
             fns,
+            ordinal: 0,
+            _hip: hip,
+            _rtc: rtc,
+        });
+        Ok(HipGpu {
+            device: crate::runtime::api::Device::hip(api.clone()),
+            api,
             arch,
-            _hip: Some(hip),
-            _rtc: Some(rtc),
+            rtc: (ma, mi),
+            disk: None,
+            modules: Mutex::new(HashMap::new()),
         })
     }
 
@@ -234,20 +312,42 @@ impl HipGpu {
         Ok(full.split(':').next().unwrap_or(&full).to_string())
     }
 
+    /// Use `dir` as the disk cache of code objects (`None`: memory only).
+    pub fn set_disk_cache(&mut self, dir: Option<std::path::PathBuf>) {
+        self.disk = dir.map(|d| DiskCache::new(d, "hsaco"));
+    }
+
+    /// This device as the runtime line's handle.
+    pub(crate) fn device_handle(&self) -> &crate::runtime::api::Device {
+        &self.device
+    }
+
+    /// Compute units assumed for this device (see [`ASSUMED_CUS`]).
+    pub(crate) fn compute_units(&self) -> u32 {
+        ASSUMED_CUS
+    }
+
+    /// hiprtc's options for `src` on this device (hiprtc takes no `-O`).
+    fn rtc_options(&self, src: &KernelSource) -> Vec<String> {
+        src.hip_options(&self.arch)
+            .into_iter()
+            .filter(|o| !o.starts_with("-O"))
+            .collect()
+    }
+
     /// hiprtc: source to a code object for this device's arch.
     pub fn compile(&self, src: &KernelSource) -> Result<Vec<u8>> {
         let full = CString::new(src.full_source())
             .map_err(|_| GpuError::input("hip compile", "NUL in source"))?;
         let name = CString::new(format!("{}.cu", src.name))
             .map_err(|_| GpuError::input("hip compile", "NUL in name"))?;
-        let opts: Vec<CString> = src
-            .hip_options(&self.arch)
+        let opts: Vec<CString> = self
+            .rtc_options(src)
             .into_iter()
-            .filter(|o| !o.starts_with("-O"))
             .map(|o| CString::new(o).map_err(|_| GpuError::input("hip compile", "NUL in option")))
             .collect::<Result<_>>()?;
         let optp: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
-        let f = &self.fns;
+        let f = &self.api.fns;
         let mut prog: HiprtcProgram = ptr::null_mut();
         // SAFETY: valid C strings that outlive the program; prog destroyed once.
         unsafe {
@@ -289,24 +389,75 @@ impl HipGpu {
         }
     }
 
+    /// Load a code object (hipModuleLoadData).
+    fn load_code(&self, code: &[u8]) -> Result<HipModule> {
+        let mut m: HipModule = ptr::null_mut();
+        // SAFETY: code is a complete code object; valid out-pointer.
+        check("hipModuleLoadData", unsafe {
+            (self.api.fns.module_load_data)(&mut m, code.as_ptr().cast())
+        })?;
+        Ok(m)
+    }
+
+    /// Function `entry` of loaded module `m` (hipModuleGetFunction).
+    fn get_function(&self, m: HipModule, what: &str, entry: &str) -> Result<HipFunction> {
+        let e = CString::new(entry).map_err(|_| GpuError::input("hip function", "NUL in name"))?;
+        let mut func: HipFunction = ptr::null_mut();
+        // SAFETY: a loaded module; valid out-pointer and C string.
+        check("hipModuleGetFunction", unsafe {
+            (self.api.fns.module_get_function)(&mut func, m, e.as_ptr())
+        })
+        .map_err(|err| {
+            GpuError::driver("hipModuleGetFunction", format!("{what}::{entry}: {err}"))
+        })?;
+        Ok(func)
+    }
+
     /// Load a code object and return the function `entry` (the module is
     /// kept alive for the process: modules are few and long-lived).
     pub fn function(&self, code: &[u8], entry: &str) -> Result<HipFunction> {
-        let e = CString::new(entry).map_err(|_| GpuError::input("hip function", "NUL in name"))?;
-        let mut m: HipModule = ptr::null_mut();
-        let mut func: HipFunction = ptr::null_mut();
-        // SAFETY: code is a complete code object; out-pointers are valid.
-        unsafe {
-            check(
-                "hipModuleLoadData",
-                (self.fns.module_load_data)(&mut m, code.as_ptr().cast()),
-            )?;
-            check(
-                "hipModuleGetFunction",
-                (self.fns.module_get_function)(&mut func, m, e.as_ptr()),
-            )?;
+        let m = self.load_code(code)?;
+        self.get_function(m, "code object", entry)
+    }
+
+    /// The module of `src`, compiled by hiprtc for this device's arch on
+    /// first use (or read from the disk cache), loaded once per process.
+    fn module(&self, src: &KernelSource) -> Result<HipModule> {
+        let full = src.full_source();
+        let opts = self.rtc_options(src);
+        let ver = format!("hiprtc {}.{}", self.rtc.0, self.rtc.1);
+        let key = cache::key(&full, &self.arch, &opts, &ver);
+        if let Some(m) = self.modules.lock().ok().and_then(|m| m.get(&key).copied()) {
+            return Ok(m.0);
         }
-        Ok(func)
+        // a corrupt or foreign cached file just falls through to a compile
+        let cached = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.get(&key))
+            .and_then(|bin| self.load_code(&bin).ok());
+        let m = match cached {
+            Some(m) => m,
+            None => {
+                let bin = self.compile(src)?;
+                if let Some(d) = &self.disk {
+                    if let Err(e) = d.put(&key, &bin) {
+                        tracing::warn!("kernel cache not written: {e}");
+                    }
+                }
+                self.load_code(&bin)?
+            }
+        };
+        if let Ok(mut map) = self.modules.lock() {
+            map.insert(key, ModuleH(m));
+        }
+        Ok(m)
+    }
+
+    /// Kernel `entry` of module `src` (the runtime line's `Gpu::kernel`).
+    pub(crate) fn kernel(&self, src: &KernelSource, entry: &str) -> Result<HipFunction> {
+        let m = self.module(src)?;
+        self.get_function(m, src.name, entry)
     }
 
     /// Launch `func` with kernel arguments given as pointers to their values.
@@ -336,9 +487,10 @@ impl HipGpu {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        let f = &self.api.fns;
         check(
             "hipModuleLaunchKernel",
-            (self.fns.module_launch_kernel)(
+            (f.module_launch_kernel)(
                 func,
                 grid.0,
                 grid.1,
@@ -352,20 +504,14 @@ impl HipGpu {
                 ptr::null_mut(),
             ),
         )?;
-        check("hipDeviceSynchronize", (self.fns.device_synchronize)())
+        check("hipDeviceSynchronize", (f.device_synchronize)())
     }
 
     /// Allocate `bytes` of device memory and copy `src` into it.
     pub fn upload(&self, src: &[u8]) -> Result<*mut c_void> {
-        let mut p: *mut c_void = ptr::null_mut();
-        // SAFETY: valid out-pointer; copy of exactly src.len() bytes.
-        unsafe {
-            check("hipMalloc", (self.fns.malloc)(&mut p, src.len().max(1)))?;
-            check(
-                "hipMemcpy",
-                (self.fns.memcpy)(p, src.as_ptr().cast(), src.len(), HIP_MEMCPY_H2D),
-            )?;
-        }
+        let p = dptr(self.api.malloc(src.len().max(1))?);
+        // SAFETY: copy of exactly src.len() bytes into the new allocation.
+        unsafe { self.api.htod(p as u64, src)? };
         Ok(p)
     }
 
@@ -374,10 +520,7 @@ impl HipGpu {
     /// # Safety
     /// `p` must hold at least `dst.len()` bytes.
     pub unsafe fn download(&self, p: *const c_void, dst: &mut [u8]) -> Result<()> {
-        check(
-            "hipMemcpy",
-            (self.fns.memcpy)(dst.as_mut_ptr().cast(), p, dst.len(), HIP_MEMCPY_D2H),
-        )
+        self.api.dtoh(dst, p as u64)
     }
 
     /// Free a pointer from [`upload`](Self::upload).
@@ -385,43 +528,157 @@ impl HipGpu {
     /// # Safety
     /// `p` must come from `upload` and not be freed twice.
     pub unsafe fn free(&self, p: *mut c_void) -> Result<()> {
-        check("hipFree", (self.fns.free)(p))
+        self.api.free(p as u64)
     }
 
     /// A new non-blocking stream (the launcher's: every launch, copy and
     /// event of a runner is ordered on it).
-    pub fn stream(&self) -> Result<HipStream<'_>> {
+    pub fn stream(&self) -> Result<HipStream> {
+        self.api.stream()
+    }
+}
+
+impl HipApi {
+    /// Make this device current on the calling thread (hipSetDevice: HIP's
+    /// current device is per thread, like a CUDA context).
+    pub(crate) fn set_device(&self) -> Result<()> {
+        // SAFETY: a plain C call.
+        check("hipSetDevice", unsafe {
+            (self.fns.set_device)(self.ordinal)
+        })
+    }
+
+    /// `bytes` of device memory (hipMalloc).
+    pub(crate) fn malloc(&self, bytes: usize) -> Result<u64> {
+        let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("hipMalloc", unsafe { (self.fns.malloc)(&mut p, bytes) })
+            .map_err(|e| GpuError::driver("hipMalloc", format!("{bytes} bytes: {e}")))?;
+        Ok(p as u64)
+    }
+
+    /// Free an allocation (hipFree).
+    ///
+    /// # Safety
+    /// `p` came from [`malloc`](Self::malloc) and is freed once, with no
+    /// work using it still pending.
+    pub(crate) unsafe fn free(&self, p: u64) -> Result<()> {
+        check("hipFree", (self.fns.free)(dptr(p)))
+    }
+
+    /// Zero `bytes` at `p`, synchronously (hipMemsetD8).
+    ///
+    /// # Safety
+    /// The range lies inside a live allocation.
+    pub(crate) unsafe fn zero(&self, p: u64, bytes: usize) -> Result<()> {
+        check("hipMemsetD8", (self.fns.memset_d8)(dptr(p), 0, bytes))
+    }
+
+    /// Host-to-device copy, synchronous (hipMemcpy).
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies inside a live allocation.
+    pub(crate) unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        check(
+            "hipMemcpy",
+            (self.fns.memcpy)(dptr(dst), src.as_ptr().cast(), src.len(), HIP_MEMCPY_H2D),
+        )
+    }
+
+    /// Device-to-host copy, synchronous (hipMemcpy).
+    ///
+    /// # Safety
+    /// `src .. src + dst.len()` lies inside a live allocation.
+    pub(crate) unsafe fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        check(
+            "hipMemcpy",
+            (self.fns.memcpy)(
+                dst.as_mut_ptr().cast(),
+                dptr(src),
+                dst.len(),
+                HIP_MEMCPY_D2H,
+            ),
+        )
+    }
+
+    /// (free, total) device memory in bytes (hipMemGetInfo).
+    pub(crate) fn mem_info(&self) -> Result<(usize, usize)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: two valid out-pointers.
+        check("hipMemGetInfo", unsafe {
+            (self.fns.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok((free, total))
+    }
+
+    /// A new non-blocking stream.
+    pub(crate) fn stream(self: &Arc<Self>) -> Result<HipStream> {
         let mut s: HipStreamT = ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("hipStreamCreateWithFlags", unsafe {
             (self.fns.stream_create)(&mut s, HIP_STREAM_NON_BLOCKING)
         })?;
-        Ok(HipStream { gpu: self, s })
+        Ok(HipStream {
+            api: self.clone(),
+            s,
+        })
+    }
+
+    /// A timing event (not yet recorded).
+    pub(crate) fn event(self: &Arc<Self>) -> Result<HipEvent> {
+        let mut e: HipEventT = ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("hipEventCreateWithFlags", unsafe {
+            (self.fns.event_create)(&mut e, HIP_EVENT_DEFAULT)
+        })?;
+        Ok(HipEvent {
+            api: self.clone(),
+            e,
+        })
     }
 }
 
-/// A HIP stream of a [`HipGpu`], destroyed on drop.
-pub struct HipStream<'g> {
-    gpu: &'g HipGpu,
+/// A HIP stream, destroyed on drop.
+pub struct HipStream {
+    api: Arc<HipApi>,
     s: HipStreamT,
 }
 
 /// A timing event, destroyed on drop.
-pub struct HipEvent<'g> {
-    gpu: &'g HipGpu,
+pub struct HipEvent {
+    api: Arc<HipApi>,
     e: HipEventT,
 }
 
 /// An instantiated graph of captured stream work, destroyed on drop.
-pub struct HipGraph<'g> {
-    gpu: &'g HipGpu,
+pub struct HipGraph {
+    api: Arc<HipApi>,
     graph: HipGraphT,
     exec: HipGraphExecT,
 }
 
-impl<'g> HipStream<'g> {
+// SAFETY (the three impls below and their Sync twins): HIP stream, event
+// and graph handles are opaque process-wide objects that the HIP runtime
+// lets any thread use; each wrapper destroys its handle exactly once (Drop)
+// and the `Arc<HipApi>` keeps the library loaded until then. A runner uses
+// them from one thread at a time anyway (its launcher is not `Sync`).
+unsafe impl Send for HipStream {}
+unsafe impl Sync for HipStream {}
+// SAFETY: as above.
+unsafe impl Send for HipEvent {}
+unsafe impl Sync for HipEvent {}
+// SAFETY: as above.
+unsafe impl Send for HipGraph {}
+unsafe impl Sync for HipGraph {}
+
+impl HipStream {
     /// Launch `func` on this stream: a 3-D grid of 1-D blocks of `block`
     /// threads, `smem` bytes of dynamic shared memory. Asynchronous.
+    ///
+    /// `kernelParams` is passed with a null entry after the last argument:
+    /// HIP reads as many entries as the kernel declares (from the code
+    /// object's metadata) and never the terminator, and the recording stub
+    /// (`stub`) counts the arguments up to it.
     ///
     /// # Safety
     /// As [`HipGpu::launch`]: `args` match the kernel's parameters and
@@ -434,9 +691,12 @@ impl<'g> HipStream<'g> {
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len() + 1);
+        params.extend_from_slice(args);
+        params.push(ptr::null_mut());
         check(
             "hipModuleLaunchKernel",
-            (self.gpu.fns.module_launch_kernel)(
+            (self.api.fns.module_launch_kernel)(
                 func,
                 grid.0,
                 grid.1,
@@ -446,7 +706,7 @@ impl<'g> HipStream<'g> {
                 1,
                 smem,
                 self.s,
-                args.as_mut_ptr(),
+                params.as_mut_ptr(),
                 ptr::null_mut(),
             ),
         )
@@ -459,8 +719,31 @@ impl<'g> HipStream<'g> {
     pub unsafe fn copy(&self, dst: *mut c_void, src: *const c_void, bytes: usize) -> Result<()> {
         check(
             "hipMemcpyAsync",
-            (self.gpu.fns.memcpy_async)(dst, src, bytes, HIP_MEMCPY_D2D, self.s),
+            (self.api.fns.memcpy_async)(dst, src, bytes, HIP_MEMCPY_D2D, self.s),
         )
+    }
+
+    /// Host-to-device copy of `src` to `dst`, ordered on the stream, and
+    /// complete when this returns: the stream is synchronized after the
+    /// copy. CUDA stages a pageable source before `cuMemcpyHtoDAsync`
+    /// returns, so its callers reuse the host buffer at once; HIP does not
+    /// document that for every ROCm version, so this waits instead (the
+    /// standard path calls it outside captures only: one step upload).
+    ///
+    /// # Safety
+    /// `dst .. dst + src.len()` lies inside a live allocation.
+    pub unsafe fn upload(&self, dst: *mut c_void, src: &[u8]) -> Result<()> {
+        check(
+            "hipMemcpyAsync",
+            (self.api.fns.memcpy_async)(
+                dst,
+                src.as_ptr().cast(),
+                src.len(),
+                HIP_MEMCPY_H2D,
+                self.s,
+            ),
+        )?;
+        self.sync()
     }
 
     /// Zero `bytes` at `dst`, ordered on the stream.
@@ -470,7 +753,7 @@ impl<'g> HipStream<'g> {
     pub unsafe fn zero(&self, dst: *mut c_void, bytes: usize) -> Result<()> {
         check(
             "hipMemsetD8Async",
-            (self.gpu.fns.memset_d8_async)(dst, 0, bytes, self.s),
+            (self.api.fns.memset_d8_async)(dst, 0, bytes, self.s),
         )
     }
 
@@ -478,52 +761,45 @@ impl<'g> HipStream<'g> {
     pub fn sync(&self) -> Result<()> {
         // SAFETY: a live stream.
         check("hipStreamSynchronize", unsafe {
-            (self.gpu.fns.stream_synchronize)(self.s)
+            (self.api.fns.stream_synchronize)(self.s)
         })
     }
 
     /// A timing event recorded on this stream now.
-    pub fn record(&self) -> Result<HipEvent<'g>> {
-        let mut e: HipEventT = ptr::null_mut();
-        // SAFETY: valid out-pointer; a live stream.
-        unsafe {
-            check(
-                "hipEventCreateWithFlags",
-                (self.gpu.fns.event_create)(&mut e, HIP_EVENT_DEFAULT),
-            )?;
-            let ev = HipEvent { gpu: self.gpu, e };
-            check("hipEventRecord", (self.gpu.fns.event_record)(ev.e, self.s))?;
-            Ok(ev)
-        }
+    pub fn record(&self) -> Result<HipEvent> {
+        let ev = self.api.event()?;
+        ev.record(self)?;
+        Ok(ev)
     }
 
-    /// Capture what `enqueue` puts on this stream (thread-local capture
-    /// mode) into an instantiated graph; the work itself does not run. A
-    /// failing `enqueue` still ends the capture, and its error is returned.
-    pub fn capture(&self, enqueue: impl FnOnce(&Self) -> Result<()>) -> Result<HipGraph<'g>> {
-        // SAFETY: a live stream; out-pointers valid; the graph is destroyed
-        // once, by HipGraph's drop or here on failure.
+    /// Start capturing this stream's work (thread-local capture mode).
+    pub fn begin_capture(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        check("hipStreamBeginCapture", unsafe {
+            (self.api.fns.begin_capture)(self.s, HIP_CAPTURE_MODE_THREAD_LOCAL)
+        })
+    }
+
+    /// End the capture: the captured graph (null when nothing was
+    /// captured). The caller destroys or instantiates it.
+    fn end_capture_raw(&self) -> Result<HipGraphT> {
+        let mut graph: HipGraphT = ptr::null_mut();
+        // SAFETY: a live stream; valid out-pointer.
+        check("hipStreamEndCapture", unsafe {
+            (self.api.fns.end_capture)(self.s, &mut graph)
+        })?;
+        Ok(graph)
+    }
+
+    /// Instantiate `graph` (destroyed here if that fails).
+    fn instantiate(&self, graph: HipGraphT) -> Result<HipGraph> {
+        let mut exec: HipGraphExecT = ptr::null_mut();
+        // SAFETY: a graph from hipStreamEndCapture; out-pointer valid; the
+        // graph is destroyed once, here on failure or by HipGraph's drop.
         unsafe {
-            check(
-                "hipStreamBeginCapture",
-                (self.gpu.fns.begin_capture)(self.s, HIP_CAPTURE_MODE_THREAD_LOCAL),
-            )?;
-            let body = enqueue(self);
-            let mut graph: HipGraphT = ptr::null_mut();
-            let ended = check(
-                "hipStreamEndCapture",
-                (self.gpu.fns.end_capture)(self.s, &mut graph),
-            );
-            if let Err(e) = body.and(ended) {
-                if !graph.is_null() {
-                    (self.gpu.fns.graph_destroy)(graph);
-                }
-                return Err(e);
-            }
-            let mut exec: HipGraphExecT = ptr::null_mut();
             if let Err(e) = check(
                 "hipGraphInstantiate",
-                (self.gpu.fns.graph_instantiate)(
+                (self.api.fns.graph_instantiate)(
                     &mut exec,
                     graph,
                     ptr::null_mut(),
@@ -531,64 +807,103 @@ impl<'g> HipStream<'g> {
                     0,
                 ),
             ) {
-                (self.gpu.fns.graph_destroy)(graph);
+                (self.api.fns.graph_destroy)(graph);
                 return Err(e);
             }
-            Ok(HipGraph {
-                gpu: self.gpu,
-                graph,
-                exec,
-            })
         }
+        Ok(HipGraph {
+            api: self.api.clone(),
+            graph,
+            exec,
+        })
+    }
+
+    /// End a capture begun by [`begin_capture`](Self::begin_capture) and
+    /// instantiate what it captured (`None`: nothing was).
+    pub fn end_capture(&self) -> Result<Option<HipGraph>> {
+        let graph = self.end_capture_raw()?;
+        if graph.is_null() {
+            return Ok(None);
+        }
+        self.instantiate(graph).map(Some)
+    }
+
+    /// Capture what `enqueue` puts on this stream (thread-local capture
+    /// mode) into an instantiated graph; the work itself does not run. A
+    /// failing `enqueue` still ends the capture, and its error is returned.
+    pub fn capture(&self, enqueue: impl FnOnce(&Self) -> Result<()>) -> Result<HipGraph> {
+        self.begin_capture()?;
+        let body = enqueue(self);
+        let graph = match (body, self.end_capture_raw()) {
+            (Ok(()), Ok(g)) => g,
+            (Ok(()), Err(e)) => return Err(e),
+            (Err(e), ended) => {
+                if let Some(g) = ended.ok().filter(|g| !g.is_null()) {
+                    // SAFETY: a graph from hipStreamEndCapture, destroyed once.
+                    unsafe { (self.api.fns.graph_destroy)(g) };
+                }
+                return Err(e);
+            }
+        };
+        if graph.is_null() {
+            return Err(GpuError::driver("hipStreamEndCapture", "empty graph"));
+        }
+        self.instantiate(graph)
     }
 
     /// Launch an instantiated graph on this stream.
-    pub fn replay(&self, g: &HipGraph<'_>) -> Result<()> {
+    pub fn replay(&self, g: &HipGraph) -> Result<()> {
         // SAFETY: a live graph exec and stream.
         check("hipGraphLaunch", unsafe {
-            (self.gpu.fns.graph_launch)(g.exec, self.s)
+            (self.api.fns.graph_launch)(g.exec, self.s)
         })
     }
 }
 
-impl HipEvent<'_> {
+impl HipEvent {
+    /// Record this event on `s` now.
+    pub fn record(&self, s: &HipStream) -> Result<()> {
+        // SAFETY: a live event and stream.
+        check("hipEventRecord", unsafe {
+            (self.api.fns.event_record)(self.e, s.s)
+        })
+    }
+
     /// Milliseconds from `self` to `later` (both recorded and complete).
-    pub fn elapsed_ms(&self, later: &HipEvent<'_>) -> Result<f32> {
+    pub fn elapsed_ms(&self, later: &HipEvent) -> Result<f32> {
         let mut ms = 0f32;
         // SAFETY: valid out-pointer; live events.
         check("hipEventElapsedTime", unsafe {
-            (self.gpu.fns.event_elapsed)(&mut ms, self.e, later.e)
+            (self.api.fns.event_elapsed)(&mut ms, self.e, later.e)
         })?;
         Ok(ms)
     }
 }
 
-impl Drop for HipStream<'_> {
+impl Drop for HipStream {
     fn drop(&mut self) {
         // SAFETY: created by hipStreamCreateWithFlags, destroyed once.
-        unsafe { (self.gpu.fns.stream_destroy)(self.s) };
+        unsafe { (self.api.fns.stream_destroy)(self.s) };
     }
 }
 
-impl Drop for HipEvent<'_> {
+impl Drop for HipEvent {
     fn drop(&mut self) {
         // SAFETY: created by hipEventCreateWithFlags, destroyed once.
-        unsafe { (self.gpu.fns.event_destroy)(self.e) };
+        unsafe { (self.api.fns.event_destroy)(self.e) };
     }
 }
 
-impl Drop for HipGraph<'_> {
+impl Drop for HipGraph {
     fn drop(&mut self) {
         // SAFETY: instantiated from this graph, each destroyed once.
         unsafe {
-            (self.gpu.fns.graph_exec_destroy)(self.exec);
-            (self.gpu.fns.graph_destroy)(self.graph);
+            (self.api.fns.graph_exec_destroy)(self.exec);
+            (self.api.fns.graph_destroy)(self.graph);
         }
     }
 }
 
-/// The HIP call sequences against a stub table that records every call
-/// (no ROCm, no AMD GPU: what CI can check of the HIP route).
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -620,8 +935,24 @@ mod tests {
         *n = 1;
         log("count", String::new())
     }
-    unsafe extern "C" fn props(_: *mut c_void, _: c_int) -> HipError {
+    unsafe extern "C" fn props(p: *mut c_void, _: c_int) -> HipError {
+        let name = b"gfx950:sramecc+:xnack-\0";
+        ptr::copy_nonoverlapping(name.as_ptr(), p.cast::<u8>().add(100), name.len());
         log("props", String::new())
+    }
+    unsafe extern "C" fn set_device(_: c_int) -> HipError {
+        log("set_device", String::new())
+    }
+    unsafe extern "C" fn mem_info(f: *mut usize, t: *mut usize) -> HipError {
+        (*f, *t) = (1, 2);
+        log("mem_info", String::new())
+    }
+    unsafe extern "C" fn memset_d8(_: *mut c_void, _: u8, _: usize) -> HipError {
+        log("memset", String::new())
+    }
+    unsafe extern "C" fn rtc_version(a: *mut c_int, b: *mut c_int) -> HiprtcResult {
+        (*a, *b) = (6, 4);
+        log("rtc_version", String::new())
     }
     unsafe extern "C" fn load(_: *mut HipModule, _: *const c_void) -> HipError {
         log("load", String::new())
@@ -772,11 +1103,15 @@ mod tests {
     fn stub_gpu() -> HipGpu {
         LOG.with(|l| l.borrow_mut().clear());
         FAIL.with(|f| *f.borrow_mut() = None);
-        HipGpu {
-            fns: Fns {
+        let gpu = HipGpu::with_table(
+            Fns {
                 init,
                 get_device_count: count,
                 get_device_properties: props,
+                set_device,
+                mem_get_info: mem_info,
+                memset_d8,
+                rtc_version,
                 module_load_data: load,
                 module_get_function: get_fn,
                 module_launch_kernel: launch,
@@ -807,10 +1142,13 @@ mod tests {
                 rtc_code: rtc_buf,
                 rtc_destroy,
             },
-            arch: "gfx950".into(),
-            _hip: None,
-            _rtc: None,
-        }
+            None,
+            None,
+        )
+        .expect("the stub table opens");
+        assert_eq!(gpu.arch, "gfx950");
+        assert_eq!(taken(), ["props", "rtc_version"]);
+        gpu
     }
 
     fn taken() -> Vec<String> {

@@ -10,10 +10,9 @@
 //! CTA per (q head, row)) merges them. Every grid is fixed by capacity, so
 //! the launches are graph-capturable.
 
-use cudarc::driver::CudaFunction;
-
 use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
+use crate::runtime::api::{Func, Gpu};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
@@ -60,18 +59,18 @@ const MAX_GRID_YZ: usize = 65_535;
 
 /// The four kernels of this module.
 pub(crate) struct AttnKernels {
-    index_scores: CudaFunction,
-    index_topk: CudaFunction,
-    attn_partial: CudaFunction,
-    attn_partial_sparse: CudaFunction,
-    attn_partial_split: CudaFunction,
-    attn_combine: CudaFunction,
+    index_scores: Func,
+    index_topk: Func,
+    attn_partial: Func,
+    attn_partial_sparse: Func,
+    attn_partial_split: Func,
+    attn_combine: Func,
 }
 
 impl AttnKernels {
     /// Load the kernels from the standard path's module.
-    pub(super) fn load(gpu: &crate::CudaGpu) -> Result<Self> {
-        let f = |n: &str| gpu.function(&super::STANDARD, n);
+    pub(super) fn load(gpu: &dyn Gpu) -> Result<Self> {
+        let f = |n: &str| gpu.kernel(&super::STANDARD, n);
         Ok(AttnKernels {
             index_scores: f("m3s_index_scores")?,
             index_topk: f("m3s_index_topk")?,

@@ -7,14 +7,14 @@ use super::linear::MmaVariant;
 use super::step::Extras;
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
-use crate::CudaGpu;
+use crate::runtime::api::Gpu;
 
 impl StandardPath {
     /// Fill every K, V and index-key cache slot with fp8 codes hashed from
     /// `seed` (|v| in [0.5, 1.875], random sign): the bench's stand-in for
     /// a prefill of the context (bf16 caches get the same bytes, whatever
     /// values they decode to).
-    pub fn fill_cache(&self, gpu: &CudaGpu, seed: u64) -> Result<()> {
+    pub fn fill_cache(&self, gpu: &dyn Gpu, seed: u64) -> Result<()> {
         let g = crate::model::generated::Gen::new(gpu)?;
         for (l, lc) in self.kv.layers.iter().enumerate() {
             let tid = 1_000_000 + 4 * l as u32;
@@ -31,8 +31,8 @@ impl StandardPath {
     /// its own device event pair (ms per step).
     pub fn time_replays(&mut self, s: Shape, iters: usize) -> Result<Vec<f64>> {
         self.launch(s, true)?;
-        let (ctx, stream) = (self.l.context().clone(), self.l.stream().clone());
-        super::launch::time_each(&ctx, &stream, iters, || self.launch(s, true))
+        let (dev, stream) = (self.l.device().clone(), self.l.stream().clone());
+        super::launch::time_each(&dev, &stream, iters, || self.launch(s, true))
     }
 
     /// Run the uploaded step once with direct launches and an event after
@@ -65,7 +65,7 @@ impl StandardPath {
     /// (`NAME=VALUE` pairs separated by spaces, e.g. `S_MMA_WARPS=4
     /// S_UNROLL_MUL=2`; see standard_decode.cu) as a bench variant; returns
     /// its index for [`StandardPath::set_variant`].
-    pub fn add_variant(&mut self, gpu: &CudaGpu, defines: &str) -> Result<usize> {
+    pub fn add_variant(&mut self, gpu: &dyn Gpu, defines: &str) -> Result<usize> {
         self.kern
             .lin
             .mma

@@ -113,14 +113,14 @@ impl StandardPath {
             ));
         }
         let tb = if taps.any_layer_family() {
-            Some(TapBufs::new(self.l.context(), taps, nl, t, h)?)
+            Some(TapBufs::new(self.l.device(), taps, nl, t, h)?)
         } else {
             None
         };
         let mut tbuf = None;
         let mut has = vec![false; nl];
         if let Some(tm) = teacher.filter(|m| !m.is_empty()) {
-            let buf = DevBuf::zeroed(self.l.context(), nl * t * h * 4)?;
+            let buf = DevBuf::zeroed(self.l.device(), nl * t * h * 4)?;
             for (&l, v) in tm {
                 if l >= nl || v.len() != t * h {
                     return Err(GpuError::input(

@@ -1,5 +1,6 @@
-//! Captured steps: one CUDA graph per step shape (rows, logits rows,
-//! tensor-core variant), captured on first use and replayed after.
+//! Captured steps: one graph (CUDA graph / hipGraph, through the runtime
+//! line) per step shape (rows, logits rows, tensor-core variant), captured
+//! on first use and replayed after.
 //!
 //! Every grid of a step is fixed by its shape and the path's capacity, and
 //! every data-dependent choice (positions, blocks, experts, sampling) is
@@ -8,11 +9,9 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
-
 use super::launch::Launcher;
 use crate::error::{GpuError, Result};
+use crate::runtime::api::Graph;
 
 /// What a graph is keyed by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,7 +26,7 @@ pub struct GraphKey {
 
 /// The captured graphs of one path.
 pub struct Graphs {
-    map: HashMap<GraphKey, CudaGraph>,
+    map: HashMap<GraphKey, Graph>,
     max: usize,
 }
 
@@ -63,27 +62,28 @@ impl Graphs {
     ) -> Result<()> {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.map.entry(key) {
             l.bind()?;
-            l.stream()
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| GpuError::driver("cuStreamBeginCapture", e))?;
+            l.stream().begin_capture()?;
             let r = enqueue();
-            let g = l
-                .stream()
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(|e| GpuError::driver("cuStreamEndCapture", e))?;
+            let g = l.stream().end_capture()?;
             r?;
-            let g = g.ok_or_else(|| GpuError::driver("cuStreamEndCapture", "empty graph"))?;
-            g.upload()
-                .map_err(|e| GpuError::driver("cuGraphUpload", e))?;
+            let g = g.ok_or_else(|| GpuError::driver(end_capture_call(l), "empty graph"))?;
+            g.upload()?;
             slot.insert(g);
         }
-        self.map[&key]
-            .launch()
-            .map_err(|e| GpuError::driver("cuGraphLaunch", e))
+        self.map[&key].launch()
     }
 
     /// Drop every graph (after a change that moves a buffer or a kernel).
     pub fn clear(&mut self) {
         self.map.clear();
+    }
+}
+
+/// The vendor's name of the call that ends a capture (for the error of an
+/// empty capture, which the runtime reports as no graph).
+fn end_capture_call(l: &Launcher) -> &'static str {
+    match l.device().vendor() {
+        crate::kernels::Vendor::Cuda => "cuStreamEndCapture",
+        crate::kernels::Vendor::Hip => "hipStreamEndCapture",
     }
 }

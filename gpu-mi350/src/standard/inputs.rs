@@ -8,14 +8,12 @@
 //! sample[R] (RowSample) | bt[S * P]`, every section u32 but `sample`.
 //! The block tables come last, so a step copies only the prefix it uses.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaStream};
 use m3_core::backend::StepBatch;
 use m3_core::sample::SampleParams;
 
 use crate::error::{GpuError, Result};
 use crate::model::DevBuf;
+use crate::runtime::api::{Device, Stream};
 use crate::sampling::RowSample;
 
 /// Byte offsets of the sections.
@@ -71,10 +69,10 @@ pub struct StepInputs {
 impl StepInputs {
     /// Buffers for steps of up to `rows` rows and `seqs` sequences of up to
     /// `pages` pages each.
-    pub fn new(ctx: &Arc<CudaContext>, rows: usize, seqs: usize, pages: usize) -> Result<Self> {
+    pub fn new(dev: &Device, rows: usize, seqs: usize, pages: usize) -> Result<Self> {
         let off = Offsets::new(rows, seqs, pages);
         Ok(StepInputs {
-            buf: DevBuf::zeroed(ctx, off.end)?,
+            buf: DevBuf::zeroed(dev, off.end)?,
             host: vec![0u8; off.end],
             off,
             rows,
@@ -112,7 +110,7 @@ impl StepInputs {
     /// (one per logits row) and copy them to the device on `stream`.
     pub fn upload(
         &mut self,
-        stream: &CudaStream,
+        stream: &Stream,
         step: &StepBatch,
         sampling: &[SampleParams],
     ) -> Result<()> {

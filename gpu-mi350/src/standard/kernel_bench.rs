@@ -20,9 +20,6 @@
 //! [`CHECK_TOL`] of the sum of absolute products; and the comparison is
 //! shown to fail on a planted one-code error.
 
-use std::sync::Arc;
-
-use cudarc::driver::CudaContext;
 use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor};
 
 use super::graphs::{GraphKey, Graphs};
@@ -32,7 +29,7 @@ use super::STANDARD;
 use crate::error::{GpuError, Result};
 use crate::model::generated::Gen;
 use crate::model::{layout, DevBuf, DevLinear, WFmt};
-use crate::CudaGpu;
+use crate::runtime::api::{Device, Gpu};
 
 /// Largest accepted `|y - ref| / sum |w x|` of a checked output: products
 /// are exact (bf16 x times exactly dequantized weights) and only the f32
@@ -225,7 +222,7 @@ fn gen_stack(
 struct Ctx<'a> {
     l: &'a Launcher,
     kern: &'a LinearKernels,
-    ctx: Arc<CudaContext>,
+    ctx: Device,
 }
 
 /// Time `iters` replays of `enqueue` captured as one graph (after a
@@ -245,7 +242,7 @@ fn time(
 
 /// Run the microbench; `report` sees each row as it is measured.
 pub fn kernel_bench(
-    gpu: &CudaGpu,
+    gpu: &dyn Gpu,
     spec: &KernelBenchSpec,
     report: &mut dyn FnMut(&KernelRow),
 ) -> Result<Vec<KernelRow>> {
@@ -266,14 +263,14 @@ pub fn kernel_bench(
             spec.distinct, spec.experts
         )));
     }
-    let ctx = gpu.context().clone();
-    let l = Launcher::new(&ctx, gpu.info().cc.0 >= 9)?;
+    let ctx = gpu.device().clone();
+    let l = Launcher::new(&ctx, gpu.pdl())?;
     let mut kern = LinearKernels {
         mma: vec![
             MmaVariant::load(gpu, &STANDARD, "")?,
             MmaVariant::load(gpu, &STANDARD, SMALL_STEP_VARIANT)?,
         ],
-        f32w: gpu.function(&STANDARD, "m3s_linear_f32w")?,
+        f32w: gpu.kernel(&STANDARD, "m3s_linear_f32w")?,
     };
     for v in &spec.variants {
         kern.mma.push(MmaVariant::load(gpu, &STANDARD, v)?);

@@ -7,15 +7,13 @@
 //! codes with the layer's per-tensor scale; MODEL.md 3.5). The layout is
 //! `m3_core::kv`'s, so a block copy is a byte copy.
 
-use std::sync::Arc;
-
-use cudarc::driver::CudaContext;
 use m3_core::config::{AttnKind, ModelConfig};
 use m3_core::kv::CacheDtype;
 
 use super::launch::Launcher;
 use crate::error::{GpuError, Result};
 use crate::model::DevBuf;
+use crate::runtime::api::Device;
 
 /// The caches of one layer.
 pub struct LayerKv {
@@ -51,7 +49,7 @@ impl DevKv {
 
     /// Allocate `num_pages` zeroed blocks for every layer of `c`.
     pub fn new(
-        ctx: &Arc<CudaContext>,
+        ctx: &Device,
         c: &ModelConfig,
         page_size: usize,
         num_pages: usize,

@@ -1,7 +1,9 @@
 //! Kernel launches of the standard path: one stream, raw device addresses
 //! as arguments (never cudarc slices: slices record events on every launch,
 //! which a CUDA graph would capture), programmatic dependent launch (PDL)
-//! on sm_90+, and the events of a per-launch profile.
+//! on sm_90+, and the events of a per-launch profile. Every call goes
+//! through the runtime line ([`crate::runtime::api`]), so the same code
+//! launches on CUDA and HIP (where PDL does not exist and is not asked for).
 //!
 //! Every standard-path kernel starts with `M3_PDL_WAIT` (after at most a
 //! prefetch of weights, which no step writes), so launching it with
@@ -9,13 +11,9 @@
 //! previous kernel drains without reading anything early.
 
 use std::cell::RefCell;
-use std::sync::Arc;
-
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{result, CudaContext, CudaEvent, CudaFunction, CudaStream};
 
 use crate::error::{GpuError, Result};
-use crate::kernels::Vendor;
+use crate::runtime::api::{Device, Event, Func, LaunchCfg, Stream};
 
 /// One kernel argument, by value.
 pub(crate) enum Arg {
@@ -59,6 +57,15 @@ impl Arg {
         Arg::Pod(words)
     }
 
+    /// Bytes of the value [`Arg::ptr`] points at.
+    fn size(&self) -> usize {
+        match self {
+            Arg::U64(_) => 8,
+            Arg::U32(_) | Arg::F32(_) => 4,
+            Arg::Pod(w) => 8 * w.len(),
+        }
+    }
+
     fn ptr(&self) -> *mut std::ffi::c_void {
         match self {
             Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
@@ -72,37 +79,41 @@ impl Arg {
 /// A launch taken down instead of made (see [`Launcher::record`]).
 pub(crate) struct Recorded {
     pub label: &'static str,
-    /// The kernel's `CUfunction` handle, as an address (what it is, not a
-    /// pointer to follow).
+    /// The kernel's function handle (`Func::handle`: `CUfunction` /
+    /// `hipFunction_t`), as an address (what it is, not a pointer to
+    /// follow).
     pub func: usize,
     pub grid: (u32, u32, u32),
     pub block: u32,
     pub smem: u32,
     /// The arguments in the mono interpreter's layout ([`Arg::encode`]).
     pub args: Vec<u8>,
+    /// Each argument's size in bytes, in order (a struct's padded to
+    /// whole u64 words, as [`Arg::Pod`] holds it): how the HIP route's
+    /// test reads back the values a launch passed.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub sizes: Vec<usize>,
 }
 
 /// The stream every launch of one runner goes to.
 pub struct Launcher {
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    dev: Device,
+    stream: Stream,
     /// Programmatic dependent launch (sm_90+).
     pdl: bool,
     /// Events recorded after each launch while a profile runs.
-    prof: RefCell<Option<Vec<(&'static str, CudaEvent)>>>,
+    prof: RefCell<Option<Vec<(&'static str, Event)>>>,
     /// Launches taken down while [`Launcher::record`] runs.
     rec: RefCell<Option<Vec<Recorded>>>,
 }
 
 impl Launcher {
-    /// A launcher on a new stream of `ctx`; `pdl` only where the device
-    /// supports it (compute capability 9.0+).
-    pub fn new(ctx: &Arc<CudaContext>, pdl: bool) -> Result<Self> {
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| GpuError::driver("cuStreamCreate", e))?;
+    /// A launcher on a new stream of `dev`; `pdl` only where the device
+    /// supports it (`Gpu::pdl`: CUDA compute capability 9.0+).
+    pub fn new(dev: &Device, pdl: bool) -> Result<Self> {
+        let stream = dev.stream()?;
         Ok(Launcher {
-            ctx: ctx.clone(),
+            dev: dev.clone(),
             stream,
             pdl,
             prof: RefCell::new(None),
@@ -110,27 +121,26 @@ impl Launcher {
         })
     }
 
-    pub fn stream(&self) -> &Arc<CudaStream> {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The device this launcher's stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
     }
 
-    /// Lanes of a warp on this launcher's device (`M3_WARP`): the block of
-    /// the one-warp kernels (`m3s_router_warp`, `m3s_headnorm_rope`), which
-    /// stride by `M3_WARP` and would skip work with fewer threads. The
-    /// standard path runs on CUDA only so far; a HIP launcher gives 64.
+    /// Lanes of a warp on this launcher's device (`M3_WARP`, from the
+    /// device's vendor: 32 on CUDA, 64 on HIP): the block of the one-warp
+    /// kernels (`m3s_router_warp`, `m3s_headnorm_rope`), which stride by
+    /// `M3_WARP` and would skip work with fewer threads.
     pub(crate) fn warp(&self) -> u32 {
-        Vendor::Cuda.warp()
+        self.dev.vendor().warp()
     }
 
-    /// Make the context current on this thread (driver calls need it).
+    /// Make the device current on this thread (driver calls need it).
     pub fn bind(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))
+        self.dev.bind()
     }
 
     /// Launch `f` with a 1-D block of `block` threads; `smem` is dynamic
@@ -138,13 +148,12 @@ impl Launcher {
     pub(crate) fn launch(
         &self,
         label: &'static str,
-        f: &CudaFunction,
+        f: &Func,
         grid: (u32, u32, u32),
         block: u32,
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        use cudarc::driver::sys;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(()); // nothing to do (e.g. no logits rows)
         }
@@ -155,35 +164,21 @@ impl Launcher {
             }
             rec.push(Recorded {
                 label,
-                func: f.cu_function() as usize,
+                func: f.handle(),
                 grid,
                 block,
                 smem,
                 args: bytes,
+                sizes: args.iter().map(Arg::size).collect(),
             });
             return Ok(());
         }
         let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(Arg::ptr).collect();
-        // SAFETY: a zeroed union is a valid CUlaunchAttributeValue; only the
-        // PDL field is read for this attribute id.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        };
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: self.pdl as u32,
+        let cfg = LaunchCfg {
+            grid,
+            block,
+            smem,
+            pdl: self.pdl,
         };
         self.bind()?;
         // SAFETY: every pointer argument is a live device address sized for
@@ -191,16 +186,7 @@ impl Launcher {
         // `params` matches the kernel's parameter list in count, order and
         // types (see the kernel sources and each wrapper's argument struct),
         // and every `Arg` outlives the call.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(|e| GpuError::driver("cuLaunchKernelEx", format!("{label}: {e}")))?;
+        unsafe { self.stream.launch(label, f, &cfg, &mut params) }?;
         self.mark(label)
     }
 
@@ -233,8 +219,7 @@ impl Launcher {
         self.refuse_if_recording("copy")?;
         self.bind()?;
         // SAFETY: the caller passes ranges inside live allocations.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(|e| GpuError::driver("cuMemcpyDtoDAsync", e))?;
+        unsafe { self.stream.dtod(dst, src, bytes) }?;
         self.mark("copy")
     }
 
@@ -246,29 +231,24 @@ impl Launcher {
         self.refuse_if_recording("memset")?;
         self.bind()?;
         // SAFETY: the caller passes a range inside a live allocation.
-        unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }
-            .map_err(|e| GpuError::driver("cuMemsetD8Async", e))?;
+        unsafe { self.stream.zero(dst, bytes) }?;
         self.mark("zero")
     }
 
     /// Wait for every launch so far; surfaces asynchronous errors.
     pub fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+        self.stream.sync()
     }
 
     /// A fresh event (timing).
-    pub fn event(&self) -> Result<CudaEvent> {
-        self.ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| GpuError::driver("cuEventCreate", e))
+    pub fn event(&self) -> Result<Event> {
+        self.dev.event()
     }
 
     /// Run `enqueue` `iters` times between two recorded events each and
     /// return each run's device time in ms (one sync at the end).
     pub fn time_each(&self, iters: usize, enqueue: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
-        time_each(&self.ctx, &self.stream, iters, enqueue)
+        time_each(&self.dev, &self.stream, iters, enqueue)
     }
 
     /// Start recording an event after every launch.
@@ -283,12 +263,7 @@ impl Launcher {
         self.sync()?;
         marks
             .windows(2)
-            .map(|w| {
-                w[0].1
-                    .elapsed_ms(&w[1].1)
-                    .map(|v| (w[1].0, v as f64))
-                    .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
-            })
+            .map(|w| w[0].1.elapsed_ms(&w[1].1).map(|v| (w[1].0, v as f64)))
             .collect()
     }
 
@@ -297,45 +272,32 @@ impl Launcher {
         let mut prof = self.prof.borrow_mut();
         if let Some(marks) = prof.as_mut() {
             let ev = self.event()?;
-            ev.record(&self.stream)
-                .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+            ev.record(&self.stream)?;
             marks.push((label, ev));
         }
         Ok(())
     }
 }
 
-/// [`Launcher::time_each`] on a context and stream of a launcher (for a
+/// [`Launcher::time_each`] on a device and stream of a launcher (for a
 /// caller whose `enqueue` borrows the launcher's owner mutably).
 pub fn time_each(
-    ctx: &Arc<CudaContext>,
-    stream: &Arc<CudaStream>,
+    dev: &Device,
+    stream: &Stream,
     iters: usize,
     mut enqueue: impl FnMut() -> Result<()>,
 ) -> Result<Vec<f64>> {
-    let event = || {
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| GpuError::driver("cuEventCreate", e))
-    };
     let mut pairs = Vec::with_capacity(iters);
     for _ in 0..iters {
-        let (a, b) = (event()?, event()?);
-        a.record(stream)
-            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        let (a, b) = (dev.event()?, dev.event()?);
+        a.record(stream)?;
         enqueue()?;
-        b.record(stream)
-            .map_err(|e| GpuError::driver("cuEventRecord", e))?;
+        b.record(stream)?;
         pairs.push((a, b));
     }
-    stream
-        .synchronize()
-        .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+    stream.sync()?;
     pairs
         .iter()
-        .map(|(a, b)| {
-            a.elapsed_ms(b)
-                .map(f64::from)
-                .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
-        })
+        .map(|(a, b)| a.elapsed_ms(b).map(f64::from))
         .collect()
 }

@@ -7,13 +7,11 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::CudaFunction;
-
 use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
 use crate::model::{DevLinear, WFmt};
-use crate::CudaGpu;
+use crate::runtime::api::{Func, Gpu};
 
 /// Output features per tensor-core CTA (one m16n8k16 tile of W rows).
 pub(crate) const MMA_N: u32 = 16;
@@ -108,7 +106,7 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
-    f: HashMap<&'static str, CudaFunction>,
+    f: HashMap<&'static str, Func>,
 }
 
 /// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
@@ -157,7 +155,7 @@ pub(crate) fn variant_source(
 impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
     /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
-    pub fn load(gpu: &CudaGpu, base: &KernelSource, defines: &str) -> Result<Self> {
+    pub fn load(gpu: &dyn Gpu, base: &KernelSource, defines: &str) -> Result<Self> {
         let (src, warps, maxbt) = variant_source(base, defines)?;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
@@ -166,7 +164,7 @@ impl MmaVariant {
                 .flatten()
             {
                 if !f.contains_key(n) {
-                    f.insert(n, gpu.function(&src, n)?);
+                    f.insert(n, gpu.kernel(&src, n)?);
                 }
             }
         }
@@ -189,7 +187,7 @@ pub(crate) struct LinearKernels {
     /// later ones: bench variants).
     pub mma: Vec<MmaVariant>,
     /// f32 weights (the router): one CTA per output feature.
-    pub f32w: CudaFunction,
+    pub f32w: Func,
 }
 
 /// Where a routed launch finds its pairs.
@@ -419,6 +417,7 @@ mod tests {
 mod gpu_tests {
     use super::*;
     use crate::model::DevBuf;
+    use crate::CudaGpu;
     use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
     use m3_core::weights::LinearWeight;
 
@@ -507,15 +506,13 @@ mod gpu_tests {
         use m3_core::formats::convert::PtpcFp8;
         use m3_core::formats::fp8::e4m3;
         let Some(gpu) = gpu() else { return };
-        let l = Launcher::new(gpu.context(), true).unwrap();
-        let ctx = gpu.context();
-        let act = gpu
-            .function(&super::super::STANDARD, "m3s_act_ptpc")
-            .unwrap();
+        let l = Launcher::new(gpu.device(), true).unwrap();
+        let ctx = gpu.device();
+        let act = gpu.kernel(&super::super::STANDARD, "m3s_act_ptpc").unwrap();
         let mut k = LinearKernels {
             mma: Vec::new(),
             f32w: gpu
-                .function(&super::super::STANDARD, "m3s_linear_f32w")
+                .kernel(&super::super::STANDARD, "m3s_linear_f32w")
                 .unwrap(),
         };
         for v in ["", SMALL_STEP_VARIANT] {
@@ -729,11 +726,11 @@ mod gpu_tests {
     #[test]
     fn variants_match_an_f64_reference() {
         let Some(gpu) = gpu() else { return };
-        let l = Launcher::new(gpu.context(), true).unwrap();
+        let l = Launcher::new(gpu.device(), true).unwrap();
         let mut k = LinearKernels {
             mma: Vec::new(),
             f32w: gpu
-                .function(&super::super::STANDARD, "m3s_linear_f32w")
+                .kernel(&super::super::STANDARD, "m3s_linear_f32w")
                 .unwrap(),
         };
         let variants = [
@@ -749,7 +746,7 @@ mod gpu_tests {
             k.mma
                 .push(MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap());
         }
-        let ctx = gpu.context();
+        let ctx = gpu.device();
         let mut seed = 7u64;
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);

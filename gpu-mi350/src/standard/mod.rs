@@ -14,14 +14,21 @@
 //! [`kernel_bench`] (the linear kernels alone, per format, checked and
 //! timed).
 //!
-//! Limits: CUDA only (the HIP build compiles the kernels but has no runtime
-//! path here); head dims multiples of 32 up to 256; at most 1024 routed
+//! Every runtime call goes through the runtime line
+//! ([`crate::runtime::api`]): this code is the same for CUDA and HIP. The
+//! HIP route is exercised without hardware by `hip_route_tests` (a decode
+//! step on a recording stub of the HIP runtime) and has never run on an
+//! AMD GPU; the mono path is CUDA only (refused on HIP).
+//!
+//! Limits: head dims multiples of 32 up to 256; at most 1024 routed
 //! experts, top-16 experts and top-64 blocks.
 
 pub(crate) mod attn;
 pub mod bench;
 pub mod exec;
 pub mod graphs;
+#[cfg(test)]
+mod hip_route_tests;
 pub mod inputs;
 pub mod kernel_bench;
 pub mod kv;
@@ -31,7 +38,6 @@ pub(crate) mod mono;
 pub(crate) mod pointwise;
 pub(crate) mod step;
 
-use cudarc::driver::CudaFunction;
 use m3_core::backend::{ActMode, KvBudget};
 use m3_core::config::{AttnKind, IndexSelection};
 use m3_core::kv::CacheDtype;
@@ -43,7 +49,7 @@ pub use mono::OpTime;
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
 use crate::model::{DevBuf, DevFfn, DevModel};
-use crate::CudaGpu;
+use crate::runtime::api::{Device, Func, Gpu};
 use graphs::Graphs;
 use inputs::StepInputs;
 use linear::{LinearKernels, MmaVariant, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
@@ -237,28 +243,28 @@ impl PathOptions {
 pub(crate) struct Kernels {
     pub lin: LinearKernels,
     pub attn: attn::AttnKernels,
-    pub route: CudaFunction,
-    pub router_warp: CudaFunction,
-    pub argmax_part: CudaFunction,
-    pub argmax_final: CudaFunction,
-    pub embed: CudaFunction,
-    pub rmsnorm: CudaFunction,
-    pub headnorm_rope: CudaFunction,
-    pub cache_write: CudaFunction,
-    pub swiglu: CudaFunction,
-    pub moe_combine: CudaFunction,
-    pub add_bf16: CudaFunction,
-    pub act_mxfp4: CudaFunction,
-    pub act_ptpc: CudaFunction,
-    pub sample_keyed: CudaFunction,
+    pub route: Func,
+    pub router_warp: Func,
+    pub argmax_part: Func,
+    pub argmax_final: Func,
+    pub embed: Func,
+    pub rmsnorm: Func,
+    pub headnorm_rope: Func,
+    pub cache_write: Func,
+    pub swiglu: Func,
+    pub moe_combine: Func,
+    pub add_bf16: Func,
+    pub act_mxfp4: Func,
+    pub act_ptpc: Func,
+    pub sample_keyed: Func,
 }
 
 impl Kernels {
     /// Load every kernel of a step from the module cache (compiled once
     /// per source, arch and flags): the default tensor-core variant and the
     /// small-step one of `opts`.
-    pub(crate) fn load(gpu: &CudaGpu, opts: &PathOptions) -> Result<Self> {
-        let f = |n: &str| gpu.function(&STANDARD, n);
+    pub(crate) fn load(gpu: &dyn Gpu, opts: &PathOptions) -> Result<Self> {
+        let f = |n: &str| gpu.kernel(&STANDARD, n);
         Ok(Kernels {
             lin: LinearKernels {
                 mma: vec![
@@ -281,7 +287,7 @@ impl Kernels {
             add_bf16: f("m3s_add_bf16")?,
             act_mxfp4: f("m3s_act_mxfp4")?,
             act_ptpc: f("m3s_act_ptpc")?,
-            sample_keyed: gpu.function(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
+            sample_keyed: gpu.kernel(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
         })
     }
 }
@@ -368,7 +374,7 @@ pub struct StandardPath {
     pub(crate) mono_steps: u64,
 }
 
-fn z(ctx: &std::sync::Arc<cudarc::driver::CudaContext>, n: usize) -> Result<DevBuf> {
+fn z(ctx: &Device, n: usize) -> Result<DevBuf> {
     DevBuf::zeroed(ctx, n)
 }
 
@@ -423,7 +429,7 @@ impl StandardPath {
     /// then the KV pool (`kv` blocks, or as many as the memory fraction
     /// allows after everything else), taking ownership of `model`.
     pub fn new(
-        gpu: &CudaGpu,
+        gpu: &dyn Gpu,
         model: DevModel,
         cap: Capacity,
         kv: KvBudget,
@@ -453,10 +459,16 @@ impl StandardPath {
         }
         // pairs per row: the router's top-k, plus a folded shared expert
         let kp = c.num_experts_per_tok + usize::from(folded);
-        let ctx = gpu.context().clone();
-        let l = Launcher::new(&ctx, opts.pdl && gpu.info().cc.0 >= 9)?;
+        let ctx = gpu.device().clone();
+        let l = Launcher::new(&ctx, opts.pdl && gpu.pdl())?;
         let kern = Kernels::load(gpu, &opts)?;
         let mono = if opts.mono {
+            if gpu.vendor() != crate::kernels::Vendor::Cuda {
+                return Err(bad(
+                    "--path mono runs on CUDA only (kernels/mono_prelude.h); use --path standard"
+                        .into(),
+                ));
+            }
             if !opts.small_step_variant {
                 return Err(bad(
                     "--path mono runs the small-step linears: it needs the small-step variant on"
@@ -582,10 +594,8 @@ impl StandardPath {
         let num_pages = match kv {
             KvBudget::Blocks(n) => n,
             KvBudget::MemoryFraction(frac) => {
-                ctx.bind_to_thread()
-                    .map_err(|e| GpuError::driver("cuCtxSetCurrent", e))?;
-                let (free, total) = cudarc::driver::result::mem_get_info()
-                    .map_err(|e| GpuError::driver("cuMemGetInfo", e))?;
+                ctx.bind()?;
+                let (free, total) = ctx.mem_info()?;
                 // vLLM's meaning: this process may hold `frac` of the total;
                 // what others hold counts against it too.
                 let allowed = (frac as f64 * total as f64) as usize;

@@ -23,15 +23,13 @@
 
 use std::collections::HashMap;
 
-use cudarc::driver::CudaFunction;
-
 use super::launch::{Arg, Recorded};
 use super::linear::variant_source;
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
 use crate::model::DevBuf;
-use crate::CudaGpu;
+use crate::runtime::api::{Device, Func, Gpu};
 
 /// Most rows a mono step takes (the small-step variant's rows: its linears
 /// are the ones the mono build carries).
@@ -197,14 +195,14 @@ pub struct OpTime {
 
 /// The mono path of one standard path.
 pub(crate) struct Mono {
-    f: CudaFunction,
+    f: Func,
     /// Grid, registers and local memory, for reports.
     about: String,
     /// CTAs of every `m3s_mono` launch (all resident at once).
     grid: u32,
     /// The grid barrier's counter (u64, zeroed once).
     bar: DevBuf,
-    /// `CUfunction` address of each standard kernel a program may hold ->
+    /// Function handle (`Func::handle`) of each standard kernel a program may hold ->
     /// its op index.
     ids: HashMap<usize, u32>,
     /// Programs per step rows, one per layer.
@@ -215,27 +213,23 @@ impl Mono {
     /// Compile the mono kernel (the small-step defines `small`, the ones
     /// the path's decode linears use; mono.cu's tunables `extra`) and size
     /// its grid.
-    pub(crate) fn load(gpu: &CudaGpu, small: &str, extra: &str) -> Result<Self> {
+    pub(crate) fn load(gpu: &dyn Gpu, small: &str, extra: &str) -> Result<Self> {
         let src = mono_source(small, extra)?;
-        let f = gpu.function(&src, "m3s_mono")?;
+        let f = gpu.kernel(&src, "m3s_mono")?;
         // the largest shared-memory carve-out, so the occupancy the driver
         // reports (every CTA resident: the grid barrier needs it) is the one
         // the launch gets
-        use cudarc::driver::sys::CUfunction_attribute_enum as A;
-        f.set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-            .map_err(|e| GpuError::driver("cuFuncSetAttribute", e))?;
-        let regs = f.num_regs().unwrap_or(0);
-        let local = f.local_size_bytes().unwrap_or(0);
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(MONO_THREADS, 0, None)
-            .map_err(|e| GpuError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        f.prefer_max_shared_carveout()?;
+        let regs = f.registers();
+        let local = f.local_bytes();
+        let per_sm = f.max_blocks_per_multiprocessor(MONO_THREADS, 0)?;
         if per_sm == 0 {
             return Err(GpuError::input(
                 "mono path",
                 "m3s_mono cannot be resident on this device (occupancy 0)",
             ));
         }
-        let sms = gpu.info().sm_count.max(1) as u32;
+        let sms = gpu.multiprocessors();
         let (std_small, _, _) = variant_source(&STANDARD, small)?;
         let mut ids = HashMap::new();
         for (i, name) in MONO_OPS.iter().enumerate() {
@@ -247,8 +241,8 @@ impl Mono {
             } else {
                 &STANDARD
             };
-            let h = gpu.function(from, name)?;
-            ids.insert(h.cu_function() as usize, i as u32);
+            let h = gpu.kernel(from, name)?;
+            ids.insert(h.handle(), i as u32);
         }
         Ok(Mono {
             f,
@@ -257,7 +251,7 @@ impl Mono {
                 per_sm as u32 * sms
             ),
             grid: per_sm as u32 * sms,
-            bar: DevBuf::zeroed(gpu.context(), 8)?,
+            bar: DevBuf::zeroed(gpu.device(), 8)?,
             ids,
             programs: HashMap::new(),
         })
@@ -269,11 +263,7 @@ impl Mono {
     }
 
     /// Turn one layer's recorded launches into a program (checking each).
-    fn program(
-        &self,
-        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
-        rec: &[Recorded],
-    ) -> Result<Program> {
+    fn program(&self, ctx: &Device, rec: &[Recorded]) -> Result<Program> {
         let bad = |why: String| GpuError::input("mono program", why);
         let mut ops = Vec::with_capacity(rec.len());
         let mut args: Vec<u8> = Vec::new();
@@ -361,7 +351,7 @@ impl StandardPath {
             return Ok(());
         }
         let ex = super::step::Extras::default();
-        let ctx = self.l.context().clone();
+        let ctx = self.l.device().clone();
         let mut progs = Vec::with_capacity(self.model.layers.len());
         for li in 0..self.model.layers.len() {
             let rec = self.l.record(|| {
@@ -441,7 +431,7 @@ impl StandardPath {
             ));
         }
         self.mono_prepare(t)?;
-        let ctx = self.l.context().clone();
+        let ctx = self.l.device().clone();
         let Some(mono) = self.mono.as_mut() else {
             return Err(GpuError::input("mono profile", "not loaded"));
         };

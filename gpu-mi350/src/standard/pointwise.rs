@@ -3,10 +3,9 @@
 //! as free functions over a [`Launcher`] so the standard path's step and
 //! the DSpark draft ([`crate::draft`]) launch them the same way.
 
-use cudarc::driver::CudaFunction;
-
 use super::launch::{Arg, Launcher};
 use crate::error::Result;
+use crate::runtime::api::Func;
 
 /// One tensor of a fused per-head norm + RoPE launch (`SHnJob`).
 #[repr(C)]
@@ -64,7 +63,7 @@ pub(crate) type CwSpec = (u64, usize, f32, u64);
 /// `out[t] = f32(table[tokens[t]])` for `t` rows of width `h` (bf16 table).
 pub(crate) fn embed(
     l: &Launcher,
-    f: &CudaFunction,
+    f: &Func,
     tokens: u64,
     table: u64,
     h: usize,
@@ -91,7 +90,7 @@ pub(crate) fn embed(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm(
     l: &Launcher,
-    f: &CudaFunction,
+    f: &Func,
     x: u64,
     rows: u64,
     w: u64,
@@ -124,7 +123,7 @@ pub(crate) fn rmsnorm(
 pub(crate) const RMSNORM_BLOCK: u32 = 1024;
 
 /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
-pub(crate) fn add_bf16(l: &Launcher, f: &CudaFunction, acc: u64, y: u64, n: usize) -> Result<()> {
+pub(crate) fn add_bf16(l: &Launcher, f: &Func, acc: u64, y: u64, n: usize) -> Result<()> {
     l.launch(
         "add_bf16",
         f,
@@ -139,7 +138,7 @@ pub(crate) fn add_bf16(l: &Launcher, f: &CudaFunction, acc: u64, y: u64, n: usiz
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swiglu(
     l: &Launcher,
-    f: &CudaFunction,
+    f: &Func,
     g: u64,
     u: u64,
     alpha: f32,
@@ -168,7 +167,7 @@ pub(crate) fn swiglu(
 /// tensors of `t` rows in one launch.
 pub(crate) fn headnorm_rope(
     l: &Launcher,
-    f: &CudaFunction,
+    f: &Func,
     jobs: &[HnSpec],
     t: usize,
     pos: u64,
@@ -208,7 +207,7 @@ pub(crate) fn headnorm_rope(
 /// `slots[i]`) in one launch: bf16 bits, or E4M3 codes of `x / scale`.
 pub(crate) fn cache_writes(
     l: &Launcher,
-    f: &CudaFunction,
+    f: &Func,
     jobs: &[CwSpec],
     t: usize,
     slots: u64,

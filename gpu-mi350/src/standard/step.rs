@@ -38,7 +38,7 @@ impl TapBufs {
     /// Buffers for `req` on a step of `t` rows of a model of `layers`
     /// layers of width `h`.
     pub fn new(
-        ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+        ctx: &crate::runtime::api::Device,
         req: TapRequest,
         layers: usize,
         t: usize,

@@ -41,3 +41,13 @@ impl CudaGpu {
         launch!("m3_argmax", b, cfg)
     }
 }
+
+// The cudarc marker impls live with the op harness (CUDA only; the
+// engine hands the kernel a device address of its step inputs instead).
+// SAFETY: `RowSample` is `#[repr(C)]` plain old data (checked by bytemuck's
+// Pod derive) with the field order, sizes and alignment of `M3RowSample`
+// (checked by `row_layout_matches_the_kernel`), so a device copy of a slice
+// of it is what the kernel reads.
+unsafe impl cudarc::driver::DeviceRepr for crate::sampling::RowSample {}
+// SAFETY: all-zero bits are a valid `RowSample` (Zeroable).
+unsafe impl cudarc::driver::ValidAsZeroBits for crate::sampling::RowSample {}

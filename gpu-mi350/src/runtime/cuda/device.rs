@@ -62,6 +62,8 @@ pub struct CudaGpu {
     disk: Option<DiskCache>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     loads: Mutex<Vec<ModuleLoad>>,
+    /// The context as the runtime line's handle (`api::Gpu::device`).
+    device: crate::runtime::api::Device,
 }
 
 impl CudaGpu {
@@ -122,6 +124,7 @@ impl CudaGpu {
         };
         let stream = ctx.default_stream();
         Ok(CudaGpu {
+            device: crate::runtime::api::Device::cuda(ctx.clone()),
             ctx,
             stream,
             info,
@@ -148,8 +151,14 @@ impl CudaGpu {
     pub fn warp(&self) -> u32 {
         self.vendor().warp()
     }
+    /// The cudarc context (the op harness's launches; the engine goes
+    /// through [`crate::runtime::api::Gpu::device`]).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+    /// This context as the runtime line's handle.
+    pub(crate) fn device_handle(&self) -> &crate::runtime::api::Device {
+        &self.device
     }
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -1,0 +1,436 @@
+//! The standard path's HIP route, without ROCm or an AMD GPU (issue 16
+//! item 2): a `tiny` model is loaded and a decode step of two sequences
+//! is captured, replayed and read back on [`HipGpu`] over the recording
+//! stub table (`runtime::hip::stub`: host memory, every call logged). The
+//! checks:
+//!
+//! - every kernel launch the HIP runtime received matches, in order, what
+//!   the path's own [`Launcher::record`] takes down for the same step (the
+//!   mono path's recorder): kernel, grid, block, dynamic shared memory and
+//!   the argument bytes read back through `kernelParams`;
+//! - the call order: the step's launches all inside one capture on the
+//!   launcher's stream, ended, instantiated, then replayed; a stream sync
+//!   between the replay and the read-back; no free while the stream has
+//!   work pending; no copy or free outside a live allocation (the stub
+//!   refuses those); and on drop every allocation, stream, graph and event
+//!   released;
+//! - the vendor's warp width reaches the one-warp kernels (64 on HIP).
+//!
+//! Planted mistakes (grid x / y swapped, one launch dropped, one argument
+//! byte flipped, a buffer freed before the sync) each make the check fail,
+//! so it can fail. What this does not prove: that a real HIP runtime and
+//! gfx950 accept these calls and compute the right numbers (nothing here
+//! has run on AMD hardware).
+
+use std::collections::{HashMap, HashSet};
+
+use m3_core::backend::{ActMode, KvBudget, StepBatch, StepSeq};
+use m3_core::config::ModelConfig;
+use m3_core::kv::CacheDtype;
+use m3_core::sample::SampleParams;
+use m3_cpu_ref::synthetic::{self, Formats};
+
+use super::exec::Shape;
+use super::launch::{Launcher, Recorded};
+use super::step::Extras;
+use super::{Capacity, PathOptions, StandardPath};
+use crate::model::{DevBuf, DevModel};
+use crate::runtime::api::Gpu;
+use crate::runtime::hip::stub::{self, Call, Plant};
+use crate::runtime::hip::{HipGpu, HIP_MEMCPY_D2H};
+
+const PAGE: usize = 16;
+
+/// The standard path of a synthetic `tiny` model (bf16 weights) on `gpu`.
+fn build(gpu: &HipGpu, opts: PathOptions) -> crate::Result<StandardPath> {
+    let c = ModelConfig::preset("tiny").expect("tiny preset");
+    let w = synthetic::model(&c, Formats::default(), 7).expect("synthetic tiny");
+    let model = DevModel::upload(gpu.device(), &w)?;
+    let cap = Capacity {
+        max_rows: 8,
+        max_seqs: 2,
+        page_size: PAGE,
+        max_context: 64,
+        cache_dtype: CacheDtype::Bf16,
+        act: ActMode::Bf16,
+    };
+    StandardPath::new(gpu, model, cap, KvBudget::Blocks(6), opts)
+}
+
+/// A decode step: sequence 0 at position 5 (page 0), sequence 1 at
+/// position 20 (pages 1, 2); both rows greedy.
+fn decode_step() -> (StepBatch, Vec<SampleParams>) {
+    let batch = StepBatch {
+        tokens: vec![3, 7],
+        positions: vec![5, 20],
+        slot_mapping: vec![5, (2 * PAGE + 4) as u32],
+        row_seq: vec![0, 1],
+        seqs: vec![
+            StepSeq {
+                request_id: 1,
+                block_table: vec![0],
+                context_len: 6,
+            },
+            StepSeq {
+                request_id: 2,
+                block_table: vec![1, 2],
+                context_len: 21,
+            },
+        ],
+        logits_rows: vec![0, 1],
+        decode_only: true,
+    };
+    (batch, vec![SampleParams::default(); 2])
+}
+
+/// The step's launches as the path's own recorder takes them down, and
+/// the kernels' argument sizes by name (told to the stub, as a code
+/// object's metadata would tell a real runtime). A kernel recorded with
+/// two argument lists is an error.
+fn reference(path: &StandardPath, s: Shape) -> Result<Vec<Recorded>, String> {
+    let rec = path
+        .l
+        .record(|| path.enqueue(s.rows, s.logits_rows, &Extras::default()))
+        .map_err(|e| e.to_string())?;
+    let mut sig: HashMap<String, Vec<usize>> = HashMap::new();
+    for r in &rec {
+        let name = stub::name_of(r.func as u64).ok_or(format!("{}: unknown handle", r.label))?;
+        if let Some(old) = sig.insert(name.clone(), r.sizes.clone()) {
+            if old != r.sizes {
+                return Err(format!("{name}: arguments {old:?} and {:?}", r.sizes));
+            }
+        }
+    }
+    stub::set_signatures(sig);
+    Ok(rec)
+}
+
+/// Arguments in the recorder's layout (`Arg::encode`: 4-byte values at
+/// 4-byte boundaries, 8-byte values and structs at 8-byte ones).
+fn encode(args: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in args {
+        if a.len() >= 8 {
+            out.resize(out.len().next_multiple_of(8), 0);
+        }
+        out.extend_from_slice(a);
+    }
+    out
+}
+
+/// The calls of one captured step (from the launch to the read-back of
+/// its tokens) against the recorder's launches.
+fn check_step(calls: &[Call], rec: &[Recorded]) -> Result<(), String> {
+    if let Some(Call::Bad(why)) = calls.iter().find(|c| matches!(c, Call::Bad(_))) {
+        return Err(format!("the runtime refused a call: {why}"));
+    }
+    let at = |what: &str, f: &dyn Fn(&Call) -> bool| {
+        calls.iter().position(f).ok_or_else(|| format!("no {what}"))
+    };
+    let begin = at("capture begin", &|c| matches!(c, Call::BeginCapture(_)))?;
+    let Call::BeginCapture(s) = calls[begin] else {
+        unreachable!()
+    };
+    let end = at(
+        "capture end",
+        &|c| matches!(c, Call::EndCapture { stream, .. } if *stream == s),
+    )?;
+    let Call::EndCapture { graph, .. } = calls[end] else {
+        unreachable!()
+    };
+    let inst = at(
+        "instantiation",
+        &|c| matches!(c, Call::Instantiate { graph: g, .. } if *g == graph),
+    )?;
+    let Call::Instantiate { exec, .. } = calls[inst] else {
+        unreachable!()
+    };
+    let replay = at("replay", &|c| *c == Call::GraphLaunch { exec, stream: s })?;
+    let sync = calls[replay..]
+        .iter()
+        .position(|c| *c == Call::StreamSync(s))
+        .map(|i| replay + i)
+        .ok_or("no stream sync after the replay")?;
+    let read = at(
+        "read-back",
+        &|c| matches!(c, Call::Memcpy { kind, .. } if *kind == HIP_MEMCPY_D2H),
+    )?;
+    if !(begin < end && end < inst && inst < replay && replay < sync && sync < read) {
+        return Err(format!(
+            "order: begin {begin}, end {end}, instantiate {inst}, replay {replay}, sync {sync}, read {read}"
+        ));
+    }
+    let launches: Vec<(usize, &stub::Launch)> = calls
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| match c {
+            Call::Launch(l) => Some((i, l)),
+            _ => None,
+        })
+        .collect();
+    if launches.is_empty() {
+        return Err("no launches".into());
+    }
+    if let Some((i, l)) = launches
+        .iter()
+        .find(|(i, l)| *i < begin || *i > end || l.stream != s)
+    {
+        return Err(format!(
+            "launch {} at call {i} outside the capture of stream {s:#x}",
+            l.name
+        ));
+    }
+    if launches.len() != rec.len() {
+        return Err(format!(
+            "{} launches reached the runtime, the recorder took down {}",
+            launches.len(),
+            rec.len()
+        ));
+    }
+    for (n, ((_, l), r)) in launches.iter().zip(rec).enumerate() {
+        let want = stub::name_of(r.func as u64).unwrap_or_default();
+        let what = format!("launch {n} ({}, `{}`)", want, r.label);
+        if l.name != want {
+            return Err(format!("{what}: kernel {}", l.name));
+        }
+        if l.grid != r.grid {
+            return Err(format!("{what}: grid {:?}, recorded {:?}", l.grid, r.grid));
+        }
+        if l.block != (r.block, 1, 1) || l.smem != r.smem {
+            return Err(format!(
+                "{what}: block {:?} smem {}, recorded {} / {}",
+                l.block, l.smem, r.block, r.smem
+            ));
+        }
+        if encode(&l.args) != r.args {
+            return Err(format!(
+                "{what}: argument bytes differ from the recorded ones"
+            ));
+        }
+    }
+    // no free while the stream has work that was not waited for
+    let mut pending = false;
+    for (i, c) in calls.iter().enumerate() {
+        match c {
+            Call::GraphLaunch { .. } | Call::MemcpyAsync { .. } | Call::MemsetAsync { .. } => {
+                pending = true
+            }
+            // a launch inside the capture is recorded, not run
+            Call::Launch(_) => pending |= !(begin..end).contains(&i),
+            Call::StreamSync(_) => pending = false,
+            Call::Free { ptr } if pending => {
+                return Err(format!(
+                    "free of {ptr:#x} while the stream has work pending"
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// After everything is dropped: every allocation, stream, event, graph
+/// and graph exec the calls made was released, once.
+fn check_released(calls: &[Call]) -> Result<(), String> {
+    if let Some(Call::Bad(why)) = calls.iter().find(|c| matches!(c, Call::Bad(_))) {
+        return Err(format!("the runtime refused a call: {why}"));
+    }
+    let mut live: HashSet<u64> = HashSet::new();
+    let mut handles: HashSet<(&str, u64)> = HashSet::new();
+    for c in calls {
+        let ok = match *c {
+            Call::Malloc { ptr, .. } => live.insert(ptr),
+            Call::Free { ptr } => live.remove(&ptr),
+            Call::StreamCreate(h) => handles.insert(("stream", h)),
+            Call::StreamDestroy(h) => handles.remove(&("stream", h)),
+            Call::EventCreate(h) => handles.insert(("event", h)),
+            Call::EventDestroy(h) => handles.remove(&("event", h)),
+            Call::EndCapture { graph, .. } => handles.insert(("graph", graph)),
+            Call::GraphDestroy(h) => handles.remove(&("graph", h)),
+            Call::Instantiate { exec, .. } => handles.insert(("exec", exec)),
+            Call::ExecDestroy(h) => handles.remove(&("exec", h)),
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{c:?}: twice, or of something never made"));
+        }
+    }
+    if !live.is_empty() || !stub::live().is_empty() {
+        return Err(format!(
+            "{} allocations never freed",
+            live.len().max(stub::live().len())
+        ));
+    }
+    if !handles.is_empty() {
+        return Err(format!("never released: {handles:?}"));
+    }
+    Ok(())
+}
+
+/// Build the path, run one captured decode step with `plant` in the stub
+/// (and, with `free_early`, drop a buffer between the replay and the
+/// read-back), and check the step's calls.
+fn run_step(plant: Plant, free_early: bool) -> Result<(), String> {
+    let gpu = stub::gpu();
+    let mut path = build(&gpu, PathOptions::default()).map_err(|e| e.to_string())?;
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).map_err(|e| e.to_string())?;
+    let rec = reference(&path, shape)?;
+    let spare = DevBuf::zeroed(gpu.device(), 64).map_err(|e| e.to_string())?;
+    stub::take_calls();
+    stub::plant(plant);
+    path.launch(shape, true).map_err(|e| e.to_string())?;
+    if free_early {
+        drop(spare);
+    }
+    path.read_tokens(shape.logits_rows)
+        .map_err(|e| e.to_string())?;
+    check_step(&stub::take_calls(), &rec)
+}
+
+#[test]
+fn a_decode_step_on_the_hip_route_launches_what_the_path_records() {
+    let gpu = stub::gpu();
+    let mut path = build(&gpu, PathOptions::default()).expect("a standard path on the stub");
+    let mut all = stub::take_calls();
+    assert!(
+        all.iter().any(|c| matches!(c, Call::Rtc("compile"))),
+        "kernels compiled through hiprtc"
+    );
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    let rec = reference(&path, shape).expect("reference");
+    all.extend(stub::take_calls());
+    path.launch(shape, true).expect("captured step");
+    let tokens = path.read_tokens(shape.logits_rows).expect("tokens");
+    assert_eq!(tokens.len(), 2);
+    let step = stub::take_calls();
+    check_step(&step, &rec).unwrap_or_else(|e| panic!("HIP route: {e}"));
+    let launches: Vec<&stub::Launch> = step
+        .iter()
+        .filter_map(|c| match c {
+            Call::Launch(l) => Some(l),
+            _ => None,
+        })
+        .collect();
+    // 4 layers and a head: dozens of launches, embedding first, sampler last
+    assert!(launches.len() > 20, "{} launches", launches.len());
+    assert_eq!(launches[0].name, "m3s_embed");
+    assert_eq!(
+        launches.last().map(|l| l.name.as_str()),
+        Some("m3s_sample_keyed")
+    );
+    // the one-warp kernels take the vendor's width: a wavefront of 64
+    for name in ["m3s_router_warp", "m3s_headnorm_rope"] {
+        let l = launches
+            .iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(l.block, (64, 1, 1), "{name}");
+    }
+    assert!(launches
+        .iter()
+        .all(|l| l.args.iter().all(|a| !a.is_empty())));
+    all.extend(step);
+
+    // the same shape again: a replay only, no launch and no capture
+    path.prepare(&batch, &sampling).expect("prepare again");
+    path.launch(shape, true).expect("replayed step");
+    path.read_tokens(shape.logits_rows).expect("tokens again");
+    let again = stub::take_calls();
+    assert!(!again
+        .iter()
+        .any(|c| matches!(c, Call::Launch(_) | Call::BeginCapture(_))));
+    assert_eq!(
+        again
+            .iter()
+            .filter(|c| matches!(c, Call::GraphLaunch { .. }))
+            .count(),
+        1
+    );
+    all.extend(again);
+
+    // copy-on-write: device-to-device copies inside the caches
+    path.kv
+        .copy_blocks(path.launcher(), &[(1, 3)])
+        .expect("block copy");
+    path.launcher().sync().expect("sync");
+    let cow = stub::take_calls();
+    let copies = cow
+        .iter()
+        .filter(|c| matches!(c, Call::MemcpyAsync { kind: 3, .. }))
+        .count();
+    // K and V of every layer, and the index keys of the sparse ones
+    assert!(copies >= 8, "{copies} copies");
+    all.extend(cow);
+
+    drop(path);
+    all.extend(stub::take_calls());
+    check_released(&all).unwrap_or_else(|e| panic!("HIP route teardown: {e}"));
+}
+
+#[test]
+fn direct_launches_match_the_recorder_too() {
+    let gpu = stub::gpu();
+    let mut path = build(&gpu, PathOptions::default()).expect("path");
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    let rec = reference(&path, shape).expect("reference");
+    stub::take_calls();
+    path.launch(shape, false).expect("direct step");
+    let calls = stub::take_calls();
+    let launches: Vec<&stub::Launch> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Launch(l) => Some(l),
+            _ => None,
+        })
+        .collect();
+    assert!(!calls.iter().any(|c| matches!(c, Call::BeginCapture(_))));
+    assert_eq!(launches.len(), rec.len());
+    for (l, r) in launches.iter().zip(&rec) {
+        assert_eq!(
+            (l.grid, l.block.0, l.smem),
+            (r.grid, r.block, r.smem),
+            "{}",
+            r.label
+        );
+        assert_eq!(encode(&l.args), r.args, "{}", r.label);
+    }
+}
+
+#[test]
+fn planted_route_mistakes_fail_the_check() {
+    // control: the same run without a plant passes
+    run_step(Plant::None, false).unwrap_or_else(|e| panic!("control: {e}"));
+    let cases: [(Plant, bool, &str); 4] = [
+        (Plant::SwapGridXY, false, "grid"),
+        (Plant::DropLaunch(3), false, "launches reached the runtime"),
+        (Plant::FlipFirstArg, false, "argument bytes"),
+        (Plant::None, true, "while the stream has work pending"),
+    ];
+    for (plant, early, want) in cases {
+        let e = run_step(plant, early).expect_err("a planted mistake passed the check");
+        assert!(e.contains(want), "{plant:?} / free early {early}: {e}");
+    }
+}
+
+#[test]
+fn the_mono_path_is_refused_on_hip() {
+    let gpu = stub::gpu();
+    let opts = PathOptions {
+        mono: true,
+        ..PathOptions::default()
+    };
+    let e = build(&gpu, opts).err().expect("mono on HIP is refused");
+    assert!(e.to_string().contains("CUDA only"), "{e}");
+}
+
+/// The launcher itself takes its warp width from the device's vendor.
+#[test]
+fn a_hip_launcher_has_wave64() {
+    let gpu = stub::gpu();
+    let l = Launcher::new(gpu.device(), gpu.pdl()).expect("launcher");
+    assert_eq!(l.warp(), 64);
+    assert!(!gpu.pdl());
+}

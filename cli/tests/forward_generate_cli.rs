@@ -210,9 +210,9 @@ fn generate_from_tokens_and_prompt() {
 
 /// `--kv-cache-dtype nvfp4` on the default checkpoint (made on first use
 /// under a private `XDG_CACHE_HOME`): `generate` and `batch` run on the
-/// CPU, deterministically, the cache changes the numbers (`forward`), the
-/// GPU refuses it in one line naming the option, and every engine
-/// command's `--help` lists it.
+/// CPU, deterministically, the cache changes the numbers (`forward`), and
+/// every engine command's `--help` lists it (the GPU runs it too: issue
+/// 17's GPU half, checked on the device by `bench/device/nvkv.sh`).
 #[test]
 fn nvfp4_kv_cache_on_the_default_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -288,10 +288,6 @@ fn nvfp4_kv_cache_on_the_default_checkpoint() {
     ]));
     assert!(std::fs::read_to_string(&out).unwrap().contains("\"a\""));
 
-    one_line_error(
-        &run(&["generate", "--backend", "gpu", "--kv-cache-dtype", "nvfp4"]),
-        "--kv-cache-dtype nvfp4",
-    );
     for cmd in ["generate", "batch", "serve", "forward", "bench"] {
         let o = run(&[cmd, "--help"]);
         ok(&o);

@@ -1,12 +1,26 @@
 // Indexer block scores, block top-k and attention over the paged KV cache
-// (MODEL.md 3.6-3.7). The cache arrives as raw bytes: bf16 bits, or E4M3
-// codes read as e4m3 * scale. Row t of the step belongs to sequence
+// (MODEL.md 3.6-3.7). The cache arrives as raw bytes: bf16 bits, E4M3
+// codes read as e4m3 * scale, or NVFP4 (ARCHITECTURE.md, NVFP4 KV cache):
+// packed E2M1 codes [slot][width / 2] plus E4M3 block scales
+// [slot][width / 16] in `scales`, read as e2m1 * e4m3(s) * scale (the
+// scale is the global). Row t of the step belongs to sequence
 // row_seq[t]; its position j lives in slot bt[bt_off[seq] + j / page] * page
 // + j % page.
 
-/// Element i of a cache tensor as f32.
-M3_DEV float m3_cache_at(const u8* __restrict__ data, int fp8, float scale, u64 i) {
-  if (fp8) return m3_elem_decode(M3_ELEM_E4M3, data[i]) * scale;
+/// Cache element types of these kernels' `kind` argument (the host's
+/// ops::attention::CacheKind): bf16 bits, E4M3 codes, NVFP4.
+#define M3_CACHE_BF16 0
+#define M3_CACHE_FP8 1
+#define M3_CACHE_NVFP4 2
+
+/// Element i of a cache tensor as f32 (i counts values: row * width + col;
+/// an NVFP4 block never crosses a row since width is a multiple of 16).
+M3_DEV float m3_cache_at(const u8* __restrict__ data, const u8* __restrict__ scales, int kind, float scale, u64 i) {
+  if (kind == M3_CACHE_FP8) return m3_elem_decode(M3_ELEM_E4M3, data[i]) * scale;
+  if (kind == M3_CACHE_NVFP4) {
+    const u32 byte = data[i / 2u];
+    return m3_nvfp4_cache_value(i & 1u ? byte >> 4 : byte & 0xfu, scales[i / 16u], scale);
+  }
   return m3_bf16_to_f32(reinterpret_cast<const u16*>(data)[i]);
 }
 
@@ -18,7 +32,7 @@ M3_DEV u64 m3_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, c
 /// out[g, t, b] = max over visible j (j <= p) in block b of q[t, g] . k_j;
 /// -inf for blocks with no visible key. One thread per (g, t, b).
 M3_KERNEL void m3_index_scores(const float* __restrict__ q, u32 heads, u32 dim, const u8* __restrict__ cache,
-                               int fp8, float scale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
+                               const u8* __restrict__ cscales, int kind, float scale, const u32* __restrict__ pos, const u32* __restrict__ row_seq,
                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page, u32 bs, u32 nb,
                                u32 T, float* __restrict__ out) {
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -34,7 +48,7 @@ M3_KERNEL void m3_index_scores(const float* __restrict__ q, u32 heads, u32 dim, 
   for (u32 j = lo; j < hi; ++j) {
     u64 base = m3_slot(bt, bt_off, row_seq, t, j, page) * dim;
     float s = 0.0f;
-    for (u32 c = 0; c < dim; ++c) s += qh[c] * m3_cache_at(cache, fp8, scale, base + c);
+    for (u32 c = 0; c < dim; ++c) s += qh[c] * m3_cache_at(cache, cscales, kind, scale, base + c);
     if (s > best) best = s;
   }
   out[i] = best;
@@ -105,7 +119,8 @@ M3_KERNEL void m3_block_topk(const float* __restrict__ scores, u32 heads, u32 nb
 /// in the selected blocks when has_blocks), f32 softmax in two passes (max,
 /// then exp / sum / weighted V in ascending key order), output bf16.
 M3_KERNEL void m3_attention(const float* __restrict__ q, u32 heads, u32 kv_heads, u32 d, const u8* __restrict__ kc,
-                            const u8* __restrict__ vc, int fp8, float kscale, float vscale,
+                            const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc,
+                            int kind, float kscale, float vscale,
                             const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                             const u32* __restrict__ bt_off, u32 page, int has_blocks, const i32* __restrict__ blocks,
                             u32 topk, u32 bs, u32 T, float* __restrict__ out) {
@@ -138,7 +153,7 @@ M3_KERNEL void m3_attention(const float* __restrict__ q, u32 heads, u32 kv_heads
       for (u32 j = lo; j < hi; ++j) {
         u64 base = m3_slot(bt, bt_off, row_seq, t, j, page) * width + (u64)g * d;
         float part = 0.0f;
-        for (u32 c = lane; c < d; c += M3_WARP) part += qh[c] * m3_cache_at(kc, fp8, kscale, base + c);
+        for (u32 c = lane; c < d; c += M3_WARP) part += qh[c] * m3_cache_at(kc, ksc, kind, kscale, base + c);
         float s = m3_warp_sum(part) / scale;
         if (pass == 0) {
           m = fmaxf(m, s);
@@ -148,7 +163,7 @@ M3_KERNEL void m3_attention(const float* __restrict__ q, u32 heads, u32 kv_heads
 #pragma unroll
           for (int i = 0; i < M3_ATT_PER; ++i) {
             u32 c = lane + (u32)i * M3_WARP;
-            if (c < d) acc[i] += e * m3_cache_at(vc, fp8, vscale, base + c);
+            if (c < d) acc[i] += e * m3_cache_at(vc, vsc, kind, vscale, base + c);
           }
         }
       }

@@ -154,6 +154,41 @@ M3_DEV u32 m3_elem_encode_sat(int elem, double x) {
   return (sign << sign_shift) | code;
 }
 
+// ---- NVFP4 block (FORMATS.md NVFP4 steps 2-3) ------------------------------
+/// One NVFP4 block of 16 values `v` with global scale `g` (multiplies at
+/// decode): the unpacked E2M1 codes into `c[16]`, the E4M3 scale byte
+/// returned. A block holding NaN or +-Inf: scale 0x7F (NaN), codes 0. Else
+/// s = e4m3_sat(bamax / (6 g)); s decoding to 0 gives codes 0 (the block
+/// reads +0); else c_i = e2m1_sat(v_i / (g * e4m3(s))). Both quotients in
+/// f64 with explicit roundings (no contraction whatever the build's
+/// --fmad): 6 g and g * e4m3(s) are exact there, and the f64 quotient rounds
+/// like the exact one (m3_core::formats::nvfp4::quantize_block says why),
+/// so this is bit-identical with the CPU's block rule. Shared by the weight
+/// quantizer (formats.cu) and the NVFP4 KV cache writes
+/// (standard_decode.cu's m3s_cache_write, elementwise.cu's harness encode).
+M3_DEV u32 m3_nvfp4_block(const float* v, double g, u32* c) {
+  float bamax = 0.0f;
+  bool bad = false;
+  for (int j = 0; j < 16; ++j) {
+    const float a = fabsf(v[j]);
+    if (!(a <= 3.402823466e38f)) bad = true;  // NaN or Inf
+    else bamax = fmaxf(bamax, a);
+  }
+  if (bad) {
+    for (int j = 0; j < 16; ++j) c[j] = 0u;
+    return 0x7fu;
+  }
+  const u32 s = m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)bamax, __dmul_rn(6.0, g)));
+  const double sd = (double)m3_elem_decode(M3_ELEM_E4M3, s);
+  if (sd == 0.0) {
+    for (int j = 0; j < 16; ++j) c[j] = 0u;
+    return s;
+  }
+  const double den = __dmul_rn(g, sd);
+  for (int j = 0; j < 16; ++j) c[j] = m3_elem_encode_sat(M3_ELEM_E2M1, __ddiv_rn((double)v[j], den));
+  return s;
+}
+
 // ---- MX shared exponent ----------------------------------------------------
 #define M3_RULE_FLOOR 0
 #define M3_RULE_EVEN 1
@@ -221,6 +256,20 @@ M3_DEV float m3_e4m3_fast(u32 c) {
   if (e == 0u) return m3_f32(m3_bits((float)m * 0.001953125f) | s);
   return m3_f32(s | ((e + 120u) << 23) | (m << 20));
 }
+
+/// One NVFP4 KV-cache value as attention and the indexer read it (ARCHITECTURE.md,
+/// NVFP4 KV cache): f32(e2m1(code) * e4m3(s) * g). e2m1 * e4m3 has at most
+/// 6 significant bits and lies in [2^-10, 2688], so the first product is
+/// exact in f32 and the second is the one rounding of the exact product the
+/// CPU takes in f64: bit-identical with cache_load_nvfp4. A NaN scale byte
+/// (0x7F / 0xFF) gives NaN. Explicit roundings: no contraction.
+M3_DEV float m3_nvfp4_cache_value(u32 code, u32 sbyte, float g) {
+  return __fmul_rn(__fmul_rn(m3_fp4_fast(code), m3_e4m3_fast(sbyte)), g);
+}
+/// bf16 bits of e2m1(code) * s for a decoded E4M3 scale s: exact (at most
+/// 6 significant bits, in bf16's normal range), so the top half of the f32
+/// product is the value; NaN stays NaN (every f32 NaN's top half is one).
+M3_DEV u32 m3_nvfp4_bf16(u32 code, float s) { return m3_bits(__fmul_rn(m3_fp4_fast(code), s)) >> 16; }
 
 // ---- tensor-core tile product (bf16 in, f32 accumulate) --------------------
 // The m16n8k16 tile product as PTX `mma.sync` defines it, over a group of 32

@@ -128,3 +128,18 @@ M3_KERNEL void m3_cache_encode(const float* __restrict__ x, u32 n, int fp8, floa
   else
     o16[i] = m3_bf16_from_f32(x[i]);
 }
+
+/// NVFP4 KV-cache store (ARCHITECTURE.md, NVFP4 KV cache) of `nblocks`
+/// blocks of 16 values of x (rows of a multiple of 16, back to back): per
+/// block m3_nvfp4_block with the tensor's cache scale g as the global scale,
+/// the codes packed two a byte (low nibble = even element) into codes
+/// [nblocks * 8], the E4M3 scale byte into scales [nblocks], as
+/// m3_core::formats::convert::cache_store_nvfp4. One thread per block.
+M3_KERNEL void m3_cache_encode_nvfp4(const float* __restrict__ x, u32 nblocks, float g, u8* __restrict__ codes,
+                                     u8* __restrict__ scales) {
+  const u32 b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= nblocks) return;
+  u32 c[16];
+  scales[b] = (u8)m3_nvfp4_block(x + (u64)b * 16u, (double)g, c);
+  for (int j = 0; j < 8; ++j) codes[(u64)b * 8u + j] = (u8)(c[2 * j] | (c[2 * j + 1] << 4));
+}

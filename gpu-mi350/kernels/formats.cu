@@ -122,29 +122,8 @@ M3_KERNEL void m3_nvfp4_quantize(const float* __restrict__ x, const float* __res
   if (blk >= (u64)rows * nb) return;
   u64 r = blk / nb, b = blk % nb;
   const float* v = x + r * cols + b * 16u;
-  double g = (double)(*gp);
-  float bamax = 0.0f;
-  bool bad = false;
-  for (int j = 0; j < 16; ++j) {
-    float a = fabsf(v[j]);
-    if (!(a <= 3.402823466e38f)) bad = true;
-    else bamax = fmaxf(bamax, a);
-  }
   u32 c[16];
-  u32 s;
-  if (bad) {
-    s = 0x7fu;
-    for (int j = 0; j < 16; ++j) c[j] = 0u;
-  } else {
-    s = m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)bamax, __dmul_rn(6.0, g)));
-    double sd = (double)m3_elem_decode(M3_ELEM_E4M3, s);
-    if (sd == 0.0) {
-      for (int j = 0; j < 16; ++j) c[j] = 0u;
-    } else {
-      double den = __dmul_rn(g, sd);
-      for (int j = 0; j < 16; ++j) c[j] = m3_elem_encode_sat(M3_ELEM_E2M1, __ddiv_rn((double)v[j], den));
-    }
-  }
+  const u32 s = m3_nvfp4_block(v, (double)(*gp), c);
   scales[blk] = (u8)s;
   u8* dst = codes + r * (cols / 2u) + b * 8u;
   for (int j = 0; j < 8; ++j) dst[j] = (u8)(c[2 * j] | (c[2 * j + 1] << 4));

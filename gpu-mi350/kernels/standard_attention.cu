@@ -1,15 +1,19 @@
 // The standard path's attention and indexer kernels (split over keys).
 // Compiled in the same translation unit as standard_decode.cu (after it):
 // uses its s_slot / S_INF helpers. Same math as cpu-ref's indexer and
-// attention (exact E4M3 or bf16 decode, f32 arithmetic); only the order of
-// the sums differs. The attention's tensor-core products keep that: bf16 q
-// times E4M3 codes or bf16 cache values (exact bf16 values) are exact
-// products summed in f32, and the f32 softmax weights enter P V as three
-// bf16 parts (~2^-25 relative). Every shape is a kernel argument and every
-// grid is fixed by capacity (CTAs past a row's work exit early), so a step
-// stays capturable. Caches hold E4M3 codes or bf16 bits (cache_bf16): each
-// kernel body is a template on that, dispatched once per CTA, so the fp8
-// inner loops carry no per-element test.
+// attention (exact E4M3, bf16 or NVFP4 decode, f32 arithmetic); only the
+// order of the sums differs. The attention's tensor-core products keep that:
+// bf16 q times E4M3 codes, bf16 cache values or NVFP4 e2m1 * e4m3 block
+// scale products (all exact bf16 values; the per-tensor scale multiplies the
+// f32 results) are exact products summed in f32, and the f32 softmax weights
+// enter P V as three bf16 parts (~2^-25 relative). Every shape is a kernel
+// argument and every grid is fixed by capacity (CTAs past a row's work exit
+// early), so a step stays capturable. Caches hold E4M3 codes, bf16 bits or
+// NVFP4 (cache_kind, S_CACHE_* in standard_decode.cu; NVFP4: packed E2M1
+// codes [slot][width / 2] plus E4M3 block scales [slot][width / 16] in a
+// second buffer, ARCHITECTURE.md, NVFP4 KV cache): each kernel body is a
+// template on that, dispatched once per CTA, so the inner loops carry no
+// per-element test.
 
 /// Marks the start of one cache type's kernel body: a PTX comment, so the
 /// two instantiations of a body begin with different instructions and the
@@ -20,6 +24,17 @@
 #define S_PATH_MARK(text) asm volatile("// " text)
 #else
 #define S_PATH_MARK(text) ((void)0)
+#endif
+
+/// The NVFP4 cache bodies exist on CUDA only. On HIP a third template
+/// instance of the indexer and attention bodies pushed clang 22's SGPR
+/// spills past xtask/src/isa.rs's ceilings (which only go down), and no
+/// HIP runner exists yet: there an NVFP4 cache_kind traps instead of being
+/// read as another kind. S_NV_ARM(call) is the dispatch arm.
+#if defined(M3_CUDA)
+#define S_NV_ARM(call) else if (cache_kind == S_CACHE_NVFP4) call;
+#else
+#define S_NV_ARM(call) else if (cache_kind == S_CACHE_NVFP4) __builtin_trap();
 #endif
 
 // ---- indexer ---------------------------------------------------------------
@@ -41,27 +56,35 @@ M3_DEV float si_max(float m, float s) { return s > m ? s : m; }
 /// scores blocks b = x, x + X, ... < nb of row t. Block b: the
 /// max over visible keys j = b*B + o <= p of iq[h] . k[j] per selection
 /// head h (per-KV-head: index head h for KV head h; shared: max over all
-/// nih index heads too), k[j] = e4m3(ik[j]) * iscale, or the bf16 key
-/// itself (cache_bf16: icache holds bf16 bits [slot][di], iscale is 1).
+/// nih index heads too), k[j] = e4m3(ik[j]) * iscale, the bf16 key itself
+/// (S_CACHE_BF16: icache holds bf16 bits [slot][di], iscale is 1), or
+/// f32(e2m1 * e4m3(s) * iscale) (S_CACHE_NVFP4: icache holds packed codes
+/// [slot][di / 2], iscales the block scales [slot][di / 16]; the value the
+/// CPU reads, bit for bit: m3_nvfp4_cache_value).
 /// Forced blocks (b < init_b or among the
 /// local_b last blocks of the row) are +INF. Rows with nb <= K blocks need no
 /// scores (every block is taken) and blocks past nb exit at once. Four
 /// threads per key (16-byte chunks sub, sub + 4, ...: all of a thread's
 /// loads are issued together), the four partial dots summed by shuffles.
 /// scores: [T][selh][maxnb] f32, selh = 1 (shared) or nkv.
-template <bool BF>
-M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
+template <int CK>
+M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
+                      const u8* __restrict__ iscales, float iscale,
                       const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                       const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b,
                       u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb, float4* qs4,
                       float (*red)[SI_THREADS / M3_WARP]) {
   // per cache type: values per 16-byte chunk, keys per thread per pass,
-  // chunks of a key per thread (at most), bytes per value
-  const u32 E = BF ? 8u : 16u;
+  // chunks of a key per thread (at most), bytes per value (NVFP4: a chunk
+  // is 32 values, two scale blocks, half a byte a value: half the chunks
+  // of fp8)
+  constexpr bool BF = CK == S_CACHE_BF16, NV = CK == S_CACHE_NVFP4;
+  const u32 E = BF ? 8u : (NV ? 32u : 16u);
   const int KPT = BF ? 1 : SI_KPT;
-  const int CPT = BF ? 2 * SI_CPT : SI_CPT;
+  const int CPT = BF ? 2 * SI_CPT : (NV ? SI_CPT / 2 : SI_CPT);
   const u32 VB = BF ? 2u : 1u;
   if constexpr (BF) S_PATH_MARK("m3s_index_scores: bf16 cache");
+  else if constexpr (NV) S_PATH_MARK("m3s_index_scores: nvfp4 cache");
   else S_PATH_MARK("m3s_index_scores: fp8 cache");
   float* qs = reinterpret_cast<float*>(qs4);
   const u32 t = blockIdx.y, tid = threadIdx.x;
@@ -104,17 +127,24 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
     const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
     for (u32 o0 = 0; jb + o0 <= jlast; o0 += kpass) {
       uint4 raw[KPT][CPT];
+      u32 scl[KPT][NV ? CPT : 1];  // NVFP4: the two scale bytes of each chunk
       bool ok[KPT];
 #pragma unroll
       for (int r = 0; r < KPT; ++r) {
         const u32 j = jb + o0 + kq + (u32)r * (SI_THREADS / 4u);
         ok[r] = j <= jlast;
-        const u8* kr = icache + (ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u) * di * VB;
+        const u64 slot = ok[r] ? s_slot(bt, bt_off, seq, page, j) : 0u;
+        const u8* kr = icache + (NV ? slot * di / 2u : slot * di * VB);
 #pragma unroll
         for (int x = 0; x < CPT; ++x) {
           const u32 cc = sub + 4u * (u32)x;
           raw[r][x] = make_uint4(0u, 0u, 0u, 0u);
           if (ok[r] && cc < nc) raw[r][x] = *reinterpret_cast<const uint4*>(kr + 16u * cc);
+          if constexpr (NV) {
+            // blocks 2cc, 2cc + 1 of the row (di / 16 is even: 2-byte aligned)
+            scl[r][x] = 0u;
+            if (ok[r] && cc < nc) scl[r][x] = *reinterpret_cast<const u16*>(iscales + slot * (di / 16u) + 2u * cc);
+          }
         }
       }
 #pragma unroll
@@ -128,29 +158,52 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
           if (4u * (u32)x >= nc) break;  // uniform
           if (cc < nc) {
             u32 w4[4] = {raw[r][x].x, raw[r][x].y, raw[r][x].z, raw[r][x].w};
-            float kv[E];
-            if constexpr (BF) {
-              // bf16 bits: exact
+            if constexpr (NV) {
+              // two blocks of 16: f32(e2m1 * e4m3(s) * iscale), the CPU's value
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                kv[2 * e] = m3_f32(w4[e] << 16);
-                kv[2 * e + 1] = m3_f32(w4[e] & 0xffff0000u);
+              for (int hf = 0; hf < 2; ++hf) {
+                const u32 sb = (scl[r][x] >> (8 * hf)) & 0xffu;
+                float kv[16];
+#pragma unroll
+                for (int e = 0; e < 16; ++e) kv[e] = m3_nvfp4_cache_value(w4[2 * hf + e / 8] >> (4 * (e % 8)), sb, iscale);
+#pragma unroll
+                for (int h = 0; h < SI_MAXH; ++h) {
+                  if ((u32)h >= nih) break;
+                  const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + E * cc + 16u * (u32)hf);
+                  float s = dot[h];
+#pragma unroll
+                  for (int e4 = 0; e4 < 4; ++e4) {
+                    float4 qq = qv[e4];
+                    s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+                  }
+                  dot[h] = s;
+                }
               }
             } else {
+              float kv[E];
+              if constexpr (BF) {
+                // bf16 bits: exact
 #pragma unroll
-              for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
-            }
+                for (int e = 0; e < 4; ++e) {
+                  kv[2 * e] = m3_f32(w4[e] << 16);
+                  kv[2 * e + 1] = m3_f32(w4[e] & 0xffff0000u);
+                }
+              } else {
 #pragma unroll
-            for (int h = 0; h < SI_MAXH; ++h) {
-              if ((u32)h >= nih) break;
-              const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + E * cc);
-              float s = dot[h];
-#pragma unroll
-              for (int e4 = 0; e4 < (int)(E / 4u); ++e4) {
-                float4 qq = qv[e4];
-                s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+                for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
               }
-              dot[h] = s;
+#pragma unroll
+              for (int h = 0; h < SI_MAXH; ++h) {
+                if ((u32)h >= nih) break;
+                const float4* qv = reinterpret_cast<const float4*>(qs + (u32)h * di + E * cc);
+                float s = dot[h];
+#pragma unroll
+                for (int e4 = 0; e4 < (int)(E / 4u); ++e4) {
+                  float4 qq = qv[e4];
+                  s += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+                }
+                dot[h] = s;
+              }
             }
           }
         }
@@ -186,23 +239,26 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
   }
 }
 
-/// See si_scores. cache_bf16: the index cache holds bf16 bits (else E4M3
-/// codes); uniform over the grid, so the CTA takes one instantiation.
+/// See si_scores. cache_kind (S_CACHE_*): what the index cache holds;
+/// iscales: NVFP4's block scales (unused otherwise). Uniform over the grid,
+/// so the CTA takes one instantiation.
 M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)
-    m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
-                     const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
-                     const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel,
-                     u32 nkv, float* __restrict__ scores, u32 maxnb, u32 cache_bf16) {
+    m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
+                     const u8* __restrict__ iscales, float iscale, const u32* __restrict__ pos,
+                     const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off,
+                     u32 page, u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv,
+                     float* __restrict__ scores, u32 maxnb, u32 cache_kind) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]);  // float4: 16-byte aligned
   S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);
-  if (cache_bf16)
-    si_scores<true>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel,
-                    nkv, scores, maxnb, qs4, red);
-  else
-    si_scores<false>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel,
-                     nkv, scores, maxnb, qs4, red);
+#define SI_CALL(CK)                                                                                                  \
+  si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,      \
+                shared_sel, nkv, scores, maxnb, qs4, red)
+  if (cache_kind == S_CACHE_BF16) SI_CALL(S_CACHE_BF16);
+  S_NV_ARM(SI_CALL(S_CACHE_NVFP4))
+  else SI_CALL(S_CACHE_FP8);
+#undef SI_CALL
 }
 
 /// Sort key of block b with score v: higher score first, ties to the lower
@@ -343,18 +399,26 @@ M3_DEV u32 sa_e4m3x2_bf16(u32 lo, u32 hi) {
 }
 /// What a lane of an mma group loads of one cache row, per cache type:
 /// K: the 8 values 32G + 8lt .. +7 of d group G (Q K^T), V: the 4 values
-/// 32G + 4lg .. +3 (P V); and how they become mma B fragments. VB: bytes
-/// per value; KB: d groups of K loaded at once; VS: 16-key steps of V
-/// loaded at once (NVB batches per tile). bf16 rows are twice the bytes:
-/// half the d groups / key steps per batch keep the registers of fp8.
-template <bool BF> struct SaCache;
-template <> struct SaCache<false> {  // E4M3 codes
+/// 32G + 4lg .. +3 (P V); and how they become mma B fragments. row(e): what
+/// roff keeps for a row starting at value e (bytes for fp8 / bf16, values
+/// for NVFP4, whose codes and scales sit at e / 2 and e / 16 of their two
+/// buffers); ldk / ldv(cache, scales, row, i) load from value i of the row.
+/// KB: d groups of K loaded at once; VS: 16-key steps of V loaded at once
+/// (NVB batches per tile). bf16 rows are twice the bytes: half the d groups
+/// / key steps per batch keep the registers of fp8.
+template <int CK> struct SaCache;
+template <> struct SaCache<S_CACHE_FP8> {  // E4M3 codes
   typedef uint2 K;
   typedef u32 V;
-  static constexpr u32 VB = 1u, KB = SA_KB, VS = SA_TILE / 16, NVB = 1;
-  static __device__ __forceinline__ K ldk(const u8* p) { return *reinterpret_cast<const uint2*>(p); }
+  static constexpr u32 KB = SA_KB, VS = SA_TILE / 16, NVB = 1;
+  static __device__ __forceinline__ u64 row(u64 e) { return e; }
+  static __device__ __forceinline__ K ldk(const u8* c, const u8*, u64 r, u32 i) {
+    return *reinterpret_cast<const uint2*>(c + r + i);
+  }
   static __device__ __forceinline__ K zk() { return make_uint2(0u, 0u); }
-  static __device__ __forceinline__ V ldv(const u8* p) { return *reinterpret_cast<const u32*>(p); }
+  static __device__ __forceinline__ V ldv(const u8* c, const u8*, u64 r, u32 i) {
+    return *reinterpret_cast<const u32*>(c + r + i);
+  }
   static __device__ __forceinline__ V zv() { return 0u; }
   /// k-step kk uses values 4kk .. 4kk+3: b0 <- 4kk, 4kk+1; b1 <- 4kk+2, 4kk+3
   static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
@@ -369,13 +433,18 @@ template <> struct SaCache<false> {  // E4M3 codes
     b1 = sa_e4m3x2_bf16(v[2] >> sh, v[3] >> sh);
   }
 };
-template <> struct SaCache<true> {  // bf16 bits: already bf16 operands
+template <> struct SaCache<S_CACHE_BF16> {  // bf16 bits: already bf16 operands
   typedef uint4 K;
   typedef uint2 V;
-  static constexpr u32 VB = 2u, KB = SA_KB / 2, VS = SA_TILE / 32, NVB = 2;
-  static __device__ __forceinline__ K ldk(const u8* p) { return *reinterpret_cast<const uint4*>(p); }
+  static constexpr u32 KB = SA_KB / 2, VS = SA_TILE / 32, NVB = 2;
+  static __device__ __forceinline__ u64 row(u64 e) { return 2u * e; }
+  static __device__ __forceinline__ K ldk(const u8* c, const u8*, u64 r, u32 i) {
+    return *reinterpret_cast<const uint4*>(c + r + 2u * i);
+  }
   static __device__ __forceinline__ K zk() { return make_uint4(0u, 0u, 0u, 0u); }
-  static __device__ __forceinline__ V ldv(const u8* p) { return *reinterpret_cast<const uint2*>(p); }
+  static __device__ __forceinline__ V ldv(const u8* c, const u8*, u64 r, u32 i) {
+    return *reinterpret_cast<const uint2*>(c + r + 2u * i);
+  }
   static __device__ __forceinline__ V zv() { return make_uint2(0u, 0u); }
   static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
     b0 = kk ? r.z : r.x;
@@ -389,19 +458,56 @@ template <> struct SaCache<true> {  // bf16 bits: already bf16 operands
     b1 = n & 1 ? (a2 >> 16) | (a3 & 0xffff0000u) : (a2 & 0xffffu) | (a3 << 16);
   }
 };
+template <> struct SaCache<S_CACHE_NVFP4> {  // packed E2M1 codes + E4M3 block scales
+  /// x: the 8 codes (nibble i = value i), y: their block's scale byte (8
+  /// values at a multiple of 8 never straddle a block of 16)
+  typedef uint2 K;
+  /// bits 0-15: the 4 codes, 16-23: their block's scale byte
+  typedef u32 V;
+  static constexpr u32 KB = SA_KB, VS = SA_TILE / 16, NVB = 1;
+  static __device__ __forceinline__ u64 row(u64 e) { return e; }
+  static __device__ __forceinline__ K ldk(const u8* c, const u8* sc, u64 r, u32 i) {
+    const u64 e = r + i;  // a multiple of 8: 4-byte aligned codes
+    return make_uint2(*reinterpret_cast<const u32*>(c + e / 2u), (u32)sc[e / 16u]);
+  }
+  static __device__ __forceinline__ K zk() { return make_uint2(0u, 0u); }
+  static __device__ __forceinline__ V ldv(const u8* c, const u8* sc, u64 r, u32 i) {
+    const u64 e = r + i;  // a multiple of 4: 2-byte aligned codes
+    return (u32)*reinterpret_cast<const u16*>(c + e / 2u) | ((u32)sc[e / 16u] << 16);
+  }
+  static __device__ __forceinline__ V zv() { return 0u; }
+  /// k-step kk uses values 4kk .. 4kk+3 (nibbles 4kk ..): each e2m1 * s as
+  /// an exact bf16 value (m3_nvfp4_bf16); the tensor's global scale
+  /// multiplies the f32 scores (ks), as fp8's scale does
+  static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
+    const float s = m3_e4m3_fast(r.y);
+    const u32 w = r.x >> (16 * kk);
+    b0 = m3_nvfp4_bf16(w, s) | (m3_nvfp4_bf16(w >> 4, s) << 16);
+    b1 = m3_nvfp4_bf16(w >> 8, s) | (m3_nvfp4_bf16(w >> 12, s) << 16);
+  }
+  /// n-tile n: value n of keys r = 0, 1 (b0) and r = 2, 3 (b1), each with
+  /// its own row's block scale
+  static __device__ __forceinline__ void vfrag(const V* v, int n, u32& b0, u32& b1) {
+    const u32 sh = 4u * (u32)n;
+    u32 h[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) h[r] = m3_nvfp4_bf16(v[r] >> sh, m3_e4m3_fast(v[r] >> 16));
+    b0 = h[0] | (h[1] << 16);
+    b1 = h[2] | (h[3] << 16);
+  }
+};
 
 /// V values of d group G for 16-key steps s0 .. s0 + VS - 1 of the tile:
 /// keys 16s + 2lt, +1, +8, +9 (r = 0..3), values 32G + 4lg .. +3.
-template <bool BF>
-M3_DEV void sa_load_v(typename SaCache<BF>::V (&vraw)[SaCache<BF>::VS][4], const u8* __restrict__ vc,
-                      const u64* roff, u32 G, u32 ng, u32 s0, u32 nk, u32 lt, u32 lg) {
+template <int CK>
+M3_DEV void sa_load_v(typename SaCache<CK>::V (&vraw)[SaCache<CK>::VS][4], const u8* __restrict__ vc,
+                      const u8* __restrict__ vsc, const u64* roff, u32 G, u32 ng, u32 s0, u32 nk, u32 lt, u32 lg) {
 #pragma unroll
-  for (int si = 0; si < (int)SaCache<BF>::VS; ++si)
+  for (int si = 0; si < (int)SaCache<CK>::VS; ++si)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const u32 key = 16u * (s0 + (u32)si) + 2u * lt + (u32)(r & 1) + 8u * (u32)(r >> 1);
-      vraw[si][r] = (G < ng && key < nk) ? SaCache<BF>::ldv(vc + roff[key] + SaCache<BF>::VB * (32u * G + 4u * lg))
-                                         : SaCache<BF>::zv();
+      vraw[si][r] = (G < ng && key < nk) ? SaCache<CK>::ldv(vc, vsc, roff[key], 32u * G + 4u * lg) : SaCache<CK>::zv();
     }
 }
 
@@ -430,16 +536,20 @@ M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
 /// max m, the sum l of exp(s - m) and the unnormalised o[d] to
 /// part [T][nkv][max_chunks][hg][d + 4] (m, l, pad, pad, o); an empty chunk
 /// writes m = -INF, l = 0 (o untouched: the combine skips it).
-/// Caches [slot][nkv][d]: E4M3 codes, or bf16 bits (BF; ks = vs = 1).
-template <bool BF, int SPLIT>
+/// Caches [slot][nkv][d]: E4M3 codes, bf16 bits (S_CACHE_BF16; ks = vs =
+/// 1), or NVFP4 codes [slot][nkv][d / 2] with block scales ksc / vsc
+/// [slot][nkv][d / 16] (S_CACHE_NVFP4; ks, vs the global scales).
+template <int CK, int SPLIT>
 M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
-                       const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,
+                       const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc, float ks,
+                       float vs, const u32* __restrict__ pos,
                        const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off,
                        u32 page, const int* __restrict__ sel, u32 K, u32 B, u32 T, float* __restrict__ part,
                        u32 max_chunks, float sscale, uint4* qs4, float* sp, u64* roff, float* hm, float* hl,
                        float* hc) {
-  typedef SaCache<BF> C;
-  if constexpr (BF) S_PATH_MARK("m3s_attn_partial: bf16 cache");
+  typedef SaCache<CK> C;
+  if constexpr (CK == S_CACHE_BF16) S_PATH_MARK("m3s_attn_partial: bf16 cache");
+  else if constexpr (CK == S_CACHE_NVFP4) S_PATH_MARK("m3s_attn_partial: nvfp4 cache");
   else S_PATH_MARK("m3s_attn_partial: fp8 cache");
   u32* qs = reinterpret_cast<u32*>(qs4);  // q [16][d] as bf16 pairs, rows >= hg zero
   const u32 c = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
@@ -511,12 +621,12 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     const u32 nk = jend - jt < (u64)tk ? (u32)(jend - jt) : tk;
     if (jt != j0) __syncthreads();  // the previous tile's P and rows are read
     // byte offset of each key's row (g's d values)
-    if (tid < nk) roff[tid] = (s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d * C::VB;
+    if (tid < nk) roff[tid] = C::row((s_slot(bt, bt_off, seq, page, (u32)(jt + tid)) * nkv + g) * d);
     __syncthreads();
     // V of the first d group's first key steps, loaded before S (latency)
     const u32 nsteps = (nk + 15u) / 16u;
     typename C::V vraw[C::VS][4];
-    sa_load_v<BF>(vraw, vc, roff, grp, ng, 0u, nk, lt, lg);
+    sa_load_v<CK>(vraw, vc, vsc, roff, grp, ng, 0u, nk, lt, lg);
     // 1. S = Q K^T: this group's keys kpg grp + 8 n + col; lane (lg, lt) loads
     //    key col = lg, d values 32G + 8lt .. +7 (k-step kk uses values
     //    4kk..4kk+3: slots 2lt, 2lt+1 <- values 0,1 and 2lt+8, 2lt+9 <-
@@ -534,8 +644,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #pragma unroll
         for (int gi = 0; gi < (int)C::KB; ++gi) {
           const u32 G = G0 + (u32)gi;
-          kraw[n][gi] = ((u32)n < nt && G < ng && key < nk) ? C::ldk(kc + roff[key] + C::VB * (32u * G + 8u * lt))
-                                                            : C::zk();
+          kraw[n][gi] = ((u32)n < nt && G < ng && key < nk) ? C::ldk(kc, ksc, roff[key], 32u * G + 8u * lt) : C::zk();
         }
       }
 #pragma unroll
@@ -627,7 +736,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
       for (int hb = 0; hb < (int)C::NVB; ++hb) {
         const u32 s0 = (u32)hb * C::VS;
         if (s0 >= nsteps) break;  // uniform over the CTA
-        if (v > 0 || hb > 0) sa_load_v<BF>(vraw, vc, roff, G, ng, s0, nk, lt, lg);
+        if (v > 0 || hb > 0) sa_load_v<CK>(vraw, vc, vsc, roff, G, ng, s0, nk, lt, lg);
 #pragma unroll
         for (int si = 0; si < (int)C::VS; ++si) {
           const u32 s = s0 + (u32)si;
@@ -687,33 +796,35 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 // blocks, which caps a wave64 thread at 128 VGPRs: 1,530 spilled)
 #define SA_BOUNDS M3_HIP_BLOCK(SA_THREADS)
 #endif
-/// See sa_partial. cache_bf16: the K and V caches hold bf16 bits (else E4M3
-/// codes); uniform over the grid, so the CTA takes one instantiation.
+/// See sa_partial. cache_kind (S_CACHE_*): what the K and V caches hold;
+/// ksc / vsc: NVFP4's block scales (unused otherwise). Uniform over the
+/// grid, so the CTA takes one instantiation.
 /// The entry points: full layers (sel == 0), sparse ones (sel != 0) a CTA a
 /// selected block, and sparse ones a CTA a SA_SPLIT-th of a block (the
 /// host's choice for small steps); separate kernels, not one branching,
 /// since the bodies together in one kernel spill registers that none does
 /// alone.
+#define SA_CALL(CK, SP)                                                                                            \
+  sa_partial<CK, SP>(q, nh, nkv, d, kc, vc, ksc, vsc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,  \
+                     max_chunks, sscale, qs4, sp, roff, hm, hl, hc)
 #define SA_ENTRY(name, SP)                                                                                          \
   M3_KERNEL void SA_BOUNDS name(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,       \
-                                const u8* __restrict__ vc, float ks, float vs, const u32* __restrict__ pos,         \
-                                const u32* __restrict__ row_seq, const u32* __restrict__ bt,                        \
-                                const u32* __restrict__ bt_off, u32 page, const int* __restrict__ sel, u32 K,       \
-                                u32 B, u32 T, float* __restrict__ part, u32 max_chunks, u32 cache_bf16) {           \
+                                const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc,  \
+                                float ks, float vs, const u32* __restrict__ pos, const u32* __restrict__ row_seq,   \
+                                const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page,               \
+                                const int* __restrict__ sel, u32 K, u32 B, u32 T, float* __restrict__ part,         \
+                                u32 max_chunks, u32 cache_kind) {                                                   \
     M3_PDL_TRIGGER();                                                                                               \
     M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
     S_SMEM_SCOPE; S_SHARED(uint4, qs4, [SA_MAXHG * SA_QS / 4]); /* q [16][d] as bf16 pairs, rows >= hg zero */      \
     S_SHARED(float, sp, [SA_MAXHG * SA_PS]); /* scores, then exp(s - m) (0 past the tile's keys) */                 \
-    S_SHARED(u64, roff, [SA_TILE]); /* byte offset of each key's K / V row */                                       \
+    S_SHARED(u64, roff, [SA_TILE]); /* each key's K / V row (SaCache::row) */                                       \
     S_SHARED(float, hm, [SA_MAXHG]); S_SHARED(float, hl, [SA_MAXHG]); S_SHARED(float, hc, [SA_MAXHG]);              \
-    /* score scale: K's dequantisation scale and 1/sqrt(d) (computed once, outside the two bodies) */              \
+    /* score scale: K's dequantisation scale and 1/sqrt(d) (computed once, outside the bodies) */                  \
     const float sscale = ks / sqrtf((float)d);                                                                      \
-    if (cache_bf16)                                                                                                 \
-      sa_partial<true, SP>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,       \
-                           max_chunks, sscale, qs4, sp, roff, hm, hl, hc);                                          \
-    else                                                                                                            \
-      sa_partial<false, SP>(q, nh, nkv, d, kc, vc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,      \
-                            max_chunks, sscale, qs4, sp, roff, hm, hl, hc);                                         \
+    if (cache_kind == S_CACHE_BF16) SA_CALL(S_CACHE_BF16, SP);                                                      \
+    S_NV_ARM(SA_CALL(S_CACHE_NVFP4, SP))                                                                            \
+    else SA_CALL(S_CACHE_FP8, SP);                                                                                  \
   }
 SA_ENTRY(m3s_attn_partial, 0)
 SA_ENTRY(m3s_attn_partial_sparse, 1)

@@ -870,15 +870,25 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   }
 }
 
+/// Cache element types (`kind` of a cache write, `cache_kind` of the
+/// attention and indexer kernels; the host's attn::KvKind): E4M3 codes,
+/// bf16 bits, NVFP4 (ARCHITECTURE.md, NVFP4 KV cache).
+#define S_CACHE_FP8 0
+#define S_CACHE_BF16 1
+#define S_CACHE_NVFP4 2
+
 /// One cache write of a fused launch: cache[slot[t], :] = x[t, :] over
-/// `width` values, as bf16 bits (bf16 != 0: the cache is u16 [slot][width],
-/// x stored as is) or as e4m3(x / scale) codes (saturating RNE; the cache
-/// is u8 [slot][width]).
+/// `width` values, as bf16 bits (kind S_CACHE_BF16: the cache is u16
+/// [slot][width], x stored as is), as e4m3(x / scale) codes (S_CACHE_FP8:
+/// saturating RNE; the cache is u8 [slot][width]), or as NVFP4 blocks of 16
+/// with `scale` as the global (S_CACHE_NVFP4: m3_nvfp4_block; the cache is
+/// packed E2M1 codes u8 [slot][width / 2], `scales` E4M3 u8
+/// [slot][width / 16]; width a multiple of 16).
 struct SCwJob {
-  u64 x, cache;
+  u64 x, cache, scales;
   u32 width;
   float scale;
-  u32 bf16, pad;
+  u32 kind, pad;
 };
 struct SCwJobs {
   SCwJob j[3];
@@ -886,7 +896,7 @@ struct SCwJobs {
 };
 
 /// Up to 3 cache writes (K, V, index K) in one launch. Grid (T, n),
-/// block 128.
+/// block 128 (NVFP4: a thread per block of 16 values).
 M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
@@ -896,10 +906,33 @@ M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots
     if ((u32)i == blockIdx.y) jb = jobs.j[i];
   const u16* x = reinterpret_cast<const u16*>(jb.x);
   const u32 width = jb.width;
-  const u64 dst = (u64)slots[blockIdx.x] * width;
-  if (jb.bf16) {
+  const u64 slot = slots[blockIdx.x];
+  const u64 dst = slot * width;
+  if (jb.kind == S_CACHE_BF16) {
     u16* cache = reinterpret_cast<u16*>(jb.cache);
     for (u32 i = threadIdx.x; i < width; i += blockDim.x) cache[dst + i] = x[(u64)blockIdx.x * width + i];
+    return;
+  }
+  if (jb.kind == S_CACHE_NVFP4) {
+    u8* codes = reinterpret_cast<u8*>(jb.cache) + dst / 2u;
+    u8* scales = reinterpret_cast<u8*>(jb.scales) + dst / 16u;
+    const u16* xr = x + (u64)blockIdx.x * width;
+    for (u32 b = threadIdx.x; b < width / 16u; b += blockDim.x) {
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = m3_bf16_to_f32(xr[16u * b + (u32)j]);
+      u32 c[16];
+      scales[b] = (u8)m3_nvfp4_block(v, (double)jb.scale, c);
+      // 8 code bytes of the block: one 8-byte store (dst / 2 + 8b is a
+      // multiple of 8: width is a multiple of 16)
+      u32 w0 = 0u, w1 = 0u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w0 |= (c[2 * j] | (c[2 * j + 1] << 4)) << (8 * j);
+        w1 |= (c[8 + 2 * j] | (c[8 + 2 * j + 1] << 4)) << (8 * j);
+      }
+      *reinterpret_cast<uint2*>(codes + 8u * b) = make_uint2(w0, w1);
+    }
     return;
   }
   u8* cache = reinterpret_cast<u8*>(jb.cache);

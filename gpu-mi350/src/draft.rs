@@ -43,9 +43,9 @@ use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevLinear, DevMlp};
 use crate::runner::be_err;
 use crate::runtime::api::{Func, Gpu};
-use crate::standard::attn::{self, AttnArgs};
+use crate::standard::attn::{self, AttnArgs, KvKind};
 use crate::standard::linear::{linears, LinOut, SMALL_STEP_ROWS};
-use crate::standard::pointwise as pw;
+use crate::standard::pointwise::{self as pw, CwSpec};
 use crate::standard::{Kernels, Launcher, PathOptions, STANDARD};
 
 /// Context rows added per launch sequence (longer prompts loop).
@@ -418,10 +418,25 @@ impl GpuDraft {
         pw::cache_writes(
             &self.l,
             &self.kern.cache_write,
-            &[(b.k.ptr(), w, 1.0, kc), (b.v.ptr(), w, 1.0, vc)],
+            &[
+                CwSpec {
+                    x: b.k.ptr(),
+                    width: w,
+                    scale: 1.0,
+                    cache: kc,
+                    scales: 0,
+                },
+                CwSpec {
+                    x: b.v.ptr(),
+                    width: w,
+                    scale: 1.0,
+                    cache: vc,
+                    scales: 0,
+                },
+            ],
             t,
             b.slots.ptr(),
-            true,
+            KvKind::Bf16,
         )
     }
 
@@ -582,9 +597,11 @@ impl GpuDraft {
                     d,
                     kc: st.k[li].ptr(),
                     vc: st.v[li].ptr(),
+                    ksc: 0,
+                    vsc: 0,
                     ks: 1.0,
                     vs: 1.0,
-                    cache_bf16: true,
+                    cache: KvKind::Bf16,
                     pos: b.att_pos.ptr(),
                     row_seq: b.zeros.ptr(),
                     bt: b.zeros.ptr(),

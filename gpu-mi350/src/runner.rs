@@ -16,7 +16,7 @@ use m3_core::backend::{
     BackendError, LoadSpec, ModelRunner, ModelSource, StepInput, StepOutput, Taps,
 };
 use m3_core::config::ModelConfig;
-use m3_core::kv::{CacheDtype, KvLayout};
+use m3_core::kv::KvLayout;
 
 use std::sync::Arc;
 
@@ -46,16 +46,6 @@ pub(crate) fn be_err(what: &str, e: GpuError) -> BackendError {
     }
 }
 
-/// The GPU's refusal of `--kv-cache-dtype nvfp4` (one line, naming the
-/// option and the way out).
-pub fn nvfp4_cache_refused() -> BackendError {
-    BackendError::Unsupported {
-        op: "--kv-cache-dtype nvfp4",
-        backend: "cuda".into(),
-        what: "the NVFP4 KV cache runs on the CPU reference only so far (use --backend cpu)".into(),
-    }
-}
-
 /// The loaded model on one GPU.
 pub struct GpuRunner<'g> {
     gpu: &'g dyn Gpu,
@@ -75,11 +65,6 @@ impl<'g> GpuRunner<'g> {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, BackendError> {
         spec.validate()?;
-        // Before any weight moves: the device has no NVFP4 cache kernels
-        // (write, attention and indexer reads) yet; issue 17's GPU half.
-        if spec.cache_dtype == CacheDtype::Nvfp4 {
-            return Err(nvfp4_cache_refused());
-        }
         let ctx = gpu.device();
         let mut model = match &source {
             ModelSource::Weights(w) => DevModel::load(

@@ -223,10 +223,11 @@ fn step() -> (StepBatch, usize) {
 }
 
 fn filled_cache(dtype: CacheDtype, slots: usize, width: usize, name: &str) -> CacheTensor {
-    let scale = if dtype == CacheDtype::Fp8E4M3 {
-        0.02
-    } else {
-        1.0
+    // (NVFP4: a global that is not a power of two, as the golden case's)
+    let scale = match dtype {
+        CacheDtype::Fp8E4M3 => 0.02,
+        CacheDtype::Nvfp4 => 0.375,
+        CacheDtype::Bf16 => 1.0,
     };
     let mut c = CacheTensor::new(dtype, slots, width, scale).unwrap();
     let x = uniform(11, name, slots * width, 2.0);
@@ -356,7 +357,7 @@ fn cases() -> Vec<Case> {
     }
 
     // ---- cache write: bit-exact stores -----------------------------------
-    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3] {
+    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3, CacheDtype::Nvfp4] {
         v.push(case(
             format!("cache_write/{dtype:?}"),
             Tol::Exact,
@@ -376,7 +377,7 @@ fn cases() -> Vec<Case> {
                 Ok(vec![match &c.data {
                     CacheData::Bf16(d) => Out::Bits(d.iter().map(|&b| b as u64).collect()),
                     CacheData::Fp8(d) => bytes(d),
-                    // not in this list: the GPU refuses nvfp4 caches
+                    // codes then block scales, both bit-exact
                     CacheData::Nvfp4 { codes, scales } => bytes(&[&codes[..], scales].concat()),
                 }])
             }),
@@ -384,7 +385,7 @@ fn cases() -> Vec<Case> {
     }
 
     // ---- indexer: block scores, block top-k --------------------------------
-    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3] {
+    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3, CacheDtype::Nvfp4] {
         v.push(case(
             format!("index_scores/{dtype:?}"),
             F32_SUM,
@@ -456,7 +457,7 @@ fn cases() -> Vec<Case> {
     }
 
     // ---- attention: full and sparse, bf16 and fp8 caches, GQA -------------
-    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3] {
+    for dtype in [CacheDtype::Bf16, CacheDtype::Fp8E4M3, CacheDtype::Nvfp4] {
         for sparse in [false, true] {
             v.push(case(
                 format!("attention/{dtype:?}/sparse={sparse}"),
@@ -809,6 +810,88 @@ fn every_op_matches_cpu_ref() {
         gpu.weight_bytes()
     );
     assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+}
+
+/// The op-level golden case `golden/cases/ops/nvfp4-cache.safetensors`
+/// (the independent numpy reference, ARCHITECTURE.md *NVFP4 KV cache*)
+/// through the GPU's cache write: each row stored into slot 1 of a 3-slot
+/// NVFP4 tensor with the row's global gives the case's packed codes and
+/// E4M3 block scales bit for bit (slots 0 and 2 stay zero). A byte flipped
+/// in the output must be caught by the same comparison.
+#[test]
+fn golden_nvfp4_cache_case_through_the_gpu() {
+    let Some(gpu) = gpu_or_skip("golden_nvfp4_cache_case_through_the_gpu") else {
+        return;
+    };
+    let file = "nvfp4-cache.safetensors";
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../golden/cases/ops")
+        .join(file);
+    let f = m3_core::checkpoint::safetensors_file::SafetensorsFile::open(&path, file)
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let raw = |n: &str| {
+        let i = f.info(n).unwrap_or_else(|| panic!("{file} lacks {n}"));
+        (i.shape.clone(), f.bytes(i).to_vec())
+    };
+    let f32s = |b: Vec<u8>| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let (xs, xb) = raw("x");
+    let (x, g) = (f32s(xb), f32s(raw("g").1));
+    let (want_codes, want_scales) = (raw("codes").1, raw("scales").1);
+    let (rows, w) = (xs[0], xs[1]);
+    let (cw, sw) = (w / 2, w / 16);
+    let mut codes = Vec::new();
+    let mut scales = Vec::new();
+    for r in 0..rows {
+        let mut t = CacheTensor::new(CacheDtype::Nvfp4, 3, w, g[r]).unwrap();
+        gpu.run_op(Op::CacheWrite {
+            cache: &mut t,
+            slots: &[1],
+            x: &x[r * w..(r + 1) * w],
+        })
+        .unwrap_or_else(|e| panic!("row {r}: {e}"));
+        let CacheData::Nvfp4 {
+            codes: c,
+            scales: s,
+        } = &t.data
+        else {
+            panic!("not an nvfp4 tensor")
+        };
+        assert!(
+            c[..cw].iter().chain(&c[2 * cw..]).all(|&b| b == 0)
+                && s[..sw].iter().chain(&s[2 * sw..]).all(|&b| b == 0),
+            "row {r}: a slot other than 1 was written"
+        );
+        codes.extend_from_slice(&c[cw..2 * cw]);
+        scales.extend_from_slice(&s[sw..2 * sw]);
+    }
+    let first = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y);
+    assert_eq!(codes.len(), want_codes.len());
+    assert_eq!(scales.len(), want_scales.len());
+    if let Some(i) = first(&codes, &want_codes) {
+        panic!(
+            "{file}: code byte {i} (row {}): gpu {:#04x}, golden {:#04x}",
+            i / cw,
+            codes[i],
+            want_codes[i]
+        );
+    }
+    if let Some(i) = first(&scales, &want_scales) {
+        panic!(
+            "{file}: scale byte {i} (row {}): gpu {:#04x}, golden {:#04x}",
+            i / sw,
+            scales[i],
+            want_scales[i]
+        );
+    }
+    // the comparison can fail
+    let mut planted = codes.clone();
+    planted[codes.len() / 2] ^= 0x10;
+    assert!(first(&planted, &want_codes).is_some());
+    println!("{file}: {rows} rows of {w} through the GPU cache write: codes and scales bit-exact");
 }
 
 /// The comparison itself, without a GPU: each tolerance rejects a planted

@@ -90,6 +90,22 @@ const CASES: &[Case] = &[
         logit_margin: 5e-2,
     },
     Case {
+        // ARCHITECTURE.md, NVFP4 KV cache: each side stores its own K / V,
+        // and a bf16-noise difference that crosses an E2M1 midpoint moves a
+        // value by a whole E2M1 step (up to 1/3 of the block's scale), so
+        // the bounds are the MXFP4-activation case's (golden's floor for a
+        // 4-bit rounding on both sides)
+        name: "mxfp4/mxfp8, nvfp4 cache",
+        formats: MX,
+        cache: CacheDtype::Nvfp4,
+        act: ActMode::Bf16,
+        selection: IndexSelection::PerKvHead,
+        full_layers: 0,
+        tol: 3e-2,
+        worst_row: false,
+        logit_margin: 1e-1,
+    },
+    Case {
         name: "mxfp4/mxfp8, bf16 cache",
         formats: MX,
         cache: CacheDtype::Bf16,
@@ -560,7 +576,7 @@ fn decode_matches_prefill_on_the_gpu() {
     let mut failures = Vec::new();
     let mut configs = Vec::new();
     for preset in ["tiny", "small"] {
-        for cache in [CacheDtype::Bf16, CacheDtype::Fp8E4M3] {
+        for cache in [CacheDtype::Bf16, CacheDtype::Fp8E4M3, CacheDtype::Nvfp4] {
             for act in [ActMode::Bf16, ActMode::Mxfp4] {
                 for graphs in [true, false] {
                     configs.push(Consistency {
@@ -891,10 +907,13 @@ fn mono_path_is_bitwise_the_standard_path() {
     let bits = |a: &[f32], b: &[f32]| {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     };
-    for (preset, fmt) in [
-        ("tiny", WeightFormat::Bf16),
-        ("tiny", WeightFormat::Mxfp4),
-        ("small", WeightFormat::Mxfp4),
+    // (the NVFP4 cache: the mono program records the standard path's
+    // cache-write, indexer and attention launches with their NVFP4 args)
+    for (preset, fmt, cache) in [
+        ("tiny", WeightFormat::Bf16, CacheDtype::Fp8E4M3),
+        ("tiny", WeightFormat::Mxfp4, CacheDtype::Fp8E4M3),
+        ("small", WeightFormat::Mxfp4, CacheDtype::Fp8E4M3),
+        ("tiny", WeightFormat::Mxfp4, CacheDtype::Nvfp4),
     ] {
         let c = ModelConfig::preset(preset).expect("preset");
         let formats = Formats {
@@ -918,7 +937,10 @@ fn mono_path_is_bitwise_the_standard_path() {
             let mut r = GpuRunner::load(
                 &cuda,
                 ModelSource::Weights(m.clone()),
-                &spec(&CASES[0]),
+                &LoadSpec {
+                    cache_dtype: cache,
+                    ..spec(&CASES[0])
+                },
                 opts,
                 &mut |_| {},
             )
@@ -968,14 +990,14 @@ fn mono_path_is_bitwise_the_standard_path() {
         let (std_n, plain) = match run(&m, false) {
             Ok(v) => v,
             Err(e) => {
-                failures.push(format!("{preset} {fmt:?} standard: {e}"));
+                failures.push(format!("{preset} {fmt:?} {cache:?} standard: {e}"));
                 continue;
             }
         };
         let (mono_n, mono) = match run(&m, true) {
             Ok(v) => v,
             Err(e) => {
-                failures.push(format!("{preset} {fmt:?} mono: {e}"));
+                failures.push(format!("{preset} {fmt:?} {cache:?} mono: {e}"));
                 continue;
             }
         };
@@ -987,16 +1009,16 @@ fn mono_path_is_bitwise_the_standard_path() {
             Err(_) => false,
         };
         println!(
-            "{preset} {fmt:?}: mono steps {mono_n} (standard runner {std_n}); mono == standard bitwise over 7 steps: {same} (first differing step {first_diff:?}); a perturbed model differs: {caught}"
+            "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (standard runner {std_n}); mono == standard bitwise over 7 steps: {same} (first differing step {first_diff:?}); a perturbed model differs: {caught}"
         );
         if std_n != 0 || mono_n != 6 {
             failures.push(format!(
-                "{preset} {fmt:?}: mono steps {mono_n} (want 6), standard runner {std_n} (want 0)"
+                "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (want 6), standard runner {std_n} (want 0)"
             ));
         }
         if !same {
             failures.push(format!(
-                "{preset} {fmt:?}: mono logits differ from standard (first at step {first_diff:?})"
+                "{preset} {fmt:?} {cache:?}: mono logits differ from standard (first at step {first_diff:?})"
             ));
         }
         if !caught {

@@ -413,13 +413,6 @@ fn run_backend(
         Ok(f) => f,
         Err(reason) => return Ok(Outcome::Skipped(reason)),
     };
-    if case.meta.options.kv_dtype == "nvfp4" && backend != "cpu" {
-        // Not supported yet, said as a skip like any other: REQUIRE_GPU=1
-        // turns it into a failure, so a GPU run cannot pass by skipping it.
-        return Ok(Outcome::Skipped(
-            "the NVFP4 KV cache (--kv-cache-dtype nvfp4) runs on the CPU backend only so far; the GPU refuses it".into(),
-        ));
-    }
     let out = work.join(format!("{}-{backend}.safetensors", case.meta.name));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Command::new(m3);

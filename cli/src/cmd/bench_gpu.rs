@@ -385,6 +385,8 @@ fn print_per_layer(
 /// One bench model's timed cases.
 struct ModelRun {
     layers: usize,
+    /// The KV / index cache dtype of the run.
+    cache: CacheDtype,
     gen_s: f64,
     capture_s: f64,
     out_cases: Vec<serde_json::Value>,
@@ -411,6 +413,7 @@ fn bench_model(
     kind: BenchWeights,
     batches: &[usize],
     ceiling: f64,
+    cache: CacheDtype,
 ) -> Result<ModelRun> {
     // 3. model, cache, graphs
     let t0 = Instant::now();
@@ -478,7 +481,7 @@ fn bench_model(
             max_seqs,
             page_size: page,
             max_context,
-            cache_dtype: CacheDtype::Fp8E4M3,
+            cache_dtype: cache,
             act: ActMode::Bf16,
         },
         KvBudget::Blocks(pages),
@@ -490,8 +493,11 @@ fn bench_model(
     .context("standard path")?;
     sp.fill_cache(gpu, 0xcafe).context("filling the cache")?;
     println!(
-        "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; cache {pages} pages of {page}",
-        args.preset, cfg.num_hidden_layers, kind,
+        "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; {} cache {pages} pages of {page}",
+        args.preset,
+        cfg.num_hidden_layers,
+        kind,
+        cache.name(),
     );
     // kernel variants (tensor-core linear tunables), each run on every case
     // variant None: chosen by the step's rows (the defaults)
@@ -594,6 +600,7 @@ fn bench_model(
                 s.logits_rows.len(),
                 &ex,
                 &bl,
+                cache,
             ));
             // printed as it goes: a run cut short still leaves its numbers
             let (med, p10, p90) = stats(&v);
@@ -609,7 +616,7 @@ fn bench_model(
     }
 
     println!(
-        "\nstandard path, {} --layers {}, weights {:?}{}, fp8 KV/index cache, {} rounds x {} replays",
+        "\nstandard path, {} --layers {}, weights {:?}{}, {} KV/index cache, {} rounds x {} replays",
         args.preset,
         cfg.num_hidden_layers,
         kind,
@@ -618,6 +625,7 @@ fn bench_model(
         } else {
             ""
         },
+        cache.name(),
         args.rounds,
         args.iters
     );
@@ -653,6 +661,7 @@ fn bench_model(
         medians.push((run_label(vi, c), vi, med, by));
         out_cases.push(json!({
             "case": c.label,
+            "kv_cache": cache.name(),
             "variant": vlabels[vi],
             "batch": b,
             "rows": c.step.rows(),
@@ -667,12 +676,44 @@ fn bench_model(
     }
     Ok(ModelRun {
         layers: cfg.num_hidden_layers,
+        cache,
         gen_s,
         capture_s,
         out_cases,
         profiles,
         medians,
     })
+}
+
+/// Each later cache dtype's medians against the first's, case by case
+/// (same model, same device, same call): the time and bytes a step costs
+/// with that cache.
+fn print_cache_comparison(first: &ModelRun, more: &[ModelRun]) {
+    println!(
+        "\nKV cache dtypes against {} (same model and cases, one call):",
+        first.cache.name()
+    );
+    println!(
+        "| case | cache | median ms | vs {0} ms | time ratio | MB/step | vs {0} MB/step |",
+        first.cache.name()
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for r in more {
+        for (label, vi, med, by) in &r.medians {
+            let base = first
+                .medians
+                .iter()
+                .find(|(l, v, _, _)| l == label && v == vi);
+            let (bm, bb) = base.map_or((f64::NAN, f64::NAN), |b| (b.2, b.3));
+            println!(
+                "| {label} | {} | {med:.3} | {bm:.3} | {:.3} | {:.1} | {:.1} |",
+                r.cache.name(),
+                med / bm,
+                by / 1e6,
+                bb / 1e6
+            );
+        }
+    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -723,25 +764,59 @@ pub fn run(args: &Args) -> Result<()> {
         tr,
     } = measure_ceiling(&gpu)?;
 
-    let mut runs = vec![bench_model(args, &gpu, &cfg, kind, &batches, ceiling)?];
+    // one whole bench per cache dtype (`--kv-cache-dtype fp8_e4m3,nvfp4`),
+    // in the order given, on the same device in the same call
+    let caches: Vec<CacheDtype> = args.kv_dtype.iter().map(|&k| k.into()).collect();
+    let Some(&first_cache) = caches.first() else {
+        bail!("--kv-cache-dtype needs at least one dtype");
+    };
+    let mut runs = vec![bench_model(
+        args,
+        &gpu,
+        &cfg,
+        kind,
+        &batches,
+        ceiling,
+        first_cache,
+    )?];
     let mut per_layer = serde_json::Value::Null;
     if let Some(l2) = args.per_layer {
         let cfg2 = base
             .clone()
             .with_layers(l2)
             .map_err(|e| anyhow!("--per-layer: {e}"))?;
-        runs.push(bench_model(args, &gpu, &cfg2, kind, &batches, ceiling)?);
+        runs.push(bench_model(
+            args,
+            &gpu,
+            &cfg2,
+            kind,
+            &batches,
+            ceiling,
+            first_cache,
+        )?);
         per_layer = print_per_layer(&runs[0], &runs[1], &base, ceiling);
+    }
+    let mut more_caches = Vec::new();
+    for &c in &caches[1..] {
+        more_caches.push(bench_model(args, &gpu, &cfg, kind, &batches, ceiling, c)?);
+    }
+    if !more_caches.is_empty() {
+        print_cache_comparison(&runs[0], &more_caches);
     }
     let smi_after = nvidia_smi();
     println!("clocks after: {smi_after}");
     let ModelRun {
         gen_s,
         capture_s,
-        out_cases,
-        profiles,
+        mut out_cases,
+        mut profiles,
+        cache: _,
         ..
     } = runs.swap_remove(0);
+    for r in &more_caches {
+        out_cases.extend(r.out_cases.iter().cloned());
+        profiles.extend(r.profiles.iter().cloned());
+    }
     let doc = json!({
         "what": "m3 bench --backend gpu: graph-captured standard path, pure decode",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
@@ -753,7 +828,9 @@ pub fn run(args: &Args) -> Result<()> {
                      "read_samples_ms": [tr.median_ms, tr.p10_ms, tr.p90_ms]},
         "model": {"preset": args.preset, "layers": cfg.num_hidden_layers, "weights": format!("{kind:?}"),
                    "online_quant": args.online_quant.is_some().then_some("ptpc_fp8"),
-                   "seed": "0x5eed", "cache": "fp8_e4m3, generated codes (no prefill)", "context": args.context},
+                   "seed": "0x5eed", "context": args.context,
+                   "cache": format!("{}, generated codes (no prefill)",
+                       caches.iter().map(|c| c.name()).collect::<Vec<_>>().join(" then "))},
         "protocol": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
                       "generate_s": gen_s, "capture_and_warmup_s": capture_s},
         "cases": out_cases,

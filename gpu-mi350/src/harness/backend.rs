@@ -33,7 +33,7 @@ use m3_core::kv::{CacheData, CacheDtype, CacheTensor};
 use m3_core::sample;
 use m3_core::weights::{LinearWeight, MlpWeights, MoeWeights};
 
-use super::ops::attention::{DeviceCache, DeviceStep, MAX_HEAD_DIM};
+use super::ops::attention::{CacheKind, DeviceCache, DeviceStep, MAX_HEAD_DIM};
 use super::ops::elementwise::DeviceWeight;
 use crate::{CudaGpu, DeviceLinear};
 
@@ -109,22 +109,13 @@ fn weight_key(w: &LinearWeight) -> WeightKey {
     (addr, len, w.rows(), w.cols(), fp)
 }
 
-/// The op harness has no NVFP4 cache kernels (issue 17's GPU half).
-fn nvfp4_cache_refused(op: &'static str) -> BackendError {
-    BackendError::Unsupported {
-        op,
-        backend: "gpu".into(),
-        what: "--kv-cache-dtype nvfp4: the NVFP4 KV cache runs on the CPU reference only so far"
-            .into(),
-    }
-}
-
-/// The bytes of a cache tensor as stored (bf16 or fp8; nvfp4 refused).
-fn cache_bytes(c: &CacheTensor) -> Result<&[u8], BackendError> {
+/// The bytes of a cache tensor as stored: the elements (bf16 bits, E4M3
+/// codes, packed E2M1 codes), NVFP4's block scales, and how to read them.
+fn cache_parts(c: &CacheTensor) -> (&[u8], Option<&[u8]>, CacheKind) {
     match &c.data {
-        CacheData::Bf16(d) => Ok(bytemuck::cast_slice(d)),
-        CacheData::Fp8(d) => Ok(d),
-        CacheData::Nvfp4 { .. } => Err(nvfp4_cache_refused("cache read")),
+        CacheData::Bf16(d) => (bytemuck::cast_slice(d), None, CacheKind::Bf16),
+        CacheData::Fp8(d) => (d, None, CacheKind::Fp8),
+        CacheData::Nvfp4 { codes, scales } => (codes, Some(scales), CacheKind::Nvfp4),
     }
 }
 
@@ -359,9 +350,11 @@ impl GpuBackend {
     }
 
     fn device_cache(&self, c: &CacheTensor) -> Result<DeviceCache, BackendError> {
+        let (data, scales, kind) = cache_parts(c);
         Ok(DeviceCache {
-            data: self.up(cache_bytes(c)?)?,
-            fp8: matches!(c.data, CacheData::Fp8(_)),
+            data: self.up(data)?,
+            scales: scales.map(|s| self.up(s)).transpose()?,
+            kind,
             scale: c.scale,
         })
     }
@@ -439,11 +432,11 @@ impl GpuBackend {
         x: &[f32],
     ) -> Result<(), BackendError> {
         let w = cache.width;
-        if cache.dtype() == CacheDtype::Nvfp4 {
-            return Err(nvfp4_cache_refused("cache_write"));
-        }
         if x.is_empty() {
             return Ok(());
+        }
+        if let CacheData::Nvfp4 { codes, scales } = &mut cache.data {
+            return self.cache_write_nvfp4(w, cache.scale, codes, scales, slots, x);
         }
         let fp8 = matches!(cache.data, CacheData::Fp8(_));
         let xd = self.up(x)?;
@@ -467,7 +460,59 @@ impl GpuBackend {
                     d[s * w..(s + 1) * w].copy_from_slice(&v[t * w..(t + 1) * w]);
                 }
             }
-            CacheData::Nvfp4 { .. } => return Err(nvfp4_cache_refused("cache_write")),
+            // stored by cache_write_nvfp4 (returned above)
+            CacheData::Nvfp4 { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// NVFP4 cache write: every row of `x` encoded on the device
+    /// (`m3_cache_encode_nvfp4`), then its codes and block scales copied to
+    /// `slots` of the host tensor's two arrays (`CacheTensor::write`'s
+    /// layout). `Op::check` has checked the rows and slots.
+    fn cache_write_nvfp4(
+        &self,
+        w: usize,
+        g: f32,
+        codes: &mut [u8],
+        scales: &mut [u8],
+        slots: &[u32],
+        x: &[f32],
+    ) -> Result<(), BackendError> {
+        let b = CacheDtype::Nvfp4.block();
+        if w == 0 || !w.is_multiple_of(b) || x.len() != slots.len() * w {
+            return Err(BackendError::Unsupported {
+                op: "cache_write",
+                backend: "gpu".into(),
+                what: format!(
+                    "{} values for {} NVFP4 rows of {w} (a multiple of {b})",
+                    x.len(),
+                    slots.len()
+                ),
+            });
+        }
+        let nblocks = x.len() / b;
+        let xd = self.up(x)?;
+        let mut cd = self.zeros::<u8>(x.len() / 2)?;
+        let mut sd = self.zeros::<u8>(nblocks)?;
+        self.gpu
+            .cache_encode_nvfp4_dev(&xd, nblocks, g, &mut cd, &mut sd)
+            .op("cache_write")?;
+        let (c, s) = (self.down(&cd, x.len() / 2)?, self.down(&sd, nblocks)?);
+        let (cw, sw) = (w / 2, w / b);
+        for (t, &slot) in slots.iter().enumerate() {
+            let slot = slot as usize;
+            let dst = codes.get_mut(slot * cw..(slot + 1) * cw);
+            let sdst = scales.get_mut(slot * sw..(slot + 1) * sw);
+            let (Some(dst), Some(sdst)) = (dst, sdst) else {
+                return Err(BackendError::Unsupported {
+                    op: "cache_write",
+                    backend: "gpu".into(),
+                    what: format!("slot {slot} outside the NVFP4 cache"),
+                });
+            };
+            dst.copy_from_slice(&c[t * cw..(t + 1) * cw]);
+            sdst.copy_from_slice(&s[t * sw..(t + 1) * sw]);
         }
         Ok(())
     }

@@ -319,8 +319,9 @@ pub fn generate(
 /// embedding rows, and the cache bytes attention and the indexer read,
 /// counted per sequence as the union over its rows (a verify step's rows
 /// share one cache): index keys of every visible position, and K + V of the
-/// selected blocks (sparse layers) or of every visible position (full).
-/// `experts` / `blocks` come from
+/// selected blocks (sparse layers) or of every visible position (full),
+/// at `cache`'s bytes a row (`CacheDtype::row_bytes`: NVFP4's codes and
+/// block scales). `experts` / `blocks` come from
 /// [`crate::standard::StandardPath::experts_chosen`] /
 /// [`crate::standard::StandardPath::blocks_selected`].
 pub fn step_bytes(
@@ -330,6 +331,7 @@ pub fn step_bytes(
     logits_rows: usize,
     experts: &[Vec<i32>],
     blocks: &[Vec<i32>],
+    cache: m3_core::kv::CacheDtype,
 ) -> u64 {
     use std::collections::{BTreeMap, BTreeSet};
     let c = &m.config;
@@ -356,7 +358,7 @@ pub fn step_bytes(
             b += (ix.q.matrix_bytes() + ix.k.matrix_bytes() + 2 * c.index_head_dim * 4) as u64;
             b += visible
                 .values()
-                .map(|&v| (v * c.index_head_dim) as u64)
+                .map(|&v| (v * cache.row_bytes(c.index_head_dim)) as u64)
                 .sum::<u64>();
             let sel = blocks.get(l).map(|v| v.as_slice()).unwrap_or(&[]);
             // (sequence, kv head) -> distinct blocks selected by any of its rows
@@ -379,13 +381,13 @@ pub fn step_bytes(
                 for &blk in set {
                     let lo = blk as usize * bs;
                     let n = (lo + bs).min(vis).saturating_sub(lo);
-                    b += (2 * n * d) as u64;
+                    b += (2 * n * cache.row_bytes(d)) as u64;
                 }
             }
         } else {
             b += visible
                 .values()
-                .map(|&v| (2 * v * d * nkv) as u64)
+                .map(|&v| (2 * v * nkv * cache.row_bytes(d)) as u64)
                 .sum::<u64>();
         }
         match &lw.ffn {

@@ -56,6 +56,70 @@ pub(super) const ATTN_TILE: usize = 128;
 pub(super) const FULL_CHUNK_CAP: usize = 256;
 /// Largest grid y / z dimension (rows, KV heads).
 const MAX_GRID_YZ: usize = 65_535;
+/// Values per NVFP4 cache block (one E4M3 scale byte each): a row's codes
+/// are `width / 2` bytes, its scales `width / NVFP4_BLOCK` bytes.
+pub(crate) const NVFP4_BLOCK: usize = 16;
+
+/// What a cache buffer holds: the kernels' `cache_kind` / cache-write
+/// `kind` argument (`S_CACHE_*` in standard_decode.cu, values held equal by
+/// a test). One value for K, V and the index keys of a step (the cache
+/// dtype is the runner's, not a layer's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum KvKind {
+    /// E4M3 codes, `e4m3 * scale` (S_CACHE_FP8).
+    Fp8 = 0,
+    /// bf16 bits (S_CACHE_BF16; the scales are 1).
+    Bf16 = 1,
+    /// NVFP4 (S_CACHE_NVFP4; ARCHITECTURE.md, *NVFP4 KV cache*): packed
+    /// E2M1 codes `[slot][width / 2]` in the cache buffer, E4M3 block scales
+    /// `[slot][width / 16]` in a second buffer, the per-tensor scale as the
+    /// global.
+    Nvfp4 = 2,
+}
+
+impl KvKind {
+    /// The kind of a cache of `dtype`.
+    pub(crate) fn of(dtype: m3_core::kv::CacheDtype) -> Self {
+        match dtype {
+            m3_core::kv::CacheDtype::Bf16 => KvKind::Bf16,
+            m3_core::kv::CacheDtype::Fp8E4M3 => KvKind::Fp8,
+            m3_core::kv::CacheDtype::Nvfp4 => KvKind::Nvfp4,
+        }
+    }
+
+    /// The per-tensor scale the kernels take for a tensor whose checkpoint
+    /// scale is `scale`: 1 for bf16 (unscaled), else the scale itself (fp8's
+    /// divisor, NVFP4's global).
+    pub(crate) fn scale(self, scale: f32) -> f32 {
+        if self == KvKind::Bf16 {
+            1.0
+        } else {
+            scale
+        }
+    }
+}
+
+/// The block-scale buffer of an NVFP4 cache is given exactly when the cache
+/// is NVFP4 (a pointer for another kind is a caller's mix-up, not ignored).
+fn check_scales(kind: KvKind, ptrs: &[(u64, &str)]) -> Result<()> {
+    for &(p, what) in ptrs {
+        match (kind, p) {
+            (KvKind::Nvfp4, 0) => {
+                return Err(bad(format!(
+                    "{what}: an NVFP4 cache needs its block scales"
+                )))
+            }
+            (KvKind::Fp8 | KvKind::Bf16, p) if p != 0 => {
+                return Err(bad(format!(
+                    "{what} {p:#x} given for a {kind:?} cache (block scales are NVFP4's)"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
 
 /// The four kernels of this module.
 pub(crate) struct AttnKernels {
@@ -122,12 +186,17 @@ pub(super) struct IndexArgs {
     pub nih: usize,
     /// Index head dim (multiple of 32, <= 256).
     pub di: usize,
-    /// Index key cache [slot][di], E4M3 codes or bf16 bits.
+    /// Index key cache [slot][di]: E4M3 codes, bf16 bits, or NVFP4 codes
+    /// [slot][di / 2] (16-byte aligned).
     pub icache: u64,
-    /// Dequantisation scale of the index key cache (1 for bf16).
+    /// NVFP4 block scales of the index keys [slot][di / 16] (E4M3 bytes,
+    /// 2-byte aligned); 0 for the other kinds.
+    pub iscales: u64,
+    /// Dequantisation scale of the index key cache (1 for bf16; NVFP4's
+    /// global).
     pub iscale: f32,
-    /// The index cache holds bf16 bits (else E4M3 codes).
-    pub cache_bf16: bool,
+    /// What the index cache holds.
+    pub cache: KvKind,
     /// Positions [t] u32 (the row's last visible key).
     pub pos: u64,
     /// Sequence of each row [t] u32.
@@ -171,16 +240,22 @@ pub(crate) struct AttnArgs {
     pub nkv: usize,
     /// Head dim (multiple of 32, <= 256).
     pub d: usize,
-    /// K cache [slot][nkv][d], E4M3 codes or bf16 bits.
+    /// K cache [slot][nkv][d]: E4M3 codes, bf16 bits, or NVFP4 codes
+    /// [slot][nkv][d / 2] (16-byte aligned).
     pub kc: u64,
-    /// V cache [slot][nkv][d], E4M3 codes or bf16 bits.
+    /// V cache, as `kc`.
     pub vc: u64,
-    /// K dequantisation scale (1 for bf16).
+    /// NVFP4 block scales of K [slot][nkv][d / 16] (E4M3 bytes); 0 for the
+    /// other kinds.
+    pub ksc: u64,
+    /// NVFP4 block scales of V, as `ksc`.
+    pub vsc: u64,
+    /// K dequantisation scale (1 for bf16; NVFP4's global).
     pub ks: f32,
-    /// V dequantisation scale (1 for bf16).
+    /// V dequantisation scale (1 for bf16; NVFP4's global).
     pub vs: f32,
-    /// The caches hold bf16 bits (else E4M3 codes).
-    pub cache_bf16: bool,
+    /// What the K and V caches hold.
+    pub cache: KvKind,
     /// Positions [t] u32.
     pub pos: u64,
     /// Sequence of each row [t] u32.
@@ -271,6 +346,13 @@ pub(super) fn check_index(a: &IndexArgs) -> Result<()> {
         (a.icache, "index cache"),
         (a.scratch, "scratch"),
     ])?;
+    check_scales(a.cache, &[(a.iscales, "index cache block scales")])?;
+    if !a.iscales.is_multiple_of(2) {
+        return Err(bad(format!(
+            "index cache block scales pointer {:#x} is not 2-byte aligned (read in pairs)",
+            a.iscales
+        )));
+    }
     u32_of(a.maxnb, "maxnb")?;
     u32_of(a.init_b, "forced init blocks")?;
     u32_of(a.local_b, "forced local blocks")?;
@@ -331,6 +413,13 @@ pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
         (a.vc, "V cache"),
         (a.scratch, "scratch"),
     ])?;
+    check_scales(
+        a.cache,
+        &[
+            (a.ksc, "K cache block scales"),
+            (a.vsc, "V cache block scales"),
+        ],
+    )?;
     u32_of(a.max_chunks, "max_chunks")?;
     u32_of(a.block, "index block")?;
     u32_of(a.page, "page")?;
@@ -348,6 +437,7 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(a.nih as u32),
         Arg::U32(a.di as u32),
         Arg::U64(a.icache),
+        Arg::U64(a.iscales),
         Arg::F32(a.iscale),
         Arg::U64(a.pos),
         Arg::U64(a.row_seq),
@@ -362,7 +452,7 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(a.nkv as u32),
         Arg::U64(a.scratch),
         Arg::U32(maxnb),
-        Arg::U32(a.cache_bf16 as u32),
+        Arg::U32(a.cache as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
     // no more than INDEX_SCORES_GRID_X CTAs per row
@@ -422,6 +512,8 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
             Arg::U32(d),
             Arg::U64(a.kc),
             Arg::U64(a.vc),
+            Arg::U64(a.ksc),
+            Arg::U64(a.vsc),
             Arg::F32(a.ks),
             Arg::F32(a.vs),
             Arg::U64(a.pos),
@@ -435,7 +527,7 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
             Arg::U32(t),
             Arg::U64(a.scratch),
             Arg::U32(mc),
-            Arg::U32(a.cache_bf16 as u32),
+            Arg::U32(a.cache as u32),
         ],
     )?;
     sp.launch(
@@ -480,6 +572,9 @@ mod tests {
         assert_eq!(d("SK_MAXK"), Some(MAX_TOPK));
         assert_eq!(d("SA_TILE"), Some(ATTN_TILE));
         assert_eq!(d("SA_SPLIT"), Some(SPARSE_SPLIT));
+        assert_eq!(d("S_CACHE_FP8"), Some(KvKind::Fp8 as usize));
+        assert_eq!(d("S_CACHE_BF16"), Some(KvKind::Bf16 as usize));
+        assert_eq!(d("S_CACHE_NVFP4"), Some(KvKind::Nvfp4 as usize));
     }
 
     /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
@@ -491,9 +586,11 @@ mod tests {
             d: 128,
             kc: 256,
             vc: 256,
+            ksc: 0,
+            vsc: 0,
             ks: 1.0,
             vs: 1.0,
-            cache_bf16: false,
+            cache: KvKind::Fp8,
             pos: 256,
             row_seq: 256,
             bt: 256,
@@ -583,8 +680,9 @@ mod tests {
             nih: 4,
             di: 128,
             icache: 256,
+            iscales: 0,
             iscale: 1.0,
-            cache_bf16: false,
+            cache: KvKind::Fp8,
             pos: 256,
             row_seq: 256,
             bt: 256,
@@ -686,6 +784,45 @@ mod tests {
         for (i, a) in bad_cases.iter().enumerate() {
             assert!(check_attn(a).is_err(), "case {i} accepted");
         }
+        // NVFP4: both block-scale buffers, and only for NVFP4
+        let nv = AttnArgs {
+            cache: KvKind::Nvfp4,
+            ksc: 4096,
+            vsc: 8192,
+            ks: 0.25,
+            vs: 0.375,
+            ..attn_m31()
+        };
+        assert!(check_attn(&nv).is_ok());
+        assert!(check_attn(&AttnArgs { sel: 0, ..nv }).is_ok());
+        for (i, (a, what)) in [
+            (AttnArgs { ksc: 0, ..nv }, "K cache block scales"),
+            (AttnArgs { vsc: 0, ..nv }, "V cache block scales"),
+            (
+                AttnArgs {
+                    cache: KvKind::Fp8,
+                    ..nv
+                },
+                "given for a Fp8 cache",
+            ),
+            (
+                AttnArgs {
+                    cache: KvKind::Bf16,
+                    ksc: 0,
+                    ..nv
+                },
+                "V cache block scales",
+            ),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let e = check_attn(a).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains(what)),
+                "nvfp4 case {i}: {e:?}"
+            );
+        }
         // full layers ignore top-k and block
         assert!(check_attn(&AttnArgs {
             sel: 0,
@@ -751,5 +888,50 @@ mod tests {
         for (i, a) in bad_cases.iter().enumerate() {
             assert!(check_index(a).is_err(), "case {i} accepted");
         }
+        // NVFP4: the index keys' block scales, 2-byte aligned, only for NVFP4
+        let nv = IndexArgs {
+            cache: KvKind::Nvfp4,
+            iscales: 4096,
+            iscale: 1.5,
+            ..index_m31()
+        };
+        assert!(check_index(&nv).is_ok());
+        for (i, (a, what)) in [
+            (IndexArgs { iscales: 0, ..nv }, "needs its block scales"),
+            (
+                IndexArgs {
+                    iscales: 4097,
+                    ..nv
+                },
+                "2-byte aligned",
+            ),
+            (
+                IndexArgs {
+                    cache: KvKind::Bf16,
+                    ..nv
+                },
+                "given for a Bf16 cache",
+            ),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let e = check_index(a).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains(what)),
+                "nvfp4 case {i}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kv_kinds_and_scales() {
+        use m3_core::kv::CacheDtype;
+        assert_eq!(KvKind::of(CacheDtype::Bf16), KvKind::Bf16);
+        assert_eq!(KvKind::of(CacheDtype::Fp8E4M3), KvKind::Fp8);
+        assert_eq!(KvKind::of(CacheDtype::Nvfp4), KvKind::Nvfp4);
+        assert_eq!(KvKind::Bf16.scale(0.25), 1.0);
+        assert_eq!(KvKind::Fp8.scale(0.25), 0.25);
+        assert_eq!(KvKind::Nvfp4.scale(0.375), 0.375);
     }
 }

@@ -10,18 +10,25 @@ use crate::error::{GpuError, Result};
 use crate::runtime::api::Gpu;
 
 impl StandardPath {
-    /// Fill every K, V and index-key cache slot with fp8 codes hashed from
-    /// `seed` (|v| in [0.5, 1.875], random sign): the bench's stand-in for
-    /// a prefill of the context (bf16 caches get the same bytes, whatever
-    /// values they decode to).
+    /// Fill every K, V and index-key cache slot with codes hashed from
+    /// `seed`: the bench's stand-in for a prefill of the context. fp8: |v|
+    /// in [0.5, 1.875], random sign (bf16 caches get the same bytes,
+    /// whatever values they decode to); NVFP4: any E2M1 codes and block
+    /// scales in [1, 1.875] (E4M3 0x38..0x3F: finite, positive).
     pub fn fill_cache(&self, gpu: &dyn Gpu, seed: u64) -> Result<()> {
         let g = crate::model::generated::Gen::new(gpu)?;
         for (l, lc) in self.kv.layers.iter().enumerate() {
+            // K, V, index K: ids 4l, 4l + 1, 4l + 2 (the fp8 fill of old)
             let tid = 1_000_000 + 4 * l as u32;
-            g.bytes(&lc.k, seed, tid, 0x8f, 0x30)?;
-            g.bytes(&lc.v, seed, tid + 1, 0x8f, 0x30)?;
-            if let Some(ik) = &lc.ik {
-                g.bytes(ik, seed, tid + 2, 0x8f, 0x30)?;
+            for (i, t) in lc.tensors().enumerate() {
+                let i = i as u32;
+                match &t.scales {
+                    None => g.bytes(&t.data, seed, tid + i, 0x8f, 0x30)?,
+                    Some(sc) => {
+                        g.bytes(&t.data, seed, tid + i, 0xff, 0)?;
+                        g.bytes(sc, seed, tid + 1_000_000 + i, 0x07, 0x38)?;
+                    }
+                }
             }
         }
         g.sync()

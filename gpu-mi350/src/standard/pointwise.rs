@@ -3,8 +3,9 @@
 //! as free functions over a [`Launcher`] so the standard path's step and
 //! the DSpark draft ([`crate::draft`]) launch them the same way.
 
+use super::attn::{KvKind, NVFP4_BLOCK};
 use super::launch::{Arg, Launcher};
-use crate::error::Result;
+use crate::error::{GpuError, Result};
 use crate::runtime::api::Func;
 
 /// One tensor of a fused per-head norm + RoPE launch (`SHnJob`).
@@ -31,16 +32,18 @@ pub(crate) struct HnJobs {
 }
 
 /// One cache write of a fused launch (`SCwJob`): `width` values of row t
-/// of `x` (bf16) to slot `slots[t]` of `cache`, as bf16 (`bf16 = 1`) or
-/// `e4m3(x / scale)` saturating.
+/// of `x` (bf16) to slot `slots[t]` of `cache`, as bf16, as
+/// `e4m3(x / scale)` saturating, or as NVFP4 blocks (codes to `cache`,
+/// block scales to `scales`), by `kind` ([`KvKind`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct CwJob {
     x: u64,
     cache: u64,
+    scales: u64,
     width: u32,
     scale: f32,
-    bf16: u32,
+    kind: u32,
     pad: u32,
 }
 
@@ -57,8 +60,22 @@ pub(crate) struct CwJobs {
 /// norm weight, rotary dims, out)`.
 pub(crate) type HnSpec = (u64, usize, usize, u64, usize, u64);
 
-/// One cache write of a fused launch: `(x, width, fp8 scale, cache)`.
-pub(crate) type CwSpec = (u64, usize, f32, u64);
+/// One cache write of a fused launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CwSpec {
+    /// Rows `[t][width]` bf16 to store.
+    pub x: u64,
+    /// Values a row.
+    pub width: usize,
+    /// The tensor's cache scale: fp8's divisor, NVFP4's global (unused for
+    /// bf16).
+    pub scale: f32,
+    /// The cache: bf16 `[slot][width]`, E4M3 `[slot][width]` or NVFP4
+    /// codes `[slot][width / 2]`.
+    pub cache: u64,
+    /// NVFP4 block scales `[slot][width / 16]`; 0 for the other kinds.
+    pub scales: u64,
+}
 
 /// `out[t] = f32(table[tokens[t]])` for `t` rows of width `h` (bf16 table).
 pub(crate) fn embed(
@@ -204,27 +221,18 @@ pub(crate) fn headnorm_rope(
 }
 
 /// Cache writes of up to 3 tensors of `t` rows (row `i` to slot
-/// `slots[i]`) in one launch: bf16 bits, or E4M3 codes of `x / scale`.
+/// `slots[i]`) in one launch, every one of `kind`: bf16 bits, E4M3 codes of
+/// `x / scale`, or NVFP4 blocks of 16 with `scale` the global (a thread a
+/// block, bit-identical with `m3_core::kv::CacheTensor::write`).
 pub(crate) fn cache_writes(
     l: &Launcher,
     f: &Func,
     jobs: &[CwSpec],
     t: usize,
     slots: u64,
-    bf16: bool,
+    kind: KvKind,
 ) -> Result<()> {
-    let mut cj = CwJobs::default();
-    for (i, &(x, width, scale, cache)) in jobs.iter().take(3).enumerate() {
-        cj.j[i] = CwJob {
-            x,
-            cache,
-            width: width as u32,
-            scale,
-            bf16: bf16 as u32,
-            pad: 0,
-        };
-        cj.n += 1;
-    }
+    let cj = cache_write_jobs(jobs, kind)?;
     l.launch(
         "cache_write",
         f,
@@ -233,6 +241,48 @@ pub(crate) fn cache_writes(
         0,
         &[Arg::pod(&cj), Arg::U64(slots)],
     )
+}
+
+/// The launch's job table, checked: at most 3 jobs (the kernel's table);
+/// NVFP4 rows a whole number of 16-value blocks with block scales given,
+/// the other kinds without; widths that fit the kernel's u32.
+pub(crate) fn cache_write_jobs(jobs: &[CwSpec], kind: KvKind) -> Result<CwJobs> {
+    let bad = |why: String| GpuError::input("cache_write", why);
+    if jobs.is_empty() || jobs.len() > 3 {
+        return Err(bad(format!(
+            "{} cache writes in one launch (1..=3: K, V, index K)",
+            jobs.len()
+        )));
+    }
+    let mut cj = CwJobs::default();
+    for (i, j) in jobs.iter().enumerate() {
+        let width = u32::try_from(j.width)
+            .map_err(|_| bad(format!("job {i}: width {} does not fit in u32", j.width)))?;
+        let nv = kind == KvKind::Nvfp4;
+        if nv && (j.width == 0 || !j.width.is_multiple_of(NVFP4_BLOCK)) {
+            return Err(bad(format!(
+                "job {i}: an NVFP4 cache row of {} values is not a whole number of {NVFP4_BLOCK}-value blocks",
+                j.width
+            )));
+        }
+        if nv != (j.scales != 0) {
+            return Err(bad(format!(
+                "job {i}: block scales pointer {:#x} for a {kind:?} cache (NVFP4 needs one, the others take none)",
+                j.scales
+            )));
+        }
+        cj.j[i] = CwJob {
+            x: j.x,
+            cache: j.cache,
+            scales: j.scales,
+            width,
+            scale: j.scale,
+            kind: kind as u32,
+            pad: 0,
+        };
+        cj.n += 1;
+    }
+    Ok(cj)
 }
 
 #[cfg(test)]
@@ -244,8 +294,56 @@ mod tests {
         // SHnJob: 3 u64 + 4 u32; SHnJobs: 4 of them, f64, f32, u32.
         assert_eq!(std::mem::size_of::<HnJob>(), 40);
         assert_eq!(std::mem::size_of::<HnJobs>(), 4 * 40 + 16);
-        // SCwJob: 2 u64 + u32, f32, u32, u32; SCwJobs: 3 of them + 2 u32.
-        assert_eq!(std::mem::size_of::<CwJob>(), 32);
-        assert_eq!(std::mem::size_of::<CwJobs>(), 3 * 32 + 8);
+        // SCwJob: 3 u64 + u32, f32, u32, u32; SCwJobs: 3 of them + 2 u32.
+        assert_eq!(std::mem::size_of::<CwJob>(), 40);
+        assert_eq!(std::mem::size_of::<CwJobs>(), 3 * 40 + 8);
+        // and the kernel's struct has the fields in this order
+        let body = super::super::STANDARD.body;
+        assert!(body.contains(
+            "struct SCwJob {\n  u64 x, cache, scales;\n  u32 width;\n  float scale;\n  u32 kind, pad;\n};"
+        ));
+    }
+
+    fn job(width: usize, scales: u64) -> CwSpec {
+        CwSpec {
+            x: 256,
+            width,
+            scale: 0.25,
+            cache: 512,
+            scales,
+        }
+    }
+
+    #[test]
+    fn cache_write_jobs_are_checked() {
+        // control: K, V, index K of m3.1 in each kind
+        let ok = |kind, sc| {
+            let j = [job(512, sc), job(512, sc), job(128, sc)];
+            cache_write_jobs(&j, kind)
+        };
+        let cj = ok(KvKind::Nvfp4, 1024).unwrap();
+        assert_eq!(cj.n, 3);
+        assert_eq!(cj.j[2].width, 128);
+        assert_eq!(cj.j[0].kind, KvKind::Nvfp4 as u32);
+        assert_eq!(cj.j[1].scales, 1024);
+        assert!(ok(KvKind::Fp8, 0).is_ok());
+        assert!(ok(KvKind::Bf16, 0).is_ok());
+        let bad: [(&[CwSpec], KvKind, &str); 7] = [
+            (&[], KvKind::Fp8, "0 cache writes"),
+            (&[job(64, 0); 4], KvKind::Fp8, "4 cache writes"),
+            (&[job(40, 1024)], KvKind::Nvfp4, "40 values"),
+            (&[job(0, 1024)], KvKind::Nvfp4, "0 values"),
+            (&[job(64, 0)], KvKind::Nvfp4, "needs one"),
+            (&[job(64, 0), job(64, 1024)], KvKind::Fp8, "job 1"),
+            (&[job(1 << 33, 0)], KvKind::Bf16, "does not fit"),
+        ];
+        for (i, (jobs, kind, what)) in bad.iter().enumerate() {
+            let e = cache_write_jobs(jobs, *kind).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains(what) && e.contains("cache_write")),
+                "case {i}: {e:?}"
+            );
+        }
     }
 }

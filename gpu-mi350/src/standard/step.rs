@@ -11,9 +11,9 @@
 
 use m3_core::backend::{ActMode, TapRequest};
 use m3_core::config::{AttnKind, IndexSelection};
-use m3_core::kv::CacheDtype;
 
-use super::attn::{self, AttnArgs, IndexArgs};
+use super::attn::{self, AttnArgs, IndexArgs, KvKind};
+use super::kv::DevCache;
 use super::launch::Arg;
 use super::linear::{linears, LinOut, LinX, PtpcX, Route};
 use super::pointwise::{self as pw, CwSpec, HnSpec};
@@ -262,7 +262,7 @@ impl StandardPath {
         let (nih, di) = (c.index_n_heads, c.index_head_dim);
         let kb = c.index_topk_blocks;
         let cap_t = self.cap.max_rows;
-        let bf16_cache = self.cap.cache_dtype == CacheDtype::Bf16;
+        let kind = KvKind::of(self.cap.cache_dtype);
         self.rmsnorm(a.r.ptr(), 0, &lw.input_norm, a.hn.ptr(), t)?;
         // q, k, v (and the indexer's q, k on sparse layers) share x
         let sparse = c.attn_kinds.get(li) == Some(&AttnKind::Sparse);
@@ -292,18 +292,25 @@ impl StandardPath {
             (a.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, a.q.ptr()),
             (a.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, a.k.ptr()),
         ];
+        let cw = |x: u64, width: usize, scale: f32, cache: &DevCache| CwSpec {
+            x,
+            width,
+            scale,
+            cache: cache.ptr(),
+            scales: cache.scales_ptr(),
+        };
         let mut cws = vec![
-            (a.k.ptr(), nkv * d, lw.k_scale, lc.k.ptr()),
-            (a.v.ptr(), nkv * d, lw.v_scale, lc.v.ptr()),
+            cw(a.k.ptr(), nkv * d, lw.k_scale, &lc.k),
+            cw(a.v.ptr(), nkv * d, lw.v_scale, &lc.v),
         ];
         if let Some((x, icache)) = ix {
             let rd = c.rotary_dim.min(di);
             hn.push((a.iq0.ptr(), nih, di, x.q_norm.ptr(), rd, a.iq.ptr()));
             hn.push((a.ik0.ptr(), 1, di, x.k_norm.ptr(), rd, a.ik.ptr()));
-            cws.push((a.ik.ptr(), di, x.k_scale, icache.ptr()));
+            cws.push(cw(a.ik.ptr(), di, x.k_scale, icache));
         }
         self.headnorm_rope(&hn, t)?;
-        self.cache_writes(&cws, t, bf16_cache)?;
+        self.cache_writes(&cws, t, kind)?;
         let sel_l = a.sel.at(li * nkv * cap_t * kb.max(1) * 4);
         let mut sel_ptr = 0u64;
         if let Some((x, icache)) = ix {
@@ -315,8 +322,9 @@ impl StandardPath {
                     nih,
                     di,
                     icache: icache.ptr(),
-                    iscale: if bf16_cache { 1.0 } else { x.k_scale },
-                    cache_bf16: bf16_cache,
+                    iscales: icache.scales_ptr(),
+                    iscale: kind.scale(x.k_scale),
+                    cache: kind,
                     pos: inp.pos(),
                     row_seq: inp.row_seq(),
                     bt: inp.bt(),
@@ -346,9 +354,11 @@ impl StandardPath {
                 d,
                 kc: lc.k.ptr(),
                 vc: lc.v.ptr(),
-                ks: if bf16_cache { 1.0 } else { lw.k_scale },
-                vs: if bf16_cache { 1.0 } else { lw.v_scale },
-                cache_bf16: bf16_cache,
+                ksc: lc.k.scales_ptr(),
+                vsc: lc.v.scales_ptr(),
+                ks: kind.scale(lw.k_scale),
+                vs: kind.scale(lw.v_scale),
+                cache: kind,
                 pos: inp.pos(),
                 row_seq: inp.row_seq(),
                 bt: inp.bt(),
@@ -619,14 +629,14 @@ impl StandardPath {
 
     /// Cache writes of up to 3 tensors `(x, width, scale, cache)` in one
     /// launch.
-    fn cache_writes(&self, jobs: &[CwSpec], t: usize, bf16: bool) -> Result<()> {
+    fn cache_writes(&self, jobs: &[CwSpec], t: usize, kind: KvKind) -> Result<()> {
         pw::cache_writes(
             &self.l,
             &self.kern.cache_write,
             jobs,
             t,
             self.inputs.slots(),
-            bf16,
+            kind,
         )
     }
 }

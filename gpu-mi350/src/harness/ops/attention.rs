@@ -34,11 +34,49 @@ pub struct DeviceStep {
     bt_off: CudaSlice<u32>,
 }
 
+/// What a harness cache buffer holds: the kernels' `kind` argument
+/// (`M3_CACHE_*` in attention.cu; a test holds the values equal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum CacheKind {
+    /// bf16 bits.
+    Bf16 = 0,
+    /// E4M3 codes, read `e4m3 * scale`.
+    Fp8 = 1,
+    /// NVFP4: packed E2M1 codes `[slot][width / 2]` plus E4M3 block scales
+    /// `[slot][width / 16]`, read `e2m1 * e4m3(s) * scale` (the scale is
+    /// the global; ARCHITECTURE.md, *NVFP4 KV cache*).
+    Nvfp4 = 2,
+}
+
 /// A cache tensor's raw bytes on the device and how to read them.
 pub struct DeviceCache {
+    /// bf16 bits, E4M3 codes or packed E2M1 codes, as `m3_core::kv::CacheData`.
     pub data: CudaSlice<u8>,
-    pub fp8: bool,
+    /// NVFP4 block scales (E4M3 bytes); `None` for the other kinds.
+    pub scales: Option<CudaSlice<u8>>,
+    pub kind: CacheKind,
+    /// The per-tensor scale: fp8's, NVFP4's global (unused by bf16).
     pub scale: f32,
+}
+
+impl DeviceCache {
+    /// The block scales the kernels take: the NVFP4 ones, or `dummy` (never
+    /// read) for the other kinds. An NVFP4 cache without scales is refused.
+    fn scales_or<'a>(
+        &'a self,
+        dummy: &'a CudaSlice<u8>,
+        op: &'static str,
+    ) -> Result<&'a CudaSlice<u8>> {
+        match (&self.scales, self.kind) {
+            (Some(s), _) => Ok(s),
+            (None, CacheKind::Nvfp4) => Err(GpuError::input(
+                op,
+                "an NVFP4 cache tensor without its block scales",
+            )),
+            (None, _) => Ok(dummy),
+        }
+    }
 }
 
 impl CudaGpu {
@@ -95,13 +133,16 @@ impl CudaGpu {
             as_u32(op, "nb", nb)?,
             as_u32(op, "rows", step.rows)?,
         );
-        let fp8 = cache.fp8 as i32;
+        let kind = cache.kind as i32;
+        let dummy = self.zeros::<u8>(1)?;
+        let scales = cache.scales_or(&dummy, op)?;
         let mut b = self.stream().launch_builder(&f);
         b.arg(q)
             .arg(&h32)
             .arg(&d32)
             .arg(&cache.data)
-            .arg(&fp8)
+            .arg(scales)
+            .arg(&kind)
             .arg(&cache.scale)
             .arg(&step.pos)
             .arg(&step.row_seq)
@@ -174,7 +215,7 @@ impl CudaGpu {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let op = "attention";
-        if d > MAX_HEAD_DIM || k.fp8 != v.fp8 {
+        if d > MAX_HEAD_DIM || k.kind != v.kind {
             return Err(GpuError::input(
                 op,
                 format!("head_dim {d} (max {MAX_HEAD_DIM}) or mixed K/V dtypes"),
@@ -198,7 +239,9 @@ impl CudaGpu {
             as_u32(op, "block_size", bs)?,
             as_u32(op, "rows", step.rows)?,
         );
-        let fp8 = k.fp8 as i32;
+        let kind = k.kind as i32;
+        let sdummy = self.zeros::<u8>(1)?;
+        let (ksc, vsc) = (k.scales_or(&sdummy, op)?, v.scales_or(&sdummy, op)?);
         let mut b = self.stream().launch_builder(&f);
         b.arg(q)
             .arg(&h32)
@@ -206,7 +249,9 @@ impl CudaGpu {
             .arg(&d32)
             .arg(&k.data)
             .arg(&v.data)
-            .arg(&fp8)
+            .arg(ksc)
+            .arg(vsc)
+            .arg(&kind)
             .arg(&k.scale)
             .arg(&v.scale)
             .arg(&step.pos)
@@ -225,5 +270,19 @@ impl CudaGpu {
             b,
             grid_warps(op, step.rows * heads, self.warp())?
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kind values are attention.cu's M3_CACHE_* defines.
+    #[test]
+    fn cache_kinds_match_the_kernel() {
+        let d = |n: &str| crate::kernels::define(ATTENTION.body, n);
+        assert_eq!(d("M3_CACHE_BF16"), Some(CacheKind::Bf16 as u64));
+        assert_eq!(d("M3_CACHE_FP8"), Some(CacheKind::Fp8 as u64));
+        assert_eq!(d("M3_CACHE_NVFP4"), Some(CacheKind::Nvfp4 as u64));
     }
 }

@@ -29,6 +29,7 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
         "m3_swiglu",
         "m3_rope",
         "m3_cache_encode",
+        "m3_cache_encode_nvfp4",
     ],
 };
 
@@ -319,5 +320,36 @@ impl CudaGpu {
         let mut b = self.stream().launch_builder(&f);
         b.arg(x).arg(&n32).arg(&fp).arg(&scale).arg(o16).arg(o8);
         launch!("m3_cache_encode", b, grid_1d("cache_write", n)?)
+    }
+
+    /// NVFP4 KV-cache store of `nblocks` blocks of 16 values of `x` with
+    /// global scale `g` (`m3_cache_encode_nvfp4`): packed codes
+    /// `[nblocks * 8]`, E4M3 block scales `[nblocks]`, bit-identical with
+    /// `m3_core::formats::convert::cache_store_nvfp4`.
+    pub fn cache_encode_nvfp4_dev(
+        &self,
+        x: &CudaSlice<f32>,
+        nblocks: usize,
+        g: f32,
+        codes: &mut CudaSlice<u8>,
+        scales: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let op = "cache_write";
+        if x.len() < nblocks * 16 || codes.len() < nblocks * 8 || scales.len() < nblocks {
+            return Err(GpuError::input(
+                op,
+                format!(
+                    "{nblocks} NVFP4 blocks from {} values into {} code bytes and {} scale bytes",
+                    x.len(),
+                    codes.len(),
+                    scales.len()
+                ),
+            ));
+        }
+        let f = self.function(&ELEMENTWISE, "m3_cache_encode_nvfp4")?;
+        let n32 = as_u32(op, "blocks", nblocks)?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x).arg(&n32).arg(&g).arg(codes).arg(scales);
+        launch!("m3_cache_encode_nvfp4", b, grid_1d(op, nblocks)?)
     }
 }

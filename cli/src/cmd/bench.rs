@@ -136,10 +136,11 @@ pub struct Args {
     /// Format of attention, indexer, dense MLP and shared expert: mxfp8, bf16.
     #[arg(long, default_value = "mxfp8")]
     pub dense: String,
-    /// CPU: online quantization of the generated weights before the run
-    /// (as `m3 generate --online-quant`; ARCHITECTURE.md, Online
+    /// Online quantization of the generated weights before the run (as
+    /// `m3 generate --online-quant`; ARCHITECTURE.md, Online
     /// quantization): the converted linears are timed and their bytes
-    /// counted in the PTPC FP8 form. Not on the GPU yet.
+    /// counted in the PTPC FP8 form. CPU and GPU (there: the bench model's
+    /// attention and dense MLP).
     #[arg(long, value_enum)]
     pub online_quant: Option<args::OnlineQuantArg>,
     /// CPU, with --online-quant: comma-separated tensor-name substrings

@@ -78,7 +78,11 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(21, m3s_attn_partial_sparse)  \
   X(22, m3s_attn_partial_split)   \
   X(23, m3s_attn_combine)         \
-  X(24, m3s_rmsnorm_v1024)
+  X(24, m3s_rmsnorm_v1024)        \
+  X(25, m3s_index_scores_nv)      \
+  X(26, m3s_attn_partial_nv)      \
+  X(27, m3s_attn_partial_sparse_nv) \
+  X(28, m3s_attn_partial_split_nv)
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
@@ -130,6 +134,10 @@ S_MONO_FN(m3s_attn_partial_sparse)
 S_MONO_FN(m3s_attn_partial_split)
 S_MONO_FN(m3s_attn_combine)
 S_MONO_FN(m3s_rmsnorm_v1024)
+S_MONO_FN(m3s_index_scores_nv)
+S_MONO_FN(m3s_attn_partial_nv)
+S_MONO_FN(m3s_attn_partial_sparse_nv)
+S_MONO_FN(m3s_attn_partial_split_nv)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
 // program (not as a 408-byte copy through the generic argument unpacking):

@@ -26,15 +26,17 @@
 #define S_PATH_MARK(text) ((void)0)
 #endif
 
-/// The NVFP4 cache bodies exist on CUDA only. On HIP a third template
-/// instance of the indexer and attention bodies pushed clang 22's SGPR
-/// spills past xtask/src/isa.rs's ceilings (which only go down), and no
-/// HIP runner exists yet: there an NVFP4 cache_kind traps instead of being
-/// read as another kind. S_NV_ARM(call) is the dispatch arm.
+/// The NVFP4 cache's indexer and attention bodies are entry points of
+/// their own (`..._nv`, chosen by the host), not a third arm of the fp8 /
+/// bf16 kernels' dispatch: in one kernel the NVFP4 instance raised the
+/// fp8 path's registers and made the batch-1 step 4% slower (split
+/// attention +41%, index scores +26%: bench/NOTES.md session 10 run 5).
+/// They exist on CUDA only (no HIP runner reads an NVFP4 cache yet): on
+/// HIP the entry points trap. S_NV_ONLY(call) is such an entry's body.
 #if defined(M3_CUDA)
-#define S_NV_ARM(call) else if (cache_kind == S_CACHE_NVFP4) call;
+#define S_NV_ONLY(call) call
 #else
-#define S_NV_ARM(call) else if (cache_kind == S_CACHE_NVFP4) __builtin_trap();
+#define S_NV_ONLY(call) __builtin_trap()
 #endif
 
 // ---- indexer ---------------------------------------------------------------
@@ -239,27 +241,30 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
   }
 }
 
-/// See si_scores. cache_kind (S_CACHE_*): what the index cache holds;
-/// iscales: NVFP4's block scales (unused otherwise). Uniform over the grid,
-/// so the CTA takes one instantiation.
-M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)
-    m3s_index_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,
-                     const u8* __restrict__ iscales, float iscale, const u32* __restrict__ pos,
-                     const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off,
-                     u32 page, u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv,
-                     float* __restrict__ scores, u32 maxnb, u32 cache_kind) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]);  // float4: 16-byte aligned
-  S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);
+/// See si_scores. cache_kind (S_CACHE_*): what the index cache holds
+/// (`m3s_index_scores`: bf16 or fp8, uniform over the grid, so the CTA
+/// takes one instantiation; `m3s_index_scores_nv`: NVFP4, iscales its block
+/// scales, unused by the other).
+#define SI_ENTRY(name, DISPATCH)                                                                                     \
+  M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)                                                                            \
+      name(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,                               \
+           const u8* __restrict__ iscales, float iscale, const u32* __restrict__ pos,                                \
+           const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page,     \
+           u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb,    \
+           u32 cache_kind) {                                                                                        \
+    M3_PDL_TRIGGER();                                                                                               \
+    M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
+    S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]); /* float4: 16-byte aligned */                      \
+    S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);                                                          \
+    DISPATCH;                                                                                                       \
+  }
 #define SI_CALL(CK)                                                                                                  \
   si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,      \
                 shared_sel, nkv, scores, maxnb, qs4, red)
-  if (cache_kind == S_CACHE_BF16) SI_CALL(S_CACHE_BF16);
-  S_NV_ARM(SI_CALL(S_CACHE_NVFP4))
-  else SI_CALL(S_CACHE_FP8);
+SI_ENTRY(m3s_index_scores, if (cache_kind == S_CACHE_BF16) SI_CALL(S_CACHE_BF16); else SI_CALL(S_CACHE_FP8))
+SI_ENTRY(m3s_index_scores_nv, S_NV_ONLY(SI_CALL(S_CACHE_NVFP4)))
 #undef SI_CALL
-}
+#undef SI_ENTRY
 
 /// Sort key of block b with score v: higher score first, ties to the lower
 /// id (-0 == +0); 0 (never a block's key) for NaN, which is never picked.
@@ -807,7 +812,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #define SA_CALL(CK, SP)                                                                                            \
   sa_partial<CK, SP>(q, nh, nkv, d, kc, vc, ksc, vsc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,  \
                      max_chunks, sscale, qs4, sp, roff, hm, hl, hc)
-#define SA_ENTRY(name, SP)                                                                                          \
+#define SA_ENTRY(name, SP, DISPATCH)                                                                                \
   M3_KERNEL void SA_BOUNDS name(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,       \
                                 const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc,  \
                                 float ks, float vs, const u32* __restrict__ pos, const u32* __restrict__ row_seq,   \
@@ -822,13 +827,17 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     S_SHARED(float, hm, [SA_MAXHG]); S_SHARED(float, hl, [SA_MAXHG]); S_SHARED(float, hc, [SA_MAXHG]);              \
     /* score scale: K's dequantisation scale and 1/sqrt(d) (computed once, outside the bodies) */                  \
     const float sscale = ks / sqrtf((float)d);                                                                      \
-    if (cache_kind == S_CACHE_BF16) SA_CALL(S_CACHE_BF16, SP);                                                      \
-    S_NV_ARM(SA_CALL(S_CACHE_NVFP4, SP))                                                                            \
-    else SA_CALL(S_CACHE_FP8, SP);                                                                                  \
+    DISPATCH;                                                                                                       \
   }
-SA_ENTRY(m3s_attn_partial, 0)
-SA_ENTRY(m3s_attn_partial_sparse, 1)
-SA_ENTRY(m3s_attn_partial_split, SA_SPLIT)
+// bf16 / fp8 caches (one branch a CTA), and NVFP4 ones (S_NV_ONLY)
+#define SA_FP(SP) if (cache_kind == S_CACHE_BF16) SA_CALL(S_CACHE_BF16, SP); else SA_CALL(S_CACHE_FP8, SP)
+SA_ENTRY(m3s_attn_partial, 0, SA_FP(0))
+SA_ENTRY(m3s_attn_partial_sparse, 1, SA_FP(1))
+SA_ENTRY(m3s_attn_partial_split, SA_SPLIT, SA_FP(SA_SPLIT))
+SA_ENTRY(m3s_attn_partial_nv, 0, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 0)))
+SA_ENTRY(m3s_attn_partial_sparse_nv, 1, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 1)))
+SA_ENTRY(m3s_attn_partial_split_nv, SA_SPLIT, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, SA_SPLIT)))
+#undef SA_FP
 
 #define SC_THREADS 128  // m3s_attn_combine block size
 #define SC_UNROLL 16    // chunk loads issued together

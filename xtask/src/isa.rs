@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
     (
         "m3s_index_scores",
-        37,
+        41,
         "a 64-bit lane mask per (key, chunk) load predicate and per index head; \
          a few read back per key pass",
     ),
@@ -42,11 +42,11 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
          read back outside its Q K^T / P V loops (full layers; the split sparse entry \
          point, m3s_attn_partial_split, spills none). Raised from 43 on purpose in \
          session 10: the NVFP4 KV cache added two block-scale pointers and a cache-kind \
-         switch to the arguments (its NVFP4 body is compiled out on HIP); no VGPR spill",
+         argument (its NVFP4 bodies are entry points of their own, traps on HIP); no VGPR spill",
     ),
     (
         "m3s_attn_partial_sparse",
-        81,
+        85,
         "as m3s_attn_partial: the same tile loop for sparse layers, a CTA a selected block \
          (the one kernel before it was split in three spilled 59; 51 before the NVFP4 \
          cache's arguments, session 10)",

@@ -121,13 +121,20 @@ fn check_scales(kind: KvKind, ptrs: &[(u64, &str)]) -> Result<()> {
     Ok(())
 }
 
-/// The four kernels of this module.
+/// The kernels of this module. The NVFP4 cache's index-score and partial
+/// kernels are entry points of their own (`_nv`), not an arm of the bf16 /
+/// fp8 ones: in one kernel they cost the fp8 path registers and time
+/// (standard_attention.cu, `S_NV_ONLY`).
 pub(crate) struct AttnKernels {
     index_scores: Func,
+    index_scores_nv: Func,
     index_topk: Func,
     attn_partial: Func,
     attn_partial_sparse: Func,
     attn_partial_split: Func,
+    attn_partial_nv: Func,
+    attn_partial_sparse_nv: Func,
+    attn_partial_split_nv: Func,
     attn_combine: Func,
 }
 
@@ -137,10 +144,14 @@ impl AttnKernels {
         let f = |n: &str| gpu.kernel(&super::STANDARD, n);
         Ok(AttnKernels {
             index_scores: f("m3s_index_scores")?,
+            index_scores_nv: f("m3s_index_scores_nv")?,
             index_topk: f("m3s_index_topk")?,
             attn_partial: f("m3s_attn_partial")?,
             attn_partial_sparse: f("m3s_attn_partial_sparse")?,
             attn_partial_split: f("m3s_attn_partial_split")?,
+            attn_partial_nv: f("m3s_attn_partial_nv")?,
+            attn_partial_sparse_nv: f("m3s_attn_partial_sparse_nv")?,
+            attn_partial_split_nv: f("m3s_attn_partial_split_nv")?,
             attn_combine: f("m3s_attn_combine")?,
         })
     }
@@ -459,7 +470,11 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
     let gx = maxnb.min(INDEX_SCORES_GRID_X);
     sp.launch(
         "index_scores",
-        &k.index_scores,
+        if a.cache == KvKind::Nvfp4 {
+            &k.index_scores_nv
+        } else {
+            &k.index_scores
+        },
         (gx, t, 1),
         INDEX_SCORES_BLOCK,
         0,
@@ -497,10 +512,13 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
     let gx = if a.sel != 0 { sparse_chunks } else { mc };
     sp.launch(
         "attn_partial",
-        match (a.sel != 0, a.split) {
-            (false, _) => &k.attn_partial,
-            (true, 1) => &k.attn_partial_sparse,
-            _ => &k.attn_partial_split,
+        match (a.sel != 0, a.split, a.cache == KvKind::Nvfp4) {
+            (false, _, false) => &k.attn_partial,
+            (true, 1, false) => &k.attn_partial_sparse,
+            (true, _, false) => &k.attn_partial_split,
+            (false, _, true) => &k.attn_partial_nv,
+            (true, 1, true) => &k.attn_partial_sparse_nv,
+            (true, _, true) => &k.attn_partial_split_nv,
         },
         (gx, nkv, t),
         ATTN_PARTIAL_BLOCK,

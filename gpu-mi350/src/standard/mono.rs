@@ -40,7 +40,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 25] = [
+pub(crate) const MONO_OPS: [&str; 29] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -68,6 +68,11 @@ pub(crate) const MONO_OPS: [&str; 25] = [
     // mono-only (not a standard kernel): what a 1024-thread `m3s_rmsnorm`
     // launch becomes in a program, the same sums in 256-thread CTAs
     RMSNORM_V1024,
+    // the NVFP4 cache's entry points
+    "m3s_index_scores_nv",
+    "m3s_attn_partial_nv",
+    "m3s_attn_partial_sparse_nv",
+    "m3s_attn_partial_split_nv",
 ];
 
 /// The mono build's stand-in for a 1024-thread `m3s_rmsnorm` launch.
@@ -545,7 +550,7 @@ mod tests {
             "a swap went unseen"
         );
         assert!(
-            op_list_mismatch(&MONO_OPS[..24], src).is_some(),
+            op_list_mismatch(&MONO_OPS[..MONO_OPS.len() - 1], src).is_some(),
             "a missing op went unseen"
         );
         // every op but the mono-only stand-in is a standard kernel

@@ -460,17 +460,28 @@ pub fn open_backend(
         BackendArg::GpuOps if mono => bail!("--path mono: the op-by-op harness (--backend gpu-ops) has no mono path; use --backend gpu"),
         BackendArg::Cpu => Ok(cpu()),
         BackendArg::GpuOps => match m3_gpu::GpuBackend::open() {
+            Ok(g) if g.runtime() == m3_gpu::Runtime::Hip => bail!(
+                "--backend gpu-ops: the op-by-op harness is CUDA only and this GPU is {}; \
+                 use --backend gpu",
+                g.describe()
+            ),
             Ok(g) => Ok(Box::new(OpsHarness(g))),
             Err(e) => bail!("--backend gpu-ops: no usable GPU: {e}"),
         },
         BackendArg::Gpu => match m3_gpu::GpuBackend::open() {
-            Ok(g) => Ok(gpu(g)),
+            Ok(g) => {
+                // CUDA runs as it always has, quietly; the HIP route is
+                // new and unproven on hardware, so say that it was taken.
+                if g.runtime() == m3_gpu::Runtime::Hip {
+                    eprintln!("info: --backend gpu: using {}", g.describe());
+                }
+                Ok(gpu(g))
+            }
             Err(e) => bail!("--backend gpu: no usable GPU: {e}"),
         },
         BackendArg::Auto => match m3_gpu::GpuBackend::open() {
             Ok(g) => {
-                let i = g.gpu().info();
-                eprintln!("info: --backend auto: using gpu ({}, {})", i.name, i.arch);
+                eprintln!("info: --backend auto: using gpu ({})", g.describe());
                 Ok(gpu(g))
             }
             Err(e) if mono => bail!("{MONO_CPU} (--backend auto found no usable GPU: {e})"),

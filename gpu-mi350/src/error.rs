@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 /// Errors of the GPU runtime. Discovery errors (`NoDriver`, `NoDevice`,
-/// `NoCompiler`, `UnsupportedArch`) mean "use the CPU backend"; the others are
-/// bugs or bad inputs and name what failed.
+/// `NoCompiler`, `UnsupportedArch`, `NoGpu`) mean "use the CPU backend"; the
+/// others are bugs or bad inputs and name what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// The driver library (libcuda / libamdhip64) could not be loaded.
@@ -14,6 +14,14 @@ pub enum GpuError {
     /// The driver loaded but reports no usable device.
     #[error("no GPU device: {0}")]
     NoDevice(String),
+    /// Neither vendor opened a device (`GpuBackend::open` tries CUDA, then
+    /// HIP): both reasons, so a user on either vendor's machine sees why
+    /// theirs did not open.
+    #[error("CUDA: {cuda}; HIP: {hip}")]
+    NoGpu {
+        cuda: Box<GpuError>,
+        hip: Box<GpuError>,
+    },
     /// The run-time compiler (NVRTC / hiprtc) could not be loaded.
     #[error("no kernel compiler: {0}")]
     NoCompiler(String),

@@ -24,12 +24,12 @@
 //!   runs on; [`draft`]: the DSpark draft it runs beside the target
 //!   (device weights, device context K/V, the target's embedding and LM
 //!   head shared).
-//! - [`harness`]: [`GpuBackend`]: `Backend::run_op` op by op from host
-//!   slices (the op-parity harness and the format kernels' conformance),
-//!   and `Backend::load` -> [`GpuRunner`].
+//! - [`harness`]: [`GpuBackend`]: `Backend::load` -> [`GpuRunner`] on CUDA
+//!   or HIP, and `Backend::run_op` op by op from host slices (the op-parity
+//!   harness and the format kernels' conformance; CUDA only).
 //!
-//! Callers try [`CudaGpu::open`] (or [`GpuBackend::open`]); any error means
-//! "use the CPU backend" and says why.
+//! Callers try [`GpuBackend::open`] (CUDA, else HIP) or [`CudaGpu::open`];
+//! any error means "use the CPU backend" and says why.
 
 pub mod draft;
 mod error;
@@ -46,7 +46,7 @@ pub mod standard;
 pub use cuda::{CudaGpu, DeviceInfo};
 pub use error::{GpuError, Result};
 pub use harness::ops;
-pub use harness::GpuBackend;
+pub use harness::{GpuBackend, Runtime};
 pub use model::generated as benchmodel;
 pub use ops::formats::Quantized;
 pub use ops::linear::{DeviceLinear, LinearKernel, WeightFormat};

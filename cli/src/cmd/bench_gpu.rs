@@ -36,6 +36,20 @@ use serde_json::json;
 
 use super::Args;
 
+/// CUDA device 0 for the bench (its kernels, timings and report read
+/// `CudaGpu` directly). Where CUDA is absent but a HIP device opens, the
+/// error says the bench is CUDA only, rather than "no GPU".
+fn open_cuda() -> Result<CudaGpu> {
+    CudaGpu::open(0).map_err(|e| match m3_gpu::HipGpu::open() {
+        Ok(h) => anyhow!(
+            "bench: CUDA only so far (this machine has a HIP device, {}; `m3 generate \
+             --backend gpu` runs on it); CUDA: {e}",
+            h.arch
+        ),
+        Err(_) => anyhow!("--backend gpu: {e}"),
+    })
+}
+
 fn nvidia_smi() -> String {
     Command::new("nvidia-smi")
         .args([
@@ -265,7 +279,7 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
     };
     let smi_before = nvidia_smi();
     println!("clocks before: {smi_before}");
-    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
+    let gpu = open_cuda()?;
     let info = gpu.info().clone();
     println!(
         "device: {} ({}, {} SMs)",
@@ -745,7 +759,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let smi_before = nvidia_smi();
     println!("clocks before: {smi_before}");
-    let gpu = CudaGpu::open(0).map_err(|e| anyhow!("--backend gpu: {e}"))?;
+    let gpu = open_cuda()?;
     let info = gpu.info().clone();
     println!(
         "device: {} ({}, {} SMs, {:.1} GiB)",

@@ -1,6 +1,13 @@
-//! `GpuBackend`: `m3_core::backend::Backend` on a CUDA device. `load` gives
-//! the device-resident engine ([`crate::GpuRunner`]); `run_op` runs every
-//! `Op` by a kernel, one op at a time (the op-parity harness, below).
+//! `GpuBackend`: `m3_core::backend::Backend` on a GPU, CUDA or HIP. `load`
+//! gives the device-resident engine ([`crate::GpuRunner`]) on either vendor
+//! (it runs above the runtime line, [`crate::runtime::api::Gpu`]); `run_op`
+//! runs every `Op` by a kernel, one op at a time (the op-parity harness,
+//! below), on CUDA only: the harness calls cudarc directly by choice (a
+//! diagnosis and conformance tool), so on a HIP device every op is refused
+//! with [`BackendError::Unsupported`] naming it.
+//!
+//! [`GpuBackend::open`] tries CUDA first and HIP where CUDA finds no device
+//! ([`pick`] holds that order; `M3_GPU_RUNTIME=cuda|hip` forces one).
 //!
 //! `run_op` takes host slices, so each op uploads its activations, runs its
 //! kernels and downloads its outputs; the KV cache stays a host
@@ -35,21 +42,90 @@ use m3_core::weights::{LinearWeight, MlpWeights, MoeWeights};
 
 use super::ops::attention::{CacheKind, DeviceCache, DeviceStep, MAX_HEAD_DIM};
 use super::ops::elementwise::DeviceWeight;
-use crate::{CudaGpu, DeviceLinear};
+use crate::error::GpuError;
+use crate::runtime::api::Gpu;
+use crate::{CudaGpu, DeviceLinear, HipGpu};
 
 /// Identity of a host weight buffer: (address, length, rows, cols,
 /// fingerprint of its first/last bytes, scales and global scale).
 type WeightKey = (usize, usize, usize, usize, u64);
 
-/// The GPU backend: one CUDA device and the weights uploaded so far.
+/// The GPU backend: one device, CUDA or HIP, and how loaded models run.
 pub struct GpuBackend {
-    gpu: CudaGpu,
+    device: Opened,
     /// How loaded models run (graph sizes, programmatic dependent launch).
     pub path_options: crate::standard::PathOptions,
+}
+
+/// The device a [`GpuBackend`] holds. The op harness exists on CUDA only
+/// (it is written against cudarc, see the module docs), so it lives inside
+/// the CUDA arm and a HIP device has none to call by mistake.
+enum Opened {
+    /// Boxed: the harness (device, two weight caches) is the larger arm.
+    Cuda(Box<Harness>),
+    Hip(HipGpu),
+}
+
+/// The op-by-op harness on a CUDA device: the device and the weights
+/// uploaded so far.
+struct Harness {
+    gpu: CudaGpu,
     /// Weights in their stored format (generic kernels, embedding).
     generic: Mutex<HashMap<WeightKey, Arc<DeviceWeight>>>,
     /// Weights in the runtime's GEMV layout (`ops::linear`).
     fast: Mutex<HashMap<WeightKey, Arc<DeviceLinear>>>,
+}
+
+/// Which runtime [`GpuBackend::open`] opened (or was forced to open by
+/// `M3_GPU_RUNTIME`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    Cuda,
+    Hip,
+}
+
+/// One of two opened devices (generic so the open order is testable
+/// without either vendor's library).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Picked<C, H> {
+    Cuda(C),
+    Hip(H),
+}
+
+/// The open order, as pure logic: CUDA first; HIP only where CUDA found no
+/// device at all (no driver library, or a driver with no device), so a
+/// broken NVIDIA setup (no NVRTC, an arch NVRTC cannot target) is reported
+/// as itself rather than hidden behind "no HIP either". `force` (the value
+/// of `M3_GPU_RUNTIME`) opens that runtime only. HIP is opened lazily: a
+/// CUDA machine never loads ROCm's libraries. When neither opens the
+/// error names both reasons.
+pub(crate) fn pick<C, H>(
+    force: Option<&str>,
+    cuda: impl FnOnce() -> crate::Result<C>,
+    hip: impl FnOnce() -> crate::Result<H>,
+) -> crate::Result<Picked<C, H>> {
+    match force.map(str::trim) {
+        None | Some("") => {}
+        Some(f) if f.eq_ignore_ascii_case("cuda") => return cuda().map(Picked::Cuda),
+        Some(f) if f.eq_ignore_ascii_case("hip") => return hip().map(Picked::Hip),
+        Some(f) => {
+            return Err(GpuError::input(
+                "M3_GPU_RUNTIME",
+                format!("{f:?} is neither cuda nor hip"),
+            ))
+        }
+    }
+    match cuda() {
+        Ok(c) => Ok(Picked::Cuda(c)),
+        Err(c @ (GpuError::NoDriver(_) | GpuError::NoDevice(_))) => match hip() {
+            Ok(h) => Ok(Picked::Hip(h)),
+            Err(h) => Err(GpuError::NoGpu {
+                cuda: Box::new(c),
+                hip: Box::new(h),
+            }),
+        },
+        Err(c) => Err(c),
+    }
 }
 
 /// GPU errors as backend errors naming the op.
@@ -120,29 +196,96 @@ fn cache_parts(c: &CacheTensor) -> (&[u8], Option<&[u8]>, CacheKind) {
 }
 
 impl GpuBackend {
-    /// Open CUDA device 0. Any error means "no usable GPU here" and says why.
+    /// Open a GPU: CUDA device 0, or where CUDA finds no device, HIP device
+    /// 0 (see [`pick`]; `M3_GPU_RUNTIME=cuda|hip` opens that one only).
+    /// Any error means "no usable GPU here" and says why, for both vendors.
     pub fn open() -> crate::Result<Self> {
-        Ok(Self::new(CudaGpu::open(0)?))
+        let force = std::env::var("M3_GPU_RUNTIME").ok();
+        Ok(
+            match pick(force.as_deref(), || CudaGpu::open(0), HipGpu::open)? {
+                Picked::Cuda(c) => Self::new(c),
+                Picked::Hip(h) => Self::new_hip(h),
+            },
+        )
     }
 
-    /// Wrap an opened device.
+    /// Wrap an opened CUDA device (the engine and the op harness).
     pub fn new(gpu: CudaGpu) -> Self {
-        GpuBackend {
+        Self::with(Opened::Cuda(Box::new(Harness {
             gpu,
-            path_options: crate::standard::PathOptions::default(),
             generic: Mutex::new(HashMap::new()),
             fast: Mutex::new(HashMap::new()),
+        })))
+    }
+
+    /// Wrap an opened HIP device (the engine only; `run_op` refuses).
+    pub fn new_hip(gpu: HipGpu) -> Self {
+        Self::with(Opened::Hip(gpu))
+    }
+
+    fn with(device: Opened) -> Self {
+        GpuBackend {
+            device,
+            path_options: crate::standard::PathOptions::default(),
         }
     }
 
-    /// The device.
-    pub fn gpu(&self) -> &CudaGpu {
-        &self.gpu
+    /// The device, as the runtime line sees it (either vendor).
+    pub fn gpu(&self) -> &dyn Gpu {
+        match &self.device {
+            Opened::Cuda(h) => &h.gpu,
+            Opened::Hip(h) => h,
+        }
+    }
+
+    /// The CUDA device, where this backend holds one (the op harness's;
+    /// `bench`'s kernels).
+    pub fn cuda(&self) -> Option<&CudaGpu> {
+        match &self.device {
+            Opened::Cuda(h) => Some(&h.gpu),
+            Opened::Hip(_) => None,
+        }
+    }
+
+    /// Which runtime the device is on.
+    pub fn runtime(&self) -> Runtime {
+        match &self.device {
+            Opened::Cuda(_) => Runtime::Cuda,
+            Opened::Hip(_) => Runtime::Hip,
+        }
+    }
+
+    /// One line naming the device for logs: vendor, name (CUDA's; HIP's
+    /// is not read by the binding) and architecture.
+    pub fn describe(&self) -> String {
+        match &self.device {
+            Opened::Cuda(h) => {
+                let i = h.gpu.info();
+                format!("CUDA, {}, {}", i.name, i.arch)
+            }
+            Opened::Hip(h) => format!("HIP, {}, never run on AMD hardware", h.arch),
+        }
     }
 
     /// Drop every cached device weight (call when host weights were freed
-    /// and others may be allocated at the same addresses).
+    /// and others may be allocated at the same addresses). Nothing on HIP.
     pub fn forget_weights(&self) {
+        if let Opened::Cuda(h) = &self.device {
+            h.forget_weights();
+        }
+    }
+
+    /// Device bytes held by the op harness's cached weights (0 on HIP).
+    pub fn weight_bytes(&self) -> usize {
+        match &self.device {
+            Opened::Cuda(h) => h.weight_bytes(),
+            Opened::Hip(_) => 0,
+        }
+    }
+}
+
+impl Harness {
+    fn forget_weights(&self) {
         if let Ok(mut g) = self.generic.lock() {
             g.clear();
         }
@@ -151,8 +294,7 @@ impl GpuBackend {
         }
     }
 
-    /// Device bytes held by cached weights.
-    pub fn weight_bytes(&self) -> usize {
+    fn weight_bytes(&self) -> usize {
         let g: usize = self
             .generic
             .lock()
@@ -835,7 +977,7 @@ impl Backend for GpuBackend {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<BoxedRunner<'b>, BackendError> {
         Ok(Box::new(crate::GpuRunner::load(
-            &self.gpu,
+            self.gpu(),
             source,
             spec,
             self.path_options,
@@ -843,6 +985,26 @@ impl Backend for GpuBackend {
         )?))
     }
 
+    /// The op harness on CUDA; on HIP every op is refused by name (the
+    /// engine, `load`, runs whole steps there).
+    fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
+        match &self.device {
+            Opened::Cuda(h) => h.run_op(op),
+            Opened::Hip(g) => Err(BackendError::Unsupported {
+                op: op.name(),
+                backend: self.name().into(),
+                what: format!(
+                    "the op-by-op harness is CUDA only and this device is HIP ({}); \
+                     whole models run on HIP through the device-resident engine \
+                     (--backend gpu), not op by op",
+                    g.arch
+                ),
+            }),
+        }
+    }
+}
+
+impl Harness {
     fn run_op(&self, op: Op<'_>) -> Result<(), BackendError> {
         op.check()?;
         match op {
@@ -1036,3 +1198,170 @@ const _: fn() = || {
     fn is_sync<T: Sync + Send>() {}
     is_sync::<GpuBackend>();
 };
+
+#[cfg(test)]
+mod tests {
+    //! The open order as pure logic, and a `GpuBackend` on the recording
+    //! HIP stub (`runtime::hip::stub`): no GPU, no ROCm.
+
+    use std::sync::Arc;
+
+    use m3_core::backend::{
+        Backend, BackendError, KvBudget, LoadSpec, ModelSource, Op, Path, ReadBack, StepBatch,
+        StepInput, StepSeq,
+    };
+    use m3_core::config::ModelConfig;
+    use m3_core::kv::CacheDtype;
+    use m3_core::sample::SampleParams;
+    use m3_cpu_ref::synthetic::{self, Formats};
+
+    use super::{pick, GpuBackend, Picked, Runtime};
+    use crate::error::GpuError;
+    use crate::runtime::hip::stub;
+
+    type P = crate::Result<Picked<&'static str, &'static str>>;
+
+    fn no_driver(who: &str) -> crate::Result<&'static str> {
+        Err(GpuError::NoDriver(format!("{who} library absent")))
+    }
+
+    #[test]
+    fn cuda_first_and_hip_never_opened_beside_it() {
+        let p: P = pick(None, || Ok("cuda"), || panic!("HIP opened on a CUDA box"));
+        assert_eq!(p.ok(), Some(Picked::Cuda("cuda")));
+    }
+
+    #[test]
+    fn hip_where_cuda_finds_no_device() {
+        let p: P = pick(None, || no_driver("libcuda"), || Ok("hip"));
+        assert_eq!(p.ok(), Some(Picked::Hip("hip")));
+        let p: P = pick(
+            None,
+            || Err(GpuError::NoDevice("0 devices".into())),
+            || Ok("hip"),
+        );
+        assert_eq!(p.ok(), Some(Picked::Hip("hip")));
+    }
+
+    #[test]
+    fn neither_names_both_reasons() {
+        let p: P = pick(None, || no_driver("libcuda"), || no_driver("libamdhip64"));
+        let e = p.err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(
+            e,
+            "CUDA: no GPU driver: libcuda library absent; \
+             HIP: no GPU driver: libamdhip64 library absent"
+        );
+    }
+
+    /// A CUDA device that opened but cannot be used is reported as itself,
+    /// not hidden behind HIP.
+    #[test]
+    fn a_broken_cuda_setup_is_not_masked_by_hip() {
+        let p: P = pick(
+            None,
+            || {
+                Err(GpuError::UnsupportedArch {
+                    arch: "sm_99".into(),
+                    why: "old NVRTC".into(),
+                })
+            },
+            || panic!("HIP tried after a CUDA device was found"),
+        );
+        let e = p.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.starts_with("device architecture sm_99"), "{e}");
+    }
+
+    #[test]
+    fn m3_gpu_runtime_forces_one_vendor() {
+        let p: P = pick(Some("hip"), || panic!("CUDA tried"), || Ok("hip"));
+        assert_eq!(p.ok(), Some(Picked::Hip("hip")));
+        let p: P = pick(Some(" CUDA "), || Ok("cuda"), || panic!("HIP tried"));
+        assert_eq!(p.ok(), Some(Picked::Cuda("cuda")));
+        let p: P = pick(Some("cuda"), || no_driver("libcuda"), || Ok("hip"));
+        assert!(
+            matches!(p, Err(GpuError::NoDriver(_))),
+            "forced: no fallback"
+        );
+        let p: P = pick(Some(""), || no_driver("libcuda"), || Ok("hip"));
+        assert_eq!(p.ok(), Some(Picked::Hip("hip")), "empty: the default order");
+        let p: P = pick(Some("rocm"), || Ok("cuda"), || Ok("hip"));
+        let e = p.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("M3_GPU_RUNTIME") && e.contains("rocm"), "{e}");
+    }
+
+    /// On a HIP device the op harness refuses every op by name, and the
+    /// engine loads a model and runs a decode step (on the stub).
+    #[test]
+    fn a_hip_backend_refuses_ops_and_runs_the_engine() {
+        let be = GpuBackend::new_hip(stub::gpu());
+        assert_eq!(be.runtime(), Runtime::Hip);
+        assert!(be.cuda().is_none());
+        assert_eq!(be.describe(), "HIP, gfx950, never run on AMD hardware");
+        assert_eq!(be.weight_bytes(), 0);
+
+        let mut acc = vec![0.0f32; 4];
+        let e = be.run_op(Op::Add {
+            acc: &mut acc,
+            x: &[1.0; 4],
+        });
+        match e {
+            Err(BackendError::Unsupported { op, what, .. }) => {
+                assert_eq!(op, "add");
+                assert!(
+                    what.contains("CUDA only") && what.contains("gfx950"),
+                    "{what}"
+                );
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+
+        let c = ModelConfig::preset("tiny").expect("tiny preset");
+        let w = synthetic::model(&c, Formats::default(), 7).expect("synthetic tiny");
+        let spec = LoadSpec {
+            cache_dtype: CacheDtype::Bf16,
+            block_size: 16,
+            kv: KvBudget::Blocks(4),
+            max_rows: 4,
+            max_seqs: 1,
+            max_context: 32,
+            act: m3_core::backend::ActMode::Bf16,
+            selection: None,
+        };
+        let mut runner = be
+            .load(ModelSource::Weights(Arc::new(w)), &spec, &mut |_| {})
+            .unwrap_or_else(|e| panic!("GpuRunner on the HIP stub: {e}"));
+        let batch = StepBatch {
+            tokens: vec![3],
+            positions: vec![0],
+            slot_mapping: vec![0],
+            row_seq: vec![0],
+            seqs: vec![StepSeq {
+                request_id: 1,
+                block_table: vec![0],
+                context_len: 1,
+            }],
+            logits_rows: vec![0],
+            decode_only: true,
+        };
+        let out = runner
+            .step(&StepInput {
+                batch: &batch,
+                path: Path::Standard,
+                sampling: &[SampleParams::default()],
+                read: &ReadBack::default(),
+                teacher: None,
+            })
+            .unwrap_or_else(|e| panic!("a step on the HIP stub: {e}"));
+        assert_eq!(out.tokens.len(), 1);
+        let calls = stub::take_calls();
+        assert!(
+            calls.iter().any(|c| matches!(c, stub::Call::Launch(_))),
+            "the step launched kernels through the HIP table"
+        );
+        assert!(
+            !calls.iter().any(|c| matches!(c, stub::Call::Bad(_))),
+            "the stub refused a call"
+        );
+    }
+}

@@ -69,6 +69,39 @@ pub struct RunOptions {
     /// `--online-quant-exclude` patterns, absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online_quant_exclude: Option<String>,
+    /// `--fold-shared-expert` (a GPU runner option): the shared expert runs
+    /// as one more expert of the expert table, bitwise the same math.
+    /// Only in reuse cases ([`ReuseMeta`]), absent when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fold_shared_expert: bool,
+    /// `--mxfp8-to-bf16`: every MXFP8 weight converted to bf16 at load,
+    /// losslessly. Only in reuse cases ([`ReuseMeta`]), absent when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mxfp8_to_bf16: bool,
+}
+
+impl RunOptions {
+    /// The lossless serving options that are set: the ones a reuse case
+    /// adds to its reference's options (`m3 forward` flag names).
+    pub fn lossless_flags(&self) -> Vec<&'static str> {
+        let mut f = Vec::new();
+        if self.fold_shared_expert {
+            f.push("--fold-shared-expert");
+        }
+        if self.mxfp8_to_bf16 {
+            f.push("--mxfp8-to-bf16");
+        }
+        f
+    }
+
+    /// These options without the lossless serving options.
+    pub fn without_lossless(&self) -> RunOptions {
+        RunOptions {
+            fold_shared_expert: false,
+            mxfp8_to_bf16: false,
+            ..self.clone()
+        }
+    }
 }
 
 /// Tolerance of one continuous tensor.
@@ -130,39 +163,205 @@ pub struct CaseMeta {
     pub draft: Option<crate::draft::DraftMeta>,
 }
 
+/// The JSON sidecar of a reuse case: no tensors of its own. It runs its
+/// `reference` case's checkpoint and prompt with a lossless serving option
+/// added (`--fold-shared-expert`, `--mxfp8-to-bf16`) and is held to that
+/// case's tensors and tolerances, since the option changes no value. The
+/// recipe, config edit, scalar tensors, prompt and options are restated
+/// here and must equal the reference's (options: but for the added ones).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReuseMeta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The case whose tensors and tolerances this one is held to.
+    pub reference: String,
+    pub recipe: Recipe,
+    #[serde(default)]
+    pub config_edit: Option<serde_json::Value>,
+    #[serde(default)]
+    pub scalar_tensors: Option<BTreeMap<String, f32>>,
+    pub tokens: Vec<u32>,
+    pub options: RunOptions,
+}
+
 /// A loaded case.
 #[derive(Clone, Debug)]
 pub struct Case {
     pub meta: CaseMeta,
     pub taps: Taps,
     /// The case's safetensors: also the teacher input of `m3 forward`.
+    /// For a reuse case, its reference's.
     pub taps_path: PathBuf,
+    /// A reuse case: the name of the case whose tensors it holds to.
+    pub reuses: Option<String>,
 }
 
 impl Case {
-    /// Load `dir/NAME.json` and `dir/NAME.safetensors`.
+    /// Load `dir/NAME.json` and `dir/NAME.safetensors`; for a reuse case
+    /// (a sidecar with `reference`), `dir/NAME.json` and the reference
+    /// case's files ([`Case::reuse`]).
     pub fn load(dir: &Path, name: &str) -> Result<Case, GoldenError> {
         let jp = dir.join(format!("{name}.json"));
         let text = std::fs::read_to_string(&jp).map_err(|e| GoldenError::Io {
             path: jp.display().to_string(),
             source: e,
         })?;
-        let meta: CaseMeta = serde_json::from_str(&text).map_err(|e| GoldenError::Format {
+        let format = |e: serde_json::Error| GoldenError::Format {
             path: jp.display().to_string(),
             msg: e.to_string(),
-        })?;
+        };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(format)?;
+        if value.get("reference").is_some() {
+            let reuse: ReuseMeta = serde_json::from_value(value).map_err(format)?;
+            if reuse.name != name {
+                return Err(GoldenError::Format {
+                    path: jp.display().to_string(),
+                    msg: format!("name is {:?}, the file says {name:?}", reuse.name),
+                });
+            }
+            if reuse.reference == name {
+                return Err(GoldenError::Format {
+                    path: jp.display().to_string(),
+                    msg: format!("case {name}: reference names the case itself"),
+                });
+            }
+            let rp = dir.join(format!("{}.json", reuse.reference));
+            if !rp.exists() {
+                return Err(GoldenError::Format {
+                    path: jp.display().to_string(),
+                    msg: format!(
+                        "case {name}: reference {:?}: no such case ({} is missing)",
+                        reuse.reference,
+                        rp.display()
+                    ),
+                });
+            }
+            let referenced = Case::load(dir, &reuse.reference)?;
+            return Case::reuse(reuse, referenced).map_err(|msg| GoldenError::Format {
+                path: jp.display().to_string(),
+                msg,
+            });
+        }
+        let meta: CaseMeta = serde_json::from_value(value).map_err(format)?;
         let taps_path = dir.join(format!("{name}.safetensors"));
         let taps = Taps::load(&taps_path)?;
         let case = Case {
             meta,
             taps,
             taps_path,
+            reuses: None,
         };
         case.validate()?;
         Ok(case)
     }
 
-    /// Every case in `dir` (by its `.json` sidecar), sorted by name.
+    /// A reuse case from its sidecar and its loaded reference case: the
+    /// reference's tensors, tolerances and margins under the reuse case's
+    /// name and options (the reference's greedy run is left to the
+    /// reference case). Refused, naming the case and the field, when the
+    /// reference is itself a reuse case, when the recipe, config edit,
+    /// scalar tensors, prompt or options (but for the added lossless ones)
+    /// differ, or when no lossless option is added or the one added could
+    /// change nothing (`--mxfp8-to-bf16` without MXFP8 weights) or cannot
+    /// apply (`--fold-shared-expert` needs the shared expert in the
+    /// experts' format: synth stores it in the `dense` format; and bf16
+    /// expert inputs).
+    pub fn reuse(reuse: ReuseMeta, referenced: Case) -> Result<Case, String> {
+        let name = &reuse.name;
+        let refname = &referenced.meta.name;
+        let r = &referenced.meta;
+        if let Some(other) = &referenced.reuses {
+            return Err(format!(
+                "case {name}: reference {refname} is itself a reuse case (of {other}): name a case with tensors"
+            ));
+        }
+        let differs = |field: &str, mine: String, theirs: String| {
+            Err(format!(
+                "case {name}: {field} differs from its reference {refname}'s ({mine} vs {theirs}): a reuse case runs the reference's checkpoint and prompt"
+            ))
+        };
+        if reuse.recipe != r.recipe {
+            return differs(
+                "recipe",
+                format!("{:?}", reuse.recipe),
+                format!("{:?}", r.recipe),
+            );
+        }
+        if reuse.config_edit != r.config_edit {
+            return differs(
+                "config_edit",
+                format!("{:?}", reuse.config_edit),
+                format!("{:?}", r.config_edit),
+            );
+        }
+        if reuse.scalar_tensors != r.scalar_tensors {
+            return differs(
+                "scalar_tensors",
+                format!("{:?}", reuse.scalar_tensors),
+                format!("{:?}", r.scalar_tensors),
+            );
+        }
+        if reuse.tokens != r.tokens {
+            return differs(
+                "tokens",
+                format!("{} tokens", reuse.tokens.len()),
+                format!("{} tokens", r.tokens.len()),
+            );
+        }
+        let o = &reuse.options;
+        if !r.options.lossless_flags().is_empty() {
+            return Err(format!(
+                "case {name}: reference {refname}'s options already hold {:?}",
+                r.options.lossless_flags()
+            ));
+        }
+        if o.without_lossless() != r.options {
+            return differs(
+                "options",
+                format!("{:?}", o.without_lossless()),
+                format!("{:?}", r.options),
+            );
+        }
+        if o.lossless_flags().is_empty() {
+            return Err(format!(
+                "case {name}: options add no lossless serving option (fold_shared_expert, mxfp8_to_bf16) to its reference {refname}'s: it would repeat that case"
+            ));
+        }
+        if o.mxfp8_to_bf16 && reuse.recipe.experts != "mxfp8" && reuse.recipe.dense != "mxfp8" {
+            return Err(format!(
+                "case {name}: options.mxfp8_to_bf16 on a recipe without MXFP8 weights (experts {}, dense {}): the option would change nothing",
+                reuse.recipe.experts, reuse.recipe.dense
+            ));
+        }
+        if o.fold_shared_expert {
+            if reuse.recipe.experts != reuse.recipe.dense {
+                return Err(format!(
+                    "case {name}: options.fold_shared_expert needs the shared expert (synth: the `dense` format, {}) in the experts' format ({})",
+                    reuse.recipe.dense, reuse.recipe.experts
+                ));
+            }
+            if o.act == "mxfp4" {
+                return Err(format!(
+                    "case {name}: options.fold_shared_expert with act mxfp4: the folded shared expert needs bf16 inputs"
+                ));
+            }
+        }
+        let mut meta = referenced.meta;
+        meta.name = reuse.name;
+        meta.description = reuse.description;
+        meta.options = reuse.options;
+        meta.greedy = None;
+        Ok(Case {
+            meta,
+            taps: referenced.taps,
+            taps_path: referenced.taps_path,
+            reuses: Some(reuse.reference),
+        })
+    }
+
+    /// Every case in `dir` (by its `.json` sidecar, beside its
+    /// `.safetensors` or naming a `reference`), sorted by name.
     pub fn list(dir: &Path) -> Result<Vec<String>, GoldenError> {
         let rd = std::fs::read_dir(dir).map_err(|e| GoldenError::Io {
             path: dir.display().to_string(),
@@ -173,7 +372,7 @@ impl Case {
             let p = entry.path();
             if p.extension().and_then(|e| e.to_str()) == Some("json") {
                 if let Some(stem) = p.file_stem().and_then(|s| s.to_str()) {
-                    if dir.join(format!("{stem}.safetensors")).exists() {
+                    if dir.join(format!("{stem}.safetensors")).exists() || is_reuse(&p) {
                         names.push(stem.to_string());
                     }
                 }
@@ -249,4 +448,13 @@ impl Case {
             .collect::<Vec<_>>()
             .join(",")
     }
+}
+
+/// A sidecar naming a `reference` (a reuse case); an unreadable one is
+/// not, and is left out as before.
+fn is_reuse(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v.get("reference").is_some())
 }

@@ -23,7 +23,7 @@ pub mod draft;
 pub mod parity;
 pub mod tensors;
 
-pub use case::{Case, CaseMeta, Greedy, NearTie, Recipe, RunOptions, Tolerance};
+pub use case::{Case, CaseMeta, Greedy, NearTie, Recipe, ReuseMeta, RunOptions, Tolerance};
 pub use compare::{
     compare, compare_draft, table_header, table_lines, Measure, Report, Row, Verdict,
 };

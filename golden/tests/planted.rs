@@ -309,11 +309,150 @@ fn every_committed_case_loads_and_stays_compact() {
             c.meta.tokens.len(),
             c.taps.get("residual.0").unwrap().shape()[0]
         );
-        for ext in ["json", "safetensors"] {
+        // A reuse case has no tensors of its own.
+        let exts: &[&str] = if c.reuses.is_some() {
+            &["json"]
+        } else {
+            &["json", "safetensors"]
+        };
+        for ext in exts {
             bytes += std::fs::metadata(dir.join(format!("{n}.{ext}")))
                 .unwrap()
                 .len();
         }
     }
     assert!(bytes < 5 << 20, "golden/cases is {bytes} bytes, over 5 MiB");
+}
+
+/// The reuse cases (golden/README.md, *Reuse cases*): held to their
+/// reference case's tensors and tolerances, with the lossless option in
+/// their options, and a planted error still fails them.
+#[test]
+fn reuse_cases_hold_to_their_reference_and_can_fail() {
+    let dir = cases_dir();
+    for (name, reference, flag) in [
+        (
+            "tiny-bf16-short-fold",
+            "tiny-bf16-short",
+            "--fold-shared-expert",
+        ),
+        (
+            "tiny-mxfp8-long-kvfp8-bf16",
+            "tiny-mxfp8-long-kvfp8",
+            "--mxfp8-to-bf16",
+        ),
+    ] {
+        let case = Case::load(&dir, name).expect("the committed reuse case loads");
+        let refc = Case::load(&dir, reference).unwrap();
+        assert_eq!(case.reuses.as_deref(), Some(reference));
+        assert_eq!(case.taps_path, refc.taps_path);
+        assert_eq!(case.meta.tolerances, refc.meta.tolerances);
+        assert_eq!(case.meta.options.lossless_flags(), vec![flag]);
+        assert_eq!(case.meta.options.without_lossless(), refc.meta.options);
+        assert!(!dir.join(format!("{name}.safetensors")).exists());
+        // The reference's own taps pass; one planted residual error fails.
+        let mut dump = perfect_dump(&case);
+        assert!(compare(&case, &dump, "test").passed(), "{name}");
+        let Some(Tap::F32 { data, .. }) = dump.tensors.get_mut("residual.1") else {
+            panic!("no residual.1")
+        };
+        for v in data.iter_mut() {
+            *v *= 1.01;
+        }
+        let rep = compare(&case, &dump, "test");
+        assert_eq!(failing(&rep), vec!["residual.1".to_string()], "{name}");
+    }
+}
+
+/// A reuse case whose recipe, prompt or options differ from its
+/// reference's, that adds no lossless option, adds one that cannot apply,
+/// reuses a reuse case or names a missing case is refused, naming the
+/// case and the field.
+#[test]
+fn reuse_case_with_a_mismatch_is_refused() {
+    let dir = cases_dir();
+    let good = |name: &str| -> m3_golden::ReuseMeta {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
+        m3_golden::serde_json::from_str(&text).unwrap()
+    };
+    let refused = |r: m3_golden::ReuseMeta, want: &str| {
+        let referenced = Case::load(&dir, &r.reference).unwrap();
+        let name = r.name.clone();
+        let err = Case::reuse(r, referenced).expect_err(want);
+        assert!(
+            err.contains(&format!("case {name}")) && err.contains(want),
+            "{err}"
+        );
+    };
+    let fold = good("tiny-bf16-short-fold");
+    let referenced = Case::load(&dir, &fold.reference).unwrap();
+    assert!(Case::reuse(fold.clone(), referenced).is_ok());
+
+    let mut r = fold.clone();
+    r.recipe.seed += 1;
+    refused(r, "recipe");
+    let mut r = fold.clone();
+    r.tokens.push(5);
+    refused(r, "tokens");
+    let mut r = fold.clone();
+    r.options.kv_dtype = "fp8_e4m3".into();
+    refused(r, "options");
+    let mut r = fold.clone();
+    r.options.fold_shared_expert = false;
+    refused(r, "no lossless serving option");
+    let mut r = fold.clone();
+    r.options.mxfp8_to_bf16 = true;
+    refused(r, "options.mxfp8_to_bf16");
+    let mut r = good("tiny-mxfp8-long-kvfp8-bf16");
+    r.scalar_tensors = None;
+    refused(r, "scalar_tensors");
+    // fold on a recipe whose shared expert is not in the experts' format
+    let mut r = good("tiny-mxfp8-long-kvfp8-bf16");
+    r.recipe = Case::load(&dir, "tiny-mxfp4-a16-long-shared")
+        .unwrap()
+        .meta
+        .recipe;
+    r.reference = "tiny-mxfp4-a16-long-shared".into();
+    r.scalar_tensors = None;
+    r.options.mxfp8_to_bf16 = false;
+    r.options.kv_dtype = "bf16".into();
+    r.options.selection = "shared".into();
+    r.tokens = Case::load(&dir, &r.reference).unwrap().meta.tokens;
+    r.options.fold_shared_expert = true;
+    refused(r, "options.fold_shared_expert");
+
+    // A reuse of a reuse case, and of a missing case, through Case::load.
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["tiny-bf16-short.json", "tiny-bf16-short.safetensors"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let write = |r: &m3_golden::ReuseMeta| {
+        std::fs::write(
+            tmp.path().join(format!("{}.json", r.name)),
+            m3_golden::serde_json::to_string(r).unwrap(),
+        )
+        .unwrap();
+    };
+    write(&fold);
+    let mut chain = fold.clone();
+    chain.name = "chain".into();
+    chain.reference = fold.name.clone();
+    write(&chain);
+    let err = Case::load(tmp.path(), "chain").unwrap_err().to_string();
+    assert!(
+        err.contains("case chain") && err.contains("itself a reuse case"),
+        "{err}"
+    );
+    let mut missing = fold.clone();
+    missing.name = "orphan".into();
+    missing.reference = "no-such-case".into();
+    write(&missing);
+    let err = Case::load(tmp.path(), "orphan").unwrap_err().to_string();
+    assert!(
+        err.contains("case orphan") && err.contains("no such case"),
+        "{err}"
+    );
+    assert!(Case::list(tmp.path())
+        .unwrap()
+        .contains(&"orphan".to_string()));
 }

@@ -250,15 +250,7 @@ fn checkpoint(
 }
 
 pub fn gen_golden(args: GenGoldenArgs) -> Result<()> {
-    let py = venv::python(&[])?;
     let gen = root().join("golden").join("gen");
-    if !args.no_selftest {
-        run_checked(
-            Command::new(&py).arg(gen.join("selftest.py")),
-            "golden/gen/selftest.py",
-        )?;
-    }
-    let m3 = build_m3()?;
     let specs_path = gen.join("cases.json");
     let specs: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&specs_path)
@@ -269,6 +261,26 @@ pub fn gen_golden(args: GenGoldenArgs) -> Result<()> {
         .get("cases")
         .and_then(|c| c.as_array())
         .with_context(|| format!("{}: no \"cases\" list", specs_path.display()))?;
+    // Reuse cases need neither the reference (python) nor a checkpoint.
+    let needs_reference = cases.iter().any(|s| {
+        s.get("reference").is_none()
+            && args
+                .case
+                .as_deref()
+                .is_none_or(|c| s.get("name").and_then(|n| n.as_str()) == Some(c))
+    });
+    let (py, m3) = if needs_reference {
+        let py = venv::python(&[])?;
+        if !args.no_selftest {
+            run_checked(
+                Command::new(&py).arg(gen.join("selftest.py")),
+                "golden/gen/selftest.py",
+            )?;
+        }
+        (py, build_m3()?)
+    } else {
+        (PathBuf::new(), PathBuf::new())
+    };
     let out_dir = m3_golden::cases_dir();
     std::fs::create_dir_all(&out_dir)?;
     let mut done = 0;
@@ -278,6 +290,12 @@ pub fn gen_golden(args: GenGoldenArgs) -> Result<()> {
             .and_then(|n| n.as_str())
             .with_context(|| format!("{}: a case without a name", specs_path.display()))?;
         if args.case.as_deref().is_some_and(|c| c != name) {
+            continue;
+        }
+        if spec.get("reference").is_some() {
+            write_reuse_case(spec, name, cases, &out_dir)
+                .with_context(|| format!("{}: case {name}", specs_path.display()))?;
+            done += 1;
             continue;
         }
         let recipe: Recipe =
@@ -310,6 +328,84 @@ pub fn gen_golden(args: GenGoldenArgs) -> Result<()> {
     Ok(())
 }
 
+/// A reuse case's sidecar (golden/README.md, *Reuse cases*), from its
+/// spec and its reference's committed case: no reference run, no tensors.
+/// The spec's recipe, config edit, scalar tensors and prompt must be its
+/// reference spec's, its options the reference's plus lossless ones
+/// (`Case::reuse` checks the written sidecar against the committed case).
+fn write_reuse_case(
+    spec: &serde_json::Value,
+    name: &str,
+    specs: &[serde_json::Value],
+    out_dir: &Path,
+) -> Result<()> {
+    let reference = spec
+        .get("reference")
+        .and_then(|r| r.as_str())
+        .context("reference: not a case name")?;
+    let rspec = specs
+        .iter()
+        .find(|s| s.get("name").and_then(|n| n.as_str()) == Some(reference))
+        .with_context(|| format!("reference {reference}: no such case in cases.json"))?;
+    if rspec.get("reference").is_some() {
+        bail!("reference {reference} is itself a reuse case: name a case with tensors");
+    }
+    for field in ["recipe", "config_edit", "scalar_tensors", "prompt"] {
+        if spec.get(field) != rspec.get(field) {
+            bail!(
+                "{field} differs from its reference {reference}'s: a reuse case runs the reference's checkpoint and prompt"
+            );
+        }
+    }
+    let lossless = ["fold_shared_expert", "mxfp8_to_bf16"];
+    let mut added = serde_json::Map::new();
+    let mut rest = serde_json::Map::new();
+    if let Some(o) = spec.get("options").and_then(|o| o.as_object()) {
+        for (k, v) in o {
+            if lossless.contains(&k.as_str()) {
+                added.insert(k.clone(), v.clone());
+            } else {
+                rest.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let ropts = rspec
+        .get("options")
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    if serde_json::Value::Object(rest) != ropts {
+        bail!("options differ from its reference {reference}'s but for {lossless:?}");
+    }
+    let committed = Case::load(out_dir, reference).with_context(|| {
+        format!(
+            "reference {reference}: its committed case (cargo xtask gen-golden --case {reference})"
+        )
+    })?;
+    let mut options = serde_json::to_value(&committed.meta.options)?;
+    if let Some(o) = options.as_object_mut() {
+        o.extend(added);
+    }
+    let reuse = m3_golden::ReuseMeta {
+        name: name.to_string(),
+        description: spec
+            .get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        reference: reference.to_string(),
+        recipe: committed.meta.recipe.clone(),
+        config_edit: committed.meta.config_edit.clone(),
+        scalar_tensors: committed.meta.scalar_tensors.clone(),
+        tokens: committed.meta.tokens.clone(),
+        options: serde_json::from_value(options).context("options")?,
+    };
+    Case::reuse(reuse.clone(), committed).map_err(anyhow::Error::msg)?;
+    let path = out_dir.join(format!("{name}.json"));
+    write_atomic(&path, serde_json::to_string_pretty(&reuse)?.as_bytes())?;
+    eprintln!("gen-golden: {name}: reuse case of {reference} (no tensors)");
+    Ok(())
+}
+
 /// `m3 forward` flags for a case's options. Returns `Err(reason)` when this
 /// build of `m3 forward` lacks a flag the case needs.
 fn forward_flags(case: &Case, help: &str) -> std::result::Result<Vec<String>, String> {
@@ -331,6 +427,14 @@ fn forward_flags(case: &Case, help: &str) -> std::result::Result<Vec<String>, St
         }
     }
     f.extend(online_quant_flags(case, help)?);
+    // Lossless serving options of a reuse case (golden/README.md, *Reuse
+    // cases*): the reference case's tensors hold for them as they are.
+    for flag in o.lossless_flags() {
+        if !help.contains(flag) {
+            return Err(format!("m3 forward has no {flag}"));
+        }
+        f.push(flag.to_string());
+    }
     Ok(f)
 }
 
@@ -413,6 +517,13 @@ fn run_backend(
         Ok(f) => f,
         Err(reason) => return Ok(Outcome::Skipped(reason)),
     };
+    if case.meta.options.fold_shared_expert && backend == "cpu" {
+        // The CPU reference takes the flag and ignores it: a pass there
+        // would test nothing.
+        return Ok(Outcome::Skipped(
+            "--fold-shared-expert is a GPU runner option (the CPU reference runs the shared expert one way)".into(),
+        ));
+    }
     let out = work.join(format!("{}-{backend}.safetensors", case.meta.name));
     let _ = std::fs::remove_file(&out);
     let mut cmd = Command::new(m3);

@@ -39,8 +39,10 @@ pub(crate) fn be_err(what: &str, e: GpuError) -> BackendError {
             op,
             what: format!("{what}: {why}"),
         },
+        // "gpu", not a vendor: the error itself names the vendor's call
+        // (`cuMemAlloc` / `hipMalloc`)
         other => BackendError::Device {
-            backend: "cuda".into(),
+            backend: "gpu".into(),
             what: format!("{what}: {other}"),
         },
     }

@@ -22,7 +22,7 @@ use m3_core::dspark::DsparkWeights;
 use m3_core::kv::{CacheDtype, KvCache, KvLayout};
 use m3_core::sample::{uniform, SampleParams};
 use m3_core::sched::dspark_drafter::{DraftTarget, DsparkDrafter};
-use m3_core::sched::runner::{Drafter, Proposal, SpecStats, VerifyMode};
+use m3_core::sched::runner::{Drafter, Proposal, VerifyMode};
 use m3_core::sched::spec_probs::sampling_probs;
 use m3_core::sched::{Request, RequestId};
 use m3_core::spec_decode::sample_index;
@@ -127,32 +127,7 @@ fn dspark_speculative_greedy_equals_plain_decoding() {
     let be = CpuBackend::new();
     for k in [1usize, 3, 7] {
         let d = DsparkDrafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-        let (out, c, per) = common::run_spec(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
-        for r in &reqs {
-            assert_eq!(out[&r.id], plain[&r.id], "K = {k}, request {}", r.id);
-        }
-        assert!(c.spec_verifies > 0 && c.spec_proposed > 0, "K = {k}: {c:?}");
-        // Per-request statistics add up to the scheduler's totals.
-        let sum = per.values().fold(SpecStats::default(), |a, s| SpecStats {
-            verifies: a.verifies + s.verifies,
-            proposed: a.proposed + s.proposed,
-            accepted: a.accepted + s.accepted,
-        });
-        assert_eq!(
-            (sum.verifies, sum.proposed, sum.accepted),
-            (c.spec_verifies, c.spec_proposed, c.spec_accepted)
-        );
-        let mean = c.mean_acceptance_length().unwrap();
-        assert!((1.0..=k as f64 + 1.0).contains(&mean));
-        eprintln!(
-            "K = {k}: {} verifies, {} drafted, {} accepted, mean acceptance length {mean:.3}; per request {:?}",
-            c.spec_verifies,
-            c.spec_proposed,
-            c.spec_accepted,
-            per.iter()
-                .map(|(id, s)| (*id, s.mean_acceptance_length()))
-                .collect::<Vec<_>>()
-        );
+        common::check_greedy_spec(&m, &reqs, &plain, k, Box::new(d), "dspark");
     }
     // The comparison can fail: rejection verification of the stochastic
     // request (lossless in distribution, not token for token) changes its

@@ -21,7 +21,7 @@ use m3_core::eagle3::{Eagle3Config, Eagle3Weights};
 use m3_core::sample::SampleParams;
 use m3_core::sched::dspark_drafter::DraftTarget;
 use m3_core::sched::eagle3_drafter::Eagle3Drafter;
-use m3_core::sched::runner::{Drafter, SpecStats, VerifyMode};
+use m3_core::sched::runner::{Drafter, VerifyMode};
 use m3_core::sched::{Request, RequestId};
 use m3_core::synth::{write_checkpoint, DenseFormat, ExpertFormat, SynthSpec};
 use m3_core::weights::{LinearWeight, ModelWeights};
@@ -501,29 +501,7 @@ fn eagle3_speculative_greedy_equals_plain_decoding() {
     let be = CpuBackend::new();
     for k in [1usize, 3, 7] {
         let d = Eagle3Drafter::new(&be, DraftTarget::of(&m), &w).unwrap();
-        let (out, c, per) = common::run_spec(&m, &reqs, k, VerifyMode::Greedy, Some(Box::new(d)));
-        for r in &reqs {
-            assert_eq!(out[&r.id], plain[&r.id], "K = {k}, request {}", r.id);
-        }
-        assert!(c.spec_verifies > 0 && c.spec_proposed > 0, "K = {k}: {c:?}");
-        let sum = per.values().fold(SpecStats::default(), |a, s| SpecStats {
-            verifies: a.verifies + s.verifies,
-            proposed: a.proposed + s.proposed,
-            accepted: a.accepted + s.accepted,
-        });
-        assert_eq!(
-            (sum.verifies, sum.proposed, sum.accepted),
-            (c.spec_verifies, c.spec_proposed, c.spec_accepted)
-        );
-        let mean = c.mean_acceptance_length().unwrap();
-        assert!((1.0..=k as f64 + 1.0).contains(&mean));
-        eprintln!(
-            "eagle3 K = {k}: {} verifies, {} drafted, {} accepted ({:.1}%), mean acceptance length {mean:.3}",
-            c.spec_verifies,
-            c.spec_proposed,
-            c.spec_accepted,
-            100.0 * c.spec_accepted as f64 / c.spec_proposed.max(1) as f64
-        );
+        common::check_greedy_spec(&m, &reqs, &plain, k, Box::new(d), "eagle3");
     }
     // Rejection verification of the stochastic request runs on the
     // draft's target-id distributions (lossless in distribution, so its

@@ -103,6 +103,60 @@ pub type SpecRun = (
     std::collections::BTreeMap<m3_core::sched::RequestId, m3_core::sched::runner::SpecStats>,
 );
 
+/// Greedy speculative decoding of `reqs` with `drafter` at `k` draft
+/// tokens a step: every request's tokens equal `plain`'s (the same requests
+/// decoded without drafts), drafts were proposed and verified, the
+/// per-request statistics add up to the scheduler's totals and the mean
+/// acceptance length lies in [1, k + 1]. Prints the counts under `label`.
+pub fn check_greedy_spec(
+    m: &ModelWeights,
+    reqs: &[m3_core::sched::Request],
+    plain: &std::collections::BTreeMap<m3_core::sched::RequestId, Vec<u32>>,
+    k: usize,
+    drafter: Box<dyn m3_core::sched::runner::Drafter + '_>,
+    label: &str,
+) -> SpecRun {
+    use m3_core::sched::runner::{SpecStats, VerifyMode};
+    let (out, c, per) = run_spec(m, reqs, k, VerifyMode::Greedy, Some(drafter));
+    for r in reqs {
+        assert_eq!(
+            out[&r.id], plain[&r.id],
+            "{label} K = {k}, request {}",
+            r.id
+        );
+    }
+    assert!(
+        c.spec_verifies > 0 && c.spec_proposed > 0,
+        "{label} K = {k}: {c:?}"
+    );
+    let sum = per.values().fold(SpecStats::default(), |a, s| SpecStats {
+        verifies: a.verifies + s.verifies,
+        proposed: a.proposed + s.proposed,
+        accepted: a.accepted + s.accepted,
+    });
+    assert_eq!(
+        (sum.verifies, sum.proposed, sum.accepted),
+        (c.spec_verifies, c.spec_proposed, c.spec_accepted),
+        "{label} K = {k}: per-request statistics against the totals"
+    );
+    let mean = c.mean_acceptance_length().unwrap();
+    assert!(
+        (1.0..=k as f64 + 1.0).contains(&mean),
+        "{label} K = {k}: {mean}"
+    );
+    eprintln!(
+        "{label} K = {k}: {} verifies, {} drafted, {} accepted ({:.1}%), mean acceptance length {mean:.3}; per request {:?}",
+        c.spec_verifies,
+        c.spec_proposed,
+        c.spec_accepted,
+        100.0 * c.spec_accepted as f64 / c.spec_proposed.max(1) as f64,
+        per.iter()
+            .map(|(id, s)| (*id, s.mean_acceptance_length()))
+            .collect::<Vec<_>>()
+    );
+    (out, c, per)
+}
+
 /// Run `reqs` on `m` through the scheduler runner on the CPU reference
 /// (bf16 cache) with `spec` draft tokens a step, `verify`, and `drafter`.
 pub fn run_spec(

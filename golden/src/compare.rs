@@ -108,21 +108,35 @@ fn rel_l2_max_abs(got: &[f32], want: &[f32]) -> (f64, f64) {
     (if rel.is_nan() { f64::INFINITY } else { rel }, max_abs)
 }
 
+/// An F32 tap as (shape, data).
+type F32Tap<'a> = (&'a Vec<usize>, &'a Vec<f32>);
+
+/// The case's F32 tap `name` and the dumped one; an error naming what is
+/// missing or of another dtype.
+fn f32_taps<'a>(
+    case: &'a Case,
+    name: &str,
+    got: Option<&'a Tap>,
+) -> Result<(F32Tap<'a>, F32Tap<'a>), String> {
+    let want = match case.taps.get(name) {
+        Some(Tap::F32 { shape, data }) => (shape, data),
+        _ => return Err(format!("case has no F32 {name}")),
+    };
+    let got = match got {
+        Some(Tap::F32 { shape, data }) => (shape, data),
+        Some(_) => return Err("dumped tap is not F32".into()),
+        None => return Err("missing from the dump".into()),
+    };
+    Ok((want, got))
+}
+
 fn continuous(
     case: &Case,
     name: &str,
     got: Option<&Tap>,
     row_from: usize,
 ) -> Result<(f64, f64), String> {
-    let want = match case.taps.get(name) {
-        Some(Tap::F32 { shape, data }) => (shape, data),
-        _ => return Err(format!("case has no F32 {name}")),
-    };
-    let (gshape, gdata) = match got {
-        Some(Tap::F32 { shape, data }) => (shape, data),
-        Some(_) => return Err("dumped tap is not F32".into()),
-        None => return Err("missing from the dump".into()),
-    };
+    let (want, (gshape, gdata)) = f32_taps(case, name, got)?;
     // The case may hold only the last rows (logits of long prompts).
     let width: usize = want.0.iter().skip(1).product();
     let rows_want = want.0.first().copied().unwrap_or(0);
@@ -434,15 +448,7 @@ fn continuous_rows(
     got: Option<&Tap>,
     rows: usize,
 ) -> Result<(f64, f64), String> {
-    let (wshape, wdata) = match case.taps.get(name) {
-        Some(Tap::F32 { shape, data }) => (shape, data),
-        _ => return Err(format!("case has no F32 {name}")),
-    };
-    let (gshape, gdata) = match got {
-        Some(Tap::F32 { shape, data }) => (shape, data),
-        Some(_) => return Err("dumped tap is not F32".into()),
-        None => return Err("missing from the dump".into()),
-    };
+    let ((wshape, wdata), (gshape, gdata)) = f32_taps(case, name, got)?;
     if gshape != wshape {
         return Err(format!("shape {gshape:?}, expected {wshape:?}"));
     }

@@ -15,12 +15,14 @@
 // CDNA (gfx9) runs 64-wide wavefronts.
 #define M3_WARP 64
 #define M3_SHFL_XOR(v, m) __shfl_xor((v), (m), M3_WARP)
+#define M3_SHFL_XOR32(v, m) __shfl_xor((v), (m), 32)
 // A wavefront runs in lockstep; the barrier orders its LDS accesses.
 #define M3_SYNC_WARP() __builtin_amdgcn_wave_barrier()
 #else
 #define M3_CUDA 1
 #define M3_WARP 32
 #define M3_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), M3_WARP)
+#define M3_SHFL_XOR32(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
 #define M3_SYNC_WARP() __syncwarp()
 #endif
 
@@ -331,6 +333,142 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
   return m3_pack_bf16x2(m3_f32(a << 16) * m3_f32(b << 16), m3_f32(a & 0xffff0000u) * m3_f32(b & 0xffff0000u));
 }
 #endif
+
+// ---- f16: the MX linears' operands -----------------------------------------
+// s_mmh_linear (standard_decode.cu) multiplies f16 operands on the tensor
+// cores: every E2M1 (through E4M3, times 2^-6), E4M3 and E5M2 code is an f16
+// value exactly, and x comes in f16 with a power-of-two row scale (bf16's 8
+// significant bits fit f16's 11 over the 38 binades below the row's largest
+// value), so the products are exact and only the f32 sums round.
+/// f16 bits -> f32, exact (subnormals, Inf, NaN kept).
+M3_DEV float m3_f16_to_f32(u32 h) {
+#if defined(M3_HIP)
+  return (float)__builtin_bit_cast(_Float16, (u16)h);
+#else
+  const u32 s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return m3_f32(s | 0x7f800000u | (m << 13));
+  if (e == 0u) return m3_f32(m3_bits((float)m * 5.9604644775390625e-8f) | s);
+  return m3_f32(s | ((e + 112u) << 23) | (m << 13));
+#endif
+}
+/// f32 -> f16 bits, round to nearest even (integer arithmetic, the same on
+/// every vendor); past 65504 rounds to Inf; NaN gives a quiet NaN.
+M3_DEV u32 m3_f16_from_f32(float x) {
+  const u32 b = m3_bits(x), s = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) return s | 0x7e00u;
+  if (a >= 0x477ff000u) return s | 0x7c00u;
+  if (a < 0x38800000u) {
+    // below 2^-14: an f16 subnormal, value * 2^24 = mant24 >> sh rounded
+    const int sh = 126 - (int)(a >> 23);
+    if (sh > 25 || (a >> 23) == 0u) return s;
+    const u32 m = (a & 0x7fffffu) | 0x800000u, half = 1u << (sh - 1);
+    const u32 rem = m & ((1u << sh) - 1u);
+    u32 q = m >> sh;
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return s | q;
+  }
+  return s | ((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13);
+}
+/// One E4M3FN code -> f16 bits (exact; NaN codes give NaN).
+M3_DEV u32 m3_e4m3_f16(u32 c) {
+  const u32 s = (c & 0x80u) << 8, e = (c >> 3) & 0xfu, m = c & 7u;
+  if ((c & 0x7fu) == 0x7fu) return s | 0x7e00u;
+  if (e != 0u) return s | ((e + 8u) << 10) | (m << 7);
+  if (m == 0u) return s;
+  // m * 2^-9 with m = 1..7: leading bit p, exponent p - 9
+  const u32 p = m >= 4u ? 2u : (m >= 2u ? 1u : 0u);
+  return s | ((p + 6u) << 10) | ((m << (10u - p)) & 0x3ffu);
+}
+#if defined(M3_CUDA)
+/// Four E4M3 codes (bytes 0-3) -> f16x2 of bytes 0, 1 and of bytes 2, 3.
+M3_DEV void m3_e4m3x4_f16(u32 a, u32& lo, u32& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
+      : "=r"(lo), "=r"(hi) : "r"(a));
+}
+/// Two E4M3 codes (bits 0-7, 8-15 of a) as f32 (exact; NaN codes NaN).
+M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
+  asm("{ .reg .b16 p, l, h; .reg .b32 x; cvt.u16.u32 p, %2; cvt.rn.f16x2.e4m3x2 x, p; mov.b32 {l, h}, x;"
+      " cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+      : "=f"(f0), "=f"(f1) : "r"(a));
+}
+/// The m16n8k16 tile product on f16 operands (layout as the bf16 one).
+M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+M3_DEV void m3_e4m3x4_f16(u32 a, u32& lo, u32& hi) {
+  lo = m3_e4m3_f16(a & 0xffu) | (m3_e4m3_f16((a >> 8) & 0xffu) << 16);
+  hi = m3_e4m3_f16((a >> 16) & 0xffu) | (m3_e4m3_f16(a >> 24) << 16);
+}
+M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
+  f0 = m3_e4m3_fast(a & 0xffu);
+  f1 = m3_e4m3_fast((a >> 8) & 0xffu);
+}
+// HIP: lane shuffles within each 32-thread group, as the bf16 one.
+M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+  const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+    for (int tp = 0; tp < 4; ++tp) {
+      u32 ag = __shfl(hi ? a[2] : a[0], g * 4 + tp, 32);
+      u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);
+      u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);
+      u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);
+      float al = m3_f16_to_f32(ag & 0xffffu), ah = m3_f16_to_f32(ag >> 16);
+      float a8l = m3_f16_to_f32(ag8 & 0xffffu), a8h = m3_f16_to_f32(ag8 >> 16);
+      float b0l = m3_f16_to_f32(bn0 & 0xffffu), b0h = m3_f16_to_f32(bn0 >> 16);
+      float b1l = m3_f16_to_f32(bn1 & 0xffffu), b1h = m3_f16_to_f32(bn1 >> 16);
+      c[0] += al * b0l + ah * b0h;
+      c[1] += al * b1l + ah * b1h;
+      c[2] += a8l * b0l + a8h * b0h;
+      c[3] += a8l * b1l + a8h * b1h;
+    }
+  }
+}
+#endif
+/// Global loads through the read-only path (plain on HIP).
+M3_DEV uint4 m3_ldg_u4(const uint4* p) {
+#if defined(M3_CUDA)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+M3_DEV uint2 m3_ldg_u2(const uint2* p) {
+#if defined(M3_CUDA)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+M3_DEV u32 m3_ldg_u32(const u32* p) {
+#if defined(M3_CUDA)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+/// A 16-byte global load of streamed weights (read once a step: not kept in
+/// L1; plain on HIP).
+M3_DEV uint4 m3_ldg_stream_u4(const uint4* p) {
+#if defined(M3_CUDA)
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#else
+  return *p;
+#endif
+}
+/// Four E5M2 codes -> f16x2 of bytes 0, 1 and 2, 3 (an E5M2 code is the
+/// top byte of its f16).
+M3_DEV void m3_e5m2x4_f16(u32 a, u32& lo, u32& hi) {
+  lo = ((a & 0xffu) << 8) | ((a & 0xff00u) << 16);
+  hi = ((a >> 8) & 0xff00u) | (a & 0xff000000u);
+}
 
 // ---- programmatic dependent launch ------------------------------------------
 // A kernel launched with programmatic stream serialization may start while

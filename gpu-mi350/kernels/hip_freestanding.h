@@ -201,6 +201,7 @@ M3H_DEV double __ddiv_rn(double a, double b) {
 M3H_DEV float fabsf(float x) { return __builtin_fabsf(x); }
 M3H_DEV double fabs(double x) { return __builtin_fabs(x); }
 M3H_DEV float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+M3H_DEV float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 M3H_DEV float fminf(float a, float b) { return __builtin_fminf(a, b); }
 M3H_DEV double fmax(double a, double b) { return __builtin_fmax(a, b); }
 M3H_DEV double fmin(double a, double b) { return __builtin_fmin(a, b); }

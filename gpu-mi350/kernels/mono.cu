@@ -82,7 +82,9 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(25, m3s_index_scores_nv)      \
   X(26, m3s_attn_partial_nv)      \
   X(27, m3s_attn_partial_sparse_nv) \
-  X(28, m3s_attn_partial_split_nv)
+  X(28, m3s_attn_partial_split_nv) \
+  X(29, m3s_x_f16)                \
+  X(30, m3s_mma_nvfp4_any)
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
@@ -138,6 +140,7 @@ S_MONO_FN(m3s_index_scores_nv)
 S_MONO_FN(m3s_attn_partial_nv)
 S_MONO_FN(m3s_attn_partial_sparse_nv)
 S_MONO_FN(m3s_attn_partial_split_nv)
+S_MONO_FN(m3s_x_f16)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
 // program (not as a 408-byte copy through the generic argument unpacking):
@@ -149,10 +152,15 @@ template <int F, bool ANY> struct SMonoLin {
   const unsigned char* p;
   __device__ __forceinline__ void operator()() const {
     constexpr u32 k = S_MONO_LIN_K;
-    s_mma_linear<F, ANY || S_FORCE_ANY>(s_mono_arg<const u16*>(p), *reinterpret_cast<const SSegs*>(p + 8u),
-                                        s_mono_arg<u32>(p + k), s_mono_arg<u32>(p + k + 4u),
-                                        s_mono_arg<const int*>(p + k + 8u), s_mono_arg<u32>(p + k + 16u),
-                                        s_mono_arg<u32>(p + k + 20u), s_mono_arg<const float*>(p + k + 24u));
+    const u16* x = s_mono_arg<const u16*>(p);
+    const SSegs& sg = *reinterpret_cast<const SSegs*>(p + 8u);
+    const u32 K = s_mono_arg<u32>(p + k), M = s_mono_arg<u32>(p + k + 4u);
+    const int* route = s_mono_arg<const int*>(p + k + 8u);
+    const u32 mr = s_mono_arg<u32>(p + k + 16u), xdiv = s_mono_arg<u32>(p + k + 20u);
+    const float* ts = s_mono_arg<const float*>(p + k + 24u);
+    // bf16 weights on the bf16-operand kernel, the MX formats on the f16 one
+    if (F == S_FMT_BF16) s_mma_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
+    else s_mmh_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
   }
 };
 #define S_MONO_LIN(name, F, ANY) \
@@ -164,7 +172,8 @@ S_MONO_LIN(m3s_mma_e5m2, S_FMT_E5M2, false)
 S_MONO_LIN(m3s_mma_e5m2_any, S_FMT_E5M2, true)
 S_MONO_LIN(m3s_mma_fp4, S_FMT_FP4, false)
 S_MONO_LIN(m3s_mma_fp4_any, S_FMT_FP4, true)
-S_MONO_LIN(m3s_mma_nvfp4, S_FMT_NVFP4, true)
+S_MONO_LIN(m3s_mma_nvfp4, S_FMT_NVFP4, false)
+S_MONO_LIN(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 #undef S_MONO_LIN
 
 // How the interpreter calls an op body. 1: through a table of function

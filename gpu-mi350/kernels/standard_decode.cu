@@ -647,6 +647,426 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   }
 }
 
+/// Bytes of one x row in the MX linears' f16 layout (s_mmh_linear): K f16
+/// values in fragment order (per 32-value block, lane t's values 4t..4t+3
+/// then 16+4t..16+4t+3: 16 bytes), then one exponent byte a block
+/// (s_xh_put), padded to 16.
+M3_DEV u32 s_xh_stride(u32 K) { return 2u * K + ((K / 32u + 15u) & ~15u); }
+
+/// One 32-value block of an x row into the f16 layout, by a 32-lane group
+/// (lane l holds value l of the block, `v` f32 of its bf16): the block's
+/// power of two p = 2^(13 - floor(log2 max|v|)) (1 for a zero block or one
+/// holding NaN / Inf; within [2^-125, 2^126]) puts its largest value in
+/// [2^13, 2^14), each value v * p rounded to f16 (exact: bf16's 8
+/// significant bits fit f16's for every value down to 2^-38 of the block's
+/// largest), and exponent byte 254 - (127 + log2 p), so that the MX kernel's
+/// factor 2^(byte - 127) = 1 / p undoes the scaling exactly.
+M3_DEV void s_xh_put(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk) {
+  u32 ab = m3_bits(v) & 0x7fffffffu;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) {
+    const u32 o = M3_SHFL_XOR32(ab, m);
+    ab = o > ab ? o : ab;
+  }
+  u32 pe = 127u;
+  if (ab != 0u && ab < 0x7f800000u) {
+    const int want = 267 - (int)(ab >> 23);  // f32-subnormal maxima: the largest p
+    pe = (u32)(want > 253 ? 253 : (want < 2 ? 2 : want));
+  }
+  const u32 kk = l % 32u;
+  const u32 dst = blk * 32u + ((kk % 16u) / 4u) * 8u + (kk / 16u) * 4u + kk % 4u;
+  reinterpret_cast<u16*>(row)[dst] = (u16)m3_f16_from_f32(v * m3_f32(pe << 23));
+  if (kk == 0u) row[2u * K + blk] = (u8)(254u - pe);
+}
+
+// ---- MX linear on f16 tensor cores ------------------------------------------
+// y = x W^T for MXFP4, NVFP4 and MXFP8 (E4M3 / E5M2) weights (bench/NOTES.md
+// session 11: 1.5-2.4x the bf16-operand kernel above at 1-16 rows). The
+// CTA shape, the split of K over warps, expert mode and the epilogue are
+// s_mma_linear's; what differs is where the scale goes:
+// - every 32-value MX block of 16 weight rows is one pair of m16n8k16
+//   products over a lane quad (lane (g, t) holds values 4t..4t+3 and
+//   16+4t..16+4t+3 of rows g and g+8), so the block's scale multiplies the
+//   f32 result of the pair (NVFP4: each product of the pair is one 16-value
+//   scale block), never a weight;
+// - codes become f16 operands exactly: E2M1 as E4M3 bits (value * 2^-6: one
+//   mask for half the codes, two shifts and two masks for the other half,
+//   model/layout.rs), then E4M3 -> f16 by `cvt` (E5M2 is the top byte of
+//   its f16);
+// - x comes as f16 fragments with a power of two per 32-value block
+//   (s_xh_put), whose inverse multiplies the block's result with the scale.
+// Device layout (model/layout.rs): each row's 128-value chunk of nb <= 4
+// blocks holds lane t's share of block j at 4 (nb t + j) bytes (E2M1) or
+// 8 (nb t + j) (E8M0 formats' bytes: values 4t..4t+3, then 16+4t..16+4t+3),
+// so a full chunk is one 16- (32-) byte load per lane and row, at the
+// address s_mma_linear's lane reads.
+
+/// E2M1 codes of a device u32 -> E4M3 bytes (value * 2^-6). Half 0 (values
+/// 4t..4t+3) sits in bits 2, 3, 4, 7 of each byte (m, e0, e1, s) already;
+/// half 1 (values 16+4t..) in bits 0, 1, 5, 6 (m, e0, s, e1).
+M3_DEV u32 s_h_e2m1_lo(u32 q) { return q & 0x9c9c9c9cu; }
+M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | ((q >> 2) & 0x10101010u); }
+
+// HIP: the tile product is emulated by lane shuffles (compat.h), which
+// holds many registers: one load batch, x loaded per block, one walk
+// (no VGPR spills: `cargo xtask kernels`). Correct, not fast.
+#if defined(M3_HIP)
+#define S_H_LEAN 1
+#define S_H_UNROLL _Pragma("unroll 1")
+#else
+#define S_H_LEAN 0
+#define S_H_UNROLL _Pragma("unroll")
+#endif
+template <int F, bool ANY = false> struct SHalf {
+  static const bool NIB = F == S_FMT_FP4 || F == S_FMT_NVFP4;
+  /// Code bytes of one row and lane in a full chunk.
+  static const u32 LB = NIB ? 16u : 32u;
+  /// Super-chunks a load batch (prototype: ~2 KB of codes a warp in
+  /// flight; one for the prefill shape, whose 8 x tiles hold the registers,
+  /// and for the any-scale entry points, whose general loads and factors do).
+  static const u32 U = (S_UNROLL_HALF || S_MMA_MAXBT > 2 || ANY || S_H_LEAN ? 1u : 2u) * S_UNROLL_MUL;
+};
+
+/// Lane t's codes (`raw`, words j or 2j, 2j + 1 for block j) and scale bytes
+/// (`sw`: MX byte j = block j; NVFP4 bytes 2j, 2j + 1) of super-chunk q of
+/// one row (`w`, `s` at the row; `ok`: the row exists).
+template <int F, bool ANY>
+M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, uint4 (&raw)[SHalf<F>::LB / 16u],
+                      u32 (&sw)[2]) {
+  if (!ANY) {
+    // every chunk full (the host takes the `_any` entry unless K % 128 == 0)
+    const u8* c = w + (u64)q * (SHalf<F>::NIB ? 64u : 128u) + SHalf<F>::LB * t;
+#pragma unroll
+    for (u32 i = 0; i < SHalf<F>::LB / 16u; ++i)
+      raw[i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c) + i) : make_uint4(0u, 0u, 0u, 0u);
+    if (F == S_FMT_NVFP4) {
+      const uint2 v = ok ? m3_ldg_u2(reinterpret_cast<const uint2*>(s + (u64)q * 8u)) : make_uint2(0u, 0u);
+      sw[0] = v.x; sw[1] = v.y;
+    } else {
+      sw[0] = ok ? m3_ldg_u32(reinterpret_cast<const u32*>(s + (u64)q * 4u)) : 0u;
+      sw[1] = 0u;
+    }
+    return;
+  }
+  const u32 nbk = K / 32u, b0 = 4u * q;
+  const u32 nb = nbk > b0 ? min(4u, nbk - b0) : 0u;
+  const u32 nw = SHalf<F>::LB / 16u;
+#pragma unroll
+  for (u32 i = 0; i < nw; ++i) raw[i] = make_uint4(0u, 0u, 0u, 0u);
+  sw[0] = sw[1] = 0u;
+  if (!ok || nb == 0u) return;
+  const u8* c = w + (u64)b0 * (SHalf<F>::NIB ? 16u : 32u);
+  const u32 sbb = F == S_FMT_NVFP4 ? 2u : 1u;  // scale bytes a block
+  if (nb == 4u && (K & 127u) == 0u) {
+#pragma unroll
+    for (u32 i = 0; i < nw; ++i) raw[i] = reinterpret_cast<const uint4*>(c + SHalf<F>::LB * t)[i];
+    if (s) {
+      if (F == S_FMT_NVFP4) {
+        const uint2 v = *reinterpret_cast<const uint2*>(s + (u64)b0 * 2u);
+        sw[0] = v.x; sw[1] = v.y;
+      } else {
+        sw[0] = *reinterpret_cast<const u32*>(s + b0);
+      }
+    }
+    return;
+  }
+  // the last, partial chunk of a row (or K not a multiple of 128): word by
+  // word (constant register indices: the arrays stay in registers)
+  u32 r[4 * SHalf<F>::LB / 16u];
+#pragma unroll
+  for (u32 j = 0; j < 4u; ++j) {
+    if (SHalf<F>::NIB) {
+      r[j] = j < nb ? reinterpret_cast<const u32*>(c)[nb * t + j] : 0u;
+    } else {
+      const uint2 v = j < nb ? reinterpret_cast<const uint2*>(c)[nb * t + j] : make_uint2(0u, 0u);
+      r[2u * j] = v.x;
+      r[2u * j + 1u] = v.y;
+    }
+  }
+#pragma unroll
+  for (u32 i = 0; i < nw; ++i) raw[i] = make_uint4(r[4 * i], r[4 * i + 1], r[4 * i + 2], r[4 * i + 3]);
+  if (s) {
+#pragma unroll
+    for (u32 i = 0; i < 4u * sbb; ++i)
+      if (i < nb * sbb) sw[i / 4u] |= (u32)s[(u64)b0 * sbb + i] << (8u * (i % 4u));
+  }
+}
+
+/// f32 factor of MX scale byte e for codes read as f16 (E2M1 via E4M3:
+/// value * 2^-6 -> 2^(e - 121); E4M3 / E5M2: 2^(e - 127)), split in two
+/// where one f32 cannot hold it (ANY only: e > 248 for E2M1, e = 0 for the
+/// others, NaN for 0xFF). Every MX and NVFP4 matrix has block scales (PTPC's
+/// are unit E8M0 bytes).
+template <int F, bool ANY> M3_DEV void s_h_factor(u32 e, float& f1, float& f2) {
+  f2 = 1.0f;
+  const u32 add = F == S_FMT_FP4 ? 6u : 0u;
+  if (!ANY) { f1 = m3_f32((e + add) << 23); return; }
+  if (e == 0xffu) { f1 = m3_nan(); return; }
+  if (e + add > 254u) { f1 = m3_f32(254u << 23); f2 = m3_f32((e + add - 127u) << 23); return; }
+  if (e + add == 0u) { f1 = m3_f32(0x00400000u); return; }  // 2^-127
+  f1 = m3_f32((e + add) << 23);
+}
+
+/// s_mmh_linear's walk over K for NB x tiles (ONE: a single x row, so the
+/// columns 2t + 1 are never stored and their scale multiplies are left
+/// out): specialised per small-step shape, so no per-block test of the tile
+/// count. `fetch(it)` loads iteration it's codes and scales into raw / sca.
+template <int F, bool ANY, int NB, bool ONE, typename Fetch>
+M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2][SHalf<F>::LB / 16u],
+                     const u32 (&sca)[SHalf<F, ANY>::U][2][2], const uint4* const (&xp)[S_MMA_MAXBT],
+                     const u32* const (&xe)[S_MMA_MAXBT][2], float (&acc)[S_MMA_MAXBT][4], u32 iters,
+                     u32 warp, u32 nwarp, u32 nsc, u32 nblk) {
+  const u32 U = SHalf<F, ANY>::U;
+  for (u32 it = 0; it < iters; ++it) {
+    if (it > 0u) fetch(it);
+    // this batch's x fragments, issued right behind its weights so both
+    // latencies overlap (x is in L2 / L1: every CTA of the launch reads
+    // it); the prefill shape (8 tiles) loads them per block instead
+    constexpr bool XPRE = NB <= 2 && !S_H_LEAN;
+    uint4 xr[XPRE ? U : 1][4][XPRE ? NB : 1];
+    // the block exponents of this lane's two output columns (x rows 2t,
+    // 2t + 1 of each tile), four blocks a word
+    u32 xw[U][NB][2];
+#pragma unroll
+    for (u32 u = 0; u < U; ++u) {
+      u32 q;
+      const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        xw[u][b][0] = have ? m3_ldg_u32(xe[b][0] + q) : 0u;
+        xw[u][b][1] = have && !ONE ? m3_ldg_u32(xe[b][1] + q) : 0u;
+      }
+    }
+#pragma unroll
+    for (u32 u = 0; u < (XPRE ? U : 0u); ++u) {
+      u32 q;
+      const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
+#pragma unroll
+      for (u32 j = 0; j < 4u; ++j) {
+        const u32 blk = 4u * q + j;
+        const bool ok = have && (!ANY || blk < nblk);
+#pragma unroll
+        for (int b = 0; b < (XPRE ? NB : 0); ++b)
+          xr[u][j][b] = ok ? m3_ldg_u4(xp[b] + blk * 4u) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+#pragma unroll
+    for (u32 u = 0; u < U; ++u) {
+      u32 q;
+      if (!s_chunk(warp, nwarp, nsc, U * it + u, q)) break;
+      const u32* wg = reinterpret_cast<const u32*>(raw[u][0]);
+      const u32* w8 = reinterpret_cast<const u32*>(raw[u][1]);
+      S_H_UNROLL
+      for (u32 j = 0; j < 4u; ++j) {
+        const u32 blk = 4u * q + j;
+        if (ANY && j > 0u && blk >= nblk) break;  // a row's last, partial chunk
+        u32 a0, a1, a2, a3;
+        if (SHalf<F>::NIB) {
+          a0 = s_h_e2m1_lo(wg[j]); a2 = s_h_e2m1_hi(wg[j]);
+          a1 = s_h_e2m1_lo(w8[j]); a3 = s_h_e2m1_hi(w8[j]);
+        } else {
+          a0 = wg[2u * j]; a2 = wg[2u * j + 1u];
+          a1 = w8[2u * j]; a3 = w8[2u * j + 1u];
+        }
+        u32 h[8];
+        if (F == S_FMT_E5M2) {
+          m3_e5m2x4_f16(a0, h[0], h[1]); m3_e5m2x4_f16(a1, h[2], h[3]);
+          m3_e5m2x4_f16(a2, h[4], h[5]); m3_e5m2x4_f16(a3, h[6], h[7]);
+        } else {
+          m3_e4m3x4_f16(a0, h[0], h[1]); m3_e4m3x4_f16(a1, h[2], h[3]);
+          m3_e4m3x4_f16(a2, h[4], h[5]); m3_e4m3x4_f16(a3, h[6], h[7]);
+        }
+        const u32 p0[4] = {h[0], h[2], h[1], h[3]}, p1[4] = {h[4], h[6], h[5], h[7]};
+        // the block's factors for rows g, g + 8 (NVFP4: per half block)
+        float fg0, fg1, f80, f81, fgx = 1.0f, f8x = 1.0f;
+        if (F == S_FMT_NVFP4) {
+          const u32 vg = sca[u][0][j / 2u] >> (16u * (j % 2u)), v8 = sca[u][1][j / 2u] >> (16u * (j % 2u));
+          m3_e4m3x2_f32(vg, fg0, fg1);
+          m3_e4m3x2_f32(v8, f80, f81);
+        } else {
+          s_h_factor<F, ANY>((sca[u][0][0] >> (8u * j)) & 0xffu, fg0, fgx);
+          s_h_factor<F, ANY>((sca[u][1][0] >> (8u * j)) & 0xffu, f80, f8x);
+          fg1 = fg0; f81 = f80;
+        }
+        S_H_UNROLL
+        for (int b = 0; b < NB; ++b) {
+          const uint4 xv = XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg_u4(xp[b] + blk * 4u);
+          float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          m3_mma_f16_16816(d0, p0, xv.x, xv.y);
+          const bool c2 = !ONE || b > 0;
+          // the x blocks' 1 / p of columns 2t, 2t + 1 (s_xh_put)
+          const float x0 = m3_f32(((xw[u][b][0] >> (8u * j)) & 0xffu) << 23);
+          const float x1 = c2 ? m3_f32(((xw[u][b][1] >> (8u * j)) & 0xffu) << 23) : 0.0f;
+          if (F == S_FMT_NVFP4) {
+            float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            m3_mma_f16_16816(d1, p1, xv.z, xv.w);
+            acc[b][0] = fmaf(d1[0] * x0, fg1, fmaf(d0[0] * x0, fg0, acc[b][0]));
+            acc[b][2] = fmaf(d1[2] * x0, f81, fmaf(d0[2] * x0, f80, acc[b][2]));
+            if (c2) {
+              acc[b][1] = fmaf(d1[1] * x1, fg1, fmaf(d0[1] * x1, fg0, acc[b][1]));
+              acc[b][3] = fmaf(d1[3] * x1, f81, fmaf(d0[3] * x1, f80, acc[b][3]));
+            }
+          } else {
+            m3_mma_f16_16816(d0, p1, xv.z, xv.w);
+            if (ANY) {
+              d0[0] *= fgx; d0[1] *= fgx; d0[2] *= f8x; d0[3] *= f8x;
+            }
+            acc[b][0] = fmaf(d0[0] * x0, fg0, acc[b][0]);
+            acc[b][2] = fmaf(d0[2] * x0, f80, acc[b][2]);
+            if (c2) {
+              acc[b][1] = fmaf(d0[1] * x1, fg0, acc[b][1]);
+              acc[b][3] = fmaf(d0[3] * x1, f80, acc[b][3]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int F, bool ANY>
+M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
+                         u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
+  S_SMEM_SCOPE; S_SHARED(float, red, [S_MMA_WARPS][S_MMA_MAXBT * 8][16]);
+  S_SHARED(u32, xrow, [S_MMA_MAXBT * 8]); S_SHARED(u32, yrow, [S_MMA_MAXBT * 8]);
+  S_SHARED(int, head, [2]);
+  M3_PDL_TRIGGER();
+  const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
+  const u32 g = lane / 4u, t = lane % 4u;
+  SSeg1 sg = segs.s[0];
+#pragma unroll
+  for (int i = 1; i < S_MAX_SEGS; ++i)
+    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+  const u32 N = sg.n;
+  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
+  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
+  const u32 U = SHalf<F, ANY>::U, NW = SHalf<F>::LB / 16u;
+  const u32 nsc = (K + 127u) / 128u;
+  const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
+  const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;  // scale bytes a row
+  const u32 ra = n0 + g, rc = n0 + g + 8u;
+  const bool oka = ra < N, okc = rc < N;
+  const u8* W = reinterpret_cast<const u8*>(sg.w);
+  const u8* S = reinterpret_cast<const u8*>(sg.ws);
+  uint4 raw[SHalf<F, ANY>::U][2][SHalf<F>::LB / 16u];
+  u32 sca[SHalf<F, ANY>::U][2][2];
+  const u8 *wa = nullptr, *wc = nullptr, *sa = nullptr, *sc = nullptr;
+  auto rows_at = [&]() {
+    wa = W + (u64)(oka ? ra : 0u) * rb;
+    wc = W + (u64)(okc ? rc : 0u) * rb;
+    sa = S ? S + (u64)(oka ? ra : 0u) * sb : nullptr;
+    sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
+  };
+  auto fetch = [&](u32 it) {
+#pragma unroll
+    for (u32 u = 0; u < U; ++u) {
+      u32 q;
+      const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
+      s_h_fetch<F, ANY>(wa, sa, have && oka, q, K, t, raw[u][0], sca[u][0]);
+      s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, raw[u][1], sca[u][1]);
+    }
+  };
+  u32 cnt, ge = 0u;
+  if (!route) {
+    rows_at();
+    fetch(0u);
+  }
+  M3_PDL_WAIT();
+  if (route) {
+    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
+    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
+    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
+      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
+      xrow[threadIdx.x] = pr / xdiv;
+      yrow[threadIdx.x] = pr;
+    }
+    __syncthreads();
+    const int rows = head[1];
+    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
+    if (cnt == 0u) return;
+    const u32 e = (u32)head[0];
+    ge = e;
+    W += (u64)e * sg.w_es;
+    if (S) S += (u64)e * sg.ws_es;
+    rows_at();
+    fetch(0u);
+  } else {
+    const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
+    cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+    if (cnt == 0u) return;
+    if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
+    __syncthreads();
+  }
+  const u32 nbt = (cnt + 7u) / 8u;
+  // this lane's x row in each 8-row tile (rows past cnt read row 0: they
+  // reach only output columns that are never stored)
+  const u8* xb = reinterpret_cast<const u8*>(x);
+  const u64 xs = s_xh_stride(K);
+  const uint4* xp[S_MMA_MAXBT];
+  const u32* xe[S_MMA_MAXBT][2];
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) {
+    const u32 m = (u32)b * 8u + g, c0 = (u32)b * 8u + 2u * t;
+    xp[b] = reinterpret_cast<const uint4*>(xb + (u64)(m < cnt ? xrow[m] : xrow[0]) * xs) + t;
+#pragma unroll
+    for (u32 c = 0; c < 2u; ++c)
+      xe[b][c] = reinterpret_cast<const u32*>(xb + (u64)(c0 + c < cnt ? xrow[c0 + c] : xrow[0]) * xs + 2u * K);
+  }
+  float acc[S_MMA_MAXBT][4];
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
+  const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
+  const u32 nblk = K / 32u;
+  const uint4* const(&xc)[S_MMA_MAXBT] = xp;
+  const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
+  if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
+    // small steps: one copy of the walk per tile count (and one for one row)
+    if (cnt == 1u) s_h_walk<F, ANY, 1, true>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
+    else if (nbt == 1u) s_h_walk<F, ANY, 1, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
+    else s_h_walk<F, ANY, S_MMA_MAXBT, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
+  } else {
+    // the prefill shape (up to 8 tiles): tiles past the CTA's rows read row 0
+    s_h_walk<F, ANY, S_MMA_MAXBT, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
+  }
+  // split-K reduction over the CTA's warps
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) {
+    if ((u32)b >= nbt) break;
+    red[warp][b * 8 + 2 * t][g] = acc[b][0];
+    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
+    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
+    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
+  }
+  __syncthreads();
+  u16* yb = reinterpret_cast<u16*>(sg.yb);
+  float* yf = reinterpret_cast<float*>(sg.yf);
+  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
+  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
+    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
+    if (n >= N) continue;
+    float v = 0.0f;
+    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact), then one rounding
+    // by the global scale
+    if (F == S_FMT_NVFP4) v = v * 64.0f;
+    v = v * gsc;
+    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
+    // PTPC FP8: the x row's scale
+    if (ts) v = v * ts[xrow[m]];
+    const u64 o = (u64)yrow[m] * N + n;
+    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
+    else if (sg.mode == 1u) yf[o] = v;
+    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
+  }
+}
+
+#define S_MMH_LINEAR(name, F, ANY)                                                                              \
+  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
+      name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
+           u32 max_rows, u32 xdiv, const float* __restrict__ ts) {                                               \
+    s_mmh_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv, ts);                             \
+  }
+
 #define S_MMA_LINEAR(name, F, ANY)                                                                              \
   M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
@@ -665,13 +1085,14 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
 // and E5M2 come fast-only and general (the `_any` entry points, chosen by
 // the host per launch: WFmt::mma_kernel_any_scale)
 S_MMA_LINEAR(m3s_mma_bf16, S_FMT_BF16, true)
-S_MMA_LINEAR(m3s_mma_e4m3, S_FMT_E4M3, false)
-S_MMA_LINEAR(m3s_mma_e4m3_any, S_FMT_E4M3, true)
-S_MMA_LINEAR(m3s_mma_e5m2, S_FMT_E5M2, false)
-S_MMA_LINEAR(m3s_mma_e5m2_any, S_FMT_E5M2, true)
-S_MMA_LINEAR(m3s_mma_fp4, S_FMT_FP4, false)
-S_MMA_LINEAR(m3s_mma_fp4_any, S_FMT_FP4, true)
-S_MMA_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4, true)
+S_MMH_LINEAR(m3s_mma_e4m3, S_FMT_E4M3, false)
+S_MMH_LINEAR(m3s_mma_e4m3_any, S_FMT_E4M3, true)
+S_MMH_LINEAR(m3s_mma_e5m2, S_FMT_E5M2, false)
+S_MMH_LINEAR(m3s_mma_e5m2_any, S_FMT_E5M2, true)
+S_MMH_LINEAR(m3s_mma_fp4, S_FMT_FP4, false)
+S_MMH_LINEAR(m3s_mma_fp4_any, S_FMT_FP4, true)
+S_MMH_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4, false)
+S_MMH_LINEAR(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record
@@ -734,7 +1155,7 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
 /// 1024: each thread keeps its (up to 8) elements in registers, so x is read
 /// once.
 M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w,
-                           float eps, u32 n, u16* __restrict__ out) {
+                           float eps, u32 n, u16* __restrict__ out, u8* __restrict__ xh) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   S_SMEM_SCOPE; S_SHARED(float, part, [32]);
@@ -761,13 +1182,23 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
   __syncthreads();
   const float r = sqrtf(total / (float)n + eps);
   u16* o = out + (u64)blockIdx.x * n;
+  // xh: the row also in the MX linears' f16 layout (n a multiple of 32:
+  // a 32-lane group holds one whole block, so the test is group-uniform)
+  u8* xo = xh ? xh + (u64)blockIdx.x * s_xh_stride(n) : nullptr;
 #pragma unroll
   for (u32 j = 0; j < 8; ++j) {
     const u32 i = threadIdx.x + j * blockDim.x;
-    if (i < n) o[i] = m3_bf16_from_f32((v[j] / r) * (1.0f + w[i]));
+    if (i < n) {
+      const u16 b = m3_bf16_from_f32((v[j] / r) * (1.0f + w[i]));
+      o[i] = b;
+      if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
+    }
   }
-  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x)
-    o[i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x) {
+    const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+    o[i] = b;
+    if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
+  }
 }
 
 #if defined(S_MONO)
@@ -778,7 +1209,8 @@ M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ 
 /// warps its lanes played with the same shuffle tree, so every sum, and
 /// every output, is the standard kernel's bit for bit.
 M3_KERNEL void m3s_rmsnorm_v1024(const float* __restrict__ x, const u32* __restrict__ rows,
-                                 const float* __restrict__ w, float eps, u32 n, u16* __restrict__ out) {
+                                 const float* __restrict__ w, float eps, u32 n, u16* __restrict__ out,
+                                 u8* __restrict__ xh) {
   S_SMEM_SCOPE; S_SHARED(float, part, [32]);
   S_SHARED(float, total, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
@@ -805,7 +1237,12 @@ M3_KERNEL void m3s_rmsnorm_v1024(const float* __restrict__ x, const u32* __restr
   __syncthreads();
   const float r = sqrtf(total / (float)n + eps);
   u16* o = out + (u64)blockIdx.x * n;
-  for (u32 i = threadIdx.x; i < n; i += B) o[i] = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+  u8* xo = xh ? xh + (u64)blockIdx.x * s_xh_stride(n) : nullptr;
+  for (u32 i = threadIdx.x; i < n; i += B) {
+    const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
+    o[i] = b;
+    if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
+  }
 }
 #endif
 
@@ -948,7 +1385,7 @@ M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u3
 
 /// SwiGLU-OAI: a = bf16(((u'+1) g') sigmoid(alpha g')). g, u bf16.
 M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up, float alpha, float limit,
-                          u16* __restrict__ a, u32 n) {
+                          u16* __restrict__ a, u32 n, u8* __restrict__ xh, u32 K) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -957,7 +1394,15 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   g = fminf(g, limit);
   u = fminf(fmaxf(u, -limit), limit);
   float sg = 1.0f / (1.0f + expf(-(alpha * g)));
-  a[i] = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
+  const u16 b = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
+  a[i] = b;
+  // xh: rows of K values also in the MX linears' f16 layout (n and K
+  // multiples of 32: a 32-lane group is one block of one row)
+  if (xh) {
+    const u64 r = i / K;
+    const u32 c = (u32)(i - r * K);
+    s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + r * s_xh_stride(K), K, c / 32u);
+  }
 }
 
 /// r[t] += o, o = sum_c w[t,c] * f32(ye[t*kk+c]) (ids ascending) +
@@ -1062,6 +1507,22 @@ M3_DEV u32 s_e4m3_quotient(float x, float sa) {
 #else
   return m3_elem_encode_sat(M3_ELEM_E4M3, __ddiv_rn((double)x, (double)sa));
 #endif
+}
+
+/// x rows (bf16, `rows` x K) into the MX linears' f16 layout `xh` (rows of
+/// s_xh_stride(K) bytes): one 32-lane group a block, 8 blocks a CTA of
+/// S_XH_BLOCK threads.
+#define S_XH_BLOCK 256
+M3_KERNEL void __launch_bounds__(S_XH_BLOCK) m3s_x_f16(const u16* __restrict__ x, u32 rows, u32 K,
+                                                       u8* __restrict__ xh) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  const u32 nb = K / 32u;
+  const u32 gb = blockIdx.x * (S_XH_BLOCK / 32u) + threadIdx.x / 32u, l = threadIdx.x % 32u;
+  if (gb >= rows * nb) return;  // whole 32-lane groups leave together
+  const u32 r = gb / nb, blk = gb % nb;
+  const float v = m3_bf16_to_f32(x[(u64)r * K + blk * 32u + l]);
+  s_xh_put(v, l, xh + (u64)r * s_xh_stride(K), K, blk);
 }
 
 /// PTPC FP8 activation quantization (ARCHITECTURE.md, Online quantization),

@@ -44,7 +44,7 @@ use crate::model::{DevBuf, DevLinear, DevMlp};
 use crate::runner::be_err;
 use crate::runtime::api::{Func, Gpu};
 use crate::standard::attn::{self, AttnArgs, KvKind};
-use crate::standard::linear::{linears, LinOut, SMALL_STEP_ROWS};
+use crate::standard::linear::{linears, prepare_x, xh_stride, LinOut, SMALL_STEP_ROWS};
 use crate::standard::pointwise::{self as pw, CwSpec};
 use crate::standard::{Kernels, Launcher, PathOptions, STANDARD};
 
@@ -99,6 +99,8 @@ struct Bufs {
     g: DevBuf,
     u: DevBuf,
     a: DevBuf,
+    /// x of the MX linears in the f16 layout (`linear::prepare_x`).
+    xh: DevBuf,
     /// Logits of the query rows `[max_draft_tokens, vocab]` f32.
     logits: DevBuf,
     /// One Markov bias row `[vocab]` f32.
@@ -242,6 +244,7 @@ impl GpuDraft {
             g: z(rr * wmax * 2)?,
             u: z(rr * wmax * 2)?,
             a: z(rr * wmax * 2)?,
+            xh: z(rr * xh_stride(h.max(nh * d).max(wmax).max(c.fc_in())))?,
             logits: z(qn * vocab * 4)?,
             bias: z(vocab * 4)?,
             tokens: z(rr * 4)?,
@@ -320,6 +323,15 @@ impl GpuDraft {
     /// Tensor-core linears of `m` rows sharing input `x`.
     fn lin(&self, mats: &[(&DevLinear, LinOut)], x: u64, m: usize) -> Result<()> {
         let v = usize::from(self.small_step && m <= SMALL_STEP_ROWS && self.kern.lin.mma.len() > 1);
+        let x = prepare_x(
+            &self.l,
+            &self.kern.lin.x_f16,
+            mats,
+            x.into(),
+            m,
+            &self.b.xh,
+            None,
+        )?;
         linears(&self.l, &self.kern.lin, v, mats, x, m, None, CTX_ROWS)
     }
 
@@ -334,6 +346,7 @@ impl GpuDraft {
             c.rms_norm_eps,
             c.hidden_size,
             out,
+            0,
             rows,
         )
     }
@@ -637,6 +650,8 @@ impl GpuDraft {
                 c.swiglu_limit,
                 b.a.ptr(),
                 n * m.gate.rows,
+                0,
+                m.gate.rows,
             )?;
             self.lin(&[(&m.down, LinOut::AddF32(b.x.ptr()))], b.a.ptr(), n)?;
         }

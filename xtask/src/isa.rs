@@ -62,6 +62,49 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
         6,
         "kept across the radix selects, read back once at the end",
     ),
+    (
+        "m3s_mma_e4m3",
+        39,
+        "the MX linears' f16 kernel (s_mmh_linear, session 11) on HIP: its tile product \
+         emulated by lane shuffles with the block and tile loops kept rolled (unrolled, it \
+         spilled hundreds of VGPRs); segment-table fields and 64-bit row pointers spill to \
+         VGPR lanes, no memory; no VGPR spill",
+    ),
+    (
+        "m3s_mma_e4m3_any",
+        60,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_e5m2",
+        32,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_e5m2_any",
+        35,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_fp4",
+        35,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_fp4_any",
+        35,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_nvfp4",
+        38,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
+    (
+        "m3s_mma_nvfp4_any",
+        53,
+        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
+    ),
 ];
 
 /// The SGPR spills `kernel` may have (0 unless listed).

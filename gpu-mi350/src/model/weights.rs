@@ -94,37 +94,38 @@ impl WFmt {
             WFmt::Mxfp8E4M3 | WFmt::Ptpc => Some("m3s_mma_e4m3_any"),
             WFmt::Mxfp8E5M2 => Some("m3s_mma_e5m2_any"),
             WFmt::Mxfp4 => Some("m3s_mma_fp4_any"),
+            WFmt::Nvfp4 => Some("m3s_mma_nvfp4_any"),
             _ => self.mma_kernel(),
         }
     }
 
-    /// E8M0 scale bytes the fast decode takes (E2M1 / E4M3: one bf16x2
-    /// multiply by 2^bias x scale inside bf16's normal range; E5M2: one f32
-    /// factor), or `None` where every scale is fast (`s_seg_frag` in
-    /// standard_decode.cu).
+    /// E8M0 scale bytes the fast entry points take (`s_h_factor` in
+    /// standard_decode.cu: one f32 factor 2^(e - 121) for E2M1 read as E4M3,
+    /// 2^(e - 127) for E4M3 / E5M2), or `None` where every scale is fast.
+    /// Codes never matter: E4M3's NaN and E5M2's Inf / NaN codes become f16
+    /// NaN / Inf through the same conversion as values.
     pub fn fast_scales(self) -> Option<std::ops::RangeInclusive<u8>> {
         match self {
-            WFmt::Mxfp4 => Some(2..=128),
-            WFmt::Mxfp8E4M3 => Some(17..=134),
-            WFmt::Mxfp8E5M2 => Some(0..=142),
+            WFmt::Mxfp4 => Some(0..=248),
+            WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Ptpc => Some(1..=254),
             _ => None,
         }
     }
 
-    /// Whether stored `codes` and `scales` of this format all take the fast
-    /// decode (see [`WFmt::mma_kernel_any_scale`]).
-    pub fn fast_decode(self, codes: &[u8], scales: &[u8]) -> bool {
-        let scales_ok = self
-            .fast_scales()
-            .is_none_or(|r| scales.iter().all(|s| r.contains(s)));
-        // E5M2 codes with an all-ones exponent are Inf / NaN; E4M3's NaN
-        // codes are 0x7F / 0xFF (the fast decode would read them as finite)
-        let codes_ok = match self {
-            WFmt::Mxfp8E5M2 => !any_byte_all_ones(codes, 0x7c),
-            WFmt::Mxfp8E4M3 | WFmt::Ptpc => !any_byte_all_ones(codes, 0x7f),
-            _ => true,
-        };
-        scales_ok && codes_ok
+    /// Whether the stored `scales` of this format all take the fast entry
+    /// point (see [`WFmt::mma_kernel_any_scale`]).
+    pub fn fast_decode(self, scales: &[u8]) -> bool {
+        self.fast_scales()
+            .is_none_or(|r| scales.iter().all(|s| r.contains(s)))
+    }
+
+    /// Whether the tensor-core kernel reads x as f16 fragments
+    /// (`s_mmh_linear`: the MX formats and PTPC's E4M3 codes).
+    pub fn f16_x(self) -> bool {
+        matches!(
+            self,
+            WFmt::Mxfp4 | WFmt::Nvfp4 | WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Ptpc
+        )
     }
 
     /// The device format of a host weight.
@@ -289,11 +290,11 @@ impl DevLinear {
         if scales.len() as u64 != ss {
             return Err(bad("scales", scales.len(), ss));
         }
-        if !self.fmt.fast_decode(codes, scales) {
+        if !self.fmt.fast_decode(scales) {
             self.any_scale.store(true, Ordering::Relaxed);
         }
         // the kernels read E2M1 / E4M3 codes in the device layout
-        let codes = super::layout::to_device(self.fmt, codes);
+        let codes = super::layout::to_device(self.fmt, codes, self.cols);
         self.codes.write_sync(i * cs as usize, &codes)?;
         if let Some(s) = &self.scales {
             s.write_sync(i * ss as usize, scales)?;
@@ -342,27 +343,6 @@ impl DevLinear {
         }
         Ok(d)
     }
-}
-
-/// Whether some byte `c` of `bytes` has `c & mask == mask`, for a `mask` of
-/// contiguous bits below bit 7 (0x7f, 0x7c). Eight bytes a step on every
-/// core: the load scans every E4M3 / E5M2 weight code with it. Per byte,
-/// `(c & mask) + (0x80 - mask)` reaches bit 7 only when `c & mask == mask`,
-/// and no byte's sum carries into the next.
-fn any_byte_all_ones(bytes: &[u8], mask: u8) -> bool {
-    use rayon::prelude::*;
-    let (m, add) = (
-        u64::from_ne_bytes([mask; 8]),
-        u64::from_ne_bytes([0x80 - mask; 8]),
-    );
-    let hit = |w: u64| ((w & m) + add) & 0x8080_8080_8080_8080 != 0;
-    bytes.par_chunks(1 << 20).any(|chunk| {
-        let words = chunk.chunks_exact(8);
-        let tail = words.remainder().iter().any(|&c| c & mask == mask);
-        tail || words
-            .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
-            .any(hit)
-    })
 }
 
 /// Gate (w1), up (w3), down (w2); stacked over experts for routed MLPs.
@@ -446,67 +426,28 @@ mod tests {
     use super::WFmt;
 
     /// Which stacks the launches send to the `_any` entry points: scale
-    /// bytes outside each format's fast range, E5M2's Inf / NaN codes and
-    /// E4M3's NaN codes.
+    /// bytes outside each format's fast range; codes never.
     #[test]
     fn fast_decode_follows_the_kernels_ranges() {
-        let ok = [0x11u8, 0x22];
         for (fmt, lo, hi) in [
-            (WFmt::Mxfp4, 2u8, 128u8),
-            (WFmt::Mxfp8E4M3, 17, 134),
-            (WFmt::Mxfp8E5M2, 0, 142),
+            (WFmt::Mxfp4, 0u8, 248u8),
+            (WFmt::Mxfp8E4M3, 1, 254),
+            (WFmt::Mxfp8E5M2, 1, 254),
         ] {
-            assert!(fmt.fast_decode(&ok, &[lo, hi, 127]), "{fmt:?}");
+            assert!(fmt.fast_decode(&[lo, hi, 127]), "{fmt:?}");
             if lo > 0 {
-                assert!(!fmt.fast_decode(&ok, &[127, lo - 1]), "{fmt:?} below");
+                assert!(!fmt.fast_decode(&[127, lo - 1]), "{fmt:?} below");
             }
-            assert!(!fmt.fast_decode(&ok, &[hi + 1]), "{fmt:?} above");
-            assert!(!fmt.fast_decode(&ok, &[0xff]), "{fmt:?} NaN scale");
+            assert!(!fmt.fast_decode(&[hi + 1]), "{fmt:?} above");
+            assert!(!fmt.fast_decode(&[0xff]), "{fmt:?} NaN scale");
             assert_ne!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
         }
-        // E5M2: an all-ones exponent (+-Inf 0x7c / 0xfc, NaN 0x7d..0x7f) is slow
-        for c in [0x7cu8, 0xfc, 0x7d, 0xff] {
-            assert!(!WFmt::Mxfp8E5M2.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
-        }
-        assert!(WFmt::Mxfp8E5M2.fast_decode(&[0x7b, 0xfb, 0x00], &[127]));
-        // E4M3: only the NaN codes 0x7f / 0xff (448 = 0x7e is a value)
-        for c in [0x7fu8, 0xff] {
-            assert!(!WFmt::Mxfp8E4M3.fast_decode(&[0x3c, c], &[127]), "{c:#x}");
-        }
-        assert!(WFmt::Mxfp8E4M3.fast_decode(&[0x7e, 0xfe, 0x7c, 0xfd, 0x00], &[127]));
-        // E2M1 has no NaN: every code is fast
-        assert!(WFmt::Mxfp4.fast_decode(&[0xff, 0x77], &[127]));
-        // no scale-dependent branch: always fast, one entry point
+        // no scale-dependent branch
         for fmt in [WFmt::Bf16, WFmt::Nvfp4] {
-            assert!(fmt.fast_decode(&[0xff], &[0xff]));
-            assert_eq!(fmt.mma_kernel(), fmt.mma_kernel_any_scale());
+            assert!(fmt.fast_decode(&[0xff]));
         }
-    }
-
-    /// The word-wise scan equals the byte-by-byte definition, at every
-    /// position (word-aligned or in the tail) and for both masks.
-    #[test]
-    fn any_byte_all_ones_is_the_byte_rule() {
-        for mask in [0x7fu8, 0x7c] {
-            for len in [0usize, 1, 7, 8, 9, 23, 64] {
-                for c in 0..=255u8 {
-                    for pos in [0, len / 2, len.saturating_sub(1)] {
-                        if len == 0 && pos > 0 {
-                            continue;
-                        }
-                        let mut v = vec![0x3cu8 & !mask; len];
-                        if len > 0 {
-                            v[pos] = c;
-                        }
-                        let want = v.iter().any(|&b| b & mask == mask);
-                        assert_eq!(
-                            super::any_byte_all_ones(&v, mask),
-                            want,
-                            "mask {mask:#x} len {len} byte {c:#x} at {pos}"
-                        );
-                    }
-                }
-            }
-        }
+        // K not a multiple of 128 takes NVFP4 to its own any entry point
+        assert_ne!(WFmt::Nvfp4.mma_kernel(), WFmt::Nvfp4.mma_kernel_any_scale());
+        assert_eq!(WFmt::Bf16.mma_kernel(), WFmt::Bf16.mma_kernel_any_scale());
     }
 }

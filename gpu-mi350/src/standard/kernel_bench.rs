@@ -24,7 +24,9 @@ use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor};
 
 use super::graphs::{GraphKey, Graphs};
 use super::launch::Launcher;
-use super::linear::{linears, LinOut, LinearKernels, MmaVariant, Route, SMALL_STEP_VARIANT};
+use super::linear::{
+    linears, x_f16, xh_stride, LinOut, LinX, LinearKernels, MmaVariant, Route, SMALL_STEP_VARIANT,
+};
 use super::STANDARD;
 use crate::error::{GpuError, Result};
 use crate::model::generated::Gen;
@@ -92,7 +94,7 @@ impl HostMatrix {
         let (cs, ss) = w.strides();
         let mut codes = vec![0u8; cs as usize];
         w.codes.read(l.stream(), i * cs as usize, &mut codes)?;
-        let codes = layout::from_device(w.fmt, &codes).into_owned();
+        let codes = layout::from_device(w.fmt, &codes, w.cols).into_owned();
         let mut scales = vec![0u8; ss as usize];
         if let Some(s) = &w.scales {
             s.read(l.stream(), i * ss as usize, &mut scales)?;
@@ -271,6 +273,7 @@ pub fn kernel_bench(
             MmaVariant::load(gpu, &STANDARD, SMALL_STEP_VARIANT)?,
         ],
         f32w: gpu.kernel(&STANDARD, "m3s_linear_f32w")?,
+        x_f16: gpu.kernel(&STANDARD, "m3s_x_f16")?,
     };
     for v in &spec.variants {
         kern.mma.push(MmaVariant::load(gpu, &STANDARD, v)?);
@@ -292,6 +295,15 @@ pub fn kernel_bench(
     g.sync()?;
     let mut xh = vec![0u16; max_rows * spec.k];
     x.read(l.stream(), 0, &mut xh)?;
+    // the MX kernels' f16 x, made once outside the timed launches (in a
+    // step it is one small launch per distinct x: `m3s_x_f16`)
+    let xf = DevBuf::new(&ctx, max_rows * xh_stride(spec.k))?;
+    let f16 = x_f16(&l, &kern.x_f16, x.ptr(), max_rows, spec.k, &xf)?;
+    let lx = LinX {
+        x: x.ptr(),
+        ptpc: None,
+        f16: Some(f16),
+    };
     let mut out = Vec::new();
     let mut graphs = Graphs::new(usize::MAX);
     let mut key_n = 0usize;
@@ -315,7 +327,7 @@ pub fn kernel_bench(
                     c.kern,
                     v,
                     &[(&mats[0], LinOut::F32(y.ptr()))],
-                    x.ptr(),
+                    lx,
                     m,
                     None,
                     m,
@@ -331,16 +343,7 @@ pub fn kernel_bench(
                 }
                 let enqueue = || -> Result<()> {
                     for w in &mats {
-                        linears(
-                            c.l,
-                            c.kern,
-                            v,
-                            &[(w, LinOut::F32(y.ptr()))],
-                            x.ptr(),
-                            m,
-                            None,
-                            m,
-                        )?;
+                        linears(c.l, c.kern, v, &[(w, LinOut::F32(y.ptr()))], lx, m, None, m)?;
                     }
                     Ok(())
                 };
@@ -389,8 +392,9 @@ pub fn kernel_bench(
                         table: table.ptr(),
                         slots,
                         xdiv: spec.top_k.max(1),
+                        x_rows: m,
                     });
-                    linears(c.l, c.kern, v, &mats, x.ptr(), m, r, m)?;
+                    linears(c.l, c.kern, v, &mats, lx, m, r, m)?;
                     l.sync()?;
                     let mut yh = vec![0f32; pairs * spec.expert_n];
                     y.read(l.stream(), 0, &mut yh)?;
@@ -400,7 +404,7 @@ pub fn kernel_bench(
                         first.1.iter().map(|&p| (p / top_k, p)).collect();
                     let (checked, worst) =
                         check(&host_g, &xh, &yh, &rows, spec.k, spec.expert_n, "experts")?;
-                    let enqueue = || linears(c.l, c.kern, v, &mats, x.ptr(), m, r, m);
+                    let enqueue = || linears(c.l, c.kern, v, &mats, lx, m, r, m);
                     key_n += 1;
                     let key = GraphKey {
                         rows: key_n,

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
-use crate::model::{DevLinear, WFmt};
+use crate::model::{DevBuf, DevLinear, WFmt};
 use crate::runtime::api::{Func, Gpu};
 
 /// Output features per tensor-core CTA (one m16n8k16 tile of W rows).
@@ -76,26 +76,115 @@ pub(crate) struct MmaSegs {
     pub pad: u32,
 }
 
-/// The x of a linear launch: bf16 rows, and for PTPC FP8 weights the same
-/// rows quantized per token (`m3s_act_ptpc`).
+/// The x of a linear launch: bf16 rows; for PTPC FP8 weights the same
+/// rows quantized per token (`m3s_act_ptpc`); for MX weights the rows as
+/// f16 fragments (`m3s_x_f16`, see [`prepare_x`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LinX {
     pub x: u64,
     pub ptpc: Option<PtpcX>,
+    pub f16: Option<F16X>,
 }
 
 /// Rows of x quantized the PTPC way: each value the bf16 of its E4M3 code,
-/// and one f32 scale per row.
+/// and one f32 scale per row; `f16`: those rows as f16 fragments.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PtpcX {
     pub values: u64,
     pub scales: u64,
+    pub f16: Option<F16X>,
+}
+
+/// Rows of x as the MX linears' f16 operands (`m3s_x_f16`, rows of
+/// [`xh_stride`] bytes: the values as f16 fragments with a power of two per
+/// 32-value block, then the blocks' exponent bytes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F16X {
+    pub rows: u64,
+}
+
+/// Bytes of one x row in the f16 layout (`s_xh_stride`): `k` f16 values,
+/// then `k / 32` exponent bytes padded to 16.
+pub(crate) fn xh_stride(k: usize) -> usize {
+    2 * k + (k / 32).next_multiple_of(16)
 }
 
 impl From<u64> for LinX {
     fn from(x: u64) -> Self {
-        LinX { x, ptpc: None }
+        LinX {
+            x,
+            ptpc: None,
+            f16: None,
+        }
     }
+}
+
+/// Threads of `m3s_x_f16` (`S_XH_BLOCK`: one 32-value block per 32 threads).
+pub(crate) const XH_BLOCK: u32 = 256;
+
+/// `rows` rows of `k` bf16 values at `x` in the f16 layout, into `room`
+/// (at least `rows * xh_stride(k)` bytes).
+pub(crate) fn x_f16(
+    l: &Launcher,
+    f: &Func,
+    x: u64,
+    rows: usize,
+    k: usize,
+    room: &DevBuf,
+) -> Result<F16X> {
+    if rows * xh_stride(k) > room.bytes() || !k.is_multiple_of(32) {
+        return Err(GpuError::input(
+            "standard path",
+            format!(
+                "f16 x of {rows} x {k} past its buffer (sized at load) or K not a multiple of 32"
+            ),
+        ));
+    }
+    let blocks = (rows * k / 32).div_ceil(XH_BLOCK as usize / 32);
+    l.launch(
+        "x_f16",
+        f,
+        (blocks.max(1) as u32, 1, 1),
+        XH_BLOCK,
+        0,
+        &[
+            Arg::U64(x),
+            Arg::U32(rows as u32),
+            Arg::U32(k as u32),
+            Arg::U64(room.ptr()),
+        ],
+    )?;
+    Ok(F16X { rows: room.ptr() })
+}
+
+/// `x` made ready for `mats` (which share it): its `rows` rows in the f16
+/// layout where an MX matrix reads them (into `raw`, unless `x.f16` is
+/// already there), and the PTPC rows where a PTPC matrix does (into `ptpc`).
+pub(crate) fn prepare_x(
+    l: &Launcher,
+    f: &Func,
+    mats: &[(&DevLinear, LinOut)],
+    mut x: LinX,
+    rows: usize,
+    raw: &DevBuf,
+    ptpc: Option<&DevBuf>,
+) -> Result<LinX> {
+    let k_of = |pred: &dyn Fn(WFmt) -> bool| {
+        mats.iter()
+            .filter(|(w, _)| pred(w.fmt))
+            .map(|(w, _)| w.cols)
+            .max()
+    };
+    if let (Some(k), None) = (k_of(&|f| f.f16_x() && f != WFmt::Ptpc), x.f16) {
+        x.f16 = Some(x_f16(l, f, x.x, rows, k, raw)?);
+    }
+    if let (Some(k), Some(p)) = (k_of(&|f| f == WFmt::Ptpc), x.ptpc.as_mut()) {
+        let room = ptpc.ok_or_else(|| {
+            GpuError::input("standard path", "PTPC f16 input without its buffers")
+        })?;
+        p.f16 = Some(x_f16(l, f, p.values, rows, k, room)?);
+    }
+    Ok(x)
 }
 
 /// The tensor-core kernels of one compiled variant.
@@ -188,6 +277,8 @@ pub(crate) struct LinearKernels {
     pub mma: Vec<MmaVariant>,
     /// f32 weights (the router): one CTA per output feature.
     pub f32w: Func,
+    /// x as f16 fragments for the MX formats (`m3s_x_f16`).
+    pub x_f16: Func,
 }
 
 /// Where a routed launch finds its pairs.
@@ -199,6 +290,8 @@ pub(crate) struct Route {
     pub slots: usize,
     /// x row of pair p = p / xdiv.
     pub xdiv: usize,
+    /// Rows of x (pairs / xdiv).
+    pub x_rows: usize,
 }
 
 /// `y_i = x W_i^T` for matrices that share `x` and `K`, fused into one
@@ -234,15 +327,21 @@ pub(crate) fn linears(
             linear_f32(l, k, w0, x.x, m, y0)?;
             continue;
         };
-        // PTPC weights take the quantized x and multiply by its row scales
+        // MX weights read x in the f16 layout (PTPC: the quantized rows',
+        // and multiply by their row scales)
+        let missing = |what: &str| {
+            GpuError::input(
+                "standard path",
+                format!("a {:?} linear launched without its {what}", w0.fmt),
+            )
+        };
         let (xa, ts) = if w0.fmt == WFmt::Ptpc {
-            let p = x.ptpc.ok_or_else(|| {
-                GpuError::input(
-                    "standard path",
-                    "a PTPC FP8 linear launched without its quantized input",
-                )
-            })?;
-            (p.values, p.scales)
+            let p = x.ptpc.ok_or_else(|| missing("quantized input"))?;
+            let h = p.f16.ok_or_else(|| missing("f16 input"))?;
+            (h.rows, p.scales)
+        } else if w0.fmt.f16_x() {
+            let h = x.f16.ok_or_else(|| missing("f16 input"))?;
+            (h.rows, 0)
         } else {
             (x.x, 0)
         };
@@ -257,9 +356,9 @@ pub(crate) fn linears(
                 break;
             }
             done[j] = true;
-            // one matrix with a scale outside the fast range takes the
-            // whole launch to the any-scale kernel
-            if w.any_scale() {
+            // one matrix with a scale outside the fast range (or K not a
+            // multiple of 128) takes the whole launch to the any kernel
+            if w.any_scale() || (w.fmt.f16_x() && !w.cols.is_multiple_of(128)) {
                 name = w.fmt.mma_kernel_any_scale().unwrap_or(name);
             }
             let (w_es, ws_es) = w.strides();
@@ -421,6 +520,29 @@ mod gpu_tests {
     use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
     use m3_core::weights::LinearWeight;
 
+    /// `x` (`rows` x `kk` bf16, PTPC rows where given) with the f16
+    /// fragments the MX kernels read; the buffers they live in come back
+    /// with it (keep them alive while the launches run).
+    fn with_f16(
+        l: &Launcher,
+        k: &LinearKernels,
+        x: u64,
+        ptpc: Option<PtpcX>,
+        rows: usize,
+        kk: usize,
+    ) -> (LinX, Vec<DevBuf>) {
+        let ctx = l.device();
+        let bufs: Vec<DevBuf> = (0..2)
+            .map(|_| DevBuf::zeroed(ctx, rows * xh_stride(kk)).unwrap())
+            .collect();
+        let mut lx = LinX { x, ptpc, f16: None };
+        lx.f16 = Some(x_f16(l, &k.x_f16, x, rows, kk, &bufs[0]).unwrap());
+        if let Some(p) = lx.ptpc.as_mut() {
+            p.f16 = Some(x_f16(l, &k.x_f16, p.values, rows, kk, &bufs[1]).unwrap());
+        }
+        (lx, bufs)
+    }
+
     fn gpu() -> Option<CudaGpu> {
         match CudaGpu::open(0) {
             Ok(g) => Some(g),
@@ -443,6 +565,18 @@ mod gpu_tests {
     }
 
     fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
+        // "-nanscale": row 0's first block scale is E8M0's NaN (0xff): its
+        // outputs must be NaN, and the stack takes the any-scale kernel
+        if let Some(base) = fmt.strip_suffix("-nanscale") {
+            let LinearWeight::Mx(t) = weight(base, rows, cols, seed) else {
+                unreachable!()
+            };
+            let mut scales = t.scales().to_vec();
+            scales[0] = 0xff;
+            return LinearWeight::Mx(
+                MxTensor::from_parts(t.elem(), rows, cols, t.codes().to_vec(), scales).unwrap(),
+            );
+        }
         // "e4m3-nan": row 0's first code is E4M3's NaN (0x7f): its outputs
         // must be NaN (FORMATS.md), every other output as usual
         if fmt == "e4m3-nan" {
@@ -456,9 +590,8 @@ mod gpu_tests {
                     .unwrap(),
             );
         }
-        // "-big": magnitudes whose block scales leave the fast decode's
-        // range (MXFP4 scale bytes ~134 > 128, E4M3 ~136 > 134, E5M2 ~161 >
-        // 142), so the launches take the any-scale kernels
+        // "-big": magnitudes with large block scales (MXFP4 scale bytes
+        // ~134, E4M3 ~136, E5M2 ~161), inside the f16 kernels' fast ranges
         let (fmt, gain) = match fmt.strip_suffix("-big") {
             Some("fp4") => ("fp4", 16384.0),
             // E5M2 scale bytes ~161 > 142: the two-multiply factor
@@ -514,6 +647,7 @@ mod gpu_tests {
             f32w: gpu
                 .kernel(&super::super::STANDARD, "m3s_linear_f32w")
                 .unwrap(),
+            x_f16: gpu.kernel(&super::super::STANDARD, "m3s_x_f16").unwrap(),
         };
         for v in ["", SMALL_STEP_VARIANT] {
             k.mma
@@ -614,25 +748,15 @@ mod gpu_tests {
                         ));
                     }
                 }
+                let ptpc = PtpcX {
+                    values: xq.ptr(),
+                    scales: xsd.ptr(),
+                    f16: None,
+                };
+                let (lx, _keep) = with_f16(&l, &k, xd.ptr(), Some(ptpc), m, kk);
                 for vi in 0..k.mma.len() {
                     let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
-                    linears(
-                        &l,
-                        &k,
-                        vi,
-                        &[(&dev, LinOut::F32(y.ptr()))],
-                        LinX {
-                            x: xd.ptr(),
-                            ptpc: Some(PtpcX {
-                                values: xq.ptr(),
-                                scales: xsd.ptr(),
-                            }),
-                        },
-                        m,
-                        None,
-                        m,
-                    )
-                    .unwrap();
+                    linears(&l, &k, vi, &[(&dev, LinOut::F32(y.ptr()))], lx, m, None, m).unwrap();
                     let mut got = vec![0f32; m * n];
                     y.read(l.stream(), 0, &mut got).unwrap();
                     let mut want = vec![0f32; m * n];
@@ -732,6 +856,7 @@ mod gpu_tests {
             f32w: gpu
                 .kernel(&super::super::STANDARD, "m3s_linear_f32w")
                 .unwrap(),
+            x_f16: gpu.kernel(&super::super::STANDARD, "m3s_x_f16").unwrap(),
         };
         let variants = [
             "",
@@ -751,7 +876,17 @@ mod gpu_tests {
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);
         for fmt in [
-            "bf16", "e4m3", "fp4", "e5m2", "nvfp4", "fp4-big", "e4m3-big", "e5m2-big", "e4m3-nan",
+            "bf16",
+            "e4m3",
+            "fp4",
+            "e5m2",
+            "nvfp4",
+            "fp4-big",
+            "e4m3-big",
+            "e5m2-big",
+            "e4m3-nan",
+            "fp4-nanscale",
+            "e4m3-nanscale",
         ] {
             // K = 160: the last super-chunk partly past K
             for &(n, kk) in &[
@@ -765,7 +900,7 @@ mod gpu_tests {
                 let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut seed)).collect();
                 let refs: Vec<&LinearWeight> = ws.iter().collect();
                 let dev = DevLinear::upload(ctx, "test", &refs).unwrap();
-                if dev.any_scale() != (fmt.ends_with("-big") || fmt.ends_with("-nan")) {
+                if dev.any_scale() != fmt.ends_with("-nanscale") {
                     failures.push(format!(
                         "{fmt} [{n}, {kk}]: any_scale {} (scales {:?})",
                         dev.any_scale(),
@@ -819,19 +954,11 @@ mod gpu_tests {
                             }
                             bad
                         };
+                    let (lx, _keep) = with_f16(&l, &k, xd.ptr(), None, m, kk);
                     for (vi, v) in variants.iter().enumerate() {
                         let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
-                        linears(
-                            &l,
-                            &k,
-                            vi,
-                            &[(&dev, LinOut::F32(y.ptr()))],
-                            xd.ptr(),
-                            m,
-                            None,
-                            m,
-                        )
-                        .unwrap();
+                        linears(&l, &k, vi, &[(&dev, LinOut::F32(y.ptr()))], lx, m, None, m)
+                            .unwrap();
                         let mut got = vec![0f32; m * n];
                         y.read(l.stream(), 0, &mut got).unwrap();
                         let bad = count_off(&got, n, &|r| (0, r));
@@ -862,12 +989,13 @@ mod gpu_tests {
                             &k,
                             vi,
                             &[(&dev, LinOut::F32(y.ptr()))],
-                            xd.ptr(),
+                            lx,
                             m,
                             Some(Route {
                                 table: rt.ptr(),
                                 slots: 2,
                                 xdiv: 2,
+                                x_rows: m,
                             }),
                             pairs,
                         )
@@ -913,6 +1041,7 @@ mod gpu_tests {
                             })
                             .sum()
                     };
+                    let (lx, _keep) = with_f16(&l, &k, xd.ptr(), None, m, kk);
                     for (vi, v) in variants.iter().enumerate() {
                         let ya = DevBuf::zeroed(ctx, m * n * 2 + 64).unwrap();
                         let init: Vec<f32> = (0..m * n + 16).map(|i| i as f32 * 0.25).collect();
@@ -925,7 +1054,7 @@ mod gpu_tests {
                                 (&da, LinOut::Bf16(ya.ptr())),
                                 (&db, LinOut::AddF32(yb.ptr())),
                             ],
-                            xd.ptr(),
+                            lx,
                             m,
                             None,
                             m,

@@ -53,6 +53,7 @@ use crate::runtime::api::{Device, Func, Gpu};
 use graphs::Graphs;
 use inputs::StepInputs;
 use linear::{LinearKernels, MmaVariant, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
+use std::sync::atomic::AtomicU64;
 
 /// The standard path's kernels (`kernels/standard_decode.cu` followed by
 /// `kernels/standard_attention.cu`, one translation unit).
@@ -74,6 +75,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_add_bf16",
         "m3s_act_mxfp4",
         "m3s_act_ptpc",
+        "m3s_x_f16",
         "m3s_linear_f32w",
         "m3s_markov_bias",
         "m3s_mma_bf16",
@@ -84,6 +86,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_mma_fp4",
         "m3s_mma_fp4_any",
         "m3s_mma_nvfp4",
+        "m3s_mma_nvfp4_any",
         "m3s_route",
         "m3s_router_warp",
         "m3s_argmax_part",
@@ -276,6 +279,7 @@ impl Kernels {
                     MmaVariant::load(gpu, &STANDARD, opts.small_step_defines)?,
                 ],
                 f32w: f("m3s_linear_f32w")?,
+                x_f16: f("m3s_x_f16")?,
             },
             attn: attn::AttnKernels::load(gpu)?,
             route: f("m3s_route")?,
@@ -322,6 +326,20 @@ pub(crate) struct Acts {
     /// as E4M3 values in bf16, and their f32 scales (`m3s_act_ptpc`).
     pub ptpc_x: DevBuf,
     pub ptpc_s: DevBuf,
+    /// The MX linears' x in the f16 layout (`m3s_x_f16`): up to every
+    /// expert pair's row of the widest input; `ptpc_h`: the PTPC rows.
+    pub xh: DevBuf,
+    pub ptpc_h: DevBuf,
+    /// The same layout written by the producers themselves (no launch of
+    /// its own): RMSNorm's rows (`xh_n`) and SwiGLU's (`xh_a`), when the
+    /// model has MX linears (`xh_fused`). `last_n` / `last_a`: the bf16
+    /// buffer whose rows each holds now and the f16 copy's address (0, 0:
+    /// none), so a linear on that buffer reads the copy (step.rs).
+    pub xh_n: DevBuf,
+    pub xh_a: DevBuf,
+    pub xh_fused: bool,
+    pub last_n: [AtomicU64; 2],
+    pub last_a: [AtomicU64; 2],
     pub g: DevBuf,
     pub u: DevBuf,
     pub a: DevBuf,
@@ -538,6 +556,30 @@ impl StandardPath {
                 "--path mono with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
             ));
         }
+        // the f16 x of the MX linears: rows up to the expert pairs, values up
+        // to the widest linear input; the norms and SwiGLU write it
+        // themselves where the model has MX linears
+        let xh_fused = model.layers.iter().any(|l| {
+            let mut v = vec![&l.q, &l.o];
+            match &l.ffn {
+                DevFfn::Dense(m) => v.extend([&m.gate, &m.down]),
+                DevFfn::Moe {
+                    experts, shared, ..
+                } => {
+                    v.extend([&experts.gate, &experts.down]);
+                    if let Some(s) = shared {
+                        v.extend([&s.gate, &s.down]);
+                    }
+                }
+            }
+            v.iter().any(|w| w.fmt.f16_x())
+        }) || model.lm_head.fmt.f16_x();
+        let xh_rows = t * kp.max(1);
+        let xh_k = h
+            .max(nh * d)
+            .max(wmax)
+            .max(c.intermediate_size)
+            .max(nih * di);
         let acts = Acts {
             r: z(&ctx, t * h * 4)?,
             hn: z(&ctx, t * h * 2)?,
@@ -567,6 +609,28 @@ impl StandardPath {
             )?,
             ptpc_x: z(&ctx, t * ptpc_k.max(1) * 2)?,
             ptpc_s: z(&ctx, t * 4)?,
+            xh: z(&ctx, xh_rows * linear::xh_stride(xh_k))?,
+            ptpc_h: z(&ctx, t * linear::xh_stride(ptpc_k.max(32)))?,
+            xh_n: z(
+                &ctx,
+                if xh_fused {
+                    t * linear::xh_stride(h)
+                } else {
+                    4
+                },
+            )?,
+            xh_a: z(
+                &ctx,
+                if xh_fused {
+                    (t * kp.max(1) * linear::xh_stride(c.intermediate_size.max(32)))
+                        .max(t * linear::xh_stride(wmax.max(32)))
+                } else {
+                    4
+                },
+            )?,
+            xh_fused,
+            last_n: [AtomicU64::new(0), AtomicU64::new(0)],
+            last_a: [AtomicU64::new(0), AtomicU64::new(0)],
             g: z(&ctx, t * wmax * 2)?,
             u: z(&ctx, t * wmax * 2)?,
             a: z(&ctx, t * wmax * 2)?,

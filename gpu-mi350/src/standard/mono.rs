@@ -40,7 +40,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 29] = [
+pub(crate) const MONO_OPS: [&str; 31] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -73,6 +73,10 @@ pub(crate) const MONO_OPS: [&str; 29] = [
     "m3s_attn_partial_nv",
     "m3s_attn_partial_sparse_nv",
     "m3s_attn_partial_split_nv",
+    // the MX linears' f16 x (m3s_mma_e4m3 .. m3s_mma_nvfp4 read it)
+    "m3s_x_f16",
+    // NVFP4 weights whose K is not a multiple of 128
+    "m3s_mma_nvfp4_any",
 ];
 
 /// The mono build's stand-in for a 1024-thread `m3s_rmsnorm` launch.

@@ -114,6 +114,7 @@ pub(crate) fn rmsnorm(
     eps: f32,
     n: usize,
     out: u64,
+    xh: u64,
     nrows: usize,
 ) -> Result<()> {
     l.launch(
@@ -129,6 +130,7 @@ pub(crate) fn rmsnorm(
             Arg::F32(eps),
             Arg::U32(n as u32),
             Arg::U64(out),
+            Arg::U64(xh),
         ],
     )
 }
@@ -162,6 +164,8 @@ pub(crate) fn swiglu(
     limit: f32,
     out: u64,
     n: usize,
+    xh: u64,
+    k: usize,
 ) -> Result<()> {
     l.launch(
         "swiglu",
@@ -176,6 +180,8 @@ pub(crate) fn swiglu(
             Arg::F32(limit),
             Arg::U64(out),
             Arg::U32(n as u32),
+            Arg::U64(xh),
+            Arg::U32(k as u32),
         ],
     )
 }

@@ -9,13 +9,15 @@
 //! step with [`Extras`] (taps, teacher forcing) adds copies to and from
 //! per-step buffers and runs with direct launches only.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use m3_core::backend::{ActMode, TapRequest};
 use m3_core::config::{AttnKind, IndexSelection};
 
 use super::attn::{self, AttnArgs, IndexArgs, KvKind};
 use super::kv::DevCache;
 use super::launch::Arg;
-use super::linear::{linears, LinOut, LinX, PtpcX, Route};
+use super::linear::{linears, prepare_x, LinOut, LinX, PtpcX, Route, F16X};
 use super::pointwise::{self as pw, CwSpec, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
@@ -139,9 +141,12 @@ impl StandardPath {
     }
 
     /// RMSNorm of rows of `x` (f32, all rows or those listed at `rows`)
-    /// into bf16 `out`.
+    /// into bf16 `out`, and (models with MX linears) the same rows in the
+    /// f16 layout into `acts.xh_n`, where the next linear on `out` reads them.
     fn rmsnorm(&self, x: u64, rows: u64, w: &DevBuf, out: u64, nrows: usize) -> Result<()> {
         let c = &self.model.config;
+        let a = &self.acts;
+        let xh = if a.xh_fused { a.xh_n.ptr() } else { 0 };
         pw::rmsnorm(
             &self.l,
             &self.kern.rmsnorm,
@@ -151,8 +156,11 @@ impl StandardPath {
             c.rms_norm_eps,
             c.hidden_size,
             out,
+            xh,
             nrows,
-        )
+        )?;
+        remember(&a.last_n, out, xh);
+        Ok(())
     }
 
     /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
@@ -179,12 +187,28 @@ impl StandardPath {
             Some((w, _)) => Some(self.act_ptpc(x, m, w.cols)?),
             None => None,
         };
+        // MX weights read x (or the PTPC rows) in the f16 layout: the copy
+        // its producer wrote (RMSNorm, SwiGLU), else one made here
+        let a = &self.acts;
+        let f16 = [&a.last_n, &a.last_a].iter().find_map(|p| {
+            let (src, xh) = (p[0].load(Ordering::Relaxed), p[1].load(Ordering::Relaxed));
+            (src == x && xh != 0).then_some(F16X { rows: xh })
+        });
+        let x = prepare_x(
+            &self.l,
+            &self.kern.lin.x_f16,
+            mats,
+            LinX { x, ptpc, f16 },
+            route.map_or(m, |r| r.x_rows),
+            &a.xh,
+            Some(&a.ptpc_h),
+        )?;
         linears(
             &self.l,
             &self.kern.lin,
             self.variant_for(m.max(1)),
             mats,
-            LinX { x, ptpc },
+            x,
             m,
             route,
             self.cap.max_rows,
@@ -219,6 +243,7 @@ impl StandardPath {
         Ok(PtpcX {
             values: a.ptpc_x.ptr(),
             scales: a.ptpc_s.ptr(),
+            f16: None,
         })
     }
 
@@ -465,12 +490,13 @@ impl StandardPath {
                         Arg::U64(a.route.ptr()),
                     ],
                 )?;
-                let route = |xdiv| Route {
+                let pairs = t * kk;
+                let route = |xdiv: usize| Route {
                     table: a.route.ptr(),
                     slots,
                     xdiv,
+                    x_rows: pairs.div_ceil(xdiv.max(1)),
                 };
-                let pairs = t * kk;
                 let wi = experts.gate.rows;
                 let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
                 self.lin(
@@ -482,7 +508,7 @@ impl StandardPath {
                     t,
                     Some(route(kk)),
                 )?;
-                self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi)?;
+                self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi, wi)?;
                 let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
                 self.lin(
                     &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
@@ -580,8 +606,17 @@ impl StandardPath {
         )
     }
 
-    fn swiglu(&self, g: u64, u: u64, out: u64, n: usize) -> Result<()> {
+    /// SwiGLU of `n` pairs (rows of `k`) into bf16 `out`, and (models with
+    /// MX linears, `k` a multiple of 32) the rows in the f16 layout into
+    /// `acts.xh_a`, where the next linear on `out` reads them.
+    fn swiglu(&self, g: u64, u: u64, out: u64, n: usize, k: usize) -> Result<()> {
         let c = &self.model.config;
+        let a = &self.acts;
+        let xh = if a.xh_fused && k.is_multiple_of(32) && k > 0 {
+            a.xh_a.ptr()
+        } else {
+            0
+        };
         pw::swiglu(
             &self.l,
             &self.kern.swiglu,
@@ -591,7 +626,11 @@ impl StandardPath {
             c.swiglu_limit,
             out,
             n,
-        )
+            xh,
+            k.max(1),
+        )?;
+        remember(&a.last_a, out, xh);
+        Ok(())
     }
 
     /// Dense MLP (dense layers, shared expert): gate and up in one launch,
@@ -608,7 +647,7 @@ impl StandardPath {
             t,
             None,
         )?;
-        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w)?;
+        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w, w)?;
         self.lin(&[(&m.down, out)], a.a.ptr(), t, None)
     }
 
@@ -639,4 +678,11 @@ impl StandardPath {
             kind,
         )
     }
+}
+
+/// Note that bf16 buffer `out` now has its rows in the f16 layout at `xh`
+/// (0: it has none).
+fn remember(slot: &[AtomicU64; 2], out: u64, xh: u64) {
+    slot[0].store(if xh != 0 { out } else { 0 }, Ordering::Relaxed);
+    slot[1].store(xh, Ordering::Relaxed);
 }

@@ -429,22 +429,9 @@ M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   }
 }
 #endif
-/// Global loads through the read-only path (plain on HIP).
-M3_DEV uint4 m3_ldg_u4(const uint4* p) {
-#if defined(M3_CUDA)
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-M3_DEV uint2 m3_ldg_u2(const uint2* p) {
-#if defined(M3_CUDA)
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-M3_DEV u32 m3_ldg_u32(const u32* p) {
+/// A global load through the read-only path (uint4, uint2, u32; plain on
+/// HIP).
+template <typename T> M3_DEV T m3_ldg(const T* p) {
 #if defined(M3_CUDA)
   return __ldg(p);
 #else

@@ -740,10 +740,10 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, ui
     for (u32 i = 0; i < SHalf<F>::LB / 16u; ++i)
       raw[i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c) + i) : make_uint4(0u, 0u, 0u, 0u);
     if (F == S_FMT_NVFP4) {
-      const uint2 v = ok ? m3_ldg_u2(reinterpret_cast<const uint2*>(s + (u64)q * 8u)) : make_uint2(0u, 0u);
+      const uint2 v = ok ? m3_ldg(reinterpret_cast<const uint2*>(s + (u64)q * 8u)) : make_uint2(0u, 0u);
       sw[0] = v.x; sw[1] = v.y;
     } else {
-      sw[0] = ok ? m3_ldg_u32(reinterpret_cast<const u32*>(s + (u64)q * 4u)) : 0u;
+      sw[0] = ok ? m3_ldg(reinterpret_cast<const u32*>(s + (u64)q * 4u)) : 0u;
       sw[1] = 0u;
     }
     return;
@@ -833,8 +833,8 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
       const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
-        xw[u][b][0] = have ? m3_ldg_u32(xe[b][0] + q) : 0u;
-        xw[u][b][1] = have && !ONE ? m3_ldg_u32(xe[b][1] + q) : 0u;
+        xw[u][b][0] = have ? m3_ldg(xe[b][0] + q) : 0u;
+        xw[u][b][1] = have && !ONE ? m3_ldg(xe[b][1] + q) : 0u;
       }
     }
 #pragma unroll
@@ -847,7 +847,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
         const bool ok = have && (!ANY || blk < nblk);
 #pragma unroll
         for (int b = 0; b < (XPRE ? NB : 0); ++b)
-          xr[u][j][b] = ok ? m3_ldg_u4(xp[b] + blk * 4u) : make_uint4(0u, 0u, 0u, 0u);
+          xr[u][j][b] = ok ? m3_ldg(xp[b] + blk * 4u) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
 #pragma unroll
@@ -890,7 +890,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
         }
         S_H_UNROLL
         for (int b = 0; b < NB; ++b) {
-          const uint4 xv = XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg_u4(xp[b] + blk * 4u);
+          const uint4 xv = XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg(xp[b] + blk * 4u);
           float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           m3_mma_f16_16816(d0, p0, xv.x, xv.y);
           const bool c2 = !ONE || b > 0;

@@ -305,7 +305,9 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 // (two groups per 64-lane wavefront: the width-32 shuffles keep them apart;
 // tests/wave64.rs models it). Correct, not fast: the MFMA version for gfx950
 // is still to be written.
-M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+/// The shuffled tile product for 16-bit operands whose halves `half(w, 0)`
+/// (low) and `half(w, 1)` (high) turn into f32 exactly.
+template <typename Half> M3_DEV void m3_mma_emul_16816(float* c, const u32* a, u32 b0, u32 b1, Half half) {
   const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
@@ -315,16 +317,22 @@ M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
       u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);
       u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);
       u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);
-      float al = m3_f32(ag << 16), ah = m3_f32(ag & 0xffff0000u);
-      float a8l = m3_f32(ag8 << 16), a8h = m3_f32(ag8 & 0xffff0000u);
-      float b0l = m3_f32(bn0 << 16), b0h = m3_f32(bn0 & 0xffff0000u);
-      float b1l = m3_f32(bn1 << 16), b1h = m3_f32(bn1 & 0xffff0000u);
+      float al = half(ag, 0), ah = half(ag, 1);
+      float a8l = half(ag8, 0), a8h = half(ag8, 1);
+      float b0l = half(bn0, 0), b0h = half(bn0, 1);
+      float b1l = half(bn1, 0), b1h = half(bn1, 1);
       c[0] += al * b0l + ah * b0h;
       c[1] += al * b1l + ah * b1h;
       c[2] += a8l * b0l + a8h * b0h;
       c[3] += a8l * b1l + a8h * b1h;
     }
   }
+}
+struct M3Bf16Half {
+  __device__ __forceinline__ float operator()(u32 w, int hi) const { return m3_f32(hi ? (w & 0xffff0000u) : (w << 16)); }
+};
+M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
+  m3_mma_emul_16816(c, a, b0, b1, M3Bf16Half{});
 }
 M3_DEV u32 m3_pack_bf16x2(float lo, float hi) {
   return (u32)m3_bf16_from_f32(lo) | ((u32)m3_bf16_from_f32(hi) << 16);
@@ -407,26 +415,11 @@ M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
   f1 = m3_e4m3_fast((a >> 8) & 0xffu);
 }
 // HIP: lane shuffles within each 32-thread group, as the bf16 one.
+struct M3F16Half {
+  __device__ __forceinline__ float operator()(u32 w, int hi) const { return m3_f16_to_f32(hi ? (w >> 16) : (w & 0xffffu)); }
+};
 M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
-  const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-#pragma unroll
-    for (int tp = 0; tp < 4; ++tp) {
-      u32 ag = __shfl(hi ? a[2] : a[0], g * 4 + tp, 32);
-      u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);
-      u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);
-      u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);
-      float al = m3_f16_to_f32(ag & 0xffffu), ah = m3_f16_to_f32(ag >> 16);
-      float a8l = m3_f16_to_f32(ag8 & 0xffffu), a8h = m3_f16_to_f32(ag8 >> 16);
-      float b0l = m3_f16_to_f32(bn0 & 0xffffu), b0h = m3_f16_to_f32(bn0 >> 16);
-      float b1l = m3_f16_to_f32(bn1 & 0xffffu), b1h = m3_f16_to_f32(bn1 >> 16);
-      c[0] += al * b0l + ah * b0h;
-      c[1] += al * b1l + ah * b1h;
-      c[2] += a8l * b0l + a8h * b0h;
-      c[3] += a8l * b1l + a8h * b1h;
-    }
-  }
+  m3_mma_emul_16816(c, a, b0, b1, M3F16Half{});
 }
 #endif
 /// A global load through the read-only path (uint4, uint2, u32; plain on

@@ -472,6 +472,78 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
   }
 }
 
+/// This CTA's matrix of a fused launch (constant indices only: the table
+/// stays in the parameter bank).
+M3_DEV SSeg1 s_lin_seg(const SSegs& segs) {
+  SSeg1 sg = segs.s[0];
+#pragma unroll
+  for (int i = 1; i < S_MAX_SEGS; ++i)
+    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+  return sg;
+}
+
+/// The CTA's rows (shared `xrow`: x rows, `yrow`: output rows, `cnt` of
+/// them), read after the dependency wait: a routed launch reads its slot's
+/// record (`e`: the expert; its pairs from this z-block's on), a plain one
+/// takes rows blockIdx.y * 8 * S_MMA_MAXBT on. False (for the whole CTA)
+/// when it has none.
+M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u32 M, int* head, u32* xrow,
+                       u32* yrow, u32& cnt, u32& e) {
+  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
+  if (route) {
+    // one round trip: every thread reads its word of the slot's record
+    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
+    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
+    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
+      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
+      xrow[threadIdx.x] = pr / xdiv;
+      yrow[threadIdx.x] = pr;
+    }
+    __syncthreads();
+    const int rows = head[1];
+    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
+    e = (u32)head[0];
+    return cnt != 0u;
+  }
+  const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
+  cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+  e = 0u;
+  if (cnt == 0u) return false;
+  if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
+  __syncthreads();
+  return true;
+}
+
+/// A tensor-core linear's epilogue: the warps' split-K partials (`red`,
+/// after the barrier that follows their writes) summed per output, times
+/// `fix` (an exact power of two undoing the operands' scaling), the
+/// matrix's global scale (NVFP4) and PTPC's feature and x-row scales,
+/// stored as the segment's mode says.
+M3_DEV void s_lin_store(const float (*red)[S_MMA_MAXBT * 8][16], u32 nwarp, u32 cnt, u32 n0, const SSeg1& sg,
+                        u32 ge, const float* __restrict__ ts, const u32* xrow, const u32* yrow, float fix) {
+  const u32 N = sg.n;
+  u16* yb = reinterpret_cast<u16*>(sg.yb);
+  float* yf = reinterpret_cast<float*>(sg.yf);
+  // the matrix's global scale (NVFP4; 1.0 when absent)
+  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
+  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
+    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
+    if (n >= N) continue;
+    float v = 0.0f;
+    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    v = v * fix;
+    v = v * gsc;
+    // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
+    // x row's (ARCHITECTURE.md, Online quantization)
+    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
+    if (ts) v = v * ts[xrow[m]];
+    const u64 o = (u64)yrow[m] * N + n;
+    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
+    else if (sg.mode == 1u) yf[o] = v;
+    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
+  }
+}
+
 template <int F, bool ANY>
 M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
@@ -481,15 +553,9 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  // this CTA's matrix (constant indices only: the table stays in the
-  // parameter bank)
-  SSeg1 sg = segs.s[0];
-#pragma unroll
-  for (int i = 1; i < S_MAX_SEGS; ++i)
-    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+  const SSeg1 sg = s_lin_seg(segs);
   const u32 N = sg.n;
   const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
-  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
   const u32 U = SUnroll<F>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = F == S_FMT_BF16 ? 2ull * K : (SFmt<F>::FP8 ? (u64)K : K / 2ull);  // code bytes a row
@@ -515,31 +581,12 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   }
   M3_PDL_WAIT();
+  if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
   if (route) {
-    // one round trip: every thread reads its word of the slot's record
-    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
-    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
-    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
-      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
-      xrow[threadIdx.x] = pr / xdiv;
-      yrow[threadIdx.x] = pr;
-    }
-    __syncthreads();
-    const int rows = head[1];
-    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
-    if (cnt == 0u) return;
-    const u32 e = (u32)head[0];
-    ge = e;
-    W += (u64)e * sg.w_es;
-    if (S) S += (u64)e * sg.ws_es;
+    W += (u64)ge * sg.w_es;
+    if (S) S += (u64)ge * sg.ws_es;
     rows_at();
     s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
-  } else {
-    const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
-    cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-    if (cnt == 0u) return;
-    if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
-    __syncthreads();
   }
   const u32 nbt = (cnt + 7u) / 8u;
   float acc[S_MMA_MAXBT][4];
@@ -623,28 +670,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
   }
   __syncthreads();
-  u16* yb = reinterpret_cast<u16*>(sg.yb);
-  float* yf = reinterpret_cast<float*>(sg.yf);
-  // the matrix's global scale (NVFP4; 1.0 when absent)
-  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
-  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
-    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
-    if (n >= N) continue;
-    float v = 0.0f;
-    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
-    // NVFP4: undo the operands' 2^-S_NV_SHIFT (exact), then one rounding
-    // by the global scale
-    if (F == S_FMT_NVFP4) v = v * m3_f32((u32)(127 + S_NV_SHIFT) << 23);
-    v = v * gsc;
-    // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
-    // x row's (ARCHITECTURE.md, Online quantization)
-    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
-    if (ts) v = v * ts[xrow[m]];
-    const u64 o = (u64)yrow[m] * N + n;
-    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
-    else if (sg.mode == 1u) yf[o] = v;
-    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
-  }
+  s_lin_store(red, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, 1.0f);
 }
 
 /// Bytes of one x row in the MX linears' f16 layout (s_mmh_linear): K f16
@@ -933,13 +959,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  SSeg1 sg = segs.s[0];
-#pragma unroll
-  for (int i = 1; i < S_MAX_SEGS; ++i)
-    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+  const SSeg1 sg = s_lin_seg(segs);
   const u32 N = sg.n;
   const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
-  const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
   const u32 U = SHalf<F, ANY>::U, NW = SHalf<F>::LB / 16u;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
@@ -972,30 +994,12 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     fetch(0u);
   }
   M3_PDL_WAIT();
+  if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
   if (route) {
-    const int* rec = route + (u64)blockIdx.y * S_ROUTE_STRIDE(max_rows);
-    if (threadIdx.x < 2u) head[threadIdx.x] = rec[threadIdx.x];
-    if (threadIdx.x < S_MMA_MAXBT * 8u && z0 + threadIdx.x < max_rows) {
-      u32 pr = (u32)rec[2u + z0 + threadIdx.x];
-      xrow[threadIdx.x] = pr / xdiv;
-      yrow[threadIdx.x] = pr;
-    }
-    __syncthreads();
-    const int rows = head[1];
-    cnt = rows > (int)z0 ? min((u32)rows - z0, S_MMA_MAXBT * 8u) : 0u;
-    if (cnt == 0u) return;
-    const u32 e = (u32)head[0];
-    ge = e;
-    W += (u64)e * sg.w_es;
-    if (S) S += (u64)e * sg.ws_es;
+    W += (u64)ge * sg.w_es;
+    if (S) S += (u64)ge * sg.ws_es;
     rows_at();
     fetch(0u);
-  } else {
-    const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
-    cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-    if (cnt == 0u) return;
-    if (threadIdx.x < cnt) { xrow[threadIdx.x] = m0 + threadIdx.x; yrow[threadIdx.x] = m0 + threadIdx.x; }
-    __syncthreads();
   }
   const u32 nbt = (cnt + 7u) / 8u;
   // this lane's x row in each 8-row tile (rows past cnt read row 0: they
@@ -1038,26 +1042,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
   }
   __syncthreads();
-  u16* yb = reinterpret_cast<u16*>(sg.yb);
-  float* yf = reinterpret_cast<float*>(sg.yf);
-  const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
-  for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
-    const u32 m = i / 16u, r = i % 16u, n = n0 + r;
-    if (n >= N) continue;
-    float v = 0.0f;
-    for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
-    // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact), then one rounding
-    // by the global scale
-    if (F == S_FMT_NVFP4) v = v * 64.0f;
-    v = v * gsc;
-    if (sg.cs) v = v * reinterpret_cast<const float*>(sg.cs)[(u64)ge * N + n];
-    // PTPC FP8: the x row's scale
-    if (ts) v = v * ts[xrow[m]];
-    const u64 o = (u64)yrow[m] * N + n;
-    if (sg.mode == 0u) yb[o] = m3_bf16_from_f32(v);
-    else if (sg.mode == 1u) yf[o] = v;
-    else yf[o] += m3_bf16_to_f32(m3_bf16_from_f32(v));
-  }
+  // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact)
+  s_lin_store(red, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
 }
 
 #define S_MMH_LINEAR(name, F, ANY)                                                                              \

@@ -64,40 +64,41 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
     ),
     (
         "m3s_mma_e4m3",
-        39,
+        41,
         "the MX linears' f16 kernel (s_mmh_linear, session 11) on HIP: its tile product \
          emulated by lane shuffles with the block and tile loops kept rolled (unrolled, it \
          spilled hundreds of VGPRs); segment-table fields and 64-bit row pointers spill to \
-         VGPR lanes, no memory; no VGPR spill",
+         VGPR lanes, no memory; no VGPR spill (counts with the row and epilogue helpers \
+         it shares with the bf16 kernel, s_lin_rows / s_lin_store)",
     ),
     (
         "m3s_mma_e4m3_any",
-        60,
+        63,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (
         "m3s_mma_e5m2",
-        32,
+        34,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (
         "m3s_mma_e5m2_any",
-        35,
+        69,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (
         "m3s_mma_fp4",
-        35,
+        36,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (
         "m3s_mma_fp4_any",
-        35,
+        37,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (
         "m3s_mma_nvfp4",
-        38,
+        56,
         "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
     ),
     (

@@ -159,7 +159,7 @@ template <int F, bool ANY> struct SMonoLin {
     const u32 mr = s_mono_arg<u32>(p + k + 16u), xdiv = s_mono_arg<u32>(p + k + 20u);
     const float* ts = s_mono_arg<const float*>(p + k + 24u);
     // bf16 weights on the bf16-operand kernel, the MX formats on the f16 one
-    if (F == S_FMT_BF16) s_mma_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
+    if constexpr (F == S_FMT_BF16) s_mma_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
     else s_mmh_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
   }
 };

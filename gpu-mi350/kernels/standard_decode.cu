@@ -23,21 +23,19 @@
 #define S_INF __int_as_float(0x7f800000)
 
 // ---- tensor-core linear -----------------------------------------------------
-// y = x W^T with W in bf16, MXFP8 (E4M3 or E5M2), MXFP4 or NVFP4, for any
-// number of x rows.
+// y = x W^T for any number of x rows: bf16 weights here (s_mma_linear), the
+// MX formats (MXFP8 E4M3 / E5M2, MXFP4, NVFP4) on f16 operands further down
+// (s_mmh_linear), both with this CTA shape, split of K, expert mode and
+// epilogue.
 // A CTA owns 16 output features (one m16n8k16 tile of W rows) and up to 64
 // x rows (8 tiles of 8); its S_MMA_WARPS warps split K and add their
 // partial sums through shared memory at the end. The K dimension is walked
 // in super-chunks of 128: lane (g, t) of a warp (g = lane / 4, t = lane % 4)
-// reads the 32 contiguous values [32t, 32t+32) of W rows g and g+8 (one MX
-// block: one scale per row; two E4M3 scales for NVFP4, one per 16) and of
+// reads the 32 contiguous values [32t, 32t+32) of W rows g and g+8 and of
 // x row g, and feeds them to 8 tile products as logical columns (2t, 2t+1,
 // 2t+8, 2t+9): the same permutation of K on both sides, so the dot products
-// are unchanged. Weights are dequantized exactly into bf16 (every E2M1 /
-// E4M3 / E5M2 value times a power-of-two scale fits bf16 unless the f32
-// product itself overflows or underflows; every NVFP4 e2m1 * e4m3 product
-// fits bf16); products are exact in f32 and summed in f32 by the tensor
-// cores. NVFP4's f32 global scale multiplies the f32 sum in the epilogue.
+// are unchanged; products are exact in f32 and summed in f32 by the tensor
+// cores.
 // Expert mode: blockIdx.y is a slot of the device-built route (see
 // m3s_route): the rows are the (row, expert) pairs that chose that slot's
 // expert, so each chosen expert is read once per step.
@@ -113,282 +111,15 @@ template <int F> struct SUnroll {
   static const u32 U = S_UNROLL_HALF && U0 > 1u ? U0 / 2u : U0;
 };
 
-/// Power-of-two factor that turns the shifted code bits (value * 2^-126 for
-/// E2M1, value * 2^-120 for E4M3, value * 2^-112 for E5M2: the code's
-/// exponent and mantissa fields placed at the top of an f32's, which holds
-/// normals and subnormals alike) into value * 2^(s-127) for E8M0 scale byte
-/// s; split in two when one f32 cannot hold it (scales far outside real
-/// weights: s > 127 + 127 - bias).
-template <int F> M3_DEV void s_scale_factor(u32 s, float& f1, float& f2) {
-  const int bias = F == S_FMT_FP4 ? 126 : (F == S_FMT_E5M2 ? 112 : 120);
-  int e = (int)s - 127 + bias;  // exponent of the combined factor
-  if (s == 0xffu) { f1 = m3_nan(); f2 = 1.0f; return; }
-  if (e <= 127) { f1 = m3_f32((u32)(e + 127) << 23); f2 = 1.0f; return; }
-  f1 = m3_f32((u32)(bias + 127) << 23);
-  f2 = s == 0u ? m3_f32(0x00400000u) : m3_f32(s << 23);
-}
-
-/// E5M2 code (bits 0-7 of x) as value * 2^-112, Inf and NaN codes as
-/// themselves (they survive the scale factor's multiplies).
-M3_DEV float s_e5m2_shifted(u32 x) {
-  const u32 sg = (x & 0x80u) << 24;
-  if ((x & 0x7cu) == 0x7cu) return m3_f32(sg | ((x & 3u) ? 0x7fc00000u : 0x7f800000u));
-  return m3_f32(sg | ((x & 0x7fu) << 21));
-}
-
-/// E4M3 code (bits 0-7 of x) as value * 2^-120, the NaN codes 0x7F / 0xFF
-/// as NaN (the general decode; the fast one never sees them).
-M3_DEV float s_e4m3_shifted(u32 x) {
-  if ((x & 0x7fu) == 0x7fu) return m3_nan();
-  return m3_f32(((x & 0x7fu) << 20) | ((x & 0x80u) << 24));
-}
-
-/// s_seg_frag for scales whose factor needs two multiplies (rare), and for
-/// E5M2 segments holding Inf / NaN codes.
-template <int F> M3_DEV void s_seg_frag2(const uint4* raw, float f1, float f2, u32* out) {
-  if (F == S_FMT_E5M2) {
-    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+/// One row's 32-value bf16 segment as 16 bf16x2 words (word w = values 2w,
+/// 2w + 1): the stored words themselves. This kernel takes bf16 weights
+/// only; the MX formats run on s_mmh_linear below.
+template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32, u32* out) {
+  static_assert(F == S_FMT_BF16, "the bf16-operand linear takes bf16 weights (MX: s_mmh_linear)");
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const u32 x = v[i / 2] >> (16 * (i % 2));
-      const float lo = s_e5m2_shifted(x & 0xffu), hi = s_e5m2_shifted((x >> 8) & 0xffu);
-      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
-    }
-  } else if (F == S_FMT_FP4) {
-    const u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const u32 x = v[i / 4] >> (8 * (i % 4));
-      float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
-      float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
-      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
-    }
-  } else {
-    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const u32 x = v[i / 2] >> (16 * (i % 2));
-      const float lo = s_e4m3_shifted(x & 0xffu), hi = s_e4m3_shifted((x >> 8) & 0xffu);
-      out[i] = m3_pack_bf16x2((lo * f1) * f2, (hi * f1) * f2);
-    }
+  for (int i = 0; i < 4; ++i) {
+    out[4 * i] = raw[i].x; out[4 * i + 1] = raw[i].y; out[4 * i + 2] = raw[i].z; out[4 * i + 3] = raw[i].w;
   }
-}
-
-/// NVFP4: the e4m3 block scale times 2^(126 - S_NV_SHIFT), the factor that
-/// turns shifted E2M1 bits (value * 2^-126) into e2m1 * e4m3 * 2^-S_NV_SHIFT.
-/// e2m1 * e4m3 itself needs a factor up to 448 * 2^126, past f32; with the
-/// shift the factor stays finite (<= 1.75 * 2^127) and every product is an
-/// exact f32 / bf16 normal in [2^-17, 21] (at most 6 significant bits), so
-/// the bf16 operands are e2m1 * e4m3 exactly, scaled by a power of two that
-/// the epilogue undoes (exactly: a power-of-two scaling of every addend of
-/// the f32 sum commutes with its roundings, barring f32 underflow of
-/// products below ~2^-126, far outside real activations). A NaN scale
-/// (0x7F / 0xFF) gives NaN.
-#define S_NV_SHIFT 7
-M3_DEV float s_nv_factor(u32 c) {
-  // e4m3 * 2^-120 from the shifted code bits (subnormals too), times 2^120:
-  // the e4m3 value exactly; then the power of two (both products exact)
-  const float e = m3_f32(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)) * m3_f32((u32)(127 + 120) << 23);
-  return (c & 0x7fu) == 0x7fu ? m3_nan() : e * m3_f32((u32)(127 + 126 - S_NV_SHIFT) << 23);
-}
-
-/// s_seg_frag on a segment in the stored layout (FORMATS.md order: every
-/// format's codes as the checkpoint holds them). E2M1 reaches it only for
-/// scales the device-layout fast path cannot take, E4M3 only on its `_any`
-/// entry point (every segment there).
-/// ANY = false (E5M2): no Inf / NaN codes and no two-multiply scale in the
-/// stack (checked on the host), so neither check is compiled.
-template <int F, bool ANY> M3_DEV void s_seg_frag_stored(const uint4* raw, u32 s, u32* out) {
-  if (F == S_FMT_BF16) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[4 * i] = raw[i].x; out[4 * i + 1] = raw[i].y; out[4 * i + 2] = raw[i].z; out[4 * i + 3] = raw[i].w;
-    }
-    return;
-  }
-  if (F == S_FMT_NVFP4) {
-    // bytes 0-7 (words 0, 1): values 0-15, scale byte 0; words 2, 3: byte 1
-    const float fs[2] = {s_nv_factor(s), s_nv_factor(s >> 8)};
-    const u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const u32 w = v[i];
-      const float f = fs[i / 2];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const u32 x = w >> (8 * b);
-        float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
-        float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
-        out[4 * i + b] = m3_pack_bf16x2(lo * f, hi * f);
-      }
-    }
-    return;
-  }
-  float f1, f2;
-  s_scale_factor<F>(s, f1, f2);
-  if (F == S_FMT_E5M2) {
-    // Inf / NaN codes (exponent field all ones) would read as finite
-    // shifted bits: such segments take the exact slow path. Per byte,
-    // (code & 0x7c) + 4 reaches bit 7 only for 0x7c (no carry between bytes).
-    u32 special = 0u;
-    if (ANY) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        special |= ((raw[i].x & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].y & 0x7c7c7c7cu) + 0x04040404u) |
-                   ((raw[i].z & 0x7c7c7c7cu) + 0x04040404u) | ((raw[i].w & 0x7c7c7c7cu) + 0x04040404u);
-    }
-    if (ANY && (f2 != 1.0f || (special & 0x80808080u) != 0u)) {
-      s_seg_frag2<F>(raw, f1, f2, out);
-      return;
-    }
-    const u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const u32 w = v[i];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u32 x = w >> (16 * h);
-        float lo = m3_f32(((x & 0x7fu) << 21) | ((x & 0x80u) << 24));
-        float hi = m3_f32(((x & 0x7f00u) << 13) | ((x & 0x8000u) << 16));
-        out[2 * i + h] = m3_pack_bf16x2(lo * f1, hi * f1);
-      }
-    }
-    return;
-  }
-  if (f2 != 1.0f) {
-    s_seg_frag2<F>(raw, f1, f2, out);
-    return;
-  }
-  if (F == S_FMT_FP4) {
-    u32 v[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const u32 w = v[i];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        // byte b: low nibble (value 2b), high nibble (value 2b+1)
-        const u32 x = w >> (8 * b);
-        float lo = m3_f32(((x & 7u) << 22) | ((x & 8u) << 28));
-        float hi = m3_f32(((x & 0x70u) << 18) | ((x & 0x80u) << 24));
-        out[4 * i + b] = m3_pack_bf16x2(lo * f1, hi * f1);
-      }
-    }
-  } else {
-    u32 v[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w, raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const u32 w = v[i];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const u32 x = w >> (16 * h);
-        const float lo = s_e4m3_shifted(x & 0xffu), hi = s_e4m3_shifted((x >> 8) & 0xffu);
-        out[2 * i + h] = m3_pack_bf16x2(lo * f1, hi * f1);
-      }
-    }
-  }
-}
-
-/// A device-layout segment (gpu-mi350/src/model/layout.rs) back in the
-/// stored layout, for s_seg_frag_stored.
-template <int F> M3_DEV void s_seg_unpermute(const uint4* raw, uint4* st) {
-  const u32 n = SSeg<F>::B / 16u;
-#pragma unroll
-  for (u32 r = 0; r < n; ++r) {
-    const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-    u32 w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (F == S_FMT_E4M3) {
-        // device bytes [v2, v0, v3, v1] of stored [v0, v1, v2, v3]
-        w[i] = ((d[i] >> 8) & 0xffu) | (((d[i] >> 24) & 0xffu) << 8) | ((d[i] & 0xffu) << 16) |
-               (((d[i] >> 16) & 0xffu) << 24);
-      } else {
-        u32 x = 0u;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          x |= (((d[i] >> (12 - 4 * j)) & 0xfu) << (8 * j)) | (((d[i] >> (28 - 4 * j)) & 0xfu) << (8 * j + 4));
-        w[i] = x;
-      }
-    }
-    st[r] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-/// One row's 32-value segment as 16 bf16x2 words (word w = values 2w, 2w+1).
-/// s: the segment's E8M0 scale byte, or (NVFP4) its two E4M3 scale bytes
-/// (bits 0-7: values 0-15, bits 8-15: values 16-31).
-///
-/// E2M1 (MXFP4, NVFP4) and E4M3 codes come in the device layout
-/// (model/layout.rs), where one mask-and-shift turns a u32 into one word of
-/// codes placed as bf16 bits, value * 2^-126 (E2M1) or * 2^-120 (E4M3),
-/// subnormal codes as bf16 subnormals; one bf16x2 multiply by 2^126 (2^120)
-/// times the scale makes each exact (a product of at most 4 significant
-/// bits by a power of two, or NVFP4's e4m3 scale, inside bf16's normal
-/// range): about 1.5 instructions a value against 4.5 for the stored-layout
-/// decode. Scales whose factor leaves bf16's normal range take the stored
-/// path after s_seg_unpermute.
-///
-/// ANY = false: the caller guarantees every scale and code takes the fast
-/// path (WFmt::fast_decode, checked on the host when the weights are
-/// written), so the fallback is compiled out: that code in the loop cost
-/// ~10% of the batch-1 step (bench/NOTES.md session 6 run 6).
-template <int F, bool ANY> M3_DEV void s_seg_frag(const uint4* raw, u32 s, u32* out) {
-  if (F == S_FMT_FP4 || F == S_FMT_NVFP4 || F == S_FMT_E4M3) {
-    u32 fac[2];
-    bool fast;
-    if (F == S_FMT_NVFP4) {
-      // e4m3 * 2^(126 - S_NV_SHIFT): at most 4 significant bits, exponent
-      // within [2^110, 2^128): exact in bf16 (NaN scales stay NaN)
-      const u32 a = m3_bits(s_nv_factor(s & 0xffu)) >> 16, b = m3_bits(s_nv_factor((s >> 8) & 0xffu)) >> 16;
-      fac[0] = a | (a << 16);
-      fac[1] = b | (b << 16);
-      fast = true;
-    } else if (F == S_FMT_FP4) {
-      // 2^(s - 1) = 2^126 * 2^(s - 127); products >= 0.5 * 2^(s-127) stay normal
-      fast = s >= 2u && s <= 128u;
-      fac[0] = fac[1] = ((s + 126u) << 7) | ((s + 126u) << 23);
-    } else {
-      // 2^(s - 7) = 2^120 * 2^(s - 127); subnormal codes (>= 2^-9) stay normal
-      fast = s >= 17u && s <= 134u;
-      fac[0] = fac[1] = ((s + 120u) << 7) | ((s + 120u) << 23);
-    }
-    // E4M3 stacks on the general entry point hold a scale outside the
-    // fast range or a NaN code (0x7F / 0xFF, which the fast decode would
-    // read as a finite value): every segment takes the general decode,
-    // which gives NaN for them (checking per segment cost registers)
-    if (ANY && F == S_FMT_E4M3) fast = false;
-    if (ANY && !fast) {
-      uint4 st[SSeg<F>::B / 16u];
-      s_seg_unpermute<F>(raw, st);
-      s_seg_frag_stored<F, true>(st, s, out);
-      return;
-    }
-    const u32 n = SSeg<F>::B / 16u;
-#pragma unroll
-    for (u32 r = 0; r < n; ++r) {
-      const u32 d[4] = {raw[r].x, raw[r].y, raw[r].z, raw[r].w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        u32 q = d[i];
-        if (F == S_FMT_E4M3) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            out[8 * r + 2 * i + j] = m3_mul_bf16x2((q & 0x80008000u) | ((q >> 4) & 0x07f007f0u), fac[0]);
-            q <<= 8;
-          }
-        } else {
-          const u32 f = fac[i / 2];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            out[4 * i + j] = m3_mul_bf16x2((q & 0x80008000u) | ((q >> 6) & 0x01c001c0u), f);
-            q <<= 4;
-          }
-        }
-      }
-    }
-    return;
-  }
-  s_seg_frag_stored<F, ANY>(raw, s, out);
 }
 
 template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {

@@ -72,10 +72,10 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// GPU: tensor-core linear variants to time against the defaults,
-    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_DBUF=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
-    /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the any-scale decode everywhere,
-    /// S_X_AHEAD=0|1: x of the first row tile loaded a super-chunk ahead),
-    /// e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
+    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
+    /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere;
+    /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile
+    /// loaded a super-chunk ahead), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]
     pub variants: String,
     /// GPU: the bench model's shared experts: `dense` (PERF.md: the dense

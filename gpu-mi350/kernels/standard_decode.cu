@@ -245,13 +245,24 @@ M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u3
   return true;
 }
 
-/// A tensor-core linear's epilogue: the warps' split-K partials (`red`,
-/// after the barrier that follows their writes) summed per output, times
+/// A tensor-core linear's epilogue: each warp's split-K partials (`acc`
+/// of its `nbt` x tiles) through shared `red`, summed per output, times
 /// `fix` (an exact power of two undoing the operands' scaling), the
 /// matrix's global scale (NVFP4) and PTPC's feature and x-row scales,
 /// stored as the segment's mode says.
-M3_DEV void s_lin_store(const float (*red)[S_MMA_MAXBT * 8][16], u32 nwarp, u32 cnt, u32 n0, const SSeg1& sg,
-                        u32 ge, const float* __restrict__ ts, const u32* xrow, const u32* yrow, float fix) {
+M3_DEV void s_lin_store(float (*red)[S_MMA_MAXBT * 8][16], const float (&acc)[S_MMA_MAXBT][4], u32 nbt, u32 warp,
+                        u32 nwarp, u32 cnt, u32 n0, const SSeg1& sg, u32 ge, const float* __restrict__ ts,
+                        const u32* xrow, const u32* yrow, float fix) {
+  const u32 lane = threadIdx.x % 32u, g = lane / 4u, t = lane % 4u;
+#pragma unroll
+  for (int b = 0; b < S_MMA_MAXBT; ++b) {
+    if ((u32)b >= nbt) break;
+    red[warp][b * 8 + 2 * t][g] = acc[b][0];
+    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
+    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
+    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
+  }
+  __syncthreads();
   const u32 N = sg.n;
   u16* yb = reinterpret_cast<u16*>(sg.yb);
   float* yf = reinterpret_cast<float*>(sg.yf);
@@ -391,17 +402,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       }
     }
   }
-  // split-K reduction over the CTA's warps
-#pragma unroll
-  for (int b = 0; b < S_MMA_MAXBT; ++b) {
-    if ((u32)b >= nbt) break;
-    red[warp][b * 8 + 2 * t][g] = acc[b][0];
-    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
-    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
-    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
-  }
-  __syncthreads();
-  s_lin_store(red, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, 1.0f);
+  s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, 1.0f);
 }
 
 /// Bytes of one x row in the MX linears' f16 layout (s_mmh_linear): K f16
@@ -693,7 +694,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const SSeg1 sg = s_lin_seg(segs);
   const u32 N = sg.n;
   const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
-  const u32 U = SHalf<F, ANY>::U, NW = SHalf<F>::LB / 16u;
+  const u32 U = SHalf<F, ANY>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
   const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;  // scale bytes a row
@@ -763,18 +764,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     // the prefill shape (up to 8 tiles): tiles past the CTA's rows read row 0
     s_h_walk<F, ANY, S_MMA_MAXBT, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
   }
-  // split-K reduction over the CTA's warps
-#pragma unroll
-  for (int b = 0; b < S_MMA_MAXBT; ++b) {
-    if ((u32)b >= nbt) break;
-    red[warp][b * 8 + 2 * t][g] = acc[b][0];
-    red[warp][b * 8 + 2 * t + 1][g] = acc[b][1];
-    red[warp][b * 8 + 2 * t][g + 8] = acc[b][2];
-    red[warp][b * 8 + 2 * t + 1][g + 8] = acc[b][3];
-  }
-  __syncthreads();
   // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact)
-  s_lin_store(red, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
+  s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
 }
 
 #define S_MMH_LINEAR(name, F, ANY)                                                                              \

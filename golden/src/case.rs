@@ -281,26 +281,20 @@ impl Case {
                 "case {name}: {field} differs from its reference {refname}'s ({mine} vs {theirs}): a reuse case runs the reference's checkpoint and prompt"
             ))
         };
-        if reuse.recipe != r.recipe {
-            return differs(
-                "recipe",
-                format!("{:?}", reuse.recipe),
-                format!("{:?}", r.recipe),
-            );
+        fn same<T: PartialEq + std::fmt::Debug>(a: &T, b: &T) -> Option<(String, String)> {
+            (a != b).then(|| (format!("{a:?}"), format!("{b:?}")))
         }
-        if reuse.config_edit != r.config_edit {
-            return differs(
-                "config_edit",
-                format!("{:?}", reuse.config_edit),
-                format!("{:?}", r.config_edit),
-            );
-        }
-        if reuse.scalar_tensors != r.scalar_tensors {
-            return differs(
+        for (field, d) in [
+            ("recipe", same(&reuse.recipe, &r.recipe)),
+            ("config_edit", same(&reuse.config_edit, &r.config_edit)),
+            (
                 "scalar_tensors",
-                format!("{:?}", reuse.scalar_tensors),
-                format!("{:?}", r.scalar_tensors),
-            );
+                same(&reuse.scalar_tensors, &r.scalar_tensors),
+            ),
+        ] {
+            if let Some((mine, theirs)) = d {
+                return differs(field, mine, theirs);
+            }
         }
         if reuse.tokens != r.tokens {
             return differs(

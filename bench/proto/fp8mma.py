@@ -408,6 +408,37 @@ def x_f16(x):
     return st, torch.pow(2.0, -r).to(torch.float32), resid
 
 
+def split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt):
+    """ms of `split` launches over consecutive row ranges of N / split rows (tile-major
+    layout: a range of tiles is one contiguous piece of W and of S), one CUDA graph."""
+    n = N // split
+    wt = wdev.numel() // (N // 16) * (n // 16)   # bytes of W per launch
+    st = sdev.numel() // (N // 16) * (n // 16)
+    ys = [torch.zeros(M, n, dtype=torch.float32, device="cuda") for _ in range(split)]
+    def go():
+        for i in range(split):
+            launch(f, n // 16, defs["WARPS"] * 32,
+                   [("u64", wdev.data_ptr() + i * wt), ("u64", sdev.data_ptr() + i * st), xs, xinv, ys[i], n, K, M])
+    go(); torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        g.capture_begin()
+        for _ in range(10):
+            go()
+        g.capture_end()
+    torch.cuda.synchronize()
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(5):
+        g.replay()
+    e1.record(); torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / 50
+
+
 def main():
     quick = "--quick" in sys.argv
     torch.cuda.init()
@@ -441,7 +472,9 @@ def main():
             for mode, pieces in ((16, 1),) if os.environ.get("F16_ONLY") else ((8, 2), (8, 3), (16, 1)):
                 xs, xinv, resid = split_x(x, pieces) if mode == 8 else x_f16(x)
                 variants = [dict(WARPS=4, UNR=4), dict(WARPS=4, UNR=8), dict(WARPS=8, UNR=4)]
-                if mode == 16 and os.environ.get("F16_ONLY"):
+                if mode == 16 and os.environ.get("SHAPES"):
+                    variants = [dict(zip(("WARPS", "UNR", "MINB"), map(int, v.split("x")))) for v in os.environ["SHAPES"].split(",")]
+                elif mode == 16 and os.environ.get("F16_ONLY"):
                     variants = [dict(WARPS=w, UNR=u, MINB=b, FULL=f, XPAD=f) for (w, u, b, f) in
                                 ((4, 8, 1, 0), (4, 4, 1, 1), (2, 8, 1, 1), (8, 4, 1, 1), (4, 2, 1, 1), (8, 2, 1, 1),
                                  (2, 4, 1, 1), (16, 2, 1, 1))
@@ -474,9 +507,16 @@ def main():
                         launch(f, N // 16, defs["WARPS"] * 32, args)
                     e1.record(); torch.cuda.synchronize()
                     ms = e0.elapsed_time(e1) / it
+                    split = int(os.environ.get("SPLIT", "1"))
+                    ms_split = None
+                    if split > 1:
+                        # the engine's microbench shape: `split` separate launches of N / split
+                        # rows (a layer's dense linears), captured in one CUDA graph
+                        ms_split = split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt)
                     gbps = wbytes / (ms * 1e-3) / 1e9
                     rec = {"fmt": {4: "mxfp4", 5: "nvfp4", 8: "mxfp8", 9: "mxfp8-e5m2"}[fmt], "M": M, "mma": "fp8" if mode == 8 else "f16", "pieces": pieces, **v, "regs": regs,
-                           "ms": round(ms, 4), "GBps": round(gbps, 1), "pct_ceiling": round(100 * gbps / ceil, 1),
+                           "ms": round(ms, 4), "ms_split": ms_split and round(ms_split, 4),
+                           "pct_split": ms_split and round(100 * wbytes / (ms_split * 1e-3) / 1e9 / ceil, 1), "GBps": round(gbps, 1), "pct_ceiling": round(100 * gbps / ceil, 1),
                            "max_err_rel": f"{err:.2e}", "rel_l2": f"{rl2:.2e}", "x_resid": f"{resid:.1e}"}
                     print(json.dumps(rec), flush=True)
                     out.append(rec)

@@ -405,6 +405,12 @@ M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/// d = A B (m3_mma_f16_16816 without an accumulator input: no zeroing).
+M3_DEV void m3_mma_f16_16816z(float* d, const u32* a, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
 #else
 M3_DEV void m3_e4m3x4_f16(u32 a, u32& lo, u32& hi) {
   lo = m3_e4m3_f16(a & 0xffu) | (m3_e4m3_f16((a >> 8) & 0xffu) << 16);
@@ -421,7 +427,19 @@ struct M3F16Half {
 M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   m3_mma_emul_16816(c, a, b0, b1, M3F16Half{});
 }
+M3_DEV void m3_mma_f16_16816z(float* d, const u32* a, u32 b0, u32 b1) {
+  d[0] = d[1] = d[2] = d[3] = 0.0f;
+  m3_mma_f16_16816(d, a, b0, b1);
+}
 #endif
+/// Ask L2 for the line holding p (no register, no wait; nothing on HIP).
+M3_DEV void m3_prefetch_l2(const void* p) {
+#if defined(M3_CUDA)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
 /// A global load through the read-only path (uint4, uint2, u32; plain on
 /// HIP).
 template <typename T> M3_DEV T m3_ldg(const T* p) {

@@ -565,6 +565,76 @@ template <int F, bool ANY> M3_DEV void s_h_factor(u32 e, float& f1, float& f2) {
   f1 = m3_f32((e + add) << 23);
 }
 
+/// One 32-value block j of a super-chunk for 16 weight rows against NB x
+/// tiles: `wg` / `w8` the chunk's code words of rows g and g + 8 (E2M1: word
+/// j; FP8: words 2j, 2j + 1), `sg` / `s8` their scale words (MX: byte j of
+/// word 0; NVFP4: bytes 2j, 2j + 1 of words 0, 1), `xat(b)` x tile b's
+/// fragment of the block, `xexp(b, c)` the exponent byte of its column 2t +
+/// c (ONE: one x row, whose odd columns are never stored and are left out).
+/// Both walks' body.
+template <int F, bool ANY, int NB, bool ONE, typename XAt, typename XExp>
+M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u32 (&s8)[2], u32 j, const XAt& xat,
+                      const XExp& xexp, float (&acc)[S_MMA_MAXBT][4]) {
+  u32 a0, a1, a2, a3;
+  if (SHalf<F>::NIB) {
+    a0 = s_h_e2m1_lo(wg[j]); a2 = s_h_e2m1_hi(wg[j]);
+    a1 = s_h_e2m1_lo(w8[j]); a3 = s_h_e2m1_hi(w8[j]);
+  } else {
+    a0 = wg[2u * j]; a2 = wg[2u * j + 1u];
+    a1 = w8[2u * j]; a3 = w8[2u * j + 1u];
+  }
+  u32 h[8];
+  if (F == S_FMT_E5M2) {
+    m3_e5m2x4_f16(a0, h[0], h[1]); m3_e5m2x4_f16(a1, h[2], h[3]);
+    m3_e5m2x4_f16(a2, h[4], h[5]); m3_e5m2x4_f16(a3, h[6], h[7]);
+  } else {
+    m3_e4m3x4_f16(a0, h[0], h[1]); m3_e4m3x4_f16(a1, h[2], h[3]);
+    m3_e4m3x4_f16(a2, h[4], h[5]); m3_e4m3x4_f16(a3, h[6], h[7]);
+  }
+  const u32 p0[4] = {h[0], h[2], h[1], h[3]}, p1[4] = {h[4], h[6], h[5], h[7]};
+  // the block's factors for rows g, g + 8 (NVFP4: per half block)
+  float fg0, fg1, f80, f81, fgx = 1.0f, f8x = 1.0f;
+  if (F == S_FMT_NVFP4) {
+    m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
+    m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
+  } else {
+    s_h_factor<F, ANY>((sg[0] >> (8u * j)) & 0xffu, fg0, fgx);
+    s_h_factor<F, ANY>((s8[0] >> (8u * j)) & 0xffu, f80, f8x);
+    fg1 = fg0; f81 = f80;
+  }
+  S_H_UNROLL
+  for (int b = 0; b < NB; ++b) {
+    const uint4 xv = xat(b);
+    float d0[4];
+    m3_mma_f16_16816z(d0, p0, xv.x, xv.y);
+    const bool c2 = !ONE || b > 0;
+    // the x blocks' 1 / p of columns 2t, 2t + 1 (s_xh_put)
+    const float x0 = m3_f32(xexp(b, 0u) << 23);
+    const float x1 = c2 ? m3_f32(xexp(b, 1u) << 23) : 0.0f;
+    if (F == S_FMT_NVFP4) {
+      float d1[4];
+      m3_mma_f16_16816z(d1, p1, xv.z, xv.w);
+      acc[b][0] = fmaf(d1[0] * x0, fg1, fmaf(d0[0] * x0, fg0, acc[b][0]));
+      acc[b][2] = fmaf(d1[2] * x0, f81, fmaf(d0[2] * x0, f80, acc[b][2]));
+      if (c2) {
+        acc[b][1] = fmaf(d1[1] * x1, fg1, fmaf(d0[1] * x1, fg0, acc[b][1]));
+        acc[b][3] = fmaf(d1[3] * x1, f81, fmaf(d0[3] * x1, f80, acc[b][3]));
+      }
+    } else {
+      m3_mma_f16_16816(d0, p1, xv.z, xv.w);
+      if (ANY) {
+        d0[0] *= fgx; d0[1] *= fgx; d0[2] *= f8x; d0[3] *= f8x;
+      }
+      acc[b][0] = fmaf(d0[0] * x0, fg0, acc[b][0]);
+      acc[b][2] = fmaf(d0[2] * x0, f80, acc[b][2]);
+      if (c2) {
+        acc[b][1] = fmaf(d0[1] * x1, fg0, acc[b][1]);
+        acc[b][3] = fmaf(d0[3] * x1, f80, acc[b][3]);
+      }
+    }
+  }
+}
+
 /// s_mmh_linear's walk over K for NB x tiles (ONE: a single x row, so the
 /// columns 2t + 1 are never stored and their scale multiplies are left
 /// out): specialised per small-step shape, so no per-block test of the tile
@@ -618,71 +688,131 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
       for (u32 j = 0; j < 4u; ++j) {
         const u32 blk = 4u * q + j;
         if (ANY && j > 0u && blk >= nblk) break;  // a row's last, partial chunk
-        u32 a0, a1, a2, a3;
-        if (SHalf<F>::NIB) {
-          a0 = s_h_e2m1_lo(wg[j]); a2 = s_h_e2m1_hi(wg[j]);
-          a1 = s_h_e2m1_lo(w8[j]); a3 = s_h_e2m1_hi(w8[j]);
-        } else {
-          a0 = wg[2u * j]; a2 = wg[2u * j + 1u];
-          a1 = w8[2u * j]; a3 = w8[2u * j + 1u];
-        }
-        u32 h[8];
-        if (F == S_FMT_E5M2) {
-          m3_e5m2x4_f16(a0, h[0], h[1]); m3_e5m2x4_f16(a1, h[2], h[3]);
-          m3_e5m2x4_f16(a2, h[4], h[5]); m3_e5m2x4_f16(a3, h[6], h[7]);
-        } else {
-          m3_e4m3x4_f16(a0, h[0], h[1]); m3_e4m3x4_f16(a1, h[2], h[3]);
-          m3_e4m3x4_f16(a2, h[4], h[5]); m3_e4m3x4_f16(a3, h[6], h[7]);
-        }
-        const u32 p0[4] = {h[0], h[2], h[1], h[3]}, p1[4] = {h[4], h[6], h[5], h[7]};
-        // the block's factors for rows g, g + 8 (NVFP4: per half block)
-        float fg0, fg1, f80, f81, fgx = 1.0f, f8x = 1.0f;
-        if (F == S_FMT_NVFP4) {
-          const u32 vg = sca[u][0][j / 2u] >> (16u * (j % 2u)), v8 = sca[u][1][j / 2u] >> (16u * (j % 2u));
-          m3_e4m3x2_f32(vg, fg0, fg1);
-          m3_e4m3x2_f32(v8, f80, f81);
-        } else {
-          s_h_factor<F, ANY>((sca[u][0][0] >> (8u * j)) & 0xffu, fg0, fgx);
-          s_h_factor<F, ANY>((sca[u][1][0] >> (8u * j)) & 0xffu, f80, f8x);
-          fg1 = fg0; f81 = f80;
-        }
-        S_H_UNROLL
-        for (int b = 0; b < NB; ++b) {
-          const uint4 xv = XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg(xp[b] + blk * 4u);
-          float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          m3_mma_f16_16816(d0, p0, xv.x, xv.y);
-          const bool c2 = !ONE || b > 0;
-          // the x blocks' 1 / p of columns 2t, 2t + 1 (s_xh_put)
-          const float x0 = m3_f32(((xw[u][b][0] >> (8u * j)) & 0xffu) << 23);
-          const float x1 = c2 ? m3_f32(((xw[u][b][1] >> (8u * j)) & 0xffu) << 23) : 0.0f;
-          if (F == S_FMT_NVFP4) {
-            float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            m3_mma_f16_16816(d1, p1, xv.z, xv.w);
-            acc[b][0] = fmaf(d1[0] * x0, fg1, fmaf(d0[0] * x0, fg0, acc[b][0]));
-            acc[b][2] = fmaf(d1[2] * x0, f81, fmaf(d0[2] * x0, f80, acc[b][2]));
-            if (c2) {
-              acc[b][1] = fmaf(d1[1] * x1, fg1, fmaf(d0[1] * x1, fg0, acc[b][1]));
-              acc[b][3] = fmaf(d1[3] * x1, f81, fmaf(d0[3] * x1, f80, acc[b][3]));
-            }
-          } else {
-            m3_mma_f16_16816(d0, p1, xv.z, xv.w);
-            if (ANY) {
-              d0[0] *= fgx; d0[1] *= fgx; d0[2] *= f8x; d0[3] *= f8x;
-            }
-            acc[b][0] = fmaf(d0[0] * x0, fg0, acc[b][0]);
-            acc[b][2] = fmaf(d0[2] * x0, f80, acc[b][2]);
-            if (c2) {
-              acc[b][1] = fmaf(d0[1] * x1, fg0, acc[b][1]);
-              acc[b][3] = fmaf(d0[3] * x1, f80, acc[b][3]);
-            }
-          }
-        }
+        const auto xat = [&](int b) {
+          return XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg(xp[b] + blk * 4u);
+        };
+        const auto xexp = [&](int b, u32 c) { return (xw[u][b][c] >> (8u * j)) & 0xffu; };
+        s_h_block<F, ANY, NB, ONE>(wg, w8, sca[u][0], sca[u][1], j, xat, xexp, acc);
       }
     }
   }
 }
 
-template <int F, bool ANY>
+// ---- the small-step fast walk ------------------------------------------------
+// Steps of <= 16 rows with every chunk full (K % 128 == 0) and in-range
+// scales (not ANY) on CUDA. Against s_h_walk (bench/NOTES.md session 12):
+// running pointers with immediate offsets instead of an index per load
+// (each x load cost five address instructions there), no guard on a load
+// (rows past N or past the CTA's x rows read row 0, whose results are never
+// stored; a warp's chunks are counted, so only a tail batch is short), and
+// the first MMA of a block takes no accumulator input (no zeroing).
+
+// Bench variant: 0 = the small-step build without the fast walk (s_h_walk
+// everywhere, the r1 / r8 entry points its runtime choice), to time it.
+#ifndef S_H_FAST
+#define S_H_FAST 1
+#endif
+
+/// One lane's read positions at its warp's current super-chunk: W rows
+/// g (a) and g + 8 (c) of the CTA's tile and their scale words, and per x
+/// tile b the lane's x row (`x`, at byte 16 t of the chunk's 256) and the
+/// exponent words of its two output columns 2t, 2t + 1 (`xe`).
+template <int F, int NB> struct SHPos {
+  static const u32 WS = SHalf<F>::NIB ? 64u : 128u;   // code bytes a row and chunk
+  static const u32 SS = F == S_FMT_NVFP4 ? 8u : 4u;   // scale bytes a row and chunk
+  const u8 *wa, *wc, *sa, *sc;
+  const u8* x[NB];
+  const u8* xe[NB][2];
+};
+
+/// p advanced by n super-chunks.
+template <int F, int NB> M3_DEV void s_h_step(SHPos<F, NB>& p, u32 n) {
+  p.wa += n * SHPos<F, NB>::WS; p.wc += n * SHPos<F, NB>::WS;
+  p.sa += n * SHPos<F, NB>::SS; p.sc += n * SHPos<F, NB>::SS;
+#pragma unroll
+  for (int b = 0; b < NB; ++b) { p.x[b] += n * 256u; p.xe[b][0] += n * 4u; p.xe[b][1] += n * 4u; }
+}
+
+/// `UU` super-chunks from `p` into acc (NB x tiles; ONE: one x row, whose
+/// odd columns are never stored and are left out). Loads first (weights,
+/// scales, x exponents, x fragments), then 4 UU blocks of two products each.
+template <int F, int NB, bool ONE, u32 UU>
+M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
+  const u32 LW = SHalf<F>::LB / 16u;
+  uint4 wa[UU][LW], wc[UU][LW];
+  u32 sa[UU][2], sc[UU][2], xe[UU][NB][2];
+  uint4 xv[UU][4][NB];
+#pragma unroll
+  for (u32 u = 0; u < UU; ++u) {
+#pragma unroll
+    for (u32 i = 0; i < LW; ++i) {
+      wa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS) + i);
+      wc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS) + i);
+    }
+    if (F == S_FMT_NVFP4) {
+      const uint2 va = m3_ldg(reinterpret_cast<const uint2*>(p.sa + u * 8u));
+      const uint2 vc = m3_ldg(reinterpret_cast<const uint2*>(p.sc + u * 8u));
+      sa[u][0] = va.x; sa[u][1] = va.y; sc[u][0] = vc.x; sc[u][1] = vc.y;
+    } else {
+      sa[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sa + u * 4u)); sa[u][1] = 0u;
+      sc[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sc + u * 4u)); sc[u][1] = 0u;
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      xe[u][b][0] = m3_ldg(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
+      xe[u][b][1] = ONE ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
+    }
+  }
+#pragma unroll
+  for (u32 u = 0; u < UU; ++u)
+#pragma unroll
+    for (u32 j = 0; j < 4u; ++j)
+#pragma unroll
+      for (int b = 0; b < NB; ++b) xv[u][j][b] = m3_ldg(reinterpret_cast<const uint4*>(p.x[b] + u * 256u + j * 64u));
+#pragma unroll
+  for (u32 u = 0; u < UU; ++u) {
+    const u32* wg = reinterpret_cast<const u32*>(wa[u]);
+    const u32* w8 = reinterpret_cast<const u32*>(wc[u]);
+#pragma unroll
+    for (u32 j = 0; j < 4u; ++j) {
+      const auto xat = [&](int b) { return xv[u][j][b]; };
+      const auto xexp = [&](int b, u32 c) { return (xe[u][b][c] >> (8u * j)) & 0xffu; };
+      s_h_block<F, false, NB, ONE>(wg, w8, sa[u], sc[u], j, xat, xexp, acc);
+    }
+  }
+}
+
+/// The fast walk over a warp's `n` super-chunks from `p`: full batches of
+/// SHalf::U, then the rest one at a time.
+template <int F, int NB, bool ONE>
+M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
+  const u32 U = SHalf<F>::U;
+  u32 i = 0;
+  for (; i + U <= n; i += U) {
+    s_h_batch<F, NB, ONE, U>(p, acc);
+    s_h_step(p, U);
+  }
+  for (; i < n; ++i) {
+    s_h_batch<F, NB, ONE, 1>(p, acc);
+    s_h_step(p, 1u);
+  }
+}
+
+/// Tile 0's positions of p (the one-tile walks).
+template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
+  SHPos<F, 1> o;
+  o.wa = p.wa; o.wc = p.wc; o.sa = p.sa; o.sc = p.sc;
+  o.x[0] = p.x[0]; o.xe[0][0] = p.xe[0][0]; o.xe[0][1] = p.xe[0][1];
+  return o;
+}
+
+/// Row classes of the small-step entry points: any count up to 16 (the
+/// walk chosen per CTA), one row, or one 8-row tile.
+#define S_RC_ANY 0
+#define S_RC_ONE 1
+#define S_RC_TILE 8
+
+template <int F, bool ANY, int RC = S_RC_ANY>
 M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
   S_SMEM_SCOPE; S_SHARED(float, red, [S_MMA_WARPS][S_MMA_MAXBT * 8][16]);
@@ -720,10 +850,22 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, raw[u][1], sca[u][1]);
     }
   };
+  // the fast walk (every chunk full, scales in range, small steps, CUDA)
+  constexpr bool FAST = S_H_FAST && !ANY && S_MMA_MAXBT == 2 && !S_H_LEAN;
+  // the warp's contiguous run of super-chunks (s_chunk without interleave)
+  const u32 per = (nsc + nwarp - 1u) / nwarp, q0 = min(warp * per, nsc), nq = min(per, nsc - q0);
   u32 cnt, ge = 0u;
   if (!route) {
     rows_at();
-    fetch(0u);
+    if (FAST) {
+      // the first batch's codes into L2 while the previous kernel drains
+      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
+        m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
+        m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
+      }
+    } else {
+      fetch(0u);
+    }
   }
   M3_PDL_WAIT();
   if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
@@ -731,7 +873,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     W += (u64)ge * sg.w_es;
     if (S) S += (u64)ge * sg.ws_es;
     rows_at();
-    fetch(0u);
+    if (!FAST) fetch(0u);
   }
   const u32 nbt = (cnt + 7u) / 8u;
   // this lane's x row in each 8-row tile (rows past cnt read row 0: they
@@ -755,7 +897,24 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32 nblk = K / 32u;
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
-  if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
+  if (FAST) {
+    SHPos<F, S_MMA_MAXBT> p;
+    p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + SHalf<F>::LB * t;
+    p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + SHalf<F>::LB * t;
+    p.sa = sa + (u64)q0 * SHPos<F, 1>::SS;
+    p.sc = sc + (u64)q0 * SHPos<F, 1>::SS;
+#pragma unroll
+    for (int b = 0; b < S_MMA_MAXBT; ++b) {
+      p.x[b] = reinterpret_cast<const u8*>(xp[b] + q0 * 16u);
+      p.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0] + q0);
+      p.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1] + q0);
+    }
+    // one walk per row class: the one-row and one-tile entry points hold
+    // only theirs (fewer registers: more CTAs an SM)
+    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
+    else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
+    else s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
+  } else if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
     // small steps: one copy of the walk per tile count (and one for one row)
     if (cnt == 1u) s_h_walk<F, ANY, 1, true>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
     else if (nbt == 1u) s_h_walk<F, ANY, 1, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
@@ -768,12 +927,13 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
 }
 
-#define S_MMH_LINEAR(name, F, ANY)                                                                              \
-  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
+#define S_MMH_LINEAR_RC(name, F, ANY, RC, MINB)                                                                 \
+  M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, MINB)                                                   \
       name(const u16* __restrict__ x, const SSegs segs, u32 K, u32 M, const int* __restrict__ route,           \
            u32 max_rows, u32 xdiv, const float* __restrict__ ts) {                                               \
-    s_mmh_linear<F, ANY || S_FORCE_ANY>(x, segs, K, M, route, max_rows, xdiv, ts);                             \
+    s_mmh_linear<F, ANY || S_FORCE_ANY, RC>(x, segs, K, M, route, max_rows, xdiv, ts);                         \
   }
+#define S_MMH_LINEAR(name, F, ANY) S_MMH_LINEAR_RC(name, F, ANY, S_RC_ANY, S_MMA_MINB)
 
 #define S_MMA_LINEAR(name, F, ANY)                                                                              \
   M3_KERNEL void __launch_bounds__(S_MMA_WARPS * 32, S_MMA_MINB)                                         \
@@ -801,6 +961,40 @@ S_MMH_LINEAR(m3s_mma_fp4, S_FMT_FP4, false)
 S_MMH_LINEAR(m3s_mma_fp4_any, S_FMT_FP4, true)
 S_MMH_LINEAR(m3s_mma_nvfp4, S_FMT_NVFP4, false)
 S_MMH_LINEAR(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
+// The small-step build's one-row and one-tile entry points (the host takes
+// them for steps of 1 and of 2-8 rows): each holds one walk, so it needs
+// fewer registers. Their CTAs an SM (launch bounds) per format and row
+// class, measured (bench/NOTES.md session 12 run 3: 4, 5 and 6 timed on the
+// kernel microbench's stacks and expert launches; 5 was the slowest in
+// most cases); S_R1_MINB / S_R8_MINB set all of them (bench variants).
+#if S_MMA_MAXBT == 2 && S_H_FAST && !defined(S_MONO) && !defined(M3_HIP)
+#ifdef S_R1_MINB
+#define S_R1_MINB_FP8 S_R1_MINB
+#define S_R1_MINB_FP4 S_R1_MINB
+#define S_R1_MINB_NV S_R1_MINB
+#else
+#define S_R1_MINB_FP8 4
+#define S_R1_MINB_FP4 6
+#define S_R1_MINB_NV 4
+#endif
+#ifdef S_R8_MINB
+#define S_R8_MINB_FP8 S_R8_MINB
+#define S_R8_MINB_FP4 S_R8_MINB
+#define S_R8_MINB_NV S_R8_MINB
+#else
+#define S_R8_MINB_FP8 4
+#define S_R8_MINB_FP4 6
+#define S_R8_MINB_NV 6
+#endif
+S_MMH_LINEAR_RC(m3s_mma_e4m3_r1, S_FMT_E4M3, false, S_RC_ONE, S_R1_MINB_FP8)
+S_MMH_LINEAR_RC(m3s_mma_e4m3_r8, S_FMT_E4M3, false, S_RC_TILE, S_R8_MINB_FP8)
+S_MMH_LINEAR_RC(m3s_mma_e5m2_r1, S_FMT_E5M2, false, S_RC_ONE, S_R1_MINB_FP8)
+S_MMH_LINEAR_RC(m3s_mma_e5m2_r8, S_FMT_E5M2, false, S_RC_TILE, S_R8_MINB_FP8)
+S_MMH_LINEAR_RC(m3s_mma_fp4_r1, S_FMT_FP4, false, S_RC_ONE, S_R1_MINB_FP4)
+S_MMH_LINEAR_RC(m3s_mma_fp4_r8, S_FMT_FP4, false, S_RC_TILE, S_R8_MINB_FP4)
+S_MMH_LINEAR_RC(m3s_mma_nvfp4_r1, S_FMT_NVFP4, false, S_RC_ONE, S_R1_MINB_NV)
+S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, false, S_RC_TILE, S_R8_MINB_NV)
+#endif
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record

@@ -200,7 +200,20 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     let small = m3_gpu::standard::small_step_source()?;
     // the mono kernel (CUDA only: named barriers; not in the HIP builds)
     let mono = m3_gpu::standard::mono_step_source()?;
-    for k in kernels::ALL.iter().chain([&small, &mono]) {
+    // the small-step build's CUDA-only entry points (not in its HIP builds)
+    let small_cuda = KernelSource {
+        entries: Box::leak(
+            small
+                .entries
+                .iter()
+                .copied()
+                .chain(m3_gpu::standard::small_step_cuda_entries())
+                .collect::<Vec<_>>()
+                .into_boxed_slice(),
+        ),
+        ..small
+    };
+    for k in kernels::ALL.iter().chain([&small_cuda, &mono]) {
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;

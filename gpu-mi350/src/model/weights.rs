@@ -84,6 +84,25 @@ impl WFmt {
         }
     }
 
+    /// The small-step build's entry points for one x row and for one 8-row
+    /// x tile (`s_h_fast` in standard_decode.cu: each holds one walk, so
+    /// fewer registers and more CTAs an SM), where the fast entry point
+    /// reads x as f16; `rows` is the most rows one CTA can get.
+    pub fn mma_kernel_rows(self, rows: usize) -> Option<&'static str> {
+        let (one, tile) = match self {
+            WFmt::Mxfp8E4M3 | WFmt::Ptpc => ("m3s_mma_e4m3_r1", "m3s_mma_e4m3_r8"),
+            WFmt::Mxfp8E5M2 => ("m3s_mma_e5m2_r1", "m3s_mma_e5m2_r8"),
+            WFmt::Mxfp4 => ("m3s_mma_fp4_r1", "m3s_mma_fp4_r8"),
+            WFmt::Nvfp4 => ("m3s_mma_nvfp4_r1", "m3s_mma_nvfp4_r8"),
+            WFmt::Bf16 | WFmt::F32 => return None,
+        };
+        match rows {
+            1 => Some(one),
+            2..=8 => Some(tile),
+            _ => None,
+        }
+    }
+
     /// The entry point for any block scale and code: MXFP4, MXFP8 E4M3 and
     /// E5M2 decode a scale outside [`WFmt::fast_scales`] (and E5M2's Inf /
     /// NaN, E4M3's NaN codes) on a slower exact path, which the fast

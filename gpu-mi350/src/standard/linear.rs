@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
-use crate::kernels::KernelSource;
+use crate::kernels::{KernelSource, Vendor};
 use crate::model::{DevBuf, DevLinear, WFmt};
 use crate::runtime::api::{Func, Gpu};
 
@@ -198,18 +198,27 @@ pub(crate) struct MmaVariant {
     f: HashMap<&'static str, Func>,
 }
 
+/// A tensor-core variant's source and shape.
+pub(crate) struct VariantSource {
+    pub src: KernelSource,
+    /// Threads per CTA / 32.
+    pub warps: u32,
+    /// 8-row x tiles per CTA.
+    pub maxbt: usize,
+    /// Whether the build has the one-row and one-tile entry points
+    /// ([`WFmt::mma_kernel_rows`]: the small-step shape with the fast walk).
+    pub row_entries: bool,
+}
+
 /// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
 /// pairs separated by spaces; see standard_decode.cu) put first, checked
-/// against the names and ranges the kernels take; with the variant's warps
-/// per CTA and 8-row x tiles per CTA.
-pub(crate) fn variant_source(
-    base: &KernelSource,
-    defines: &str,
-) -> Result<(KernelSource, u32, usize)> {
+/// against the names and ranges the kernels take.
+pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<VariantSource> {
     let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
     let mut prefix = String::new();
     let mut warps = 8u32;
     let mut maxbt = 8usize;
+    let mut fast = true;
     for kv in defines.split_whitespace() {
         let (k, v) = kv
             .split_once('=')
@@ -223,8 +232,9 @@ pub(crate) fn variant_source(
             "S_MMA_INTERLEAVE" if n <= 1 => {}
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
-            "S_MMA_MINB" if (1..=16).contains(&n) => {}
+            "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
+            "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}
             "S_X_AHEAD" if n <= 1 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
@@ -238,18 +248,36 @@ pub(crate) fn variant_source(
         let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
         KernelSource { body, ..*base }
     };
-    Ok((src, warps, maxbt))
+    Ok(VariantSource {
+        src,
+        warps,
+        maxbt,
+        row_entries: maxbt == 2 && fast,
+    })
 }
 
 impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
     /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
     pub fn load(gpu: &dyn Gpu, base: &KernelSource, defines: &str) -> Result<Self> {
-        let (src, warps, maxbt) = variant_source(base, defines)?;
+        let VariantSource {
+            src,
+            warps,
+            maxbt,
+            row_entries,
+        } = variant_source(base, defines)?;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
+            // the row-class entry points exist in the small-step CUDA build
+            // only (the fast walk they hold is CUDA's)
+            let rows = if row_entries && gpu.vendor() == Vendor::Cuda {
+                [fm.mma_kernel_rows(1), fm.mma_kernel_rows(8)]
+            } else {
+                [None, None]
+            };
             for n in [fm.mma_kernel(), fm.mma_kernel_any_scale()]
                 .into_iter()
+                .chain(rows)
                 .flatten()
             {
                 if !f.contains_key(n) {
@@ -385,6 +413,13 @@ pub(crate) fn linears(
             tiles += (w.rows as u32).div_ceil(MMA_N);
         }
         let mv = &k.mma[variant];
+        // a step of one row or of one 8-row tile: the entry point holding
+        // only that walk (small-step build, fast entry point only)
+        if Some(name) == w0.fmt.mma_kernel() {
+            if let Some(n) = w0.fmt.mma_kernel_rows(m).filter(|n| mv.f.contains_key(n)) {
+                name = n;
+            }
+        }
         let chunks = m.div_ceil(mv.rows) as u32;
         let (gy, gz, rp, xdiv) = match route {
             Some(r) => (r.slots as u32, chunks, r.table, r.xdiv),

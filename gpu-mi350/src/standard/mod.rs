@@ -109,11 +109,22 @@ pub const STANDARD: KernelSource = KernelSource {
 /// like every variant): CI compiles it beside [`crate::kernels::ALL`], so
 /// the kernels a decode step runs are the kernels CI checks.
 pub fn small_step_source() -> Result<KernelSource> {
-    let (src, _, _) = linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?;
+    let src = linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?.src;
     Ok(KernelSource {
         name: "standard_decode_small",
         ..src
     })
+}
+
+/// The entry points [`small_step_source`] adds in CUDA builds only: the
+/// one-row and one-tile MX linears (the fast walk is CUDA's; HIP runs
+/// the general entry points).
+pub fn small_step_cuda_entries() -> Vec<&'static str> {
+    crate::model::WFmt::MMA
+        .iter()
+        .flat_map(|f| [f.mma_kernel_rows(1), f.mma_kernel_rows(8)])
+        .flatten()
+        .collect()
 }
 
 /// The mono kernel's translation unit as the runner compiles it (the

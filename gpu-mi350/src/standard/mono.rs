@@ -28,7 +28,7 @@ use super::linear::variant_source;
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
-use crate::model::DevBuf;
+use crate::model::{DevBuf, WFmt};
 use crate::runtime::api::{Device, Func, Gpu};
 
 /// Most rows a mono step takes (the small-step variant's rows: its linears
@@ -108,7 +108,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 4] = [
 /// small-step defines `small`, the interpreter. Built (and leaked) once per
 /// define strings.
 pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
-    let (std_small, _, _) = variant_source(&STANDARD, small)?;
+    let std_small = variant_source(&STANDARD, small)?.src;
     let mut prefix = String::new();
     for kv in extra.split_whitespace() {
         let known = kv.split_once('=').is_some_and(|(k, v)| {
@@ -239,7 +239,8 @@ impl Mono {
             ));
         }
         let sms = gpu.multiprocessors();
-        let (std_small, _, _) = variant_source(&STANDARD, small)?;
+        let small_src = variant_source(&STANDARD, small)?;
+        let std_small = small_src.src;
         let mut ids = HashMap::new();
         for (i, name) in MONO_OPS.iter().enumerate() {
             if *name == RMSNORM_V1024 {
@@ -252,6 +253,24 @@ impl Mono {
             };
             let h = gpu.kernel(from, name)?;
             ids.insert(h.handle(), i as u32);
+        }
+        // the small-step build's one-row and one-tile linears run as their
+        // format's op (its body picks the same walk per CTA)
+        if small_src.row_entries {
+            for fm in WFmt::MMA {
+                let Some(op) = fm
+                    .mma_kernel()
+                    .and_then(|n| MONO_OPS.iter().position(|o| *o == n))
+                else {
+                    continue;
+                };
+                for name in [fm.mma_kernel_rows(1), fm.mma_kernel_rows(8)]
+                    .into_iter()
+                    .flatten()
+                {
+                    ids.insert(gpu.kernel(&std_small, name)?.handle(), op as u32);
+                }
+            }
         }
         Ok(Mono {
             f,

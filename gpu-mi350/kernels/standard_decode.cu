@@ -965,8 +965,9 @@ S_MMH_LINEAR(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 // them for steps of 1 and of 2-8 rows): each holds one walk, so it needs
 // fewer registers. Their CTAs an SM (launch bounds) per format and row
 // class, measured (bench/NOTES.md session 12 run 3: 4, 5 and 6 timed on the
-// kernel microbench's stacks and expert launches; 5 was the slowest in
-// most cases); S_R1_MINB / S_R8_MINB set all of them (bench variants).
+// kernel microbench's stacks and expert launches at 1 and 4 rows; 5 was
+// the slowest of the three in 8 of 15 cases and the fastest in 1);
+// S_R1_MINB / S_R8_MINB set all of them (bench variants).
 #if S_MMA_MAXBT == 2 && S_H_FAST && !defined(S_MONO) && !defined(M3_HIP)
 #ifdef S_R1_MINB
 #define S_R1_MINB_FP8 S_R1_MINB

@@ -59,6 +59,16 @@ M3_DEV u64 m3_bits64(double x) { return (u64)__double_as_longlong(x); }
 /// meaning in these formats).
 M3_DEV float m3_nan() { return m3_f32(0x7fc00000u); }
 
+// ---- device-wide fence -----------------------------------------------------
+/// Orders the calling thread's global memory accesses before and after it
+/// for every thread of the device: the last-block-done pattern (each CTA
+/// writes, fences, counts; the last to count fences, then reads them all).
+#if defined(M3_HIP)
+M3_DEV void m3_fence_gpu() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+#else
+M3_DEV void m3_fence_gpu() { __threadfence(); }
+#endif
+
 // ---- warp reduction (width M3_WARP, never a literal 32) --------------------
 M3_DEV float m3_warp_sum(float v) {
 #pragma unroll

@@ -78,7 +78,7 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(21, m3s_attn_partial_sparse)  \
   X(22, m3s_attn_partial_split)   \
   X(23, m3s_attn_combine)         \
-  X(24, m3s_rmsnorm_v1024)        \
+  X(24, m3s_router_small)         \
   X(25, m3s_index_scores_nv)      \
   X(26, m3s_attn_partial_nv)      \
   X(27, m3s_attn_partial_sparse_nv) \
@@ -135,7 +135,7 @@ S_MONO_FN(m3s_attn_partial)
 S_MONO_FN(m3s_attn_partial_sparse)
 S_MONO_FN(m3s_attn_partial_split)
 S_MONO_FN(m3s_attn_combine)
-S_MONO_FN(m3s_rmsnorm_v1024)
+S_MONO_FN(m3s_router_small)
 S_MONO_FN(m3s_index_scores_nv)
 S_MONO_FN(m3s_attn_partial_nv)
 S_MONO_FN(m3s_attn_partial_sparse_nv)

@@ -844,12 +844,15 @@ SA_ENTRY(m3s_attn_partial_split_nv, SA_SPLIT, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, S
 
 /// Merge the chunk partials of q head i (KV head g = i / hg) of row t:
 /// M = max m_c, out = sum exp(m_c - M) o_c / sum exp(m_c - M) l_c, 0 when
-/// the row saw no key. Grid (nh, T), block SC_THREADS; out [T][nh][d] bf16.
+/// the row saw no key. Grid (nh, T), block SC_THREADS; out [T][nh][d] bf16,
+/// and (xh not null) the rows also in the MX linears' f16 layout for the o
+/// projection (s_xh_put: a warp's 32 values are one block, d a multiple of
+/// 32), so that linear needs no m3s_x_f16 launch of its own.
 /// The chunk weights go through shared memory, SC_THREADS chunks at a time,
 /// so the o loads of all chunks are independent.
 M3_KERNEL void M3_HIP_BLOCK(SC_THREADS)
     m3s_attn_combine(const float* __restrict__ part, u32 nh, u32 nkv, u32 d, const u32* __restrict__ pos, u32 sparse,
-                     u32 K, u32 max_chunks, u16* __restrict__ out) {
+                     u32 K, u32 max_chunks, u16* __restrict__ out, u8* __restrict__ xh) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   S_SMEM_SCOPE; S_SHARED(float, red, [SC_THREADS / M3_WARP]);
@@ -917,9 +920,15 @@ M3_KERNEL void M3_HIP_BLOCK(SC_THREADS)
   float L = 0.0f;
   for (u32 w = 0; w < nw; ++w) L += red[w];
   u16* orow = out + ((u64)t * nh + i) * d;
+  const u32 K16 = nh * d;
+  u8* xrow = xh ? xh + (u64)t * s_xh_stride(K16) : nullptr;
 #pragma unroll
   for (int r = 0; r < SA_MAXD / SC_THREADS; ++r) {
     const u32 x = tid + (u32)r * SC_THREADS;
-    if (x < d) orow[x] = m3_bf16_from_f32(L > 0.0f ? acc[r] / L : 0.0f);
+    if (x < d) {
+      const u16 b = m3_bf16_from_f32(L > 0.0f ? acc[r] / L : 0.0f);
+      orow[x] = b;
+      if (xrow) s_xh_put(m3_bf16_to_f32(b), x % 32u, xrow, K16, (i * d + x) / 32u);
+    }
   }
 }

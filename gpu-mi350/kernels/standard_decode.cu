@@ -1007,12 +1007,13 @@ M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
   const u32 t = p / kk, c = p - t * kk;
   return c < k ? ids[t * k + c] : (int)ne;
 }
-M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows,
-                         int* __restrict__ out) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();
-  S_SMEM_SCOPE; S_SHARED(int, cnt, [1024]);
-  S_SHARED(int, slot, [1024]);
+/// m3s_route's work for the calling CTA (any block of whole warps): the
+/// arrays are the caller's shared memory (nt = ne + fold <= 1024 entries
+/// each, part M3_WARP). Slots go to the chosen experts in ascending id: lane
+/// l of warp 0 counts the chosen experts of its run of ceil(nt / M3_WARP)
+/// ids and takes the sum of the runs before its own.
+M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, int* out,
+                    int* cnt, int* slot, int* part) {
   const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -1021,9 +1022,17 @@ M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold,
     if (e >= 0 && (u32)e < nt) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  const u32 run = (nt + M3_WARP - 1u) / M3_WARP;
+  if (threadIdx.x < M3_WARP) {
+    const u32 e0 = threadIdx.x * run, e1 = min(nt, e0 + run);
+    int c = 0;
+    for (u32 e = e0; e < e1; ++e) c += cnt[e] > 0 ? 1 : 0;
+    part[threadIdx.x] = c;
+    M3_SYNC_WARP();
     int d = 0;
-    for (u32 e = 0; e < nt; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
+    for (u32 l = 0; l < threadIdx.x; ++l) d += part[l];
+    for (u32 e = e0; e < e1; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
+    if (threadIdx.x == M3_WARP - 1u) part[M3_WARP] = d;  // the distinct experts
   }
   __syncthreads();
   const u32 stride = S_ROUTE_STRIDE(max_rows);
@@ -1039,11 +1048,19 @@ M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold,
       if (s_pair_expert(ids, p, k, kk, ne) == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
   }
   // slots past the distinct experts: no rows
-  for (u32 s = threadIdx.x; s < nslots; s += blockDim.x) {
-    bool used = false;
-    for (u32 e = 0; e < nt; ++e) used |= slot[e] == (int)s;
-    if (!used) { out[(u64)s * stride] = 0; out[(u64)s * stride + 1] = 0; }
+  for (u32 s = (u32)part[M3_WARP] + threadIdx.x; s < nslots; s += blockDim.x) {
+    out[(u64)s * stride] = 0;
+    out[(u64)s * stride + 1] = 0;
   }
+}
+M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows,
+                         int* __restrict__ out) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  S_SMEM_SCOPE; S_SHARED(int, cnt, [1024]);
+  S_SHARED(int, slot, [1024]);
+  S_SHARED(int, part, [M3_WARP + 1]);
+  s_route(ids, rows, k, fold, ne, nslots, max_rows, out, cnt, slot, part);
 }
 
 /// r[t] = f32(embed[tok[t]]). Grid T.
@@ -1054,100 +1071,70 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
   for (u32 i = threadIdx.x; i < H; i += blockDim.x) r[(u64)blockIdx.x * H + i] = m3_bf16_to_f32(src[i]);
 }
 
-/// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])). Grid = output rows, block
-/// 1024: each thread keeps its (up to 8) elements in registers, so x is read
-/// once.
-M3_KERNEL void m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w,
-                           float eps, u32 n, u16* __restrict__ out, u8* __restrict__ xh) {
+/// Threads of a m3s_rmsnorm CTA (the host's RMSNORM_BLOCK; a multiple of
+/// 32 dividing 1024).
+#define S_NORM_BLOCK 256
+
+/// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])) (and the f16 layout of
+/// the MX linears into xh, if given). Grid (output rows, n / S_NORM_BLOCK
+/// rounded up): CTA (i, j) writes values [j B, (j + 1) B) of row i, and
+/// every CTA of a row sums the squares of the whole row itself (read from
+/// L2: ~24 KB a row against the one-CTA-a-row launch's latency chain, 3x
+/// slower at one row by Nsight Compute, bench/NOTES.md session 13).
+///
+/// The sum is that of a 1024-thread block, whatever S_NORM_BLOCK is: thread
+/// t plays virtual threads t, t + B, ... < 1024, each summing its values
+/// vt, vt + 1024, ... in order; each real warp reduces the virtual warp
+/// its lanes played with one shuffle tree; one thread adds the virtual
+/// warps' sums in order. So every slice of a row sees the same bits, and
+/// so does the mono build (which runs this body in its persistent CTAs).
+/// The weight is loaded before the dependency wait (no kernel writes it).
+M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
+                                                     const float* __restrict__ w, float eps, u32 n,
+                                                     u16* __restrict__ out, u8* __restrict__ xh) {
+  constexpr u32 B = S_NORM_BLOCK, VT = 1024u / S_NORM_BLOCK;
+  const u32 i = blockIdx.y * B + threadIdx.x;
+  const float wi = i < n ? w[i] : 0.0f;
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  S_SMEM_SCOPE; S_SHARED(float, part, [32]);
+  S_SMEM_SCOPE; S_SHARED(float, part, [1024 / M3_WARP]);
   S_SHARED(float, total, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
-  float v[8];
-  float s = 0.0f;
+  // all the loads first (VT x 8 in flight), then the sums in their order
+  float v[VT][8];
 #pragma unroll
-  for (u32 j = 0; j < 8; ++j) {
-    const u32 i = threadIdx.x + j * blockDim.x;
-    v[j] = i < n ? xr[i] : 0.0f;
-    s += v[j] * v[j];
-  }
-  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
-  s = m3_warp_sum(s);
-  if (threadIdx.x % M3_WARP == 0) part[threadIdx.x / M3_WARP] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.0f;
-    for (u32 i = 0; i < blockDim.x / M3_WARP; ++i) t += part[i];
-    total = t;
-  }
-  __syncthreads();
-  const float r = sqrtf(total / (float)n + eps);
-  u16* o = out + (u64)blockIdx.x * n;
-  // xh: the row also in the MX linears' f16 layout (n a multiple of 32:
-  // a 32-lane group holds one whole block, so the test is group-uniform)
-  u8* xo = xh ? xh + (u64)blockIdx.x * s_xh_stride(n) : nullptr;
-#pragma unroll
-  for (u32 j = 0; j < 8; ++j) {
-    const u32 i = threadIdx.x + j * blockDim.x;
-    if (i < n) {
-      const u16 b = m3_bf16_from_f32((v[j] / r) * (1.0f + w[i]));
-      o[i] = b;
-      if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
-    }
-  }
-  for (u32 i = threadIdx.x + 8u * blockDim.x; i < n; i += blockDim.x) {
-    const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
-    o[i] = b;
-    if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
-  }
-}
-
-#if defined(S_MONO)
-/// m3s_rmsnorm as its 1024-thread launch computes it, for any block that
-/// divides 1024 (the mono build runs 256-thread CTAs): thread t plays the
-/// 1024-thread kernel's threads t, t + B, ... in turn, each summing its
-/// elements in the same order, and each real warp reduces the virtual
-/// warps its lanes played with the same shuffle tree, so every sum, and
-/// every output, is the standard kernel's bit for bit.
-M3_KERNEL void m3s_rmsnorm_v1024(const float* __restrict__ x, const u32* __restrict__ rows,
-                                 const float* __restrict__ w, float eps, u32 n, u16* __restrict__ out,
-                                 u8* __restrict__ xh) {
-  S_SMEM_SCOPE; S_SHARED(float, part, [32]);
-  S_SHARED(float, total, );
-  const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
-  const float* xr = x + (u64)src * n;
-  const u32 B = blockDim.x;
-  for (u32 vt = threadIdx.x; vt < 1024u; vt += B) {
-    float s = 0.0f;
+  for (u32 a = 0; a < VT; ++a)
 #pragma unroll
     for (u32 j = 0; j < 8; ++j) {
-      const u32 i = vt + j * 1024u;
-      const float v = i < n ? xr[i] : 0.0f;
-      s += v * v;
+      const u32 k = threadIdx.x + a * B + j * 1024u;
+      v[a][j] = k < n ? xr[k] : 0.0f;
     }
-    for (u32 i = vt + 8u * 1024u; i < n; i += 1024u) s += xr[i] * xr[i];
+#pragma unroll
+  for (u32 a = 0; a < VT; ++a) {
+    const u32 vt = threadIdx.x + a * B;
+    float s = 0.0f;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) s += v[a][j] * v[a][j];
+    for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) s += xr[k] * xr[k];
     s = m3_warp_sum(s);
     if (vt % M3_WARP == 0) part[vt / M3_WARP] = s;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     float t = 0.0f;
-    for (u32 i = 0; i < 1024u / M3_WARP; ++i) t += part[i];
+    for (u32 p = 0; p < 1024u / M3_WARP; ++p) t += part[p];
     total = t;
   }
   __syncthreads();
+  // (n a multiple of 32 when xh is given: a 32-lane group holds one whole
+  // block, so the test is group-uniform)
+  if (i >= n) return;
   const float r = sqrtf(total / (float)n + eps);
-  u16* o = out + (u64)blockIdx.x * n;
-  u8* xo = xh ? xh + (u64)blockIdx.x * s_xh_stride(n) : nullptr;
-  for (u32 i = threadIdx.x; i < n; i += B) {
-    const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + w[i]));
-    o[i] = b;
-    if (xo) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xo, n, i / 32u);
-  }
+  const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + wi));
+  out[(u64)blockIdx.x * n + i] = b;
+  if (xh) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + (u64)blockIdx.x * s_xh_stride(n), n, i / 32u);
 }
-#endif
 
 /// One tensor of a fused per-head norm + RoPE launch: x [T, heads, d]
 /// bf16 -> out, weight w [d], rotary dims rd; its CTAs are blockIdx.x in
@@ -1512,14 +1499,14 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
 }
 
 /// y[m][n] = sum_k f32(x[m][k]) * w[n][k] for f32 weights (the router):
-/// one CTA per output feature n, its weight row held in registers (K <=
-/// 32 * blockDim, loaded before the dependency wait) and reused for every
-/// row m. Grid N, block 256.
-M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
-                               float* __restrict__ y) {
-  S_SMEM_SCOPE; S_SHARED(float, part, [8][32]);  // [warp][row]: 8 warps of 32 lanes (4 wavefronts of 64 use half)
+/// CTA n's share, its weight row held in registers (K <= 32 * blockDim,
+/// loaded before the dependency wait) and reused for every row m; `part`
+/// is the caller's shared [8][32] (8 warps of 32 lanes; 4 wavefronts of 64
+/// use half).
+M3_DEV void s_linear_f32w(const u16* x, const float* __restrict__ w, u32 n, u32 N, u32 K, u32 M, float* y,
+                          float (*part)[32]) {
   M3_PDL_TRIGGER();
-  const u32 n = blockIdx.x, lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
+  const u32 lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
   const u32 nw = blockDim.x / M3_WARP;
   const float* wr = w + (u64)n * K;
   float wv[32];
@@ -1551,37 +1538,60 @@ M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restric
     __syncthreads();
   }
 }
+/// One CTA per output feature n. Grid N, block 256.
+M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
+                               float* __restrict__ y) {
+  S_SMEM_SCOPE; S_SHARED(float, part, [8][32]);
+  s_linear_f32w(x, w, blockIdx.x, N, K, M, y, part);
+}
 
-/// Router, one warp per row (cpu-ref's arithmetic and tie rules):
+/// A warp's shared memory for s_router_row: the chosen ids and their
+/// sigmoids in the order chosen, then ascending.
+struct SRouterWarp {
+  int id[16], sid[16];
+  float sg[16], ssg[16];
+};
+
+/// Router of row t by one warp (cpu-ref's arithmetic and tie rules):
 /// s = sigmoid(z); top-k by s + bias (ties: lower id; NaN counts as -inf);
-/// ids ascending; w = s / sum(s chosen, ascending id) * scaling.
-/// Grid T, block M3_WARP (experts lane + i * M3_WARP: a 32-thread block
-/// on a wave64 device would see half of them); ne <= 32 * M3_WARP, k <= 16.
-M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
-                               float scaling, int* __restrict__ ids, float* __restrict__ wts) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();
-  const u32 t = blockIdx.x, lane = threadIdx.x;
+/// ids ascending; w = s / sum(s chosen, ascending id) * scaling. Experts
+/// lane + i * M3_WARP; ne <= 1024, k <= 16. Every load is issued
+/// before the first use and the chosen experts' sigmoids stay on chip (the
+/// lane holding one hands it over through `sh`), so the row costs one
+/// memory round trip; `ids` may point to shared memory (the fused router's
+/// copy for its grouping) or be null, `ids_g` is the global output.
+M3_DEV void s_router_row(const float* z, const float* bias, u32 ne, u32 k, float scaling, u32 t, int* ids_g,
+                         float* wts, SRouterWarp& sh, int* ids) {
+  constexpr u32 PL = 1024u / M3_WARP;  // experts a lane at most
+  const u32 lane = threadIdx.x % M3_WARP;
   const float* zr = z + (u64)t * ne;
-  float v[32];
+  float zv[PL], bv_[PL];
+#pragma unroll
+  for (u32 i = 0; i < PL; ++i) {
+    const u32 e = lane + i * M3_WARP;
+    zv[i] = e < ne ? zr[e] : 0.0f;
+    bv_[i] = e < ne ? bias[e] : 0.0f;
+  }
+  float v[PL], sg[PL];
   u32 used = 0u;  // bit i: expert lane + i * M3_WARP already chosen
 #pragma unroll
-  for (u32 i = 0; i < 32; ++i) {
+  for (u32 i = 0; i < PL; ++i) {
     u32 e = lane + i * M3_WARP;
     float x = -S_INF;
+    sg[i] = 0.0f;
     if (e < ne) {
-      float s = 1.0f / (1.0f + expf(-zr[e]));
-      x = s + bias[e];
+      float s = 1.0f / (1.0f + expf(-zv[i]));
+      sg[i] = s;
+      x = s + bv_[i];
       if (x != x) x = -S_INF;
     }
     v[i] = x;
   }
-  S_SMEM_SCOPE; S_SHARED(int, ch, [16]);
   for (u32 c = 0; c < k; ++c) {
     float bv = 0.0f;
     int bi = -1;
 #pragma unroll
-    for (u32 i = 0; i < 32; ++i) {
+    for (u32 i = 0; i < PL; ++i) {
       u32 e = lane + i * M3_WARP;
       if (e >= ne || (used >> i) & 1u) continue;
       if (bi < 0 || v[i] > bv) { bv = v[i]; bi = (int)e; }
@@ -1591,26 +1601,85 @@ M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restr
       int oi = M3_SHFL_XOR(bi, o);
       if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
     }
-    if (bi >= 0 && (u32)bi % M3_WARP == lane) used |= 1u << ((u32)bi / M3_WARP);
-    if (lane == 0) ch[c] = bi;
+    // (every lane now holds the winner; its lane hands over its sigmoid)
+    if (lane == 0) { sh.id[c] = bi; sh.sg[c] = 0.0f; }
+    M3_SYNC_WARP();
+    if (bi >= 0 && (u32)bi % M3_WARP == lane) {
+      const u32 ib = (u32)bi / M3_WARP;
+      float s = 0.0f;
+#pragma unroll
+      for (u32 i = 0; i < PL; ++i) s = i == ib ? sg[i] : s;
+      sh.sg[c] = s;
+      used |= 1u << ib;
+    }
   }
   M3_SYNC_WARP();
-  if (lane == 0) {
-    int s[16];
-    for (u32 c = 0; c < k; ++c) s[c] = ch[c];
-    for (u32 a = 1; a < k; ++a) {
-      int x = s[a];
-      int b = (int)a - 1;
-      while (b >= 0 && s[b] > x) { s[b + 1] = s[b]; --b; }
-      s[b + 1] = x;
-    }
-    float sum = 0.0f;
-    for (u32 c = 0; c < k; ++c) sum += 1.0f / (1.0f + expf(-zr[s[c]]));
-    for (u32 c = 0; c < k; ++c) {
-      ids[t * k + c] = s[c];
-      wts[t * k + c] = (1.0f / (1.0f + expf(-zr[s[c]]))) / sum * scaling;
-    }
+  // ascending ids: lane c takes rank #{chosen ids below its own}
+  if (lane < k) {
+    const int me = sh.id[lane];
+    u32 r = 0;
+    for (u32 c = 0; c < k; ++c) r += (sh.id[c] < me || (sh.id[c] == me && c < lane)) ? 1u : 0u;
+    sh.sid[r] = me;
+    sh.ssg[r] = sh.sg[lane];
   }
+  M3_SYNC_WARP();
+  float sum = 0.0f;
+  for (u32 c = 0; c < k; ++c) sum += sh.ssg[c];
+  if (lane < k) {
+    ids_g[t * k + lane] = sh.sid[lane];
+    if (ids) ids[t * k + lane] = sh.sid[lane];
+    wts[t * k + lane] = sh.ssg[lane] / sum * scaling;
+  }
+  M3_SYNC_WARP();
+}
+/// Grid T, block M3_WARP (a 32-thread block on a wave64 device would see
+/// half the experts).
+M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
+                               float scaling, int* __restrict__ ids, float* __restrict__ wts) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();
+  S_SMEM_SCOPE; S_SHARED(SRouterWarp, sh, );
+  s_router_row(z, bias, ne, k, scaling, blockIdx.x, ids, wts, sh, nullptr);
+}
+
+/// Threads of m3s_router_small (the host's ROUTER_SMALL_BLOCK).
+#define S_ROUTER_BLOCK 256
+/// Rows m3s_router_small takes at most (the host's ROUTER_SMALL_ROWS): its
+/// chosen ids also sit in shared memory for the grouping.
+#define S_ROUTER_ROWS 16
+/// The router of a small step in one launch instead of m3s_linear_f32w,
+/// m3s_router_warp and m3s_route: CTA n computes expert n's logit of every
+/// row into z (s_linear_f32w); the last CTA to finish (counted at `done`,
+/// which it sets back to 0 for the next launch) then runs the top-k of
+/// every row (a warp a row) and groups the pairs by expert (s_route, from
+/// a shared copy of the ids). The same arithmetic as the three launches:
+/// the same bits. Grid ne, block S_ROUTER_BLOCK, M <= S_ROUTER_ROWS. (z:
+/// written here and read back by the last CTA, so no read-only loads.)
+M3_KERNEL void M3_HIP_BLOCK(S_ROUTER_BLOCK) m3s_router_small(
+    const u16* __restrict__ x, const float* __restrict__ w, u32 ne, u32 K, u32 M, float* z,
+    const float* __restrict__ bias, u32 k, float scaling, int* __restrict__ ids, float* __restrict__ wts, u32 fold,
+    u32 nslots, u32 max_rows, int* __restrict__ route, u32* done) {
+  S_SMEM_SCOPE; S_SHARED(float, part, [8][32]);
+  S_SHARED(SRouterWarp, sh, [S_ROUTER_BLOCK / M3_WARP]);
+  S_SHARED(int, sids, [S_ROUTER_ROWS * 16]);
+  S_SHARED(int, cnt, [1024]);
+  S_SHARED(int, slot, [1024]);
+  S_SHARED(int, rpart, [M3_WARP + 1]);
+  S_SHARED(u32, last, );
+  s_linear_f32w(x, w, blockIdx.x, ne, K, M, z, part);
+  // every thread's z values out before the count (the last-block-done pattern)
+  m3_fence_gpu();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1u ? 1u : 0u;
+  __syncthreads();
+  if (last == 0u) return;
+  m3_fence_gpu();
+  if (threadIdx.x == 0) *done = 0u;
+  const u32 warp = threadIdx.x / M3_WARP;
+  for (u32 t = warp; t < M; t += blockDim.x / M3_WARP)
+    s_router_row(z, bias, ne, k, scaling, t, ids, wts, sh[warp], sids);
+  __syncthreads();
+  s_route(sids, M, k, fold, ne, nslots, max_rows, route, cnt, slot, rpart);
 }
 
 /// Greedy, phase 1: the best (value, id) of slice blockIdx.y of row

@@ -625,6 +625,7 @@ impl GpuDraft {
                     block: 0,
                     t: n,
                     out: b.o.ptr(),
+                    xh: 0,
                     scratch: b.ascratch.ptr(),
                     max_chunks: attn::attn_max_chunks(nctx + n, 0).min(CHUNKS),
                     split: 1,

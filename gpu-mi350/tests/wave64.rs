@@ -218,18 +218,20 @@ fn xor_butterflies_stay_in_their_aligned_groups() {
     }
 }
 
-/// `m3s_router_warp` over one wavefront of `warp` lanes: expert
-/// `lane + i * warp` in slot i of a lane, the k rounds of butterfly argmax
-/// (lower id on ties, NaN as -inf), the owner lane marking its pick used.
+/// `s_router_row` (both router kernels) over one wavefront of `warp`
+/// lanes: expert `lane + i * warp` in slot i < 1024 / warp of a lane, the
+/// k rounds of butterfly argmax (lower id on ties, NaN as -inf), the owner
+/// lane marking its pick used.
 fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize) -> Vec<i32> {
     let ne = z.len();
-    assert!(ne <= 32 * warp && warp <= W);
+    let per_lane = 1024 / warp;
+    assert!(ne <= 1024 && warp <= W);
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
     let v: Vec<[f32; 32]> = (0..warp)
         .map(|lane| {
             std::array::from_fn(|i| {
                 let e = lane + i * warp;
-                if e >= ne {
+                if e >= ne || i >= per_lane {
                     return f32::NEG_INFINITY;
                 }
                 let x = sig(z[e]) + bias[e];
@@ -247,7 +249,7 @@ fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize) -> Vec<i32> {
         let mut bv: Wave<f32> = [0.0; W];
         let mut bi: Wave<i32> = [-1; W];
         for lane in 0..warp {
-            for i in 0..32 {
+            for i in 0..per_lane {
                 let e = lane + i * warp;
                 if e >= ne || (used[lane] >> i) & 1 == 1 {
                     continue;
@@ -300,7 +302,7 @@ fn router_ref(z: &[f32], bias: &[f32], k: usize) -> Vec<i32> {
 fn router_lane_layout_is_right_on_64_lanes() {
     for (ne, k, seed) in [
         (256usize, 8usize, 1u64),
-        (2048, 16, 2),
+        (1024, 16, 2),
         (100, 16, 3),
         (64, 1, 4),
         (1000, 4, 5),
@@ -311,9 +313,7 @@ fn router_lane_layout_is_right_on_64_lanes() {
         bias[ne / 2] = f32::NAN;
         let want = router_ref(&z, &bias, k);
         assert_eq!(router_wave(&z, &bias, k, 64), want, "ne {ne} k {k}");
-        if ne <= 1024 {
-            assert_eq!(router_wave(&z, &bias, k, 32), want, "32-lane warp, ne {ne}");
-        }
+        assert_eq!(router_wave(&z, &bias, k, 32), want, "32-lane warp, ne {ne}");
     }
 }
 
@@ -345,7 +345,9 @@ fn models_follow_the_sources() {
     for line in [
         "u32 e = lane + i * M3_WARP;",
         "if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }",
-        "if (bi >= 0 && (u32)bi % M3_WARP == lane) used |= 1u << ((u32)bi / M3_WARP);",
+        "constexpr u32 PL = 1024u / M3_WARP;  // experts a lane at most",
+        "if (bi >= 0 && (u32)bi % M3_WARP == lane) {",
+        "used |= 1u << ib;",
         "for (int m = 16; m > 0; m >>= 1) {",
     ] {
         has(DECODE, "standard_decode.cu", line);

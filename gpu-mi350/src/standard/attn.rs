@@ -287,6 +287,9 @@ pub(crate) struct AttnArgs {
     pub t: usize,
     /// Output [t][nh][d] bf16.
     pub out: u64,
+    /// The output rows also in the MX linears' f16 layout (rows of
+    /// `xh_stride(nh * d)` bytes), or 0: the o projection's input.
+    pub xh: u64,
     /// Partials, [`attn_scratch_bytes`] for `t` rows and `max_chunks`.
     pub scratch: u64,
     /// Chunks per (row, KV head) of the scratch ([`attn_max_chunks`]).
@@ -564,6 +567,7 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
             Arg::U32(sparse_chunks),
             Arg::U32(mc),
             Arg::U64(a.out),
+            Arg::U64(a.xh),
         ],
     )
 }
@@ -619,6 +623,7 @@ mod tests {
             block: 128,
             t: 1,
             out: 256,
+            xh: 0,
             scratch: 256,
             max_chunks: attn_max_chunks(131_072, 16),
             split: SPARSE_SPLIT,

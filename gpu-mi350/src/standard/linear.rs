@@ -28,7 +28,7 @@ pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).
 const F32W_BLOCK: u32 = 256;
 /// Largest K `m3s_linear_f32w` holds in registers (32 values a thread).
-const F32W_MAX_K: usize = 32 * F32W_BLOCK as usize;
+pub(crate) const F32W_MAX_K: usize = 32 * F32W_BLOCK as usize;
 
 /// Where a linear layer's output goes.
 #[derive(Clone, Copy, Debug)]

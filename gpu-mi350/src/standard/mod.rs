@@ -89,6 +89,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_mma_nvfp4_any",
         "m3s_route",
         "m3s_router_warp",
+        "m3s_router_small",
         "m3s_argmax_part",
         "m3s_argmax_final",
         "m3s_index_scores",
@@ -263,6 +264,7 @@ pub(crate) struct Kernels {
     pub attn: attn::AttnKernels,
     pub route: Func,
     pub router_warp: Func,
+    pub router_small: Func,
     pub argmax_part: Func,
     pub argmax_final: Func,
     pub embed: Func,
@@ -295,6 +297,7 @@ impl Kernels {
             attn: attn::AttnKernels::load(gpu)?,
             route: f("m3s_route")?,
             router_warp: f("m3s_router_warp")?,
+            router_small: f("m3s_router_small")?,
             argmax_part: f("m3s_argmax_part")?,
             argmax_final: f("m3s_argmax_final")?,
             embed: f("m3s_embed")?,
@@ -342,10 +345,11 @@ pub(crate) struct Acts {
     pub xh: DevBuf,
     pub ptpc_h: DevBuf,
     /// The same layout written by the producers themselves (no launch of
-    /// its own): RMSNorm's rows (`xh_n`) and SwiGLU's (`xh_a`), when the
-    /// model has MX linears (`xh_fused`). `last_n` / `last_a`: the bf16
-    /// buffer whose rows each holds now and the f16 copy's address (0, 0:
-    /// none), so a linear on that buffer reads the copy (step.rs).
+    /// its own): RMSNorm's rows (`xh_n`), SwiGLU's and the attention
+    /// merge's (`xh_a`), when the model has MX linears (`xh_fused`).
+    /// `last_n` / `last_a`: the bf16 buffer whose rows each holds now and
+    /// the f16 copy's address (0, 0: none), so a linear on that buffer
+    /// reads the copy (step.rs).
     pub xh_n: DevBuf,
     pub xh_a: DevBuf,
     pub xh_fused: bool,
@@ -368,6 +372,9 @@ pub(crate) struct Acts {
     pub tok_out: DevBuf,
     /// Expert route of the current layer (see `m3s_route`).
     pub route: DevBuf,
+    /// `m3s_router_small`'s count of finished CTAs (one u32, back to 0
+    /// after each launch).
+    pub router_done: DevBuf,
     /// Greedy partials: best value / id per (logits row, slice).
     pub amax_v: DevBuf,
     pub amax_i: DevBuf,
@@ -635,6 +642,7 @@ impl StandardPath {
                 if xh_fused {
                     (t * kp.max(1) * linear::xh_stride(c.intermediate_size.max(32)))
                         .max(t * linear::xh_stride(wmax.max(32)))
+                        .max(t * linear::xh_stride(nh * d))
                 } else {
                     4
                 },
@@ -663,6 +671,7 @@ impl StandardPath {
                     * (2 + t)
                     * 4,
             )?,
+            router_done: z(&ctx, 4)?,
             amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,
             amax_i: z(&ctx, t * ARGMAX_PARTS * 4)?,
             ids: z(&ctx, nl * t * k.max(1) * 4)?,

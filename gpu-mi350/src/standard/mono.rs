@@ -65,9 +65,8 @@ pub(crate) const MONO_OPS: [&str; 31] = [
     "m3s_attn_partial_sparse",
     "m3s_attn_partial_split",
     "m3s_attn_combine",
-    // mono-only (not a standard kernel): what a 1024-thread `m3s_rmsnorm`
-    // launch becomes in a program, the same sums in 256-thread CTAs
-    RMSNORM_V1024,
+    // the router of a small step in one launch
+    "m3s_router_small",
     // the NVFP4 cache's entry points
     "m3s_index_scores_nv",
     "m3s_attn_partial_nv",
@@ -78,14 +77,6 @@ pub(crate) const MONO_OPS: [&str; 31] = [
     // NVFP4 weights whose K is not a multiple of 128
     "m3s_mma_nvfp4_any",
 ];
-
-/// The mono build's stand-in for a 1024-thread `m3s_rmsnorm` launch.
-const RMSNORM_V1024: &str = "m3s_rmsnorm_v1024";
-
-/// Index of op `name` in [`MONO_OPS`] (a name from that list).
-fn op_index(name: &str) -> u32 {
-    MONO_OPS.iter().position(|n| *n == name).unwrap_or(0) as u32
-}
 
 /// Whether op `name` is a tensor-core linear (its body in the mono build
 /// is the small-step variant's).
@@ -243,9 +234,6 @@ impl Mono {
         let std_small = small_src.src;
         let mut ids = HashMap::new();
         for (i, name) in MONO_OPS.iter().enumerate() {
-            if *name == RMSNORM_V1024 {
-                continue; // a body of the mono build only
-            }
             let from = if is_linear(name) {
                 &std_small
             } else {
@@ -303,13 +291,7 @@ impl Mono {
                     r.label
                 )));
             };
-            // a 1024-thread RMSNorm runs as its 256-thread stand-in
-            let (fn_id, block) = if MONO_OPS[id as usize] == "m3s_rmsnorm" && r.block > MONO_THREADS
-            {
-                (op_index(RMSNORM_V1024), MONO_THREADS)
-            } else {
-                (id, r.block)
-            };
+            let (fn_id, block) = (id, r.block);
             if !block.is_power_of_two() || !(32..=MONO_THREADS).contains(&block) {
                 return Err(bad(format!(
                     "launch `{}` has {} threads a block (mono runs powers of two from 32 to {MONO_THREADS})",
@@ -576,14 +558,13 @@ mod tests {
             op_list_mismatch(&MONO_OPS[..MONO_OPS.len() - 1], src).is_some(),
             "a missing op went unseen"
         );
-        // every op but the mono-only stand-in is a standard kernel
+        // every op is a standard kernel
         for n in MONO_OPS {
             assert!(
-                n == RMSNORM_V1024 || STANDARD.entries.contains(&n),
+                STANDARD.entries.contains(&n),
                 "{n} is not a standard kernel"
             );
         }
-        assert_eq!(MONO_OPS[op_index(RMSNORM_V1024) as usize], RMSNORM_V1024);
     }
 
     /// The mono build takes its one tunable and refuses anything else.

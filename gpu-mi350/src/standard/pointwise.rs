@@ -120,7 +120,7 @@ pub(crate) fn rmsnorm(
     l.launch(
         "rmsnorm",
         f,
-        (nrows as u32, 1, 1),
+        (nrows as u32, (n as u32).div_ceil(RMSNORM_BLOCK), 1),
         RMSNORM_BLOCK,
         0,
         &[
@@ -135,11 +135,13 @@ pub(crate) fn rmsnorm(
     )
 }
 
-/// Threads of `m3s_rmsnorm` (one CTA a row). 1024: a 256-thread block
-/// keeping 32 values a thread measured twice as slow at one row
-/// (bench/NOTES.md session 8); the mono path runs the same sums in its
-/// 256-thread CTAs with `m3s_rmsnorm_v1024`.
-pub(crate) const RMSNORM_BLOCK: u32 = 1024;
+/// Threads of a `m3s_rmsnorm` CTA (`S_NORM_BLOCK`): each CTA writes this
+/// many values of a row and sums the whole row's squares itself, in the
+/// order of a 1024-thread block (so the mono path, whose CTAs run 256
+/// threads, takes the same launch and gets the same bits).
+pub(crate) const RMSNORM_BLOCK: u32 = 256;
+// the kernel's sums play a 1024-thread block in whole wavefronts
+const _: () = assert!(1024 % RMSNORM_BLOCK == 0 && RMSNORM_BLOCK.is_multiple_of(64));
 
 /// `acc[i] += f32(y[i])` for `n` values (`y` bf16).
 pub(crate) fn add_bf16(l: &Launcher, f: &Func, acc: u64, y: u64, n: usize) -> Result<()> {
@@ -294,6 +296,12 @@ pub(crate) fn cache_write_jobs(jobs: &[CwSpec], kind: KvKind) -> Result<CwJobs> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rmsnorm_block_is_the_kernels() {
+        let want = format!("#define S_NORM_BLOCK {RMSNORM_BLOCK}\n");
+        assert!(super::super::STANDARD.body.contains(&want));
+    }
 
     #[test]
     fn job_tables_have_the_kernel_layout() {

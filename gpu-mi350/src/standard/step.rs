@@ -17,11 +17,19 @@ use m3_core::config::{AttnKind, IndexSelection};
 use super::attn::{self, AttnArgs, IndexArgs, KvKind};
 use super::kv::DevCache;
 use super::launch::Arg;
-use super::linear::{linears, prepare_x, LinOut, LinX, PtpcX, Route, F16X};
+use super::linear::{
+    linears, prepare_x, LinOut, LinX, PtpcX, Route, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
+};
 use super::pointwise::{self as pw, CwSpec, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
+
+/// Steps of at most this many rows run the router as one launch
+/// (`m3s_router_small`: its last CTA takes every row's top-k, a warp a row).
+const ROUTER_SMALL_ROWS: usize = SMALL_STEP_ROWS;
+/// Threads of `m3s_router_small` (`S_ROUTER_BLOCK`).
+const ROUTER_SMALL_BLOCK: u32 = 256;
 
 /// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
 /// taps a step asked for.
@@ -369,6 +377,13 @@ impl StandardPath {
             )?;
             sel_ptr = sel_l;
         }
+        // the o projection's x in the f16 layout, written by the merge
+        // (MX o weights; the buffer SwiGLU's rows use later)
+        let o_xh = if a.xh_fused && lw.o.fmt.f16_x() {
+            a.xh_a.ptr()
+        } else {
+            0
+        };
         attn::attention(
             &self.l,
             &self.kern.attn,
@@ -394,6 +409,7 @@ impl StandardPath {
                 block: c.index_block_size,
                 t,
                 out: a.o.ptr(),
+                xh: o_xh,
                 scratch: a.ascratch.ptr(),
                 max_chunks: if sparse {
                     self.sparse_chunks
@@ -407,6 +423,7 @@ impl StandardPath {
                 },
             },
         )?;
+        remember(&a.last_a, a.o.ptr(), o_xh);
         // o projection, added into the residual in its epilogue (or, to tap
         // it, stored and added by a kernel: the same f32 += bf16(y))
         match ex.taps.and_then(|tb| tb.at(&tb.attn_out, li, h)) {
@@ -453,43 +470,10 @@ impl StandardPath {
                 let fold = usize::from(*folded);
                 let kk = k + fold;
                 let ids_l = a.ids.at(li * cap_t * k * 4);
-                self.lin(&[(router, LinOut::F32(a.z.ptr()))], a.h2.ptr(), t, None)?;
-                self.l.launch(
-                    "router",
-                    &self.kern.router_warp,
-                    (t as u32, 1, 1),
-                    self.l.warp(),
-                    0,
-                    &[
-                        Arg::U64(a.z.ptr()),
-                        Arg::U64(bias.ptr()),
-                        Arg::U32(ne as u32),
-                        Arg::U32(k as u32),
-                        Arg::F32(c.routed_scaling_factor),
-                        Arg::U64(ids_l),
-                        Arg::U64(a.wts.ptr()),
-                    ],
-                )?;
                 // group the (row, expert) pairs by expert: each chosen
                 // expert is then read once
                 let slots = (t * kk).min(ne + fold).max(1);
-                self.l.launch(
-                    "route",
-                    &self.kern.route,
-                    (1, 1, 1),
-                    256,
-                    0,
-                    &[
-                        Arg::U64(ids_l),
-                        Arg::U32(t as u32),
-                        Arg::U32(k as u32),
-                        Arg::U32(fold as u32),
-                        Arg::U32(ne as u32),
-                        Arg::U32(slots as u32),
-                        Arg::U32(cap_t as u32),
-                        Arg::U64(a.route.ptr()),
-                    ],
-                )?;
+                self.router(router, bias, ids_l, t, fold, slots)?;
                 let pairs = t * kk;
                 let route = |xdiv: usize| Route {
                     table: a.route.ptr(),
@@ -609,6 +593,87 @@ impl StandardPath {
     /// SwiGLU of `n` pairs (rows of `k`) into bf16 `out`, and (models with
     /// MX linears, `k` a multiple of 32) the rows in the f16 layout into
     /// `acts.xh_a`, where the next linear on `out` reads them.
+    /// The router of the rows of `h2`: logits into `z`, the top-k ids and
+    /// weights into `ids_l` / `wts`, the route table into `route`. Small
+    /// steps with f32 router weights take one launch (`m3s_router_small`),
+    /// others the linear, the top-k and the grouping launched apart; both
+    /// compute the same bits.
+    fn router(
+        &self,
+        router: &DevLinear,
+        bias: &DevBuf,
+        ids_l: u64,
+        t: usize,
+        fold: usize,
+        slots: usize,
+    ) -> Result<()> {
+        let c = &self.model.config;
+        let a = &self.acts;
+        let (ne, k) = (router.rows, c.num_experts_per_tok);
+        let (h, cap_t) = (c.hidden_size, self.cap.max_rows);
+        if t <= ROUTER_SMALL_ROWS && router.fmt == WFmt::F32 && router.cols <= F32W_MAX_K {
+            return self.l.launch(
+                "router_small",
+                &self.kern.router_small,
+                (ne as u32, 1, 1),
+                ROUTER_SMALL_BLOCK,
+                0,
+                &[
+                    Arg::U64(a.h2.ptr()),
+                    Arg::U64(router.codes.ptr()),
+                    Arg::U32(ne as u32),
+                    Arg::U32(h as u32),
+                    Arg::U32(t as u32),
+                    Arg::U64(a.z.ptr()),
+                    Arg::U64(bias.ptr()),
+                    Arg::U32(k as u32),
+                    Arg::F32(c.routed_scaling_factor),
+                    Arg::U64(ids_l),
+                    Arg::U64(a.wts.ptr()),
+                    Arg::U32(fold as u32),
+                    Arg::U32(slots as u32),
+                    Arg::U32(cap_t as u32),
+                    Arg::U64(a.route.ptr()),
+                    Arg::U64(a.router_done.ptr()),
+                ],
+            );
+        }
+        self.lin(&[(router, LinOut::F32(a.z.ptr()))], a.h2.ptr(), t, None)?;
+        self.l.launch(
+            "router",
+            &self.kern.router_warp,
+            (t as u32, 1, 1),
+            self.l.warp(),
+            0,
+            &[
+                Arg::U64(a.z.ptr()),
+                Arg::U64(bias.ptr()),
+                Arg::U32(ne as u32),
+                Arg::U32(k as u32),
+                Arg::F32(c.routed_scaling_factor),
+                Arg::U64(ids_l),
+                Arg::U64(a.wts.ptr()),
+            ],
+        )?;
+        self.l.launch(
+            "route",
+            &self.kern.route,
+            (1, 1, 1),
+            256,
+            0,
+            &[
+                Arg::U64(ids_l),
+                Arg::U32(t as u32),
+                Arg::U32(k as u32),
+                Arg::U32(fold as u32),
+                Arg::U32(ne as u32),
+                Arg::U32(slots as u32),
+                Arg::U32(cap_t as u32),
+                Arg::U64(a.route.ptr()),
+            ],
+        )
+    }
+
     fn swiglu(&self, g: u64, u: u64, out: u64, n: usize, k: usize) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
@@ -685,4 +750,15 @@ impl StandardPath {
 fn remember(slot: &[AtomicU64; 2], out: u64, xh: u64) {
     slot[0].store(if xh != 0 { out } else { 0 }, Ordering::Relaxed);
     slot[1].store(xh, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_block_is_the_kernels() {
+        let want = format!("#define S_ROUTER_BLOCK {ROUTER_SMALL_BLOCK}\n");
+        assert!(super::super::STANDARD.body.contains(&want));
+    }
 }

@@ -10,17 +10,6 @@
 set -u
 mkdir -p /tmp/bin /tmp/base && tar -C /tmp/bin -xJf .carry/bin.tar.xz && tar -C /tmp/base -xJf .carry/base.tar.xz
 export XDG_CACHE_HOME=/tmp/xdg
-{
-  for r in 1 2; do
-    for b in base bin; do
-      echo "=== layers $b round $r ($(date +%T))"
-      M3_KERNEL_CACHE=/tmp/kc-$b timeout 200 /tmp/$b/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
-        --batch 1,4,16 --context 4096 --iters 60 --rounds 1 2>&1 | grep -E "^\||MoE|per layer|rror"
-      echo "exit ${PIPESTATUS[0]}"
-    done
-  done
-} > $OUT/layers.log 2>&1
-grep -E "===|exit|MoE" $OUT/layers.log | head -40
 export M3_KERNEL_CACHE=/tmp/kc-bin REQUIRE_GPU=1
 {
   echo "=== runner tests ($(date +%T))"
@@ -37,6 +26,17 @@ export M3_KERNEL_CACHE=/tmp/kc-bin REQUIRE_GPU=1
 } > $OUT/verify.log 2>&1
 cat $OUT/verify.log
 unset REQUIRE_GPU
+{
+  for r in $(seq 1 ${ROUNDS:-2}); do
+    for b in base bin; do
+      echo "=== layers $b round $r ($(date +%T))"
+      M3_KERNEL_CACHE=/tmp/kc-$b timeout 200 /tmp/$b/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
+        --batch 1,4,16 --context 4096 --iters 60 --rounds 1 2>&1 | grep -E "^\||MoE|per layer|rror"
+      echo "exit ${PIPESTATUS[0]}"
+    done
+  done
+} > $OUT/layers.log 2>&1
+grep -E "===|exit|[0-9] / [0-9]" $OUT/layers.log | head -40
 NCU=/usr/local/cuda/bin/ncu
 for b in base bin; do
   M3_KERNEL_CACHE=/tmp/kc-$b timeout 90 $NCU --target-processes all -k regex:"m3s_rmsnorm|m3s_router|m3s_route|m3s_linear_f32w|m3s_attn_combine|m3s_x_f16" \

@@ -28,7 +28,8 @@ use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
 /// Steps of at most this many rows run the router as one launch
 /// (`m3s_router_small`: its last CTA takes every row's top-k, a warp a row).
 const ROUTER_SMALL_ROWS: usize = SMALL_STEP_ROWS;
-/// Threads of `m3s_router_small` (`S_ROUTER_BLOCK`).
+/// Threads of `m3s_router_small` (`S_ROUTER_BLOCK`; its rows are
+/// `S_ROUTER_ROWS`).
 const ROUTER_SMALL_BLOCK: u32 = 256;
 
 /// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
@@ -758,7 +759,11 @@ mod tests {
 
     #[test]
     fn router_block_is_the_kernels() {
-        let want = format!("#define S_ROUTER_BLOCK {ROUTER_SMALL_BLOCK}\n");
-        assert!(super::super::STANDARD.body.contains(&want));
+        for want in [
+            format!("#define S_ROUTER_BLOCK {ROUTER_SMALL_BLOCK}\n"),
+            format!("#define S_ROUTER_ROWS {ROUTER_SMALL_ROWS}\n"),
+        ] {
+            assert!(super::super::STANDARD.body.contains(&want), "{want}");
+        }
     }
 }

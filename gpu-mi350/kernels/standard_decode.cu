@@ -1072,15 +1072,16 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
 }
 
 /// Threads of a m3s_rmsnorm CTA (the host's RMSNORM_BLOCK; a multiple of
-/// 32 dividing 1024).
+/// 64 dividing 1024: whole wavefronts on either vendor).
 #define S_NORM_BLOCK 256
 
 /// out[i] = bf16(RMSNorm(x[rows ? rows[i] : i])) (and the f16 layout of
 /// the MX linears into xh, if given). Grid (output rows, n / S_NORM_BLOCK
 /// rounded up): CTA (i, j) writes values [j B, (j + 1) B) of row i, and
-/// every CTA of a row sums the squares of the whole row itself (read from
-/// L2: ~24 KB a row against the one-CTA-a-row launch's latency chain, 3x
-/// slower at one row by Nsight Compute, bench/NOTES.md session 13).
+/// every CTA of a row sums the squares of the whole row itself (from L2:
+/// 24 KB a row of 6144). The one-CTA-a-row launch it replaces took ~2.2x
+/// as long at one row (Nsight Compute, ~10 vs ~4.6 us; bench/NOTES.md
+/// session 13): one CTA's chain of loads, reductions and stores.
 ///
 /// The sum is that of a 1024-thread block, whatever S_NORM_BLOCK is: thread
 /// t plays virtual threads t, t + B, ... < 1024, each summing its values

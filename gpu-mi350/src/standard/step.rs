@@ -591,9 +591,6 @@ impl StandardPath {
         )
     }
 
-    /// SwiGLU of `n` pairs (rows of `k`) into bf16 `out`, and (models with
-    /// MX linears, `k` a multiple of 32) the rows in the f16 layout into
-    /// `acts.xh_a`, where the next linear on `out` reads them.
     /// The router of the rows of `h2`: logits into `z`, the top-k ids and
     /// weights into `ids_l` / `wts`, the route table into `route`. Small
     /// steps with f32 router weights take one launch (`m3s_router_small`),
@@ -611,7 +608,7 @@ impl StandardPath {
         let c = &self.model.config;
         let a = &self.acts;
         let (ne, k) = (router.rows, c.num_experts_per_tok);
-        let (h, cap_t) = (c.hidden_size, self.cap.max_rows);
+        let cap_t = self.cap.max_rows;
         if t <= ROUTER_SMALL_ROWS && router.fmt == WFmt::F32 && router.cols <= F32W_MAX_K {
             return self.l.launch(
                 "router_small",
@@ -623,7 +620,7 @@ impl StandardPath {
                     Arg::U64(a.h2.ptr()),
                     Arg::U64(router.codes.ptr()),
                     Arg::U32(ne as u32),
-                    Arg::U32(h as u32),
+                    Arg::U32(router.cols as u32),
                     Arg::U32(t as u32),
                     Arg::U64(a.z.ptr()),
                     Arg::U64(bias.ptr()),
@@ -675,6 +672,9 @@ impl StandardPath {
         )
     }
 
+    /// SwiGLU of `n` pairs (rows of `k`) into bf16 `out`, and (models with
+    /// MX linears, `k` a multiple of 32) the rows in the f16 layout into
+    /// `acts.xh_a`, where the next linear on `out` reads them.
     fn swiglu(&self, g: u64, u: u64, out: u64, n: usize, k: usize) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;

@@ -1009,7 +1009,8 @@ M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
 }
 /// m3s_route's work for the calling CTA (any block of whole warps): the
 /// arrays are the caller's shared memory (nt = ne + fold <= 1024 entries
-/// each, part M3_WARP). Slots go to the chosen experts in ascending id: lane
+/// each, part M3_WARP + 1: the runs' counts, then the distinct experts).
+/// Slots go to the chosen experts in ascending id: lane
 /// l of warp 0 counts the chosen experts of its run of ceil(nt / M3_WARP)
 /// ids and takes the sum of the runs before its own.
 M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, int* out,

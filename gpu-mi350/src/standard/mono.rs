@@ -291,7 +291,7 @@ impl Mono {
                     r.label
                 )));
             };
-            let (fn_id, block) = (id, r.block);
+            let block = r.block;
             if !block.is_power_of_two() || !(32..=MONO_THREADS).contains(&block) {
                 return Err(bad(format!(
                     "launch `{}` has {} threads a block (mono runs powers of two from 32 to {MONO_THREADS})",
@@ -313,7 +313,7 @@ impl Mono {
             }
             args.resize(args.len().next_multiple_of(8), 0);
             ops.push(OpRecord {
-                fn_id,
+                fn_id: id,
                 lg: block.trailing_zeros(),
                 gx: r.grid.0,
                 gy: r.grid.1,
@@ -324,7 +324,7 @@ impl Mono {
             args.extend_from_slice(&r.args);
             about.push(OpAbout {
                 label: r.label,
-                body: MONO_OPS[fn_id as usize],
+                body: MONO_OPS[id as usize],
                 grid: r.grid,
                 block,
             });

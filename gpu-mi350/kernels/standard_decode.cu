@@ -1328,6 +1328,28 @@ M3_KERNEL void m3s_add_bf16(float* __restrict__ acc, const u16* __restrict__ y, 
   if (i < n) acc[i] += m3_bf16_to_f32(y[i]);
 }
 
+/// A hint: bring bytes [0, n) at p (16-byte aligned; n a multiple of 16)
+/// into L2, S_L2PF_CHUNK bytes a bulk prefetch (sm_90's
+/// cp.async.bulk.prefetch.L2: one instruction a chunk, no registers held,
+/// nothing waits for it). Launched on the side stream for weights no step
+/// writes, so it takes no PDL wait. Elsewhere (HIP, before sm_90) it does
+/// nothing. Any grid of 1-D blocks: chunk i goes to thread i mod threads.
+#ifndef S_L2PF_CHUNK
+#define S_L2PF_CHUNK 16384u
+#endif
+M3_KERNEL void m3s_l2_prefetch(const unsigned char* __restrict__ p, u64 n) {
+#if defined(M3_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const u64 step = (u64)gridDim.x * blockDim.x * S_L2PF_CHUNK;
+  for (u64 off = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * S_L2PF_CHUNK; off < n; off += step) {
+    const u32 len = (u32)(n - off < S_L2PF_CHUNK ? n - off : S_L2PF_CHUNK);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
+  }
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 /// MXFP4 fake quantization of expert inputs (MODEL.md 5, `--act mxfp4`):
 /// each block of 32 along K of each bf16 row is quantized with the `even`
 /// scale rule (FORMATS.md MX) and decoded back, out = bf16(decode(code) *

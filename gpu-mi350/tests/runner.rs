@@ -887,6 +887,91 @@ fn folded_shared_expert_is_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The shared expert on its own stream beside the router and the routed
+/// experts (`PathOptions::beside`, a second graph branch a MoE layer, with
+/// the o projection's weights brought into L2 beside attention) gives the
+/// one-stream logits bit for bit over a 40-row prefill and 4 captured
+/// decode steps: the two chains write no buffer the other touches. The
+/// check can fail: the same run on a model whose shared experts have gate
+/// and up swapped differs.
+#[test]
+fn shared_expert_beside_is_bitwise_the_same() {
+    use m3_gpu::standard::Beside;
+    let Some(cuda) = gpu_or_skip("shared_expert_beside_is_bitwise_the_same") else {
+        return;
+    };
+    let mut gpu = GpuBackend::new(cuda);
+    let mut failures = Vec::new();
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    for (preset, experts, dense) in [
+        ("tiny", WeightFormat::Bf16, WeightFormat::Bf16),
+        ("tiny", WeightFormat::Mxfp4, WeightFormat::Mxfp8),
+        ("small", WeightFormat::Mxfp4, WeightFormat::Mxfp8),
+        ("small", WeightFormat::Nvfp4, WeightFormat::Mxfp8),
+    ] {
+        let c = ModelConfig::preset(preset).expect("preset");
+        let m = Arc::new(synthetic::model(&c, Formats { experts, dense }, 5).expect("synthetic"));
+        let mut bad = (*m).clone();
+        for l in bad.layers.iter_mut() {
+            if let FfnWeights::Moe(moe) = &mut l.ffn {
+                if let Some(s) = moe.shared.as_mut() {
+                    std::mem::swap(&mut s.gate, &mut s.up);
+                }
+            }
+        }
+        let bad = Arc::new(bad);
+        let vocab = c.vocab_size;
+        let case = Case {
+            name: "beside",
+            ..CASES[0]
+        };
+        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| -> Vec<Vec<f32>> {
+            let mut dev = gpu
+                .load(ModelSource::Weights(m.clone()), &spec(&case), &mut |_| {})
+                .expect("gpu load");
+            let table: Vec<u32> = (0..8).collect();
+            let p = prompt(vocab);
+            let mut outs = vec![
+                step(
+                    &mut dev,
+                    &StepBatch::contiguous(0, &p[..40], 0, &table, PAGE, true),
+                    &[SampleParams::GREEDY; 40],
+                    TapRequest::NONE,
+                )
+                .logits,
+            ];
+            for (i, &tok) in p.iter().enumerate().take(44).skip(40) {
+                let st = StepBatch::contiguous(0, &[tok], i as u32, &table, PAGE, true);
+                outs.push(step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE).logits);
+            }
+            outs
+        };
+        gpu.path_options.beside = Beside::Off;
+        let one = run(&gpu, &m);
+        gpu.path_options.beside = Beside::On;
+        let two = run(&gpu, &m);
+        let planted = run(&gpu, &bad);
+        let same = one.iter().zip(&two).all(|(a, b)| bits(a, b));
+        let caught = !one.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        println!(
+            "{preset} {experts:?} / {dense:?}: beside == one stream bitwise over a 40-row prefill and 4 decode steps: {same}; swapped shared gate / up differs: {caught}"
+        );
+        if !same {
+            failures.push(format!(
+                "{preset} {experts:?} / {dense:?}: the shared expert beside changed the logits"
+            ));
+        }
+        if !caught {
+            failures.push(format!(
+                "{preset} {experts:?} / {dense:?}: a perturbed shared expert went unseen"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// The mono path (one persistent launch a layer running the standard
 /// kernels' bodies as a recorded program, standard/mono.rs) gives the
 /// standard path's logits bit for bit: every `Path::Mono` step of at most

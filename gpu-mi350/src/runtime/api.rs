@@ -222,6 +222,18 @@ impl Device {
         }
     }
 
+    /// A new event that only orders streams ([`Stream::wait`]): no
+    /// timing, so recording it costs less.
+    pub fn marker(&self) -> Result<Event> {
+        match &self.0 {
+            Dev::Cuda(c) => c
+                .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map(|e| Event(Ev::Cuda(e)))
+                .map_err(|e| GpuError::driver("cuEventCreate", e)),
+            Dev::Hip(h) => h.marker().map(|e| Event(Ev::Hip(e))),
+        }
+    }
+
     /// A new timing event.
     pub fn event(&self) -> Result<Event> {
         match &self.0 {
@@ -441,6 +453,23 @@ impl Stream {
         }
     }
 
+    /// Make work enqueued on this stream from now on wait for the work `e`
+    /// last recorded (on any stream of the device). Inside a capture this
+    /// is how a second stream joins it (a fork) and how the capturing
+    /// stream takes it back (a join): dependency edges of the graph.
+    pub fn wait(&self, e: &Event) -> Result<()> {
+        match (&self.0, &e.0) {
+            (Str::Cuda(s), Ev::Cuda(e)) => s
+                .wait(e)
+                .map_err(|e| GpuError::driver("cuStreamWaitEvent", e)),
+            (Str::Hip(s), Ev::Hip(e)) => s.wait(e),
+            _ => Err(GpuError::input(
+                "event",
+                "a stream of one vendor waiting for an event of the other",
+            )),
+        }
+    }
+
     /// Begin capturing this stream's work into a graph (thread-local mode:
     /// other threads' calls are not captured).
     pub fn begin_capture(&self) -> Result<()> {
@@ -466,7 +495,7 @@ impl Stream {
     }
 }
 
-/// A timing event.
+/// An event: timing ([`Device::event`]) or ordering ([`Device::marker`]).
 pub struct Event(Ev);
 
 enum Ev {

@@ -50,6 +50,8 @@ pub(crate) const HIP_MEMCPY_D2D: c_int = 3;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 /// hipEventDefault (timing enabled).
 const HIP_EVENT_DEFAULT: c_uint = 0;
+/// hipEventDisableTiming: an event that only orders streams.
+const HIP_EVENT_DISABLE_TIMING: c_uint = 2;
 /// hipStreamCaptureModeThreadLocal: other threads' calls are not captured.
 pub(crate) const HIP_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// hipDeviceProp_t is large and its layout moves between ROCm versions, so
@@ -101,6 +103,7 @@ pub(crate) struct Fns {
     pub event_record: unsafe extern "C" fn(HipEventT, HipStreamT) -> HipError,
     pub event_elapsed: unsafe extern "C" fn(*mut f32, HipEventT, HipEventT) -> HipError,
     pub event_destroy: unsafe extern "C" fn(HipEventT) -> HipError,
+    pub stream_wait_event: unsafe extern "C" fn(HipStreamT, HipEventT, c_uint) -> HipError,
     pub memcpy_async:
         unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, HipStreamT) -> HipError,
     pub memset_d8_async: unsafe extern "C" fn(*mut c_void, u8, usize, HipStreamT) -> HipError,
@@ -231,6 +234,7 @@ impl HipGpu {
             event_record: sym!(hip, "hipEventRecord"),
             event_elapsed: sym!(hip, "hipEventElapsedTime"),
             event_destroy: sym!(hip, "hipEventDestroy"),
+            stream_wait_event: sym!(hip, "hipStreamWaitEvent"),
             memcpy_async: sym!(hip, "hipMemcpyAsync"),
             memset_d8_async: sym!(hip, "hipMemsetD8Async"),
             begin_capture: sym!(hip, "hipStreamBeginCapture"),
@@ -626,10 +630,19 @@ impl HipApi {
 
     /// A timing event (not yet recorded).
     pub(crate) fn event(self: &Arc<Self>) -> Result<HipEvent> {
+        self.event_with(HIP_EVENT_DEFAULT)
+    }
+
+    /// An event that only orders streams (no timing: cheaper to record).
+    pub(crate) fn marker(self: &Arc<Self>) -> Result<HipEvent> {
+        self.event_with(HIP_EVENT_DISABLE_TIMING)
+    }
+
+    fn event_with(self: &Arc<Self>, flags: c_uint) -> Result<HipEvent> {
         let mut e: HipEventT = ptr::null_mut();
         // SAFETY: valid out-pointer.
         check("hipEventCreateWithFlags", unsafe {
-            (self.fns.event_create)(&mut e, HIP_EVENT_DEFAULT)
+            (self.fns.event_create)(&mut e, flags)
         })?;
         Ok(HipEvent {
             api: self.clone(),
@@ -770,6 +783,15 @@ impl HipStream {
         let ev = self.api.event()?;
         ev.record(self)?;
         Ok(ev)
+    }
+
+    /// Make work enqueued on this stream from now on wait for what `e`
+    /// recorded (inside a capture: a dependency edge of the graph).
+    pub fn wait(&self, e: &HipEvent) -> Result<()> {
+        // SAFETY: a live stream and event.
+        check("hipStreamWaitEvent", unsafe {
+            (self.api.fns.stream_wait_event)(self.s, e.e, 0)
+        })
     }
 
     /// Start capturing this stream's work (thread-local capture mode).
@@ -1028,6 +1050,12 @@ mod tests {
     unsafe extern "C" fn event_destroy(e: HipEventT) -> HipError {
         log("event_destroy", format!(" {:#x}", h(e)))
     }
+    unsafe extern "C" fn stream_wait_event(s: HipStreamT, e: HipEventT, f: c_uint) -> HipError {
+        log(
+            "stream_wait_event",
+            format!(" {:#x} waits {:#x} flags={f}", h(s), h(e)),
+        )
+    }
     unsafe extern "C" fn memcpy_async(
         d: *mut c_void,
         src: *const c_void,
@@ -1124,6 +1152,7 @@ mod tests {
                 stream_destroy,
                 event_create,
                 event_record,
+                stream_wait_event,
                 event_elapsed,
                 event_destroy,
                 memcpy_async,

@@ -66,6 +66,11 @@ pub(crate) enum Call {
     },
     EventElapsed,
     EventDestroy(u64),
+    /// `stream` waits for what `event` last recorded.
+    StreamWaitEvent {
+        stream: u64,
+        event: u64,
+    },
     BeginCapture(u64),
     EndCapture {
         stream: u64,
@@ -118,6 +123,9 @@ pub(crate) enum Plant {
     DropLaunch(usize),
     /// Flip the low bit of the first byte of every launch's first argument.
     FlipFirstArg,
+    /// Take every hipStreamWaitEvent without recording it (a fork or join
+    /// of two streams that never happened).
+    DropWaits,
 }
 
 struct State {
@@ -308,7 +316,7 @@ unsafe extern "C" fn launch(
     });
     let mut grid = (gx, gy, gz);
     match plant {
-        Plant::None => {}
+        Plant::None | Plant::DropWaits => {}
         Plant::SwapGridXY => grid = (gy, gx, gz),
         Plant::DropLaunch(i) if i == index => return 0,
         Plant::DropLaunch(_) => {}
@@ -460,6 +468,18 @@ unsafe extern "C" fn event_elapsed(ms: *mut f32, _: HipEventT, _: HipEventT) -> 
 unsafe extern "C" fn event_destroy(e: HipEventT) -> HipError {
     push(Call::EventDestroy(e as u64))
 }
+unsafe extern "C" fn stream_wait_event(s: HipStreamT, e: HipEventT, flags: c_uint) -> HipError {
+    if flags != 0 {
+        return bad(format!("hipStreamWaitEvent flags {flags}, not 0"));
+    }
+    if ST.with(|st| st.borrow().plant) == Plant::DropWaits {
+        return 0;
+    }
+    push(Call::StreamWaitEvent {
+        stream: s as u64,
+        event: e as u64,
+    })
+}
 unsafe extern "C" fn begin_capture(s: HipStreamT, mode: c_int) -> HipError {
     if mode != HIP_CAPTURE_MODE_THREAD_LOCAL {
         return bad(format!("capture mode {mode}, not thread-local"));
@@ -569,6 +589,7 @@ pub(crate) fn gpu() -> HipGpu {
             event_record,
             event_elapsed,
             event_destroy,
+            stream_wait_event,
             memcpy_async,
             memset_d8_async: memset_async,
             begin_capture,

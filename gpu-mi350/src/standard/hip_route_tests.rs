@@ -9,7 +9,10 @@
 //!   mono path's recorder): kernel, grid, block, dynamic shared memory and
 //!   the argument bytes read back through `kernelParams`;
 //! - the call order: the step's launches all inside one capture on the
-//!   launcher's stream, ended, instantiated, then replayed; a stream sync
+//!   launcher's stream, or on its side stream forked from it by an event
+//!   inside the capture and joined back into it before the capture ends
+//!   (the MoE layers' shared experts), ended, instantiated, then
+//!   replayed; a stream sync
 //!   between the replay and the read-back; no free while the stream has
 //!   work pending; no copy or free outside a live allocation (the stub
 //!   refuses those); and on drop every allocation, stream, graph and event
@@ -17,7 +20,8 @@
 //! - the vendor's warp width reaches the one-warp kernels (64 on HIP).
 //!
 //! Planted mistakes (grid x / y swapped, one launch dropped, one argument
-//! byte flipped, a buffer freed before the sync) each make the check fail,
+//! byte flipped, a buffer freed before the sync, the streams' waits on
+//! each other's events dropped) each make the check fail,
 //! so it can fail. What this does not prove: that a real HIP runtime and
 //! gfx950 accept these calls and compute the right numbers (nothing here
 //! has run on AMD hardware).
@@ -171,15 +175,13 @@ fn check_step(calls: &[Call], rec: &[Recorded]) -> Result<(), String> {
     if launches.is_empty() {
         return Err("no launches".into());
     }
-    if let Some((i, l)) = launches
-        .iter()
-        .find(|(i, l)| *i < begin || *i > end || l.stream != s)
-    {
+    if let Some((i, l)) = launches.iter().find(|(i, _)| *i < begin || *i > end) {
         return Err(format!(
             "launch {} at call {i} outside the capture of stream {s:#x}",
             l.name
         ));
     }
+    check_branches(&calls[begin..=end], s)?;
     if launches.len() != rec.len() {
         return Err(format!(
             "{} launches reached the runtime, the recorder took down {}",
@@ -224,6 +226,57 @@ fn check_step(calls: &[Call], rec: &[Recorded]) -> Result<(), String> {
                 ))
             }
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The streams of one capture (`calls` from its begin to its end, `s` the
+/// capturing stream): a launch on another stream is captured only when that
+/// stream waited, inside the capture, for an event recorded on a captured
+/// stream (a fork); and every launch on another stream must be joined back
+/// before the end (an event recorded on it after the launch, then waited
+/// for by `s`), or the capture would end with work outside its graph.
+fn check_branches(calls: &[Call], s: u64) -> Result<(), String> {
+    let mut captured: HashSet<u64> = HashSet::from([s]);
+    // launches so far on each stream; an event's (stream, launches) when
+    // it was recorded; each side stream's launches joined back into `s`
+    let mut count: HashMap<u64, usize> = HashMap::new();
+    let mut recorded: HashMap<u64, (u64, usize)> = HashMap::new();
+    let mut joined: HashMap<u64, usize> = HashMap::new();
+    for c in calls {
+        match c {
+            Call::Launch(l) => {
+                if !captured.contains(&l.stream) {
+                    return Err(format!(
+                        "launch {} on stream {:#x}, which never joined the capture of {s:#x}",
+                        l.name, l.stream
+                    ));
+                }
+                *count.entry(l.stream).or_default() += 1;
+            }
+            Call::EventRecord { event, stream } if captured.contains(stream) => {
+                let n = count.get(stream).copied().unwrap_or(0);
+                recorded.insert(*event, (*stream, n));
+            }
+            Call::StreamWaitEvent { stream, event } => {
+                if let Some(&(from, n)) = recorded.get(event) {
+                    captured.insert(*stream);
+                    if *stream == s && from != s {
+                        joined.insert(from, n);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (stream, n) in count {
+        let j = joined.get(&stream).copied().unwrap_or(0);
+        if stream != s && j < n {
+            return Err(format!(
+                "{} launches on stream {stream:#x} not joined back into {s:#x} before the capture ends",
+                n - j
+            ));
         }
     }
     Ok(())
@@ -330,6 +383,19 @@ fn a_decode_step_on_the_hip_route_launches_what_the_path_records() {
     assert!(launches
         .iter()
         .all(|l| l.args.iter().all(|a| !a.is_empty())));
+    // the shared experts ran on the side stream: one branch a MoE layer
+    let main = launches[0].stream;
+    let side: Vec<&str> = launches
+        .iter()
+        .filter(|l| l.stream != main)
+        .map(|l| l.name.as_str())
+        .collect();
+    let moe_layers = 3;
+    assert_eq!(
+        side.iter().filter(|n| **n == "m3s_swiglu").count(),
+        moe_layers,
+        "{side:?}"
+    );
     all.extend(step);
 
     // the same shape again: a replay only, no launch and no capture
@@ -402,11 +468,12 @@ fn direct_launches_match_the_recorder_too() {
 fn planted_route_mistakes_fail_the_check() {
     // control: the same run without a plant passes
     run_step(Plant::None, false).unwrap_or_else(|e| panic!("control: {e}"));
-    let cases: [(Plant, bool, &str); 4] = [
+    let cases: [(Plant, bool, &str); 5] = [
         (Plant::SwapGridXY, false, "grid"),
         (Plant::DropLaunch(3), false, "launches reached the runtime"),
         (Plant::FlipFirstArg, false, "argument bytes"),
         (Plant::None, true, "while the stream has work pending"),
+        (Plant::DropWaits, false, "never joined the capture"),
     ];
     for (plant, early, want) in cases {
         let e = run_step(plant, early).expect_err("a planted mistake passed the check");

@@ -9,8 +9,14 @@
 //! prefetch of weights, which no step writes), so launching it with
 //! programmatic stream serialization lets its CTAs be scheduled while the
 //! previous kernel drains without reading anything early.
+//!
+//! [`Launcher::beside`] runs two chains of launches at once: one on a
+//! second stream, forked from and joined back into the first by events
+//! (inside a capture: the graph's two branches). A step uses it for work
+//! that shares nothing it writes with the other chain (a MoE layer's
+//! shared expert beside its router and routed experts).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::error::{GpuError, Result};
 use crate::runtime::api::{Device, Event, Func, LaunchCfg, Stream};
@@ -95,10 +101,32 @@ pub(crate) struct Recorded {
     pub sizes: Vec<usize>,
 }
 
-/// The stream every launch of one runner goes to.
+/// The second stream of [`Launcher::beside`] and its two events.
+struct Side {
+    stream: Stream,
+    /// Recorded on the main stream, waited for by the side one.
+    fork: Event,
+    /// Recorded on the side stream, waited for by the main one.
+    join: Event,
+}
+
+/// How [`Launcher::beside`] runs its two chains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Beside {
+    /// One after the other on the one stream.
+    Off,
+    /// On two streams at once.
+    On,
+}
+
+/// The streams every launch of one runner goes to: the main one, and the
+/// side one of [`Launcher::beside`].
 pub struct Launcher {
     dev: Device,
     stream: Stream,
+    side: Option<Side>,
+    /// Whether launches go to the side stream now (inside `beside`).
+    on_side: Cell<bool>,
     /// Programmatic dependent launch (sm_90+).
     pdl: bool,
     /// Events recorded after each launch while a profile runs.
@@ -109,12 +137,28 @@ pub struct Launcher {
 
 impl Launcher {
     /// A launcher on a new stream of `dev`; `pdl` only where the device
-    /// supports it (`Gpu::pdl`: CUDA compute capability 9.0+).
+    /// supports it (`Gpu::pdl`: CUDA compute capability 9.0+). No side
+    /// stream: [`Launcher::beside`] runs its chains one after the other.
     pub fn new(dev: &Device, pdl: bool) -> Result<Self> {
+        Self::with_side(dev, pdl, Beside::Off)
+    }
+
+    /// [`Launcher::new`] with a side stream as `beside` says.
+    pub fn with_side(dev: &Device, pdl: bool, beside: Beside) -> Result<Self> {
         let stream = dev.stream()?;
+        let side = match beside {
+            Beside::Off => None,
+            Beside::On => Some(Side {
+                stream: dev.stream()?,
+                fork: dev.marker()?,
+                join: dev.marker()?,
+            }),
+        };
         Ok(Launcher {
             dev: dev.clone(),
             stream,
+            side,
+            on_side: Cell::new(false),
             pdl,
             prof: RefCell::new(None),
             rec: RefCell::new(None),
@@ -123,6 +167,52 @@ impl Launcher {
 
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// The stream launches go to now.
+    fn current(&self) -> &Stream {
+        match &self.side {
+            Some(side) if self.on_side.get() => &side.stream,
+            _ => &self.stream,
+        }
+    }
+
+    /// Whether [`Launcher::beside`] runs its chains at once now (a side
+    /// stream, and neither a recording nor a per-launch profile running:
+    /// both read the launches as one sequence).
+    pub(crate) fn concurrent(&self) -> bool {
+        self.side.is_some() && self.rec.borrow().is_none() && self.prof.borrow().is_none()
+    }
+
+    /// Launch what `side` launches on the side stream and what `main`
+    /// launches on the main stream, at once: both after everything
+    /// launched before, and everything launched after waits for both.
+    /// The two chains must not write what the other reads or writes.
+    /// Without a side stream (or while recording or profiling) `side` runs
+    /// first, then `main`, on the one stream.
+    pub(crate) fn beside(
+        &self,
+        side: impl FnOnce() -> Result<()>,
+        main: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let Some(s) = self.side.as_ref().filter(|_| self.concurrent()) else {
+            side()?;
+            return main();
+        };
+        if self.on_side.get() {
+            return Err(GpuError::input("launcher", "beside() inside beside()"));
+        }
+        self.bind()?;
+        s.fork.record(&self.stream)?;
+        s.stream.wait(&s.fork)?;
+        self.on_side.set(true);
+        let r = side();
+        self.on_side.set(false);
+        // the join is made even when a chain failed, so a capture can end
+        let joined = s.join.record(&s.stream);
+        let r = r.and(joined).and_then(|()| main());
+        self.stream.wait(&s.join)?;
+        r
     }
 
     /// The device this launcher's stream belongs to.
@@ -186,7 +276,7 @@ impl Launcher {
         // `params` matches the kernel's parameter list in count, order and
         // types (see the kernel sources and each wrapper's argument struct),
         // and every `Arg` outlives the call.
-        unsafe { self.stream.launch(label, f, &cfg, &mut params) }?;
+        unsafe { self.current().launch(label, f, &cfg, &mut params) }?;
         self.mark(label)
     }
 
@@ -219,7 +309,7 @@ impl Launcher {
         self.refuse_if_recording("copy")?;
         self.bind()?;
         // SAFETY: the caller passes ranges inside live allocations.
-        unsafe { self.stream.dtod(dst, src, bytes) }?;
+        unsafe { self.current().dtod(dst, src, bytes) }?;
         self.mark("copy")
     }
 
@@ -231,7 +321,7 @@ impl Launcher {
         self.refuse_if_recording("memset")?;
         self.bind()?;
         // SAFETY: the caller passes a range inside a live allocation.
-        unsafe { self.stream.zero(dst, bytes) }?;
+        unsafe { self.current().zero(dst, bytes) }?;
         self.mark("zero")
     }
 

@@ -43,7 +43,7 @@ use m3_core::config::{AttnKind, IndexSelection};
 use m3_core::kv::CacheDtype;
 
 pub use kv::DevKv;
-pub use launch::Launcher;
+pub use launch::{Beside, Launcher};
 pub use mono::OpTime;
 
 use crate::error::{GpuError, Result};
@@ -213,6 +213,25 @@ pub struct PathOptions {
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
+    /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
+    /// second stream beside the router and the routed experts
+    /// ([`Launcher::beside`]; in a graph, its own branch), so its launches
+    /// fill the SMs the router's and the experts' small grids leave idle
+    /// (a MoE layer -9.3% at batch 1, -6.0% at 4, -0.5% at 16 on the H200,
+    /// bench/NOTES.md session 14). The same products and sums: results are
+    /// bit-identical either way. The CLI reads `M3_BESIDE=off|on` for A/B
+    /// runs.
+    pub beside: Beside,
+    /// Bring up to this many MiB of each layer's o-projection weights into
+    /// L2 on the side stream while the layer's head norms, cache writes,
+    /// indexer and attention run (latency-bound: the memory bus is mostly
+    /// idle), so the o projection reads them from L2 (a MoE layer a
+    /// further -3.6% at batch 1 with 16 MiB; 24 and 32 MiB measured no
+    /// better, 48 worse: bench/NOTES.md session 14). 0: none. Needs the
+    /// side stream and CUDA sm_90+ (`cp.async.bulk.prefetch.L2`; set to 0
+    /// elsewhere); a hint: results do not change. The CLI reads
+    /// `M3_L2_PREFETCH_MIB`.
+    pub l2_prefetch_mib: usize,
 }
 
 impl Default for PathOptions {
@@ -227,6 +246,8 @@ impl Default for PathOptions {
             small_step_attn_split: true,
             mono: false,
             mono_defines: "",
+            beside: Beside::On,
+            l2_prefetch_mib: 16,
         }
     }
 }
@@ -236,7 +257,10 @@ impl PathOptions {
     /// (for binaries; a runner itself reads no environment):
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
     /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
-    /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]).
+    /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
+    /// `M3_BESIDE=off|on` the shared expert's stream
+    /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
+    /// prefetch.
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -253,6 +277,17 @@ impl PathOptions {
             .filter(|v| !v.trim().is_empty())
         {
             self.mono_defines = Box::leak(d.into_boxed_str());
+        }
+        match std::env::var("M3_BESIDE").ok().as_deref().map(str::trim) {
+            Some("off" | "0") => self.beside = Beside::Off,
+            Some("on" | "1") => self.beside = Beside::On,
+            _ => {}
+        }
+        if let Some(n) = std::env::var("M3_L2_PREFETCH_MIB")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+        {
+            self.l2_prefetch_mib = n;
         }
         self
     }
@@ -276,6 +311,7 @@ pub(crate) struct Kernels {
     pub add_bf16: Func,
     pub act_mxfp4: Func,
     pub act_ptpc: Func,
+    pub l2_prefetch: Func,
     pub sample_keyed: Func,
 }
 
@@ -309,6 +345,7 @@ impl Kernels {
             add_bf16: f("m3s_add_bf16")?,
             act_mxfp4: f("m3s_act_mxfp4")?,
             act_ptpc: f("m3s_act_ptpc")?,
+            l2_prefetch: f("m3s_l2_prefetch")?,
             sample_keyed: gpu.kernel(&crate::sampling::SAMPLE_KEYED, "m3s_sample_keyed")?,
         })
     }
@@ -352,6 +389,10 @@ pub(crate) struct Acts {
     /// reads the copy (step.rs).
     pub xh_n: DevBuf,
     pub xh_a: DevBuf,
+    /// The shared expert's SwiGLU rows in the f16 layout: apart from
+    /// `xh_a`, which the routed experts' SwiGLU writes at the same time
+    /// when the shared expert runs beside them.
+    pub xh_s: DevBuf,
     pub xh_fused: bool,
     pub last_n: [AtomicU64; 2],
     pub last_a: [AtomicU64; 2],
@@ -500,7 +541,12 @@ impl StandardPath {
         // pairs per row: the router's top-k, plus a folded shared expert
         let kp = c.num_experts_per_tok + usize::from(folded);
         let ctx = gpu.device().clone();
-        let l = Launcher::new(&ctx, opts.pdl && gpu.pdl())?;
+        let l = Launcher::with_side(&ctx, opts.pdl && gpu.pdl(), opts.beside)?;
+        // the bulk L2 prefetch is sm_90's (the devices that take PDL)
+        let mut opts = opts;
+        if !gpu.pdl() {
+            opts.l2_prefetch_mib = 0;
+        }
         let kern = Kernels::load(gpu, &opts)?;
         let mono = if opts.mono {
             if gpu.vendor() != crate::kernels::Vendor::Cuda {
@@ -643,6 +689,14 @@ impl StandardPath {
                     (t * kp.max(1) * linear::xh_stride(c.intermediate_size.max(32)))
                         .max(t * linear::xh_stride(wmax.max(32)))
                         .max(t * linear::xh_stride(nh * d))
+                } else {
+                    4
+                },
+            )?,
+            xh_s: z(
+                &ctx,
+                if xh_fused {
+                    t * linear::xh_stride(c.shared_intermediate_size.max(32))
                 } else {
                     4
                 },

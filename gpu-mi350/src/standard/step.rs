@@ -32,6 +32,10 @@ const ROUTER_SMALL_ROWS: usize = SMALL_STEP_ROWS;
 /// `S_ROUTER_ROWS`).
 const ROUTER_SMALL_BLOCK: u32 = 256;
 
+/// CTAs of `m3s_l2_prefetch` (128 threads each, a 16 KiB bulk prefetch a
+/// thread a round: 64 MiB a round).
+const L2_PREFETCH_CTAS: u32 = 32;
+
 /// Per-step capture buffers (`[selected layers][T][H]` f32 each) for the
 /// taps a step asked for.
 pub(crate) struct TapBufs {
@@ -343,41 +347,8 @@ impl StandardPath {
             hn.push((a.ik0.ptr(), 1, di, x.k_norm.ptr(), rd, a.ik.ptr()));
             cws.push(cw(a.ik.ptr(), di, x.k_scale, icache));
         }
-        self.headnorm_rope(&hn, t)?;
-        self.cache_writes(&cws, t, kind)?;
         let sel_l = a.sel.at(li * nkv * cap_t * kb.max(1) * 4);
-        let mut sel_ptr = 0u64;
-        if let Some((x, icache)) = ix {
-            attn::index_select(
-                &self.l,
-                &self.kern.attn,
-                &IndexArgs {
-                    iq: a.iq.ptr(),
-                    nih,
-                    di,
-                    icache: icache.ptr(),
-                    iscales: icache.scales_ptr(),
-                    iscale: kind.scale(x.k_scale),
-                    cache: kind,
-                    pos: inp.pos(),
-                    row_seq: inp.row_seq(),
-                    bt: inp.bt(),
-                    bt_off: inp.bt_off(),
-                    page: self.cap.page_size,
-                    block: c.index_block_size,
-                    topk: kb,
-                    init_b: c.index_init_blocks,
-                    local_b: c.index_local_blocks,
-                    shared: c.index_selection == IndexSelection::Shared,
-                    nkv,
-                    t,
-                    scratch: a.scratch.ptr(),
-                    maxnb: self.maxnb,
-                    sel: sel_l,
-                },
-            )?;
-            sel_ptr = sel_l;
-        }
+        let sel_ptr = if ix.is_some() { sel_l } else { 0 };
         // the o projection's x in the f16 layout, written by the merge
         // (MX o weights; the buffer SwiGLU's rows use later)
         let o_xh = if a.xh_fused && lw.o.fmt.f16_x() {
@@ -385,45 +356,90 @@ impl StandardPath {
         } else {
             0
         };
-        attn::attention(
-            &self.l,
-            &self.kern.attn,
-            &AttnArgs {
-                q: a.q.ptr(),
-                nh,
-                nkv,
-                d,
-                kc: lc.k.ptr(),
-                vc: lc.v.ptr(),
-                ksc: lc.k.scales_ptr(),
-                vsc: lc.v.scales_ptr(),
-                ks: kind.scale(lw.k_scale),
-                vs: kind.scale(lw.v_scale),
-                cache: kind,
-                pos: inp.pos(),
-                row_seq: inp.row_seq(),
-                bt: inp.bt(),
-                bt_off: inp.bt_off(),
-                page: self.cap.page_size,
-                sel: sel_ptr,
-                topk: kb,
-                block: c.index_block_size,
-                t,
-                out: a.o.ptr(),
-                xh: o_xh,
-                scratch: a.ascratch.ptr(),
-                max_chunks: if sparse {
-                    self.sparse_chunks
-                } else {
-                    self.full_chunks
+        // head norms + RoPE, cache writes, indexer and attention: latency-
+        // bound launches, beside which the o projection's weights may be
+        // brought into L2
+        let heads = || -> Result<()> {
+            self.headnorm_rope(&hn, t)?;
+            self.cache_writes(&cws, t, kind)?;
+            if let Some((x, icache)) = ix {
+                attn::index_select(
+                    &self.l,
+                    &self.kern.attn,
+                    &IndexArgs {
+                        iq: a.iq.ptr(),
+                        nih,
+                        di,
+                        icache: icache.ptr(),
+                        iscales: icache.scales_ptr(),
+                        iscale: kind.scale(x.k_scale),
+                        cache: kind,
+                        pos: inp.pos(),
+                        row_seq: inp.row_seq(),
+                        bt: inp.bt(),
+                        bt_off: inp.bt_off(),
+                        page: self.cap.page_size,
+                        block: c.index_block_size,
+                        topk: kb,
+                        init_b: c.index_init_blocks,
+                        local_b: c.index_local_blocks,
+                        shared: c.index_selection == IndexSelection::Shared,
+                        nkv,
+                        t,
+                        scratch: a.scratch.ptr(),
+                        maxnb: self.maxnb,
+                        sel: sel_l,
+                    },
+                )?;
+            }
+            attn::attention(
+                &self.l,
+                &self.kern.attn,
+                &AttnArgs {
+                    q: a.q.ptr(),
+                    nh,
+                    nkv,
+                    d,
+                    kc: lc.k.ptr(),
+                    vc: lc.v.ptr(),
+                    ksc: lc.k.scales_ptr(),
+                    vsc: lc.v.scales_ptr(),
+                    ks: kind.scale(lw.k_scale),
+                    vs: kind.scale(lw.v_scale),
+                    cache: kind,
+                    pos: inp.pos(),
+                    row_seq: inp.row_seq(),
+                    bt: inp.bt(),
+                    bt_off: inp.bt_off(),
+                    page: self.cap.page_size,
+                    sel: sel_ptr,
+                    topk: kb,
+                    block: c.index_block_size,
+                    t,
+                    out: a.o.ptr(),
+                    xh: o_xh,
+                    scratch: a.ascratch.ptr(),
+                    max_chunks: if sparse {
+                        self.sparse_chunks
+                    } else {
+                        self.full_chunks
+                    },
+                    split: if t <= attn::SPLIT_MAX_ROWS && self.options().small_step_attn_split {
+                        attn::SPARSE_SPLIT
+                    } else {
+                        1
+                    },
                 },
-                split: if t <= attn::SPLIT_MAX_ROWS && self.options().small_step_attn_split {
-                    attn::SPARSE_SPLIT
-                } else {
-                    1
-                },
-            },
-        )?;
+            )
+        };
+        // joined before the o projection: measured faster than leaving the
+        // prefetch unjoined until the step's end (bench/NOTES.md session 14)
+        let pf = self.opts.l2_prefetch_mib;
+        if self.l.concurrent() && pf > 0 {
+            self.l.beside(|| self.l2_prefetch(&lw.o, pf), heads)?;
+        } else {
+            heads()?;
+        }
         remember(&a.last_a, a.o.ptr(), o_xh);
         // o projection, added into the residual in its epilogue (or, to tap
         // it, stored and added by a kernel: the same f32 += bf16(y))
@@ -452,9 +468,9 @@ impl StandardPath {
         let ffn_out = tb.and_then(|tb| tb.at(&tb.ffn_out, li, h));
         match &lw.ffn {
             DevFfn::Dense(m) => match ffn_out {
-                None => self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(a.r.ptr())),
+                None => self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(a.r.ptr()), &a.xh_a),
                 Some(dst) => {
-                    self.mlp_dense(m, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()))?;
+                    self.mlp_dense(m, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()), &a.xh_a)?;
                     self.tap_bf16(dst, a.yd.ptr(), t * h)?;
                     self.add_bf16(a.r.ptr(), a.yd.ptr(), t * h)
                 }
@@ -474,7 +490,6 @@ impl StandardPath {
                 // group the (row, expert) pairs by expert: each chosen
                 // expert is then read once
                 let slots = (t * kk).min(ne + fold).max(1);
-                self.router(router, bias, ids_l, t, fold, slots)?;
                 let pairs = t * kk;
                 let route = |xdiv: usize| Route {
                     table: a.route.ptr(),
@@ -483,28 +498,43 @@ impl StandardPath {
                     x_rows: pairs.div_ceil(xdiv.max(1)),
                 };
                 let wi = experts.gate.rows;
-                let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
-                self.lin(
-                    &[
-                        (&experts.gate, LinOut::Bf16(a.eg.ptr())),
-                        (&experts.up, LinOut::Bf16(a.eu.ptr())),
-                    ],
-                    x_in,
-                    t,
-                    Some(route(kk)),
-                )?;
-                self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi, wi)?;
-                let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
-                self.lin(
-                    &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
-                    a_in,
-                    t,
-                    Some(route(1)),
-                )?;
+                // the routed experts: router, gate + up, SwiGLU, down
+                let routed = || -> Result<()> {
+                    self.router(router, bias, ids_l, t, fold, slots)?;
+                    let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
+                    self.lin(
+                        &[
+                            (&experts.gate, LinOut::Bf16(a.eg.ptr())),
+                            (&experts.up, LinOut::Bf16(a.eu.ptr())),
+                        ],
+                        x_in,
+                        t,
+                        Some(route(kk)),
+                    )?;
+                    self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi, wi, &a.xh_a)?;
+                    let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
+                    self.lin(
+                        &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
+                        a_in,
+                        t,
+                        Some(route(1)),
+                    )
+                };
                 let mut sh = 0u64;
-                if let Some(s) = shared {
-                    self.mlp_dense(s, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()))?;
-                    sh = a.yd.ptr();
+                match shared {
+                    Some(s) => {
+                        sh = a.yd.ptr();
+                        let shared_mlp =
+                            || self.mlp_dense(s, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()), &a.xh_s);
+                        if self.shared_beside_ok(s) {
+                            // its own stream: it writes g, u, a, xh_s, yd only
+                            self.l.beside(shared_mlp, routed)?;
+                        } else {
+                            routed()?;
+                            shared_mlp()?;
+                        }
+                    }
+                    None => routed()?,
                 }
                 self.l.launch(
                     "moe_combine",
@@ -674,12 +704,13 @@ impl StandardPath {
 
     /// SwiGLU of `n` pairs (rows of `k`) into bf16 `out`, and (models with
     /// MX linears, `k` a multiple of 32) the rows in the f16 layout into
-    /// `acts.xh_a`, where the next linear on `out` reads them.
-    fn swiglu(&self, g: u64, u: u64, out: u64, n: usize, k: usize) -> Result<()> {
+    /// `xh` (`acts.xh_a`, or the shared expert's `acts.xh_s`), where the
+    /// next linear on `out` reads them.
+    fn swiglu(&self, g: u64, u: u64, out: u64, n: usize, k: usize, xh: &DevBuf) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let xh = if a.xh_fused && k.is_multiple_of(32) && k > 0 {
-            a.xh_a.ptr()
+            xh.ptr()
         } else {
             0
         };
@@ -700,8 +731,8 @@ impl StandardPath {
     }
 
     /// Dense MLP (dense layers, shared expert): gate and up in one launch,
-    /// SwiGLU, then down into `out`.
-    fn mlp_dense(&self, m: &DevMlp, x: u64, t: usize, out: LinOut) -> Result<()> {
+    /// SwiGLU (its f16 rows into `xh`), then down into `out`.
+    fn mlp_dense(&self, m: &DevMlp, x: u64, t: usize, out: LinOut, xh: &DevBuf) -> Result<()> {
         let a = &self.acts;
         let w = m.gate.rows;
         self.lin(
@@ -713,8 +744,43 @@ impl StandardPath {
             t,
             None,
         )?;
-        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w, w)?;
+        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w, w, xh)?;
         self.lin(&[(&m.down, out)], a.a.ptr(), t, None)
+    }
+
+    /// Whether the shared expert `m` may run beside the routed experts:
+    /// its launches then touch no buffer theirs do. Its linears must read
+    /// x in the f16 layout from the copies its producers wrote (RMSNorm's
+    /// `xh_n`, its SwiGLU's `xh_s`), not from `acts.xh`, which the routed
+    /// experts' `--act mxfp4` inputs use, and take no PTPC rows (the PTPC
+    /// buffers are one set).
+    fn shared_beside_ok(&self, m: &DevMlp) -> bool {
+        let mats = [&m.gate, &m.up, &m.down];
+        let f16_ok = !mats.iter().any(|w| w.fmt.f16_x())
+            || (self.acts.xh_fused && m.gate.rows.is_multiple_of(32));
+        f16_ok && !mats.iter().any(|w| w.fmt == WFmt::Ptpc)
+    }
+
+    /// Bring up to `mib` MiB of `w`'s codes (and all its block scales)
+    /// into L2 (`m3s_l2_prefetch`, a hint).
+    fn l2_prefetch(&self, w: &DevLinear, mib: usize) -> Result<()> {
+        let most = mib << 20;
+        let mut ranges = vec![(w.codes.ptr(), w.codes.bytes().min(most))];
+        if let Some(s) = &w.scales {
+            ranges.insert(0, (s.ptr(), s.bytes()));
+        }
+        for (p, n) in ranges {
+            let n = n / 16 * 16;
+            self.l.launch(
+                "l2_prefetch",
+                &self.kern.l2_prefetch,
+                (L2_PREFETCH_CTAS, 1, 1),
+                128,
+                0,
+                &[Arg::U64(p), Arg::U64(n as u64)],
+            )?;
+        }
+        Ok(())
     }
 
     /// Per-head norm + RoPE of up to 4 tensors `(x, heads, d, w, rd, out)`

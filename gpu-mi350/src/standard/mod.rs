@@ -191,6 +191,16 @@ pub struct PathOptions {
     pub small_step_variant: bool,
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
+    /// Steps of at most this many rows take the small-step variant (with
+    /// `small_step_variant` on); larger ones the default build. 16 by
+    /// default. Measured on the H200 (bench/NOTES.md session 14 run 4):
+    /// with the small-step shape forced, m3.1 --layers 12 steps of 32 and
+    /// 64 rows take 15.4 / 25.6 ms against 38.7 / 54.3 ms on the default
+    /// build (whose MX entry points spill at 128 registers; allowed all
+    /// registers they are slower still). Not yet the default: the runner
+    /// tests, golden and parity have not run with it past 16 rows. The CLI
+    /// reads `M3_SMALL_STEP_MAX_ROWS`.
+    pub small_step_max_rows: usize,
     /// Load each MoE layer's shared expert as one more matrix of its expert
     /// stacks (`--fold-shared-expert`; it needs the experts' format and
     /// width): it then runs inside the routed experts' grouped launches
@@ -242,6 +252,7 @@ impl Default for PathOptions {
             max_graphs: 256,
             small_step_variant: true,
             small_step_defines: SMALL_STEP_VARIANT,
+            small_step_max_rows: SMALL_STEP_ROWS,
             fold_shared_expert: false,
             small_step_attn_split: true,
             mono: false,
@@ -257,6 +268,7 @@ impl PathOptions {
     /// (for binaries; a runner itself reads no environment):
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
     /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
+    /// `M3_SMALL_STEP_MAX_ROWS` sets the rows it takes,
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
@@ -277,6 +289,12 @@ impl PathOptions {
             .filter(|v| !v.trim().is_empty())
         {
             self.mono_defines = Box::leak(d.into_boxed_str());
+        }
+        if let Some(n) = std::env::var("M3_SMALL_STEP_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            self.small_step_max_rows = n.max(1);
         }
         match std::env::var("M3_BESIDE").ok().as_deref().map(str::trim) {
             Some("off" | "0") => self.beside = Beside::Off,
@@ -856,7 +874,7 @@ impl StandardPath {
     pub(crate) fn variant_for(&self, t: usize) -> usize {
         match self.forced_variant {
             Some(i) => i,
-            None if t <= SMALL_STEP_ROWS
+            None if t <= self.opts.small_step_max_rows
                 && self.opts.small_step_variant
                 && self.kern.lin.mma.len() > 1 =>
             {

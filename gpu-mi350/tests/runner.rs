@@ -765,6 +765,49 @@ fn decode_taps_match_prefill_taps_by_layer() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// `m` with every MoE layer's shared expert's gate and up swapped: a
+/// perturbation the shared-expert checks must see.
+fn swap_shared_gate_up(m: &ModelWeights) -> Arc<ModelWeights> {
+    let mut bad = m.clone();
+    for l in bad.layers.iter_mut() {
+        if let FfnWeights::Moe(moe) = &mut l.ffn {
+            if let Some(s) = moe.shared.as_mut() {
+                std::mem::swap(&mut s.gate, &mut s.up);
+            }
+        }
+    }
+    Arc::new(bad)
+}
+
+/// Logits of a 40-row prefill of sequence 0, then of 4 one-row decode
+/// steps (graph-replayed), on a GPU runner of `m` loaded as `case` says.
+fn prefill_then_decode(
+    gpu: &GpuBackend,
+    m: &Arc<ModelWeights>,
+    case: &Case,
+    vocab: usize,
+) -> Vec<Vec<f32>> {
+    let mut dev = gpu
+        .load(ModelSource::Weights(m.clone()), &spec(case), &mut |_| {})
+        .expect("gpu load");
+    let table: Vec<u32> = (0..8).collect();
+    let p = prompt(vocab);
+    let mut outs = vec![
+        step(
+            &mut dev,
+            &StepBatch::contiguous(0, &p[..40], 0, &table, PAGE, true),
+            &[SampleParams::GREEDY; 40],
+            TapRequest::NONE,
+        )
+        .logits,
+    ];
+    for (i, &tok) in p.iter().enumerate().take(44).skip(40) {
+        let st = StepBatch::contiguous(0, &[tok], i as u32, &table, PAGE, true);
+        outs.push(step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE).logits);
+    }
+    outs
+}
+
 /// `--fold-shared-expert`: the shared expert loaded as one more matrix of
 /// the expert stacks and run in the grouped launches gives bit-identical
 /// logits (a prefill and graph-replayed decode steps), because it is the
@@ -792,41 +835,14 @@ fn folded_shared_expert_is_bitwise_the_same() {
             dense: fmt,
         };
         let m = Arc::new(synthetic::model(&c, formats, 5).expect("synthetic"));
-        let mut bad = (*m).clone();
-        for l in bad.layers.iter_mut() {
-            if let FfnWeights::Moe(moe) = &mut l.ffn {
-                if let Some(s) = moe.shared.as_mut() {
-                    std::mem::swap(&mut s.gate, &mut s.up);
-                }
-            }
-        }
-        let bad = Arc::new(bad);
+        let bad = swap_shared_gate_up(&m);
         let vocab = c.vocab_size;
         let case = Case {
             name: "fold",
             ..CASES[0]
         };
-        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| -> Vec<Vec<f32>> {
-            let mut dev = gpu
-                .load(ModelSource::Weights(m.clone()), &spec(&case), &mut |_| {})
-                .expect("gpu load");
-            let table: Vec<u32> = (0..8).collect();
-            let p = prompt(vocab);
-            let mut outs = vec![
-                step(
-                    &mut dev,
-                    &StepBatch::contiguous(0, &p[..40], 0, &table, PAGE, true),
-                    &[SampleParams::GREEDY; 40],
-                    TapRequest::NONE,
-                )
-                .logits,
-            ];
-            for (i, &tok) in p.iter().enumerate().take(44).skip(40) {
-                let st = StepBatch::contiguous(0, &[tok], i as u32, &table, PAGE, true);
-                outs.push(step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE).logits);
-            }
-            outs
-        };
+        let run =
+            |gpu: &GpuBackend, m: &Arc<ModelWeights>| prefill_then_decode(gpu, m, &case, vocab);
         gpu.path_options.fold_shared_expert = false;
         let plain = run(&gpu, &m);
         gpu.path_options.fold_shared_expert = true;
@@ -913,41 +929,14 @@ fn shared_expert_beside_is_bitwise_the_same() {
     ] {
         let c = ModelConfig::preset(preset).expect("preset");
         let m = Arc::new(synthetic::model(&c, Formats { experts, dense }, 5).expect("synthetic"));
-        let mut bad = (*m).clone();
-        for l in bad.layers.iter_mut() {
-            if let FfnWeights::Moe(moe) = &mut l.ffn {
-                if let Some(s) = moe.shared.as_mut() {
-                    std::mem::swap(&mut s.gate, &mut s.up);
-                }
-            }
-        }
-        let bad = Arc::new(bad);
+        let bad = swap_shared_gate_up(&m);
         let vocab = c.vocab_size;
         let case = Case {
             name: "beside",
             ..CASES[0]
         };
-        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| -> Vec<Vec<f32>> {
-            let mut dev = gpu
-                .load(ModelSource::Weights(m.clone()), &spec(&case), &mut |_| {})
-                .expect("gpu load");
-            let table: Vec<u32> = (0..8).collect();
-            let p = prompt(vocab);
-            let mut outs = vec![
-                step(
-                    &mut dev,
-                    &StepBatch::contiguous(0, &p[..40], 0, &table, PAGE, true),
-                    &[SampleParams::GREEDY; 40],
-                    TapRequest::NONE,
-                )
-                .logits,
-            ];
-            for (i, &tok) in p.iter().enumerate().take(44).skip(40) {
-                let st = StepBatch::contiguous(0, &[tok], i as u32, &table, PAGE, true);
-                outs.push(step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE).logits);
-            }
-            outs
-        };
+        let run =
+            |gpu: &GpuBackend, m: &Arc<ModelWeights>| prefill_then_decode(gpu, m, &case, vocab);
         gpu.path_options.beside = Beside::Off;
         let one = run(&gpu, &m);
         gpu.path_options.beside = Beside::On;

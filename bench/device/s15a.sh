@@ -2,8 +2,9 @@
 # Prepared in session 14, not yet run (issue 12): the checks that must pass
 # before PathOptions::small_step_max_rows defaults to 64 (session 14 run 4:
 # steps of 32 / 64 rows 2.5x / 2.1x faster on the small-step shape).
-# The CLI reads M3_SMALL_STEP_MAX_ROWS (the runner tests build their own
-# PathOptions and do not: a test with the option set is still to write).
+# The CLI reads M3_SMALL_STEP_MAX_ROWS; the runner test
+# gpu_runner_matches_the_cpu_runner_case_by_case also runs its first case
+# with the option at 90 rows (REQUIRE_GPU=1 test-runner, not in this script).
 # Golden through the GPU and parity (prompts prefilled in one step of up
 # to 64 rows) with it at 64, then the crossover: steps of 16-256 rows with
 # it at 16, 64 and 256. Logs to $OUT.

@@ -388,12 +388,25 @@ fn gpu_runner_matches_the_cpu_runner_case_by_case() {
     let Some(cuda) = gpu_or_skip("gpu_runner_matches_the_cpu_runner_case_by_case") else {
         return;
     };
-    let gpu = GpuBackend::new(cuda);
+    let mut gpu = GpuBackend::new(cuda);
     let mut failures = Vec::new();
     for case in CASES {
         let m = synthetic::model(&config(case), case.formats, 7).expect("synthetic tiny");
         failures.extend(run_case(&gpu, case, Arc::new(m)));
     }
+    // the first case with the prefill on the small-step tensor-core shape
+    // (`PathOptions::small_step_max_rows`, 16 by default until this and
+    // bench/device/s15a.sh pass on the device: bench/NOTES.md session 14
+    // run 4 measured it 2.1-2.5x faster at 32-64 rows)
+    let wide = Case {
+        name: "mxfp4/mxfp8, fp8 cache, small-step shape to 90 rows",
+        ..CASES[0]
+    };
+    gpu.path_options.small_step_max_rows = PROMPT;
+    let m = synthetic::model(&config(&wide), wide.formats, 7).expect("synthetic tiny");
+    failures.extend(run_case(&gpu, &wide, Arc::new(m)));
+    gpu.path_options.small_step_max_rows =
+        m3_gpu::standard::PathOptions::default().small_step_max_rows;
     // The comparison can fail: a planted error (one routed expert's gate
     // scaled by 3) must be caught.
     let case = &CASES[1];

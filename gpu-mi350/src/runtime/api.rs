@@ -12,8 +12,9 @@
 //! - [`Device`]: what every buffer, stream and event of a device keeps:
 //!   binding to the calling thread, allocation, synchronous copies and
 //!   memset, memory info, new streams and events.
-//! - [`Stream`] (asynchronous copies, memset, launches, capture into a
-//!   [`Graph`]), [`Event`] (timing), [`Graph`] (replay), [`Func`] (a kernel).
+//! - [`Stream`] (asynchronous copies, memset, launches, waits on another
+//!   stream's event, capture into a [`Graph`]), [`Event`] (timing, or
+//!   ordering only), [`Graph`] (replay), [`Func`] (a kernel).
 //!
 //! Each handle is a small enum matched in one place per call, so a call's
 //! CUDA arm is the exact driver call the engine made before the line

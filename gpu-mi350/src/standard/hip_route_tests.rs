@@ -32,12 +32,12 @@ use m3_core::backend::{ActMode, KvBudget, StepBatch, StepSeq};
 use m3_core::config::ModelConfig;
 use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
-use m3_cpu_ref::synthetic::{self, Formats};
+use m3_cpu_ref::synthetic::{self, Formats, WeightFormat};
 
 use super::exec::Shape;
 use super::launch::{Launcher, Recorded};
 use super::step::Extras;
-use super::{Capacity, PathOptions, StandardPath};
+use super::{Beside, Capacity, PathOptions, StandardPath};
 use crate::model::{DevBuf, DevModel};
 use crate::runtime::api::Gpu;
 use crate::runtime::hip::stub::{self, Call, Plant};
@@ -47,8 +47,13 @@ const PAGE: usize = 16;
 
 /// The standard path of a synthetic `tiny` model (bf16 weights) on `gpu`.
 fn build(gpu: &HipGpu, opts: PathOptions) -> crate::Result<StandardPath> {
+    build_with(gpu, opts, Formats::default())
+}
+
+/// [`build`] with the weights in `formats`.
+fn build_with(gpu: &HipGpu, opts: PathOptions, formats: Formats) -> crate::Result<StandardPath> {
     let c = ModelConfig::preset("tiny").expect("tiny preset");
-    let w = synthetic::model(&c, Formats::default(), 7).expect("synthetic tiny");
+    let w = synthetic::model(&c, formats, 7).expect("synthetic tiny");
     let model = DevModel::upload(gpu.device(), &w)?;
     let cap = Capacity {
         max_rows: 8,
@@ -479,6 +484,47 @@ fn planted_route_mistakes_fail_the_check() {
         let e = run_step(plant, early).expect_err("a planted mistake passed the check");
         assert!(e.contains(want), "{plant:?} / free early {early}: {e}");
     }
+}
+
+/// The shared experts of MX models run beside the routed experts too (their
+/// f16 x rows have buffers of their own): the launches of each MoE layer's
+/// shared expert reach the side stream, so the GPU runner test that
+/// compares beside against one stream bitwise on MX models compares two
+/// different schedules. With `Beside::Off` nothing leaves the main stream.
+#[test]
+fn the_shared_experts_of_an_mx_model_run_beside() {
+    let mx = Formats {
+        experts: WeightFormat::Mxfp4,
+        dense: WeightFormat::Mxfp8,
+    };
+    let side_swiglus = |beside: Beside| -> usize {
+        let gpu = stub::gpu();
+        let opts = PathOptions {
+            beside,
+            ..PathOptions::default()
+        };
+        let mut path = build_with(&gpu, opts, mx).expect("an MX path on the stub");
+        let (batch, sampling) = decode_step();
+        let shape = path.prepare(&batch, &sampling).expect("prepare");
+        stub::take_calls();
+        path.launch(shape, false).expect("direct step");
+        let calls = stub::take_calls();
+        let launches: Vec<&stub::Launch> = calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Launch(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        let main = launches[0].stream;
+        launches
+            .iter()
+            .filter(|l| l.stream != main && l.name == "m3s_swiglu")
+            .count()
+    };
+    // tiny: 3 MoE layers after 1 dense one
+    assert_eq!(side_swiglus(Beside::On), 3);
+    assert_eq!(side_swiglus(Beside::Off), 0);
 }
 
 #[test]

@@ -520,10 +520,9 @@ impl StandardPath {
                         Some(route(1)),
                     )
                 };
-                let mut sh = 0u64;
-                match shared {
+                // the shared expert's output (0: none)
+                let sh = match shared {
                     Some(s) => {
-                        sh = a.yd.ptr();
                         let shared_mlp =
                             || self.mlp_dense(s, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()), &a.xh_s);
                         if self.shared_beside_ok(s) {
@@ -533,9 +532,13 @@ impl StandardPath {
                             routed()?;
                             shared_mlp()?;
                         }
+                        a.yd.ptr()
                     }
-                    None => routed()?,
-                }
+                    None => {
+                        routed()?;
+                        0
+                    }
+                };
                 self.l.launch(
                     "moe_combine",
                     &self.kern.moe_combine,

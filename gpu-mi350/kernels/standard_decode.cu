@@ -1138,38 +1138,66 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   if (xh) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + (u64)blockIdx.x * s_xh_stride(n), n, i / 32u);
 }
 
+/// Cache element types (`kind` of a cache write, `cache_kind` of the
+/// attention and indexer kernels; the host's attn::KvKind): E4M3 codes,
+/// bf16 bits, NVFP4 (ARCHITECTURE.md, NVFP4 KV cache).
+#define S_CACHE_FP8 0
+#define S_CACHE_BF16 1
+#define S_CACHE_NVFP4 2
+
+/// The 16 E2M1 codes of one NVFP4 block as its 8 code bytes: one 8-byte
+/// store (`dst` a multiple of 8).
+M3_DEV void s_nvfp4_store8(u8* dst, const u32 (&c)[16]) {
+  u32 w0 = 0u, w1 = 0u;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w0 |= (c[2 * j] | (c[2 * j + 1] << 4)) << (8 * j);
+    w1 |= (c[8 + 2 * j] | (c[8 + 2 * j + 1] << 4)) << (8 * j);
+  }
+  *reinterpret_cast<uint2*>(dst) = make_uint2(w0, w1);
+}
+
 /// One tensor of a fused per-head norm + RoPE launch: x [T, heads, d]
-/// bf16 -> out, weight w [d], rotary dims rd; its CTAs are blockIdx.x in
-/// [h0, h0 + heads).
+/// bf16 -> out (0: none), weight w [d] (0: no norm, the values as they
+/// are: V), rotary dims rd (0: no RoPE); its CTAs are blockIdx.x in
+/// [h0, h0 + heads). With `cache` set, row t's result also goes to slot
+/// slots[t] of that cache (rows of heads * d values, `jobs.kind`, fp8's
+/// divisor or NVFP4's global `cscale`, NVFP4 block scales to `scales`):
+/// the values and bits of m3s_cache_write reading `out` back.
 struct SHnJob {
-  u64 x, w, out;
+  u64 x, w, out, cache, scales;
   u32 heads, d, rd, h0;
+  float cscale;
+  u32 pad;
 };
 struct SHnJobs {
-  SHnJob j[4];
+  SHnJob j[6];
   double theta;
   float eps;
-  u32 n;
+  u32 n, kind, pad;
 };
 
 /// Per-head Gemma RMSNorm (f32) then partial NeoX RoPE, bf16 out, for up
-/// to 4 tensors at once (q, k and the indexer's q, k). One warp per
-/// (t, head); d <= 256. Grid (total heads, T), block M3_WARP (lanes stride
-/// by M3_WARP: a 32-thread block on a wave64 device would skip values).
-M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos) {
+/// to 6 tensors at once (q, k, v and the indexer's q, k), each optionally
+/// written to its cache as well (K, V and the index key: no cache-write
+/// launch of its own). One warp per (t, head); d <= 256 (NVFP4 caches: a
+/// multiple of 16). Grid (total heads, T), block M3_WARP (lanes stride by
+/// M3_WARP: a 32-thread block on a wave64 device would skip values).
+M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos, const u32* __restrict__ slots) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
-  S_SMEM_SCOPE; S_SHARED(float, v, [256]);
+  S_SMEM_SCOPE; S_SHARED(float, v, [256]); S_SHARED(u16, ob, [256]);
   SHnJob jb = jobs.j[0];
 #pragma unroll
-  for (int i = 1; i < 4; ++i)
+  for (int i = 1; i < 6; ++i)
     if ((u32)i < jobs.n && blockIdx.x >= jobs.j[i].h0) jb = jobs.j[i];
   const u32 heads = jb.heads, d = jb.d, rd = jb.rd;
   const u16* x = reinterpret_cast<const u16*>(jb.x);
   const float* w = reinterpret_cast<const float*>(jb.w);
   u16* out = reinterpret_cast<u16*>(jb.out);
   const u32 lane = threadIdx.x;
-  const u64 base = ((u64)blockIdx.y * heads + (blockIdx.x - jb.h0)) * d;
+  const u32 h = blockIdx.x - jb.h0;
+  const u64 base = ((u64)blockIdx.y * heads + h) * d;
   float s = 0.0f;
   for (u32 i = lane; i < d; i += M3_WARP) {
     float a = m3_bf16_to_f32(x[base + i]);
@@ -1179,7 +1207,8 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   s = m3_warp_sum(s);
   float r = sqrtf(s / (float)d + jobs.eps);
   M3_SYNC_WARP();
-  for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + w[i]);
+  if (w)
+    for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + w[i]);
   M3_SYNC_WARP();
   const u32 half = rd / 2u;
   const double p = (double)pos[blockIdx.y];
@@ -1191,20 +1220,39 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
       a = a - two_pi * floor(a / two_pi);
       float c = cosf((float)a), sn = sinf((float)a);
       float x0 = v[j], x1 = v[j + half];
-      out[base + j] = m3_bf16_from_f32(x0 * c - x1 * sn);
-      out[base + j + half] = m3_bf16_from_f32(x1 * c + x0 * sn);
+      ob[j] = m3_bf16_from_f32(x0 * c - x1 * sn);
+      ob[j + half] = m3_bf16_from_f32(x1 * c + x0 * sn);
     } else if (j >= rd) {
-      out[base + j] = m3_bf16_from_f32(v[j]);
+      ob[j] = m3_bf16_from_f32(v[j]);
+    }
+  }
+  M3_SYNC_WARP();
+  if (out)
+    for (u32 i = lane; i < d; i += M3_WARP) out[base + i] = ob[i];
+  if (!jb.cache) return;
+  const u64 dst = slots[blockIdx.y] * (u64)(heads * d) + (u64)h * d;
+  if (jobs.kind == S_CACHE_BF16) {
+    u16* cache = reinterpret_cast<u16*>(jb.cache);
+    for (u32 i = lane; i < d; i += M3_WARP) cache[dst + i] = ob[i];
+  } else if (jobs.kind == S_CACHE_NVFP4) {
+    u8* codes = reinterpret_cast<u8*>(jb.cache) + dst / 2u;
+    u8* scales = reinterpret_cast<u8*>(jb.scales) + dst / 16u;
+    for (u32 b = lane; b < d / 16u; b += M3_WARP) {
+      float q[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) q[j] = m3_bf16_to_f32(ob[16u * b + (u32)j]);
+      u32 c[16];
+      scales[b] = (u8)m3_nvfp4_block(q, (double)jb.cscale, c);
+      s_nvfp4_store8(codes + 8u * b, c);
+    }
+  } else {
+    u8* cache = reinterpret_cast<u8*>(jb.cache);
+    for (u32 i = lane; i < d; i += M3_WARP) {
+      double a = (double)m3_bf16_to_f32(ob[i]) / (double)jb.cscale;
+      cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
     }
   }
 }
-
-/// Cache element types (`kind` of a cache write, `cache_kind` of the
-/// attention and indexer kernels; the host's attn::KvKind): E4M3 codes,
-/// bf16 bits, NVFP4 (ARCHITECTURE.md, NVFP4 KV cache).
-#define S_CACHE_FP8 0
-#define S_CACHE_BF16 1
-#define S_CACHE_NVFP4 2
 
 /// One cache write of a fused launch: cache[slot[t], :] = x[t, :] over
 /// `width` values, as bf16 bits (kind S_CACHE_BF16: the cache is u16
@@ -1252,15 +1300,8 @@ M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots
       for (int j = 0; j < 16; ++j) v[j] = m3_bf16_to_f32(xr[16u * b + (u32)j]);
       u32 c[16];
       scales[b] = (u8)m3_nvfp4_block(v, (double)jb.scale, c);
-      // 8 code bytes of the block: one 8-byte store (dst / 2 + 8b is a
-      // multiple of 8: width is a multiple of 16)
-      u32 w0 = 0u, w1 = 0u;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        w0 |= (c[2 * j] | (c[2 * j + 1] << 4)) << (8 * j);
-        w1 |= (c[8 + 2 * j] | (c[8 + 2 * j + 1] << 4)) << (8 * j);
-      }
-      *reinterpret_cast<uint2*>(codes + 8u * b) = make_uint2(w0, w1);
+      // dst / 2 + 8b is a multiple of 8: width is a multiple of 16
+      s_nvfp4_store8(codes + 8u * b, c);
     }
     return;
   }

@@ -44,7 +44,7 @@ use crate::model::{DevBuf, DevLinear, DevMlp};
 use crate::runner::be_err;
 use crate::runtime::api::{Func, Gpu};
 use crate::standard::attn::{self, AttnArgs, KvKind};
-use crate::standard::linear::{linears, prepare_x, xh_stride, LinOut, SMALL_STEP_ROWS};
+use crate::standard::linear::{linears, prepare_x, xh_stride, LinOut};
 use crate::standard::pointwise::{self as pw, CwSpec};
 use crate::standard::{Kernels, Launcher, PathOptions, STANDARD};
 
@@ -121,7 +121,9 @@ pub struct GpuDraft {
     l: Launcher,
     kern: Kernels,
     markov: Func,
-    small_step: bool,
+    /// Steps of at most this many rows take the small-step tensor-core
+    /// variant (0: never; `PathOptions::small_step_max_rows`).
+    small_step_max_rows: usize,
     cfg: DsparkConfig,
     embed: Arc<DevBuf>,
     lm_head: Arc<DevLinear>,
@@ -257,7 +259,11 @@ impl GpuDraft {
         Ok(GpuDraft {
             kern,
             markov,
-            small_step: opts.small_step_variant,
+            small_step_max_rows: if opts.small_step_variant {
+                opts.small_step_max_rows
+            } else {
+                0
+            },
             cfg: c.clone(),
             embed,
             lm_head,
@@ -322,7 +328,7 @@ impl GpuDraft {
 
     /// Tensor-core linears of `m` rows sharing input `x`.
     fn lin(&self, mats: &[(&DevLinear, LinOut)], x: u64, m: usize) -> Result<()> {
-        let v = usize::from(self.small_step && m <= SMALL_STEP_ROWS && self.kern.lin.mma.len() > 1);
+        let v = usize::from(m <= self.small_step_max_rows && self.kern.lin.mma.len() > 1);
         let x = prepare_x(
             &self.l,
             &self.kern.lin.x_f16,
@@ -416,6 +422,7 @@ impl GpuDraft {
             &self.l,
             &self.kern.headnorm_rope,
             &[(b.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, b.k.ptr())],
+            None,
             t,
             b.rope_pos.ptr(),
             c.rope_theta,
@@ -594,6 +601,7 @@ impl GpuDraft {
                     (b.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, b.q.ptr()),
                     (b.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, b.k.ptr()),
                 ],
+                None,
                 n,
                 b.rope_pos.ptr(),
                 c.rope_theta,

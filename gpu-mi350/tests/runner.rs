@@ -394,15 +394,14 @@ fn gpu_runner_matches_the_cpu_runner_case_by_case() {
         let m = synthetic::model(&config(case), case.formats, 7).expect("synthetic tiny");
         failures.extend(run_case(&gpu, case, Arc::new(m)));
     }
-    // the first case with the prefill on the small-step tensor-core shape
-    // (`PathOptions::small_step_max_rows`, 16 by default until this and
-    // bench/device/s15a.sh pass on the device: bench/NOTES.md session 14
-    // run 4 measured it 2.1-2.5x faster at 32-64 rows)
+    // the first case with the prefill on the default (8-warp) tensor-core
+    // build: the prompt is past `PathOptions::small_step_max_rows` here, as
+    // steps of over 512 rows are by default
     let wide = Case {
-        name: "mxfp4/mxfp8, fp8 cache, small-step shape to 90 rows",
+        name: "mxfp4/mxfp8, fp8 cache, prefill on the 8-warp build",
         ..CASES[0]
     };
-    gpu.path_options.small_step_max_rows = PROMPT;
+    gpu.path_options.small_step_max_rows = PROMPT - 1;
     let m = synthetic::model(&config(&wide), wide.formats, 7).expect("synthetic tiny");
     failures.extend(run_case(&gpu, &wide, Arc::new(m)));
     gpu.path_options.small_step_max_rows =
@@ -968,6 +967,62 @@ fn shared_expert_beside_is_bitwise_the_same() {
         if !caught {
             failures.push(format!(
                 "{preset} {experts:?} / {dense:?}: a perturbed shared expert went unseen"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// K, V and the index key written to their caches by the head-norm launch
+/// (`PathOptions::fuse_cache_writes`, the default) give the logits of the
+/// separate cache-write launch bit for bit, in each cache kind, over a
+/// 40-row prefill and 4 captured decode steps (whose attention reads only
+/// the caches). The check can fail: the fused run on a model with its last
+/// layer's K and V projections swapped differs.
+#[test]
+fn fused_cache_writes_are_bitwise_the_same() {
+    let Some(cuda) = gpu_or_skip("fused_cache_writes_are_bitwise_the_same") else {
+        return;
+    };
+    let mut gpu = GpuBackend::new(cuda);
+    let mut failures = Vec::new();
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    let c = ModelConfig::preset("tiny").expect("tiny");
+    let m = Arc::new(synthetic::model(&c, MX, 7).expect("synthetic"));
+    let mut bad = (*m).clone();
+    let last = bad.layers.len() - 1;
+    let a = &mut bad.layers[last].attn;
+    std::mem::swap(&mut a.k, &mut a.v);
+    let bad = Arc::new(bad);
+    for cache in [CacheDtype::Bf16, CacheDtype::Fp8E4M3, CacheDtype::Nvfp4] {
+        let case = Case {
+            name: "fused cache writes",
+            cache,
+            ..CASES[0]
+        };
+        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| {
+            prefill_then_decode(gpu, m, &case, c.vocab_size)
+        };
+        gpu.path_options.fuse_cache_writes = false;
+        let apart = run(&gpu, &m);
+        gpu.path_options.fuse_cache_writes = true;
+        let fused = run(&gpu, &m);
+        let planted = run(&gpu, &bad);
+        let same = apart.iter().zip(&fused).all(|(a, b)| bits(a, b));
+        let caught = !fused.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        println!(
+            "{cache:?} cache: fused == separate cache writes bitwise: {same}; swapped K / V differs: {caught}"
+        );
+        if !same {
+            failures.push(format!(
+                "{cache:?} cache: the fused cache writes changed the logits"
+            ));
+        }
+        if !caught {
+            failures.push(format!(
+                "{cache:?} cache: swapped K / V projections went unseen"
             ));
         }
     }

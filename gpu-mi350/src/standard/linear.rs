@@ -17,10 +17,17 @@ use crate::runtime::api::{Func, Gpu};
 pub(crate) const MMA_N: u32 = 16;
 /// Matrices one tensor-core launch takes (`S_MAX_SEGS` in the kernel).
 pub(crate) const MAX_SEGS: usize = 5;
-/// Steps of at most this many rows run the small-step variant (4 warps per
-/// CTA, 16 rows per CTA: measured faster at batch 1-16 on the H200,
-/// bench/NOTES.md session 2).
+/// A small step: at most this many rows (the small-step router, mono
+/// decode, the scheduler's mono threshold).
 pub(crate) const SMALL_STEP_ROWS: usize = 16;
+/// Steps of at most this many rows run the small-step tensor-core variant
+/// (4 warps per CTA, at most 2 row tiles: `SMALL_STEP_VARIANT`); larger
+/// ones the default 8-warp build. Measured on the H200 (bench/NOTES.md
+/// session 15, runs 1-2; m3.1 --layers 12, whole steps): faster at every
+/// step of 16-512 rows (32 rows 15.5 against 39.7 ms, 256 rows 69.4
+/// against 97.1, 512 rows 131.2 against 145.5), slower from 1024 rows
+/// (268.5 against 255.4; 2048: 533.7 against 481.5).
+pub(crate) const SMALL_TILE_MAX_ROWS: usize = 512;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).

@@ -52,7 +52,7 @@ use crate::model::{DevBuf, DevFfn, DevModel};
 use crate::runtime::api::{Device, Func, Gpu};
 use graphs::Graphs;
 use inputs::StepInputs;
-use linear::{LinearKernels, MmaVariant, SMALL_STEP_ROWS, SMALL_STEP_VARIANT};
+use linear::{LinearKernels, MmaVariant, SMALL_STEP_VARIANT, SMALL_TILE_MAX_ROWS};
 use std::sync::atomic::AtomicU64;
 
 /// The standard path's kernels (`kernels/standard_decode.cu` followed by
@@ -192,13 +192,12 @@ pub struct PathOptions {
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
     /// Steps of at most this many rows take the small-step variant (with
-    /// `small_step_variant` on); larger ones the default build. 16 by
-    /// default. Measured on the H200 (bench/NOTES.md session 14 run 4):
-    /// with the small-step shape forced, m3.1 --layers 12 steps of 32 and
-    /// 64 rows take 15.4 / 25.6 ms against 38.7 / 54.3 ms on the default
-    /// build (whose MX entry points spill at 128 registers; allowed all
-    /// registers they are slower still). Not yet the default: the runner
-    /// tests, golden and parity have not run with it past 16 rows. The CLI
+    /// `small_step_variant` on); larger ones the default build. 512 by
+    /// default, the measured crossover on the H200 (bench/NOTES.md session
+    /// 15 runs 1-2: m3.1 --layers 12 steps of 32 / 64 / 256 / 512 rows take
+    /// 15.5 / 25.6 / 69.4 / 131.2 ms on it against 39.7 / 54.5 / 97.1 /
+    /// 145.5 ms on the default build, whose MX entry points spill at 128
+    /// registers; from 1024 rows the default build is faster). The CLI
     /// reads `M3_SMALL_STEP_MAX_ROWS`.
     pub small_step_max_rows: usize,
     /// Load each MoE layer's shared expert as one more matrix of its expert
@@ -242,6 +241,11 @@ pub struct PathOptions {
     /// elsewhere); a hint: results do not change. The CLI reads
     /// `M3_L2_PREFETCH_MIB`.
     pub l2_prefetch_mib: usize,
+    /// Write K, V and the index key to their caches from the head-norm
+    /// launch (V as a job without a norm) instead of a cache-write launch
+    /// after it: one launch a layer fewer, the same bits. The CLI reads
+    /// `M3_FUSE_CACHE_WRITES=0|1` for A/B runs.
+    pub fuse_cache_writes: bool,
 }
 
 impl Default for PathOptions {
@@ -252,13 +256,14 @@ impl Default for PathOptions {
             max_graphs: 256,
             small_step_variant: true,
             small_step_defines: SMALL_STEP_VARIANT,
-            small_step_max_rows: SMALL_STEP_ROWS,
+            small_step_max_rows: SMALL_TILE_MAX_ROWS,
             fold_shared_expert: false,
             small_step_attn_split: true,
             mono: false,
             mono_defines: "",
             beside: Beside::On,
             l2_prefetch_mib: 16,
+            fuse_cache_writes: true,
         }
     }
 }
@@ -272,7 +277,7 @@ impl PathOptions {
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
-    /// prefetch.
+    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen.
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -306,6 +311,15 @@ impl PathOptions {
             .and_then(|v| v.trim().parse().ok())
         {
             self.l2_prefetch_mib = n;
+        }
+        match std::env::var("M3_FUSE_CACHE_WRITES")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0" | "off") => self.fuse_cache_writes = false,
+            Some("1" | "on") => self.fuse_cache_writes = true,
+            _ => {}
         }
         self
     }

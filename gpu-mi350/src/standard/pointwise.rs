@@ -8,27 +8,38 @@ use super::launch::{Arg, Launcher};
 use crate::error::{GpuError, Result};
 use crate::runtime::api::Func;
 
-/// One tensor of a fused per-head norm + RoPE launch (`SHnJob`).
+/// One tensor of a fused per-head norm + RoPE launch (`SHnJob`), with
+/// the cache its rows may also go to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct HnJob {
     x: u64,
     w: u64,
     out: u64,
+    cache: u64,
+    scales: u64,
     heads: u32,
     d: u32,
     rd: u32,
     h0: u32,
+    cscale: f32,
+    pad: u32,
 }
 
-/// `SHnJobs`: up to 4 tensors, by value.
+/// Tensors a head-norm launch takes (`SHnJobs::j`): q, k, v and the
+/// indexer's q, k, and one spare.
+pub(crate) const HN_MAX_JOBS: usize = 6;
+
+/// `SHnJobs`: up to [`HN_MAX_JOBS`] tensors, by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct HnJobs {
-    j: [HnJob; 4],
+    j: [HnJob; HN_MAX_JOBS],
     theta: f64,
     eps: f32,
     n: u32,
+    kind: u32,
+    pad: u32,
 }
 
 /// One cache write of a fused launch (`SCwJob`): `width` values of row t
@@ -57,8 +68,33 @@ pub(crate) struct CwJobs {
 }
 
 /// One tensor of a fused per-head norm + RoPE launch: `(x, heads, d,
-/// norm weight, rotary dims, out)`.
+/// norm weight, rotary dims, out)`; a norm weight of 0 takes the values as
+/// they are (V on its way to the cache), rotary dims 0 no RoPE, out 0 no
+/// bf16 rows.
 pub(crate) type HnSpec = (u64, usize, usize, u64, usize, u64);
+
+/// The cache a head-norm job's rows also go to (a cache write fused into
+/// the launch): rows of `heads * d` values of the launch's [`KvKind`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HnCache {
+    /// The cache: bf16 `[slot][heads * d]`, E4M3 `[slot][heads * d]` or
+    /// NVFP4 codes `[slot][heads * d / 2]`.
+    pub cache: u64,
+    /// NVFP4 block scales `[slot][heads * d / 16]`; 0 for the other kinds.
+    pub scales: u64,
+    /// fp8's divisor, NVFP4's global (unused for bf16).
+    pub scale: f32,
+}
+
+/// The cache writes a head-norm launch makes: one entry a job (`None`:
+/// that job's rows go to no cache), every one of `kind`, row `i` to slot
+/// `slots[i]` (`[t]` u32).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HnCaches<'a> {
+    pub of: &'a [Option<HnCache>],
+    pub kind: KvKind,
+    pub slots: u64,
+}
 
 /// One cache write of a fused launch.
 #[derive(Clone, Copy, Debug)]
@@ -188,44 +224,111 @@ pub(crate) fn swiglu(
     )
 }
 
-/// Per-head norm + RoPE (at the positions `pos`, `[t]` u32) of up to 4
-/// tensors of `t` rows in one launch.
+/// Per-head norm + RoPE (at the positions `pos`, `[t]` u32) of up to
+/// [`HN_MAX_JOBS`] tensors of `t` rows in one launch, each optionally also
+/// written to its cache (`caches`: the values and bits of [`cache_writes`]
+/// on the launch's bf16 rows, without a launch of its own).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn headnorm_rope(
     l: &Launcher,
     f: &Func,
     jobs: &[HnSpec],
+    caches: Option<HnCaches>,
     t: usize,
     pos: u64,
     theta: f64,
     eps: f32,
 ) -> Result<()> {
-    let mut hj = HnJobs {
-        theta,
-        eps,
-        ..HnJobs::default()
-    };
-    let mut h0 = 0u32;
-    for (i, &(x, heads, d, w, rd, out)) in jobs.iter().take(4).enumerate() {
-        hj.j[i] = HnJob {
-            x,
-            w,
-            out,
-            heads: heads as u32,
-            d: d as u32,
-            rd: rd as u32,
-            h0,
-        };
-        h0 += heads as u32;
-        hj.n += 1;
-    }
+    let hj = hn_jobs(jobs, caches, theta, eps)?;
+    let h0 = hj.j[..hj.n as usize].iter().map(|j| j.heads).sum::<u32>();
     l.launch(
         "headnorm_rope",
         f,
         (h0, t as u32, 1),
         l.warp(),
         0,
-        &[Arg::pod(&hj), Arg::U64(pos)],
+        &[
+            Arg::pod(&hj),
+            Arg::U64(pos),
+            Arg::U64(caches.map_or(0, |c| c.slots)),
+        ],
     )
+}
+
+/// The head-norm launch's job table, checked: 1..=[`HN_MAX_JOBS`] jobs of
+/// at most 256 values a head; with caches, one entry a job, NVFP4 heads a
+/// whole number of 16-value blocks with block scales given, the other
+/// kinds without.
+pub(crate) fn hn_jobs(
+    jobs: &[HnSpec],
+    caches: Option<HnCaches>,
+    theta: f64,
+    eps: f32,
+) -> Result<HnJobs> {
+    let bad = |why: String| GpuError::input("headnorm_rope", why);
+    if jobs.is_empty() || jobs.len() > HN_MAX_JOBS {
+        return Err(bad(format!(
+            "{} tensors in one launch (1..={HN_MAX_JOBS})",
+            jobs.len()
+        )));
+    }
+    if let Some(c) = caches.filter(|c| c.of.len() != jobs.len()) {
+        return Err(bad(format!(
+            "{} cache entries for {} tensors",
+            c.of.len(),
+            jobs.len()
+        )));
+    }
+    let kind = caches.map_or(KvKind::Bf16, |c| c.kind);
+    let mut hj = HnJobs {
+        theta,
+        eps,
+        kind: kind as u32,
+        ..HnJobs::default()
+    };
+    let mut h0 = 0u32;
+    for (i, &(x, heads, d, w, rd, out)) in jobs.iter().enumerate() {
+        if d == 0 || d > 256 || rd > d {
+            return Err(bad(format!(
+                "job {i}: head of {d} values with {rd} rotary dims (1..=256 values, rotary dims at most that)"
+            )));
+        }
+        let heads = u32::try_from(heads)
+            .ok()
+            .filter(|&h| h.checked_add(h0).is_some())
+            .ok_or_else(|| bad(format!("job {i}: {heads} heads overflow the grid")))?;
+        let cw = caches.and_then(|c| c.of[i]);
+        if let Some(cw) = cw {
+            let nv = kind == KvKind::Nvfp4;
+            if nv && !d.is_multiple_of(NVFP4_BLOCK) {
+                return Err(bad(format!(
+                    "job {i}: an NVFP4 cache head of {d} values is not a whole number of {NVFP4_BLOCK}-value blocks"
+                )));
+            }
+            if nv != (cw.scales != 0) {
+                return Err(bad(format!(
+                    "job {i}: block scales pointer {:#x} for a {kind:?} cache (NVFP4 needs one, the others take none)",
+                    cw.scales
+                )));
+            }
+        }
+        hj.j[i] = HnJob {
+            x,
+            w,
+            out,
+            cache: cw.map_or(0, |c| c.cache),
+            scales: cw.map_or(0, |c| c.scales),
+            heads,
+            d: d as u32,
+            rd: rd as u32,
+            h0,
+            cscale: cw.map_or(1.0, |c| c.scale),
+            pad: 0,
+        };
+        h0 += heads;
+        hj.n += 1;
+    }
+    Ok(hj)
 }
 
 /// Cache writes of up to 3 tensors of `t` rows (row `i` to slot
@@ -305,14 +408,19 @@ mod tests {
 
     #[test]
     fn job_tables_have_the_kernel_layout() {
-        // SHnJob: 3 u64 + 4 u32; SHnJobs: 4 of them, f64, f32, u32.
-        assert_eq!(std::mem::size_of::<HnJob>(), 40);
-        assert_eq!(std::mem::size_of::<HnJobs>(), 4 * 40 + 16);
+        // SHnJob: 5 u64 + 4 u32 + f32 + u32; SHnJobs: 6 of them, f64, f32,
+        // 3 u32.
+        assert_eq!(std::mem::size_of::<HnJob>(), 64);
+        assert_eq!(std::mem::size_of::<HnJobs>(), HN_MAX_JOBS * 64 + 24);
         // SCwJob: 3 u64 + u32, f32, u32, u32; SCwJobs: 3 of them + 2 u32.
         assert_eq!(std::mem::size_of::<CwJob>(), 40);
         assert_eq!(std::mem::size_of::<CwJobs>(), 3 * 40 + 8);
         // and the kernel's struct has the fields in this order
         let body = super::super::STANDARD.body;
+        assert!(body.contains(
+            "struct SHnJob {\n  u64 x, w, out, cache, scales;\n  u32 heads, d, rd, h0;\n  float cscale;\n  u32 pad;\n};\nstruct SHnJobs {\n  SHnJob j[6];\n  double theta;\n  float eps;\n  u32 n, kind, pad;\n};"
+        ));
+        assert_eq!(HN_MAX_JOBS, 6);
         assert!(body.contains(
             "struct SCwJob {\n  u64 x, cache, scales;\n  u32 width;\n  float scale;\n  u32 kind, pad;\n};"
         ));
@@ -325,6 +433,83 @@ mod tests {
             scale: 0.25,
             cache: 512,
             scales,
+        }
+    }
+
+    #[test]
+    fn head_norm_jobs_are_checked() {
+        // control: m3.1's q, k (cached), v (cached, no norm), index q, index
+        // k (cached) in each kind
+        let cache = |sc| {
+            Some(HnCache {
+                cache: 4096,
+                scales: sc,
+                scale: 0.5,
+            })
+        };
+        let jobs: [HnSpec; 5] = [
+            (256, 64, 128, 8, 64, 512),
+            (256, 4, 128, 8, 64, 512),
+            (256, 4, 128, 0, 0, 0),
+            (256, 4, 128, 8, 64, 512),
+            (256, 1, 128, 8, 64, 512),
+        ];
+        let ok = |kind, sc| {
+            let of = [None, cache(sc), cache(sc), None, cache(sc)];
+            hn_jobs(
+                &jobs,
+                Some(HnCaches {
+                    of: &of,
+                    kind,
+                    slots: 64,
+                }),
+                1e4,
+                1e-6,
+            )
+        };
+        let hj = ok(KvKind::Nvfp4, 1024).unwrap();
+        assert_eq!((hj.n, hj.kind), (5, KvKind::Nvfp4 as u32));
+        assert_eq!(hj.j[4].h0, 64 + 4 + 4 + 4);
+        assert_eq!(
+            (hj.j[0].cache, hj.j[1].cache, hj.j[2].scales),
+            (0, 4096, 1024)
+        );
+        assert_eq!(hj.j[2].w, 0);
+        assert!(ok(KvKind::Fp8, 0).is_ok());
+        assert!(ok(KvKind::Bf16, 0).is_ok());
+        assert!(hn_jobs(&jobs[..2], None, 1e4, 1e-6).is_ok_and(|h| h.j[1].cache == 0));
+        let j = |d: usize, rd: usize| -> HnSpec { (256, 4, d, 8, rd, 512) };
+        let one = [cache(0)];
+        let one_nv = [cache(1024)];
+        let c = |of, kind| {
+            Some(HnCaches {
+                of,
+                kind,
+                slots: 64,
+            })
+        };
+        let bad: [(&[HnSpec], Option<HnCaches>, &str); 7] = [
+            (&[], None, "0 tensors"),
+            (&[j(128, 64); 7], None, "7 tensors"),
+            (&[j(512, 64)], None, "512 values"),
+            (&[j(128, 130)], None, "130 rotary"),
+            (&[j(40, 0)], c(&one_nv, KvKind::Nvfp4), "40 values is not"),
+            (&[j(128, 64)], c(&one, KvKind::Nvfp4), "needs one"),
+            (
+                &[j(128, 64), j(128, 64)],
+                c(&one, KvKind::Fp8),
+                "1 cache entries for 2",
+            ),
+        ];
+        for (i, (jobs, caches, what)) in bad.iter().enumerate() {
+            let e = hn_jobs(jobs, *caches, 1e4, 1e-6)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains(what) && e.contains("headnorm_rope")),
+                "case {i}: {e:?}"
+            );
         }
     }
 

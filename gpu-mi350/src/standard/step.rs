@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use m3_core::backend::{ActMode, TapRequest};
 use m3_core::config::{AttnKind, IndexSelection};
 
-use super::attn::{self, AttnArgs, IndexArgs, KvKind};
+use super::attn::{self, AttnArgs, IndexArgs, KvKind, NVFP4_BLOCK};
 use super::kv::DevCache;
 use super::launch::Arg;
 use super::linear::{
     linears, prepare_x, LinOut, LinX, PtpcX, Route, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
 };
-use super::pointwise::{self as pw, CwSpec, HnSpec};
+use super::pointwise::{self as pw, CwSpec, HnCache, HnCaches, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
@@ -324,12 +324,20 @@ impl StandardPath {
             qkv.push((&x.k, LinOut::Bf16(a.ik0.ptr())));
         }
         self.lin(&qkv, a.hn.ptr(), t, None)?;
-        // per-head norm + RoPE of q, k (and the indexer's q, k), then the
-        // cache writes of k, v (and the index key)
+        // per-head norm + RoPE of q, k (and the indexer's q, k), and the
+        // cache writes of k, v (and the index key): in the same launch
+        // (`PathOptions::fuse_cache_writes`; V as a job without a norm) or
+        // after it
         let mut hn = vec![
             (a.q0.ptr(), nh, d, lw.q_norm.ptr(), c.rotary_dim, a.q.ptr()),
             (a.k0.ptr(), nkv, d, lw.k_norm.ptr(), c.rotary_dim, a.k.ptr()),
         ];
+        let hc = |scale: f32, cache: &DevCache| HnCache {
+            cache: cache.ptr(),
+            scales: cache.scales_ptr(),
+            scale,
+        };
+        let mut hcs = vec![None, Some(hc(lw.k_scale, &lc.k))];
         let cw = |x: u64, width: usize, scale: f32, cache: &DevCache| CwSpec {
             x,
             width,
@@ -341,10 +349,19 @@ impl StandardPath {
             cw(a.k.ptr(), nkv * d, lw.k_scale, &lc.k),
             cw(a.v.ptr(), nkv * d, lw.v_scale, &lc.v),
         ];
+        // (an NVFP4 cache row fused a head at a time: heads of whole blocks)
+        let fuse = self.opts.fuse_cache_writes
+            && (kind != KvKind::Nvfp4
+                || (d.is_multiple_of(NVFP4_BLOCK) && di.is_multiple_of(NVFP4_BLOCK)));
+        if fuse {
+            hn.push((a.v.ptr(), nkv, d, 0, 0, 0));
+            hcs.push(Some(hc(lw.v_scale, &lc.v)));
+        }
         if let Some((x, icache)) = ix {
             let rd = c.rotary_dim.min(di);
             hn.push((a.iq0.ptr(), nih, di, x.q_norm.ptr(), rd, a.iq.ptr()));
             hn.push((a.ik0.ptr(), 1, di, x.k_norm.ptr(), rd, a.ik.ptr()));
+            hcs.extend([None, Some(hc(x.k_scale, icache))]);
             cws.push(cw(a.ik.ptr(), di, x.k_scale, icache));
         }
         let sel_l = a.sel.at(li * nkv * cap_t * kb.max(1) * 4);
@@ -360,8 +377,12 @@ impl StandardPath {
         // bound launches, beside which the o projection's weights may be
         // brought into L2
         let heads = || -> Result<()> {
-            self.headnorm_rope(&hn, t)?;
-            self.cache_writes(&cws, t, kind)?;
+            if fuse {
+                self.headnorm_rope(&hn, Some(&hcs), t, kind)?;
+            } else {
+                self.headnorm_rope(&hn, None, t, kind)?;
+                self.cache_writes(&cws, t, kind)?;
+            }
             if let Some((x, icache)) = ix {
                 attn::index_select(
                     &self.l,
@@ -786,14 +807,26 @@ impl StandardPath {
         Ok(())
     }
 
-    /// Per-head norm + RoPE of up to 4 tensors `(x, heads, d, w, rd, out)`
-    /// in one launch.
-    fn headnorm_rope(&self, jobs: &[HnSpec], t: usize) -> Result<()> {
+    /// Per-head norm + RoPE of up to 6 tensors `(x, heads, d, w, rd, out)`
+    /// in one launch, with their rows also written to the caches of
+    /// `caches` (one entry a tensor) when given.
+    fn headnorm_rope(
+        &self,
+        jobs: &[HnSpec],
+        caches: Option<&[Option<HnCache>]>,
+        t: usize,
+        kind: KvKind,
+    ) -> Result<()> {
         let c = &self.model.config;
         pw::headnorm_rope(
             &self.l,
             &self.kern.headnorm_rope,
             jobs,
+            caches.map(|of| HnCaches {
+                of,
+                kind,
+                slots: self.inputs.slots(),
+            }),
             t,
             self.inputs.pos(),
             c.rope_theta,

@@ -70,50 +70,6 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
         6,
         "kept across the radix selects, read back once at the end",
     ),
-    (
-        "m3s_mma_e4m3",
-        41,
-        "the MX linears' f16 kernel (s_mmh_linear, session 11) on HIP: its tile product \
-         emulated by lane shuffles with the block and tile loops kept rolled (unrolled, it \
-         spilled hundreds of VGPRs); segment-table fields and 64-bit row pointers spill to \
-         VGPR lanes, no memory; no VGPR spill (counts with the row and epilogue helpers \
-         it shares with the bf16 kernel, s_lin_rows / s_lin_store)",
-    ),
-    (
-        "m3s_mma_e4m3_any",
-        63,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_e5m2",
-        34,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_e5m2_any",
-        69,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_fp4",
-        36,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_fp4_any",
-        37,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_nvfp4",
-        56,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
-    (
-        "m3s_mma_nvfp4_any",
-        53,
-        "as m3s_mma_e4m3: the same f16 MX linear body on HIP, another format",
-    ),
 ];
 
 /// The SGPR spills `kernel` may have (0 unless listed).

@@ -52,11 +52,21 @@ fn build(gpu: &HipGpu, opts: PathOptions) -> crate::Result<StandardPath> {
 
 /// [`build`] with the weights in `formats`.
 fn build_with(gpu: &HipGpu, opts: PathOptions, formats: Formats) -> crate::Result<StandardPath> {
+    build_rows(gpu, opts, formats, 8)
+}
+
+/// [`build_with`] for steps of up to `max_rows` rows.
+fn build_rows(
+    gpu: &HipGpu,
+    opts: PathOptions,
+    formats: Formats,
+    max_rows: usize,
+) -> crate::Result<StandardPath> {
     let c = ModelConfig::preset("tiny").expect("tiny preset");
     let w = synthetic::model(&c, formats, 7).expect("synthetic tiny");
     let model = DevModel::upload(gpu.device(), &w)?;
     let cap = Capacity {
-        max_rows: 8,
+        max_rows,
         max_seqs: 2,
         page_size: PAGE,
         max_context: 64,
@@ -467,6 +477,43 @@ fn direct_launches_match_the_recorder_too() {
         );
         assert_eq!(encode(&l.args), r.args, "{}", r.label);
     }
+}
+
+/// A step of more rows than the one-launch router takes (a 20-row
+/// prefill) runs the router's three launches, whose top-k is one warp a
+/// row: on HIP a wavefront of 64 lanes. Its launches match the recorder's.
+#[test]
+fn a_large_step_routes_a_row_a_wavefront() {
+    let gpu = stub::gpu();
+    let mut path = build_rows(&gpu, PathOptions::default(), Formats::default(), 24).expect("path");
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 64).collect();
+    let batch = StepBatch::contiguous(1, &tokens, 0, &[0, 1], PAGE, false);
+    let sampling = vec![SampleParams::default()];
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    let rec = reference(&path, shape).expect("reference");
+    stub::take_calls();
+    path.launch(shape, true).expect("captured step");
+    assert_eq!(
+        path.read_tokens(shape.logits_rows).expect("tokens").len(),
+        1
+    );
+    let calls = stub::take_calls();
+    check_step(&calls, &rec).unwrap_or_else(|e| panic!("HIP route, 20 rows: {e}"));
+    let warp: Vec<&stub::Launch> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Launch(l) if l.name == "m3s_router_warp" => Some(l),
+            _ => None,
+        })
+        .collect();
+    // one a MoE layer (tiny: 3), a wavefront a row
+    assert_eq!(warp.len(), 3, "m3s_router_warp launches");
+    for l in warp {
+        assert_eq!((l.grid.0, l.block), (20, (64, 1, 1)));
+    }
+    assert!(!calls
+        .iter()
+        .any(|c| matches!(c, Call::Launch(l) if l.name == "m3s_router_small")));
 }
 
 #[test]

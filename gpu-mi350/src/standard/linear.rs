@@ -239,7 +239,9 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_MMA_INTERLEAVE" if n <= 1 => {}
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
-            "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" if (1..=16).contains(&n) => {}
+            "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
+            | "S_R1_MINB_NV"
+                if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}

@@ -1163,6 +1163,37 @@ M3_DEV void s_nvfp4_store8(u8* dst, const u32 (&c)[16]) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(w0, w1);
 }
 
+/// Store n bf16 values `src` (bits) at value `dst` of a cache of `kind`
+/// (S_CACHE_*): bf16 bits, e4m3(x / scale) codes saturating RNE, or NVFP4
+/// blocks of 16 with `scale` as the global (codes at dst / 2, E4M3 block
+/// scales in `scales` at dst / 16; n and dst multiples of 16). Thread `i0`
+/// of `step` takes values (or NVFP4 blocks) i0, i0 + step, ...
+M3_DEV void s_cache_store(u32 kind, u64 cache, u64 scales, float scale, u64 dst, const u16* src, u32 n, u32 i0,
+                          u32 step) {
+  if (kind == S_CACHE_BF16) {
+    u16* c = reinterpret_cast<u16*>(cache);
+    for (u32 i = i0; i < n; i += step) c[dst + i] = src[i];
+  } else if (kind == S_CACHE_NVFP4) {
+    u8* codes = reinterpret_cast<u8*>(cache) + dst / 2u;
+    u8* sc = reinterpret_cast<u8*>(scales) + dst / 16u;
+    for (u32 b = i0; b < n / 16u; b += step) {
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = m3_bf16_to_f32(src[16u * b + (u32)j]);
+      u32 c[16];
+      sc[b] = (u8)m3_nvfp4_block(v, (double)scale, c);
+      // dst / 2 + 8b is a multiple of 8: dst is a multiple of 16
+      s_nvfp4_store8(codes + 8u * b, c);
+    }
+  } else {
+    u8* c = reinterpret_cast<u8*>(cache);
+    for (u32 i = i0; i < n; i += step) {
+      double a = (double)m3_bf16_to_f32(src[i]) / (double)scale;
+      c[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
+    }
+  }
+}
+
 /// One tensor of a fused per-head norm + RoPE launch: x [T, heads, d]
 /// bf16 -> out (0: none), weight w [d] (0: no norm, the values as they
 /// are: V), rotary dims rd (0: no RoPE); its CTAs are blockIdx.x in
@@ -1237,27 +1268,7 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
     for (u32 i = lane; i < d; i += M3_WARP) out[base + i] = ob[i];
   if (!jb.cache) return;
   const u64 dst = slots[blockIdx.y] * (u64)(heads * d) + (u64)h * d;
-  if (jobs.kind == S_CACHE_BF16) {
-    u16* cache = reinterpret_cast<u16*>(jb.cache);
-    for (u32 i = lane; i < d; i += M3_WARP) cache[dst + i] = ob[i];
-  } else if (jobs.kind == S_CACHE_NVFP4) {
-    u8* codes = reinterpret_cast<u8*>(jb.cache) + dst / 2u;
-    u8* scales = reinterpret_cast<u8*>(jb.scales) + dst / 16u;
-    for (u32 b = lane; b < d / 16u; b += M3_WARP) {
-      float q[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) q[j] = m3_bf16_to_f32(ob[16u * b + (u32)j]);
-      u32 c[16];
-      scales[b] = (u8)m3_nvfp4_block(q, (double)jb.cscale, c);
-      s_nvfp4_store8(codes + 8u * b, c);
-    }
-  } else {
-    u8* cache = reinterpret_cast<u8*>(jb.cache);
-    for (u32 i = lane; i < d; i += M3_WARP) {
-      double a = (double)m3_bf16_to_f32(ob[i]) / (double)jb.cscale;
-      cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
-    }
-  }
+  s_cache_store(jobs.kind, jb.cache, jb.scales, jb.cscale, dst, ob, d, lane, M3_WARP);
 }
 
 /// One cache write of a fused launch: cache[slot[t], :] = x[t, :] over
@@ -1290,32 +1301,8 @@ M3_KERNEL void m3s_cache_write(const SCwJobs jobs, const u32* __restrict__ slots
   const u16* x = reinterpret_cast<const u16*>(jb.x);
   const u32 width = jb.width;
   const u64 slot = slots[blockIdx.x];
-  const u64 dst = slot * width;
-  if (jb.kind == S_CACHE_BF16) {
-    u16* cache = reinterpret_cast<u16*>(jb.cache);
-    for (u32 i = threadIdx.x; i < width; i += blockDim.x) cache[dst + i] = x[(u64)blockIdx.x * width + i];
-    return;
-  }
-  if (jb.kind == S_CACHE_NVFP4) {
-    u8* codes = reinterpret_cast<u8*>(jb.cache) + dst / 2u;
-    u8* scales = reinterpret_cast<u8*>(jb.scales) + dst / 16u;
-    const u16* xr = x + (u64)blockIdx.x * width;
-    for (u32 b = threadIdx.x; b < width / 16u; b += blockDim.x) {
-      float v[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = m3_bf16_to_f32(xr[16u * b + (u32)j]);
-      u32 c[16];
-      scales[b] = (u8)m3_nvfp4_block(v, (double)jb.scale, c);
-      // dst / 2 + 8b is a multiple of 8: width is a multiple of 16
-      s_nvfp4_store8(codes + 8u * b, c);
-    }
-    return;
-  }
-  u8* cache = reinterpret_cast<u8*>(jb.cache);
-  for (u32 i = threadIdx.x; i < width; i += blockDim.x) {
-    double a = (double)m3_bf16_to_f32(x[(u64)blockIdx.x * width + i]) / (double)jb.scale;
-    cache[dst + i] = (u8)m3_elem_encode_sat(M3_ELEM_E4M3, a);
-  }
+  s_cache_store(jb.kind, jb.cache, jb.scales, jb.scale, slot * width, x + (u64)blockIdx.x * width, width,
+                threadIdx.x, blockDim.x);
 }
 
 M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 seq, u32 page, u32 j) {

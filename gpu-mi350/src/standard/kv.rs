@@ -520,11 +520,11 @@ mod nvfp4_model {
         }
         let std = super::super::STANDARD.body;
         for line in [
-            "scales[b] = (u8)m3_nvfp4_block(v, (double)jb.scale, c);",
+            "sc[b] = (u8)m3_nvfp4_block(v, (double)scale, c);",
             "w0 |= (c[2 * j] | (c[2 * j + 1] << 4)) << (8 * j);",
             "w1 |= (c[8 + 2 * j] | (c[8 + 2 * j + 1] << 4)) << (8 * j);",
         ] {
-            assert!(std.contains(line), "m3s_cache_write no longer has `{line}`");
+            assert!(std.contains(line), "s_cache_store no longer has `{line}`");
         }
     }
 

@@ -820,6 +820,32 @@ fn prefill_then_decode(
     outs
 }
 
+/// Whether a path option leaves the logits bit for bit as they were, over
+/// [`prefill_then_decode`] of `m`: run with `set(.., false)` then with
+/// `set(.., true)` (`same`); and whether that comparison can fail: `bad`,
+/// run with `set(.., true)`, must differ from `m` (`caught`).
+fn bitwise_ab(
+    gpu: &mut GpuBackend,
+    m: &Arc<ModelWeights>,
+    bad: &Arc<ModelWeights>,
+    case: &Case,
+    vocab: usize,
+    set: impl Fn(&mut m3_gpu::standard::PathOptions, bool),
+) -> (bool, bool) {
+    let bits = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        x.len() == y.len()
+            && x.iter().zip(y).all(|(a, b)| {
+                a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+            })
+    };
+    set(&mut gpu.path_options, false);
+    let off = prefill_then_decode(gpu, m, case, vocab);
+    set(&mut gpu.path_options, true);
+    let on = prefill_then_decode(gpu, m, case, vocab);
+    let planted = prefill_then_decode(gpu, bad, case, vocab);
+    (bits(&off, &on), !bits(&on, &planted))
+}
+
 /// `--fold-shared-expert`: the shared expert loaded as one more matrix of
 /// the expert stacks and run in the grouped launches gives bit-identical
 /// logits (a prefill and graph-replayed decode steps), because it is the
@@ -834,7 +860,6 @@ fn folded_shared_expert_is_bitwise_the_same() {
     };
     let mut gpu = GpuBackend::new(cuda);
     let mut failures = Vec::new();
-    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     for (preset, fmt) in [
         ("tiny", WeightFormat::Bf16),
         ("tiny", WeightFormat::Mxfp4),
@@ -853,15 +878,9 @@ fn folded_shared_expert_is_bitwise_the_same() {
             name: "fold",
             ..CASES[0]
         };
-        let run =
-            |gpu: &GpuBackend, m: &Arc<ModelWeights>| prefill_then_decode(gpu, m, &case, vocab);
-        gpu.path_options.fold_shared_expert = false;
-        let plain = run(&gpu, &m);
-        gpu.path_options.fold_shared_expert = true;
-        let folded = run(&gpu, &m);
-        let planted = run(&gpu, &bad);
-        let same = plain.iter().zip(&folded).all(|(a, b)| bits(a, b));
-        let caught = !plain.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, vocab, |o, on| {
+            o.fold_shared_expert = on
+        });
         println!(
             "{preset} {fmt:?}: folded == plain bitwise over a 40-row prefill and 4 decode steps: {same}; a perturbed shared expert differs: {caught}"
         );
@@ -930,9 +949,6 @@ fn shared_expert_beside_is_bitwise_the_same() {
     };
     let mut gpu = GpuBackend::new(cuda);
     let mut failures = Vec::new();
-    let bits = |a: &[f32], b: &[f32]| {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    };
     for (preset, experts, dense) in [
         ("tiny", WeightFormat::Bf16, WeightFormat::Bf16),
         ("tiny", WeightFormat::Mxfp4, WeightFormat::Mxfp8),
@@ -947,15 +963,9 @@ fn shared_expert_beside_is_bitwise_the_same() {
             name: "beside",
             ..CASES[0]
         };
-        let run =
-            |gpu: &GpuBackend, m: &Arc<ModelWeights>| prefill_then_decode(gpu, m, &case, vocab);
-        gpu.path_options.beside = Beside::Off;
-        let one = run(&gpu, &m);
-        gpu.path_options.beside = Beside::On;
-        let two = run(&gpu, &m);
-        let planted = run(&gpu, &bad);
-        let same = one.iter().zip(&two).all(|(a, b)| bits(a, b));
-        let caught = !one.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, vocab, |o, on| {
+            o.beside = if on { Beside::On } else { Beside::Off }
+        });
         println!(
             "{preset} {experts:?} / {dense:?}: beside == one stream bitwise over a 40-row prefill and 4 decode steps: {same}; swapped shared gate / up differs: {caught}"
         );
@@ -986,9 +996,6 @@ fn fused_cache_writes_are_bitwise_the_same() {
     };
     let mut gpu = GpuBackend::new(cuda);
     let mut failures = Vec::new();
-    let bits = |a: &[f32], b: &[f32]| {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    };
     let c = ModelConfig::preset("tiny").expect("tiny");
     let m = Arc::new(synthetic::model(&c, MX, 7).expect("synthetic"));
     let mut bad = (*m).clone();
@@ -1002,16 +1009,9 @@ fn fused_cache_writes_are_bitwise_the_same() {
             cache,
             ..CASES[0]
         };
-        let run = |gpu: &GpuBackend, m: &Arc<ModelWeights>| {
-            prefill_then_decode(gpu, m, &case, c.vocab_size)
-        };
-        gpu.path_options.fuse_cache_writes = false;
-        let apart = run(&gpu, &m);
-        gpu.path_options.fuse_cache_writes = true;
-        let fused = run(&gpu, &m);
-        let planted = run(&gpu, &bad);
-        let same = apart.iter().zip(&fused).all(|(a, b)| bits(a, b));
-        let caught = !fused.iter().zip(&planted).all(|(a, b)| bits(a, b));
+        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, c.vocab_size, |o, on| {
+            o.fuse_cache_writes = on
+        });
         println!(
             "{cache:?} cache: fused == separate cache writes bitwise: {same}; swapped K / V differs: {caught}"
         );

@@ -76,6 +76,17 @@ fn build_rows(
     StandardPath::new(gpu, model, cap, KvBudget::Blocks(6), opts)
 }
 
+/// The kernel launches among `calls`, in order.
+fn launches(calls: &[Call]) -> Vec<&stub::Launch> {
+    calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Launch(l) => Some(l),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A decode step: sequence 0 at position 5 (page 0), sequence 1 at
 /// position 20 (pages 1, 2); both rows greedy.
 fn decode_step() -> (StepBatch, Vec<SampleParams>) {
@@ -374,13 +385,7 @@ fn a_decode_step_on_the_hip_route_launches_what_the_path_records() {
     assert_eq!(tokens.len(), 2);
     let step = stub::take_calls();
     check_step(&step, &rec).unwrap_or_else(|e| panic!("HIP route: {e}"));
-    let launches: Vec<&stub::Launch> = step
-        .iter()
-        .filter_map(|c| match c {
-            Call::Launch(l) => Some(l),
-            _ => None,
-        })
-        .collect();
+    let launches = launches(&step);
     // 4 layers and a head: dozens of launches, embedding first, sampler last
     assert!(launches.len() > 20, "{} launches", launches.len());
     assert_eq!(launches[0].name, "m3s_embed");
@@ -459,13 +464,7 @@ fn direct_launches_match_the_recorder_too() {
     stub::take_calls();
     path.launch(shape, false).expect("direct step");
     let calls = stub::take_calls();
-    let launches: Vec<&stub::Launch> = calls
-        .iter()
-        .filter_map(|c| match c {
-            Call::Launch(l) => Some(l),
-            _ => None,
-        })
-        .collect();
+    let launches = launches(&calls);
     assert!(!calls.iter().any(|c| matches!(c, Call::BeginCapture(_))));
     assert_eq!(launches.len(), rec.len());
     for (l, r) in launches.iter().zip(&rec) {
@@ -556,13 +555,7 @@ fn the_shared_experts_of_an_mx_model_run_beside() {
         stub::take_calls();
         path.launch(shape, false).expect("direct step");
         let calls = stub::take_calls();
-        let launches: Vec<&stub::Launch> = calls
-            .iter()
-            .filter_map(|c| match c {
-                Call::Launch(l) => Some(l),
-                _ => None,
-            })
-            .collect();
+        let launches = launches(&calls);
         let main = launches[0].stream;
         launches
             .iter()

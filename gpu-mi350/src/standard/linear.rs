@@ -24,9 +24,10 @@ pub(crate) const SMALL_STEP_ROWS: usize = 16;
 /// (4 warps per CTA, at most 2 row tiles: `SMALL_STEP_VARIANT`); larger
 /// ones the default 8-warp build. Measured on the H200 (bench/NOTES.md
 /// session 15, runs 1-2; m3.1 --layers 12, whole steps): faster at every
-/// step of 16-512 rows (32 rows 15.5 against 39.7 ms, 256 rows 69.4
-/// against 97.1, 512 rows 131.2 against 145.5), slower from 1024 rows
-/// (268.5 against 255.4; 2048: 533.7 against 481.5).
+/// step of 32-512 rows (context 4096: 32 rows 15.5 against 39.7 ms, 256
+/// rows 80.0 against 107.6; context 512: 512 rows 131.3 against 145.5),
+/// slower from 1024 rows (context 512: 268.6 against 255.4; 2048 rows
+/// 533.7 against 481.5).
 pub(crate) const SMALL_TILE_MAX_ROWS: usize = 512;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";

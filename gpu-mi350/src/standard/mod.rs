@@ -194,10 +194,10 @@ pub struct PathOptions {
     /// Steps of at most this many rows take the small-step variant (with
     /// `small_step_variant` on); larger ones the default build. 512 by
     /// default, the measured crossover on the H200 (bench/NOTES.md session
-    /// 15 runs 1-2: m3.1 --layers 12 steps of 32 / 64 / 256 / 512 rows take
-    /// 15.5 / 25.6 / 69.4 / 131.2 ms on it against 39.7 / 54.5 / 97.1 /
-    /// 145.5 ms on the default build, whose MX entry points spill at 128
-    /// registers; from 1024 rows the default build is faster). The CLI
+    /// 15 runs 1-2: m3.1 --layers 12 steps of 32 / 64 / 256 rows at
+    /// context 4096 take 15.5 / 25.6 / 80.0 ms on it against 39.7 / 54.5 /
+    /// 107.6 ms on the default build, 512 rows at context 512 131.3 against
+    /// 145.5; from 1024 rows the default build is faster). The CLI
     /// reads `M3_SMALL_STEP_MAX_ROWS`.
     pub small_step_max_rows: usize,
     /// Load each MoE layer's shared expert as one more matrix of its expert
@@ -243,7 +243,8 @@ pub struct PathOptions {
     pub l2_prefetch_mib: usize,
     /// Write K, V and the index key to their caches from the head-norm
     /// launch (V as a job without a norm) instead of a cache-write launch
-    /// after it: one launch a layer fewer, the same bits. The CLI reads
+    /// after it: one launch a layer fewer, the same bits (a MoE layer
+    /// -0.3 to -0.7% on the H200, bench/NOTES.md session 15 run 3). The CLI reads
     /// `M3_FUSE_CACHE_WRITES=0|1` for A/B runs.
     pub fuse_cache_writes: bool,
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use m3_core::backend::{ActMode, TapRequest};
 use m3_core::config::{AttnKind, IndexSelection};
 
-use super::attn::{self, AttnArgs, IndexArgs, KvKind, NVFP4_BLOCK};
+use super::attn::{self, AttnArgs, IndexArgs, KvKind};
 use super::kv::DevCache;
 use super::launch::Arg;
 use super::linear::{
@@ -349,10 +349,9 @@ impl StandardPath {
             cw(a.k.ptr(), nkv * d, lw.k_scale, &lc.k),
             cw(a.v.ptr(), nkv * d, lw.v_scale, &lc.v),
         ];
-        // (an NVFP4 cache row fused a head at a time: heads of whole blocks)
-        let fuse = self.opts.fuse_cache_writes
-            && (kind != KvKind::Nvfp4
-                || (d.is_multiple_of(NVFP4_BLOCK) && di.is_multiple_of(NVFP4_BLOCK)));
+        // (NVFP4 heads are whole blocks, as the fused store needs: DevKv
+        // refuses other head dims)
+        let fuse = self.opts.fuse_cache_writes;
         if fuse {
             hn.push((a.v.ptr(), nkv, d, 0, 0, 0));
             hcs.push(Some(hc(lw.v_scale, &lc.v)));

@@ -782,6 +782,16 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   }
 }
 
+/// Load batches the fast walk asks L2 for ahead of the one it loads (0:
+/// none). A batch's registers are spent before the next batch's loads go
+/// out, so a warp has one batch (U super-chunks of two rows: 4 KB of E4M3
+/// codes, 2 KB of E2M1) in flight; a launch of a few hundred CTAs (under
+/// three an SM) then cannot keep enough bytes in flight to stream at the
+/// ceiling. An L2 prefetch of the batches ahead holds no register.
+#ifndef S_H_PF
+#define S_H_PF 0
+#endif
+
 /// The fast walk over a warp's `n` super-chunks from `p`: full batches of
 /// SHalf::U, then the rest one at a time.
 template <int F, int NB, bool ONE>
@@ -789,6 +799,18 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 U = SHalf<F>::U;
   u32 i = 0;
   for (; i + U <= n; i += U) {
+    if (S_H_PF > 0) {
+      // the codes S_H_PF batches ahead (the prologue asked for the first
+      // S_H_PF + 1 batches)
+#pragma unroll
+      for (u32 u = 0; u < U; ++u) {
+        const u32 a = S_H_PF * U + u;
+        if (i + a < n) {
+          m3_prefetch_l2(p.wa + a * SHPos<F, NB>::WS);
+          m3_prefetch_l2(p.wc + a * SHPos<F, NB>::WS);
+        }
+      }
+    }
     s_h_batch<F, NB, ONE, U>(p, acc);
     s_h_step(p, U);
   }
@@ -854,18 +876,19 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   constexpr bool FAST = S_H_FAST && !ANY && S_MMA_MAXBT == 2 && !S_H_LEAN;
   // the warp's contiguous run of super-chunks (s_chunk without interleave)
   const u32 per = (nsc + nwarp - 1u) / nwarp, q0 = min(warp * per, nsc), nq = min(per, nsc - q0);
+  // the fast walk's first batch (and the S_H_PF after it) into L2
+  auto prefetch_first = [&]() {
+    for (u32 i = 0; i < min(nq, SHalf<F>::U * (1u + S_H_PF)); ++i) {
+      m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
+      m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
+    }
+  };
   u32 cnt, ge = 0u;
   if (!route) {
     rows_at();
-    if (FAST) {
-      // the first batch's codes into L2 while the previous kernel drains
-      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
-        m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
-        m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
-      }
-    } else {
-      fetch(0u);
-    }
+    // (while the previous kernel drains)
+    if (FAST) prefetch_first();
+    else fetch(0u);
   }
   M3_PDL_WAIT();
   if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
@@ -874,6 +897,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     if (S) S += (u64)ge * sg.ws_es;
     rows_at();
     if (!FAST) fetch(0u);
+    else if (S_H_PF > 0) prefetch_first();
   }
   const u32 nbt = (cnt + 7u) / 8u;
   // this lane's x row in each 8-row tile (rows past cnt read row 0: they
@@ -1222,8 +1246,8 @@ struct SHnJobs {
 /// M3_WARP: a 32-thread block on a wave64 device would skip values).
 M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos, const u32* __restrict__ slots) {
   M3_PDL_TRIGGER();
-  M3_PDL_WAIT();
   S_SMEM_SCOPE; S_SHARED(float, v, [256]); S_SHARED(u16, ob, [256]);
+  S_SHARED(float, wv, [256]); S_SHARED(float, rc, [128]); S_SHARED(float, rs, [128]);
   SHnJob jb = jobs.j[0];
 #pragma unroll
   for (int i = 1; i < 6; ++i)
@@ -1235,6 +1259,23 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   const u32 lane = threadIdx.x;
   const u32 h = blockIdx.x - jb.h0;
   const u64 base = ((u64)blockIdx.y * heads + h) * d;
+  // before the dependency wait, what no kernel of the step writes: the
+  // norm weights, the row's position (a step input, copied in before the
+  // step's first launch) and its rotation, and its cache slot
+  const u32 half = rd / 2u;
+  const double p = (double)pos[blockIdx.y];
+  for (u32 j = lane; j < half; j += M3_WARP) {
+    double f = pow(jobs.theta, -2.0 * (double)j / (double)rd);
+    double a = p * f;
+    const double two_pi = 6.283185307179586476925286766559;
+    a = a - two_pi * floor(a / two_pi);
+    rc[j] = cosf((float)a);
+    rs[j] = sinf((float)a);
+  }
+  if (w)
+    for (u32 i = lane; i < d; i += M3_WARP) wv[i] = w[i];
+  const u64 slot = jb.cache ? (u64)slots[blockIdx.y] : 0u;
+  M3_PDL_WAIT();
   float s = 0.0f;
   for (u32 i = lane; i < d; i += M3_WARP) {
     float a = m3_bf16_to_f32(x[base + i]);
@@ -1245,17 +1286,11 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   float r = sqrtf(s / (float)d + jobs.eps);
   M3_SYNC_WARP();
   if (w)
-    for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + w[i]);
+    for (u32 i = lane; i < d; i += M3_WARP) v[i] = (v[i] / r) * (1.0f + wv[i]);
   M3_SYNC_WARP();
-  const u32 half = rd / 2u;
-  const double p = (double)pos[blockIdx.y];
   for (u32 j = lane; j < d; j += M3_WARP) {
     if (j < half) {
-      double f = pow(jobs.theta, -2.0 * (double)j / (double)rd);
-      double a = p * f;
-      const double two_pi = 6.283185307179586476925286766559;
-      a = a - two_pi * floor(a / two_pi);
-      float c = cosf((float)a), sn = sinf((float)a);
+      const float c = rc[j], sn = rs[j];
       float x0 = v[j], x1 = v[j + half];
       ob[j] = m3_bf16_from_f32(x0 * c - x1 * sn);
       ob[j + half] = m3_bf16_from_f32(x1 * c + x0 * sn);
@@ -1267,7 +1302,7 @@ M3_KERNEL void m3s_headnorm_rope(const SHnJobs jobs, const u32* __restrict__ pos
   if (out)
     for (u32 i = lane; i < d; i += M3_WARP) out[base + i] = ob[i];
   if (!jb.cache) return;
-  const u64 dst = slots[blockIdx.y] * (u64)(heads * d) + (u64)h * d;
+  const u64 dst = slot * (u64)(heads * d) + (u64)h * d;
   s_cache_store(jobs.kind, jb.cache, jb.scales, jb.cscale, dst, ob, d, lane, M3_WARP);
 }
 

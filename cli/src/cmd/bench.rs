@@ -123,6 +123,12 @@ pub struct Args {
     /// nvfp4).
     #[arg(long, default_value = "bf16,mxfp8,mxfp8-e5m2,mxfp4,nvfp4")]
     pub kernel_formats: String,
+    /// GPU, --kernels: the plain case's stack as `COUNTxROWS` (COUNT
+    /// separate [ROWS, hidden] matrices, one launch each); "" = 8 x hidden.
+    /// One tall matrix (e.g. `1x49152`) shows the kernel body without the
+    /// per-launch ramp and tail.
+    #[arg(long, default_value = "")]
+    pub kernel_stack: String,
     /// GPU, --kernels: distinct-expert counts of the expert cases ("" =
     /// none).
     #[arg(long, default_value = "4,16,64")]

@@ -258,12 +258,28 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    let (stack, n) = match args.kernel_stack.trim() {
+        "" => (8, cfg.hidden_size),
+        s => {
+            let (c, r) = s.split_once('x').ok_or_else(|| {
+                anyhow!("--kernel-stack `{s}`: expected COUNTxROWS, e.g. 1x49152")
+            })?;
+            let parse = |v: &str| {
+                v.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&v| v > 0)
+                    .ok_or_else(|| anyhow!("--kernel-stack `{s}`: `{v}` is not a positive count"))
+            };
+            (parse(c)?, parse(r)?)
+        }
+    };
     let spec = KernelBenchSpec {
         formats,
         rows: list("--kernel-rows", &args.kernel_rows)?,
-        n: cfg.hidden_size,
+        n,
         k: cfg.hidden_size,
-        stack: 8,
+        stack,
         experts: cfg.num_local_experts,
         expert_n: cfg.intermediate_size,
         top_k: cfg.num_experts_per_tok,

@@ -5,10 +5,12 @@
 //! through the runtime line ([`crate::runtime::api`]), so the same code
 //! launches on CUDA and HIP (where PDL does not exist and is not asked for).
 //!
-//! Every standard-path kernel starts with `M3_PDL_WAIT` (after at most a
-//! prefetch of weights, which no step writes), so launching it with
-//! programmatic stream serialization lets its CTAs be scheduled while the
-//! previous kernel drains without reading anything early.
+//! Every standard-path kernel starts with `M3_PDL_WAIT`, after at most
+//! reads of what no kernel of a step writes: weights, and the step's
+//! position and cache-slot inputs (copied in before the step's first
+//! launch; no kernel writes them). So launching it with programmatic
+//! stream serialization lets its CTAs be scheduled while the previous
+//! kernel drains without reading anything early.
 //!
 //! [`Launcher::beside`] runs two chains of launches at once: one on a
 //! second stream, forked from and joined back into the first by events

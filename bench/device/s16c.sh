@@ -12,7 +12,7 @@ set -u
 mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
 export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-want() { case " ${SECTIONS:-verify micro step fuse} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${SECTIONS:-verify fuse step micro} " in *" $1 "*) return 0 ;; esac; return 1; }
 B="S_MMA_WARPS=4 S_MMA_MAXBT=2"
 V="$B;$B S_H_PF=1;$B S_H_PF=2;$B S_H_PF=4"
 want verify && {
@@ -23,19 +23,6 @@ want verify && {
   done
 } > $OUT/verify.log 2>&1
 want verify && cat $OUT/verify.log
-want micro && {
-  echo "=== engine kernels ($(date +%T))"
-  timeout 150 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-rows 1,4,16 \
-    --kernel-formats mxfp8,mxfp4,nvfp4 --kernel-experts 4,16 --iters 40 --variants "$V" 2>&1 \
-    | grep -E "^\||ceiling" | grep -v "^|---" | grep -v "| default |"
-} > $OUT/micro.log 2>&1
-want micro && cat $OUT/micro.log
-want step && {
-  timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 \
-    --iters 50 --rounds 2 --variants "$V"
-  echo "exit $?"
-} > $OUT/step.log 2>&1
-want step && grep -E "per layer|^\| \[" $OUT/step.log | tail -16
 want fuse && {
   for r in 1 2; do
     for f in 0 1; do
@@ -46,3 +33,16 @@ want fuse && {
   done
 } > $OUT/fuse.log 2>&1
 want fuse && cat $OUT/fuse.log
+want step && {
+  timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 \
+    --iters 50 --rounds 2 --variants "$V"
+  echo "exit $?"
+} > $OUT/step.log 2>&1
+want step && grep -E "per layer|^\| \[" $OUT/step.log | tail -16
+want micro && {
+  echo "=== engine kernels ($(date +%T))"
+  timeout 150 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-rows 1,4,16 \
+    --kernel-formats mxfp8,mxfp4,nvfp4 --kernel-experts 4,16 --iters 40 --variants "$V" 2>&1 \
+    | grep -E "^\||ceiling" | grep -v "^|---" | grep -v "| default |"
+} > $OUT/micro.log 2>&1
+want micro && cat $OUT/micro.log

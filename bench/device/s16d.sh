@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 16, closing call (issue 12): the figures of record with this
-# session's defaults (M3_SMALL_STEP_DEFINES picks the fast walk's prefetch
-# if run 3 kept one), the indexer in two launches (M3_FUSE_INDEX=0) as the
-# before, interleaved, 2 rounds; b1-64 at 4k and b1 at 128k. Logs to $OUT.
+# Session 16, prepared, not run (no device time left): the figures of
+# record with this session's defaults (the indexer in two launches,
+# M3_FUSE_INDEX=0) beside the one-launch indexer (M3_FUSE_INDEX=1),
+# interleaved, 2 rounds; b1-64 at 4k and b1 at 128k. Logs to $OUT.
 set -u
 mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
 export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc

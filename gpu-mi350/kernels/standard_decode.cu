@@ -782,16 +782,6 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   }
 }
 
-/// Load batches the fast walk asks L2 for ahead of the one it loads (0:
-/// none). A batch's registers are spent before the next batch's loads go
-/// out, so a warp has one batch (U super-chunks of two rows: 4 KB of E4M3
-/// codes, 2 KB of E2M1) in flight; a launch of a few hundred CTAs (under
-/// three an SM) then cannot keep enough bytes in flight to stream at the
-/// ceiling. An L2 prefetch of the batches ahead holds no register.
-#ifndef S_H_PF
-#define S_H_PF 0
-#endif
-
 /// The fast walk over a warp's `n` super-chunks from `p`: full batches of
 /// SHalf::U, then the rest one at a time.
 template <int F, int NB, bool ONE>
@@ -799,18 +789,6 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 U = SHalf<F>::U;
   u32 i = 0;
   for (; i + U <= n; i += U) {
-    if (S_H_PF > 0) {
-      // the codes S_H_PF batches ahead (the prologue asked for the first
-      // S_H_PF + 1 batches)
-#pragma unroll
-      for (u32 u = 0; u < U; ++u) {
-        const u32 a = S_H_PF * U + u;
-        if (i + a < n) {
-          m3_prefetch_l2(p.wa + a * SHPos<F, NB>::WS);
-          m3_prefetch_l2(p.wc + a * SHPos<F, NB>::WS);
-        }
-      }
-    }
     s_h_batch<F, NB, ONE, U>(p, acc);
     s_h_step(p, U);
   }
@@ -876,19 +854,18 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   constexpr bool FAST = S_H_FAST && !ANY && S_MMA_MAXBT == 2 && !S_H_LEAN;
   // the warp's contiguous run of super-chunks (s_chunk without interleave)
   const u32 per = (nsc + nwarp - 1u) / nwarp, q0 = min(warp * per, nsc), nq = min(per, nsc - q0);
-  // the fast walk's first batch (and the S_H_PF after it) into L2
-  auto prefetch_first = [&]() {
-    for (u32 i = 0; i < min(nq, SHalf<F>::U * (1u + S_H_PF)); ++i) {
-      m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
-      m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
-    }
-  };
   u32 cnt, ge = 0u;
   if (!route) {
     rows_at();
-    // (while the previous kernel drains)
-    if (FAST) prefetch_first();
-    else fetch(0u);
+    if (FAST) {
+      // the first batch's codes into L2 while the previous kernel drains
+      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
+        m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
+        m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
+      }
+    } else {
+      fetch(0u);
+    }
   }
   M3_PDL_WAIT();
   if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
@@ -897,7 +874,6 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     if (S) S += (u64)ge * sg.ws_es;
     rows_at();
     if (!FAST) fetch(0u);
-    else if (S_H_PF > 0) prefetch_first();
   }
   const u32 nbt = (cnt + 7u) / 8u;
   // this lane's x row in each 8-row tile (rows past cnt read row 0: they

@@ -247,7 +247,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}
             "S_X_AHEAD" if n <= 1 => {}
-            "S_H_PF" if n <= 8 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
         }
         prefix.push_str(&format!("#define {k} {n}\n"));

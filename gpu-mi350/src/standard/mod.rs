@@ -251,8 +251,12 @@ pub struct PathOptions {
     pub fuse_cache_writes: bool,
     /// Run the indexer's top-K in the block-score launch (its last CTA a
     /// row, `m3s_index_select`) instead of a launch after it: one launch
-    /// boundary a layer fewer on the step's critical path, the same
-    /// selections. The CLI reads `M3_FUSE_INDEX=0|1` for A/B runs.
+    /// a layer fewer, the same selections. Off: on the H200 it is slower
+    /// (a MoE layer +3.7% at batch 1, +4.7% at 4, bench/NOTES.md session
+    /// 16 run 3): one CTA a row ranks every selection head in turn where
+    /// the top-K launch gives each its CTA, and PDL already hid most of
+    /// that launch's boundary. Kept for A/B runs and for devices without
+    /// PDL (HIP; not measured there). The CLI reads `M3_FUSE_INDEX=0|1`.
     pub fuse_index_select: bool,
 }
 
@@ -272,7 +276,7 @@ impl Default for PathOptions {
             beside: Beside::On,
             l2_prefetch_mib: 16,
             fuse_cache_writes: true,
-            fuse_index_select: true,
+            fuse_index_select: false,
         }
     }
 }

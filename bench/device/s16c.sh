@@ -10,8 +10,9 @@
 # SECTIONS picks parts (verify fuse step micro). Logs to $OUT.
 # (Run 3 ran verify and fuse; the fuse section's grep then matched only
 # variant-labelled rows, fixed since; step and the prefetch variants were
-# run by hand on the warm machine; micro was not run. S_H_PF was removed
-# after run 3: a negative result, bench/NOTES.md session 16.)
+# run by hand on the warm machine; micro was not run. S_H_PF, the
+# one-launch indexer, its test and M3_FUSE_INDEX were removed after run 3:
+# negative results, bench/NOTES.md session 16; commit 401a014 has them.)
 set -u
 mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
 export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc

@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # Session 16, prepared, not run (no device time left), for the next
 # session's first call (issue 12):
-# 1. record: the figures of record with this session's defaults (the
-#    indexer in two launches, M3_FUSE_INDEX=0) beside the one-launch
-#    indexer (M3_FUSE_INDEX=1), interleaved, 2 rounds; b1-64 at 4k and b1
-#    at 128k;
+# 1. record: the figures of record with this session's defaults, 2
+#    rounds; b1-64 at 4k and b1 at 128k;
 # 2. stacks: what a launch costs by its size: the same 311 MB of E4M3
 #    codes (160 MB of E2M1) as 1, 2, 4, 8 and 16 launches (--kernel-stack
 #    1x49152 .. 16x3072), M = 1 and 4, one process per stack.
@@ -14,15 +12,11 @@ mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
 export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc
 want() { case " ${SECTIONS:-record stacks} " in *" $1 "*) return 0 ;; esac; return 1; }
 want record && {
-  for r in 1 2; do
-    for f in 0 1; do
-      echo; echo "=== record M3_FUSE_INDEX=$f round $r ($(date +%T))"
-      M3_FUSE_INDEX=$f timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
-        --batch 1,4,16,32,64 --context 4096 --long-context 131072 --iters 40 --rounds 1 \
-        --out $OUT/record-$f-$r.json 2>&1 | grep -E "^\||MoE|per layer|rror"
-      echo "exit ${PIPESTATUS[0]}"
-    done
-  done
+  echo "=== record ($(date +%T))"
+  timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
+    --batch 1,4,16,32,64 --context 4096 --long-context 131072 --iters 40 --rounds 2 \
+    --out $OUT/record.json 2>&1 | grep -E "^\||MoE|per layer|rror"
+  echo "exit ${PIPESTATUS[0]}"
 } > $OUT/record.log 2>&1
 want record && grep -E "===|exit [^0]|[0-9] / [0-9]|131072|MoE" $OUT/record.log | head -80
 want stacks && {

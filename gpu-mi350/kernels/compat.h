@@ -442,17 +442,6 @@ M3_DEV void m3_mma_f16_16816z(float* d, const u32* a, u32 b0, u32 b1) {
   m3_mma_f16_16816(d, a, b0, b1);
 }
 #endif
-/// A global f32 that another CTA of the same launch wrote (before its
-/// fence and count; the reader fenced after the count): CUDA reads it
-/// through L2 only, since an L1 line of it would be stale; on HIP the
-/// agent-scope fence (m3_fence_gpu) already invalidated the vector caches.
-M3_DEV float m3_ldcg_f32(const float* p) {
-#if defined(M3_CUDA)
-  return __ldcg(p);
-#else
-  return *p;
-#endif
-}
 /// Ask L2 for the line holding p (no register, no wait; nothing on HIP).
 M3_DEV void m3_prefetch_l2(const void* p) {
 #if defined(M3_CUDA)

@@ -84,9 +84,7 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(27, m3s_attn_partial_sparse_nv) \
   X(28, m3s_attn_partial_split_nv) \
   X(29, m3s_x_f16)                \
-  X(30, m3s_mma_nvfp4_any)        \
-  X(31, m3s_index_select)         \
-  X(32, m3s_index_select_nv)
+  X(30, m3s_mma_nvfp4_any)
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
@@ -143,8 +141,6 @@ S_MONO_FN(m3s_attn_partial_nv)
 S_MONO_FN(m3s_attn_partial_sparse_nv)
 S_MONO_FN(m3s_attn_partial_split_nv)
 S_MONO_FN(m3s_x_f16)
-S_MONO_FN(m3s_index_select)
-S_MONO_FN(m3s_index_select_nv)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
 // program (not as a 408-byte copy through the generic argument unpacking):

@@ -245,14 +245,13 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
 /// (`m3s_index_scores`: bf16 or fp8, uniform over the grid, so the CTA
 /// takes one instantiation; `m3s_index_scores_nv`: NVFP4, iscales its block
 /// scales, unused by the other).
-/// The score launches' parameters (m3s_index_select adds its own after them).
-#define SI_PARAMS                                                                                                    \
-  const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, const u8* __restrict__ iscales,         \
-      float iscale, const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,         \
-      const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv,       \
-      float* __restrict__ scores, u32 maxnb, u32 cache_kind
 #define SI_ENTRY(name, DISPATCH)                                                                                     \
-  M3_KERNEL void M3_HIP_BLOCK(SI_THREADS) name(SI_PARAMS) {                                                                                        \
+  M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)                                                                            \
+      name(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,                               \
+           const u8* __restrict__ iscales, float iscale, const u32* __restrict__ pos,                                \
+           const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page,     \
+           u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb,    \
+           u32 cache_kind) {                                                                                        \
     M3_PDL_TRIGGER();                                                                                               \
     M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
     S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]); /* float4: 16-byte aligned */                      \
@@ -292,16 +291,16 @@ M3_DEV u64 sk_shfl_xor(u64 v, int o) {
 /// those nw * K candidates (they hold the global top K). Written ascending
 /// with -1 first for picks short of K (fewer valid blocks), to
 /// sel [nkv][T][K] for the KV heads the selection head covers.
-/// The body of selection head gsel of row t (of selh); CG: the scores
-/// were written by other CTAs of this launch, so they are read through L2
-/// (m3_ldcg_f32), never a possibly stale L1 line. The caller's shared
-/// arrays: ssc [SK_SMEM], cand [SK_THREADS / M3_WARP * SK_MAXK], chosen
-/// [SK_MAXK].
-template <bool CG>
-M3_DEV void sk_topk(float* scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv, u32 T,
-                    u32 maxnb, int* __restrict__ sel, u32 gsel, u32 t, u32 selh, float* ssc, u64* cand, int* chosen) {
-  const auto ld = [](const float* a) { return CG ? m3_ldcg_f32(a) : *a; };
-  const u32 tid = threadIdx.x;
+M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
+    m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv,
+                   u32 T, u32 maxnb, int* __restrict__ sel) {
+  M3_PDL_TRIGGER();
+  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
+  S_SMEM_SCOPE; S_SHARED(float, ssc, [SK_SMEM]);
+  S_SHARED(u64, cand, [SK_THREADS / M3_WARP * SK_MAXK]);
+  S_SHARED(int, chosen, [SK_MAXK]);  // picks by rank, -1 past the valid blocks
+  const u32 gsel = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  const u32 selh = gridDim.x;
   const u32 p = pos[t];
   const u32 nb = p / B + 1u;
   const u32 h0 = shared_sel ? 0u : gsel, h1 = shared_sel ? nkv : gsel + 1u;
@@ -314,7 +313,7 @@ M3_DEV void sk_topk(float* scores, const u32* __restrict__ pos, u32 B, u32 K, u3
   if (tid < K) chosen[tid] = -1;
   if (nb <= SK_THREADS) {
     // one block per thread: its rank among all blocks
-    const float v = tid < nb ? ld(gsc + tid) : m3_nan();
+    const float v = tid < nb ? gsc[tid] : m3_nan();
     ssc[tid] = v;
     __syncthreads();
     const u64 mine = sk_key(v, tid);
@@ -328,12 +327,12 @@ M3_DEV void sk_topk(float* scores, const u32* __restrict__ pos, u32 B, u32 K, u3
     float* sc = gsc;
     if (nb <= SK_SMEM) {
 #pragma unroll 4
-      for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = ld(gsc + b);
+      for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = gsc[b];
       sc = ssc;
     }
     // (only the owner thread ever touches its blocks below: no barrier)
     u64 best = 0ull;
-    for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(nb <= SK_SMEM ? sc[b] : ld(sc + b), b));
+    for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
     for (u32 k = 0; k < K; ++k) {
       u64 w = best;
 #pragma unroll
@@ -343,7 +342,7 @@ M3_DEV void sk_topk(float* scores, const u32* __restrict__ pos, u32 B, u32 K, u3
         // the owner marks it taken (NaN) and rescans its own blocks
         sc[~(u32)w] = m3_nan();
         best = 0ull;
-        for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(nb <= SK_SMEM ? sc[b] : ld(sc + b), b));
+        for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
       }
     }
     __syncthreads();
@@ -371,65 +370,6 @@ M3_DEV void sk_topk(float* scores, const u32* __restrict__ pos, u32 B, u32 K, u3
     for (u32 h = h0; h < h1; ++h) sel[((u64)h * T + t) * K + slot] = id;
   }
 }
-
-M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
-    m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv,
-                   u32 T, u32 maxnb, int* __restrict__ sel) {
-  M3_PDL_TRIGGER();
-  M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
-  S_SMEM_SCOPE; S_SHARED(float, ssc, [SK_SMEM]);
-  S_SHARED(u64, cand, [SK_THREADS / M3_WARP * SK_MAXK]);
-  S_SHARED(int, chosen, [SK_MAXK]);  // picks by rank, -1 past the valid blocks
-  sk_topk<false>(scores, pos, B, K, shared_sel, nkv, T, maxnb, sel, blockIdx.x, blockIdx.y, gridDim.x, ssc, cand,
-                 chosen);
-}
-
-#if SK_THREADS != SI_THREADS
-#error "m3s_index_select runs the top-K body in the scores' CTAs: SK_THREADS must equal SI_THREADS"
-#endif
-/// The indexer in one launch (small steps: m3s_index_scores then
-/// m3s_index_topk cost two launch boundaries on the step's critical path):
-/// CTA (x, t) scores its blocks as m3s_index_scores does; the last CTA of
-/// row t to finish (counted at done[t], which it sets back to 0 for the next
-/// launch) then runs the row's top-K for every selection head, reading the
-/// scores through L2. The same arithmetic as the two launches: the same
-/// selections, bit for bit. Grid (X, T), block SI_THREADS; done [T], zero
-/// before the first launch.
-#define SS_ENTRY(name, DISPATCH)                                                                                     \
-  M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)                                                                            \
-      name(SI_PARAMS, u32 T, int* __restrict__ sel, u32* __restrict__ done) {                                        \
-    M3_PDL_TRIGGER();                                                                                               \
-    M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
-    S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]);                                                   \
-    S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);                                                          \
-    S_SHARED(float, ssc, [SK_SMEM]);                                                                                \
-    S_SHARED(u64, cand, [SK_THREADS / M3_WARP * SK_MAXK]);                                                          \
-    S_SHARED(int, chosen, [SK_MAXK]);                                                                               \
-    S_SHARED(u32, last, );                                                                                          \
-    DISPATCH;                                                                                                       \
-    /* every thread's scores out before the count (the last-block-done pattern) */                                  \
-    m3_fence_gpu();                                                                                                 \
-    __syncthreads();                                                                                                \
-    const u32 t = blockIdx.y;                                                                                       \
-    if (threadIdx.x == 0) last = atomicAdd(done + t, 1u) == gridDim.x - 1u ? 1u : 0u;                                \
-    __syncthreads();                                                                                                \
-    if (last == 0u) return;                                                                                         \
-    m3_fence_gpu();                                                                                                 \
-    if (threadIdx.x == 0) done[t] = 0u;                                                                             \
-    const u32 selh = shared_sel ? 1u : nkv;                                                                         \
-    for (u32 h = 0; h < selh; ++h) {                                                                                \
-      sk_topk<true>(scores, pos, B, K, shared_sel, nkv, T, maxnb, sel, h, t, selh, ssc, cand, chosen);             \
-      __syncthreads(); /* chosen and ssc are the next head's */                                                     \
-    }                                                                                                               \
-  }
-#define SI_CALL(CK)                                                                                                  \
-  si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,      \
-                shared_sel, nkv, scores, maxnb, qs4, red)
-SS_ENTRY(m3s_index_select, if (cache_kind == S_CACHE_BF16) SI_CALL(S_CACHE_BF16); else SI_CALL(S_CACHE_FP8))
-SS_ENTRY(m3s_index_select_nv, S_NV_ONLY(SI_CALL(S_CACHE_NVFP4)))
-#undef SI_CALL
-#undef SS_ENTRY
-#undef SI_PARAMS
 
 // ---- attention (flash-decoding split over keys) ----------------------------
 #define SA_THREADS 128   // m3s_attn_partial block size: 4 mma groups of 32 threads

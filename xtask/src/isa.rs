@@ -66,14 +66,6 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
          spilled to VGPR lanes, no scratch (the three kernels it replaces spill none)",
     ),
     (
-        "m3s_index_select",
-        109,
-        "the indexer in one launch (session 16): m3s_index_scores' body and its lane \
-         masks, then each row's last CTA runs m3s_index_topk's body (which spills none \
-         alone); 23 kernel arguments live across both. Spilled to VGPR lanes, no VGPR \
-         spill, no scratch",
-    ),
-    (
         "m3s_sample_keyed",
         6,
         "kept across the radix selects, read back once at the end",

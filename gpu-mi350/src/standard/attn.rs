@@ -22,8 +22,6 @@ const INDEX_SCORES_BLOCK: u32 = 256;
 const INDEX_SCORES_GRID_X: u32 = 256;
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
-// m3s_index_select runs the top-K body in the score launch's CTAs
-const _: () = assert!(INDEX_TOPK_BLOCK == INDEX_SCORES_BLOCK);
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
 const ATTN_PARTIAL_BLOCK: u32 = 128;
 /// Parts `m3s_attn_partial_split` splits a sparse layer's selected block
@@ -131,8 +129,6 @@ pub(crate) struct AttnKernels {
     index_scores: Func,
     index_scores_nv: Func,
     index_topk: Func,
-    index_select: Func,
-    index_select_nv: Func,
     attn_partial: Func,
     attn_partial_sparse: Func,
     attn_partial_split: Func,
@@ -150,8 +146,6 @@ impl AttnKernels {
             index_scores: f("m3s_index_scores")?,
             index_scores_nv: f("m3s_index_scores_nv")?,
             index_topk: f("m3s_index_topk")?,
-            index_select: f("m3s_index_select")?,
-            index_select_nv: f("m3s_index_select_nv")?,
             attn_partial: f("m3s_attn_partial")?,
             attn_partial_sparse: f("m3s_attn_partial_sparse")?,
             attn_partial_split: f("m3s_attn_partial_split")?,
@@ -244,10 +238,6 @@ pub(super) struct IndexArgs {
     pub maxnb: usize,
     /// Output selection [nkv][t][topk] i32 (this layer's slice).
     pub sel: u64,
-    /// 0: scores and top-K as two launches; else one (`m3s_index_select`)
-    /// counting its finished CTAs a row here ([t] u32, zero between
-    /// launches).
-    pub done: u64,
 }
 
 /// Arguments of the attention launches (device pointers as u64).
@@ -450,14 +440,13 @@ pub(super) fn check_attn(a: &AttnArgs) -> Result<()> {
     Ok(())
 }
 
-/// Indexer: block scores then top-K selection into `a.sel`, in one launch
-/// when `a.done` is set, else two.
+/// Indexer: block scores then top-K selection into `a.sel`.
 pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Result<()> {
     check_index(a)?;
     let selh = if a.shared { 1 } else { a.nkv };
     let (t, maxnb) = (a.t as u32, a.maxnb as u32);
     let (b, kb) = (a.block as u32, a.topk as u32);
-    let mut sargs = vec![
+    let sargs = [
         Arg::U64(a.iq),
         Arg::U32(a.nih as u32),
         Arg::U32(a.di as u32),
@@ -482,21 +471,6 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
     // no more than INDEX_SCORES_GRID_X CTAs per row
     let gx = maxnb.min(INDEX_SCORES_GRID_X);
-    if a.done != 0 {
-        sargs.extend([Arg::U32(t), Arg::U64(a.sel), Arg::U64(a.done)]);
-        return sp.launch(
-            "index_select",
-            if a.cache == KvKind::Nvfp4 {
-                &k.index_select_nv
-            } else {
-                &k.index_select
-            },
-            (gx, t, 1),
-            INDEX_SCORES_BLOCK,
-            0,
-            &sargs,
-        );
-    }
     sp.launch(
         "index_scores",
         if a.cache == KvKind::Nvfp4 {
@@ -747,7 +721,6 @@ mod tests {
             scratch: 256,
             maxnb: 1025,
             sel: 256,
-            done: 0,
         }
     }
 

@@ -95,8 +95,6 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_index_scores",
         "m3s_index_scores_nv",
         "m3s_index_topk",
-        "m3s_index_select",
-        "m3s_index_select_nv",
         "m3s_attn_partial",
         "m3s_attn_partial_sparse",
         "m3s_attn_partial_split",
@@ -249,15 +247,6 @@ pub struct PathOptions {
     /// -0.3 to -0.7% on the H200, bench/NOTES.md session 15 run 3). The CLI reads
     /// `M3_FUSE_CACHE_WRITES=0|1` for A/B runs.
     pub fuse_cache_writes: bool,
-    /// Run the indexer's top-K in the block-score launch (its last CTA a
-    /// row, `m3s_index_select`) instead of a launch after it: one launch
-    /// a layer fewer, the same selections. Off: on the H200 it is slower
-    /// (a MoE layer +3.7% at batch 1, +4.7% at 4, bench/NOTES.md session
-    /// 16 run 3): one CTA a row ranks every selection head in turn where
-    /// the top-K launch gives each its CTA, and PDL already hid most of
-    /// that launch's boundary. Kept for A/B runs and for devices without
-    /// PDL (HIP; not measured there). The CLI reads `M3_FUSE_INDEX=0|1`.
-    pub fuse_index_select: bool,
 }
 
 impl Default for PathOptions {
@@ -276,7 +265,6 @@ impl Default for PathOptions {
             beside: Beside::On,
             l2_prefetch_mib: 16,
             fuse_cache_writes: true,
-            fuse_index_select: false,
         }
     }
 }
@@ -290,8 +278,7 @@ impl PathOptions {
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
-    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
-    /// `M3_FUSE_INDEX=0|1` where the indexer's top-K runs.
+    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen.
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -326,23 +313,16 @@ impl PathOptions {
         {
             self.l2_prefetch_mib = n;
         }
-        if let Some(on) = env_switch("M3_FUSE_CACHE_WRITES") {
-            self.fuse_cache_writes = on;
-        }
-        if let Some(on) = env_switch("M3_FUSE_INDEX") {
-            self.fuse_index_select = on;
+        match std::env::var("M3_FUSE_CACHE_WRITES")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0" | "off") => self.fuse_cache_writes = false,
+            Some("1" | "on") => self.fuse_cache_writes = true,
+            _ => {}
         }
         self
-    }
-}
-
-/// An on / off switch of the environment: `0` / `off` or `1` / `on`; None
-/// when unset or anything else.
-fn env_switch(name: &str) -> Option<bool> {
-    match std::env::var(name).ok().as_deref().map(str::trim) {
-        Some("0" | "off") => Some(false),
-        Some("1" | "on") => Some(true),
-        _ => None,
     }
 }
 
@@ -469,9 +449,6 @@ pub(crate) struct Acts {
     /// `m3s_router_small`'s count of finished CTAs (one u32, back to 0
     /// after each launch).
     pub router_done: DevBuf,
-    /// `m3s_index_select`'s count of finished CTAs a row (u32 each, back
-    /// to 0 after each launch).
-    pub index_done: DevBuf,
     /// Greedy partials: best value / id per (logits row, slice).
     pub amax_v: DevBuf,
     pub amax_i: DevBuf,
@@ -782,7 +759,6 @@ impl StandardPath {
                     * 4,
             )?,
             router_done: z(&ctx, 4)?,
-            index_done: z(&ctx, t * 4)?,
             amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,
             amax_i: z(&ctx, t * ARGMAX_PARTS * 4)?,
             ids: z(&ctx, nl * t * k.max(1) * 4)?,

@@ -40,7 +40,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 33] = [
+pub(crate) const MONO_OPS: [&str; 31] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -76,9 +76,6 @@ pub(crate) const MONO_OPS: [&str; 33] = [
     "m3s_x_f16",
     // NVFP4 weights whose K is not a multiple of 128
     "m3s_mma_nvfp4_any",
-    // the indexer in one launch (scores, then the top-K in a row's last CTA)
-    "m3s_index_select",
-    "m3s_index_select_nv",
 ];
 
 /// Whether op `name` is a tensor-core linear (its body in the mono build

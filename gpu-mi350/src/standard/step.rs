@@ -409,11 +409,6 @@ impl StandardPath {
                         scratch: a.scratch.ptr(),
                         maxnb: self.maxnb,
                         sel: sel_l,
-                        done: if self.opts.fuse_index_select {
-                            a.index_done.ptr()
-                        } else {
-                            0
-                        },
                     },
                 )?;
             }

@@ -522,6 +522,15 @@ fn bench_model(
     )
     .context("standard path")?;
     sp.fill_cache(gpu, 0xcafe).context("filling the cache")?;
+    let (skipped, no_pdl) = (sp.options().skip_launches, sp.options().no_pdl_launches);
+    if !skipped.is_empty() {
+        println!(
+            "ABLATION (M3_SKIP_LAUNCHES={skipped}): those launches are left out; the times are a diagnosis, the outputs wrong"
+        );
+    }
+    if !no_pdl.is_empty() {
+        println!("diagnosis (M3_NO_PDL_LAUNCHES={no_pdl}): those launches go without PDL");
+    }
     println!(
         "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; {} cache {pages} pages of {page}",
         args.preset,

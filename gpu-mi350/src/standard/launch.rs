@@ -135,6 +135,12 @@ pub struct Launcher {
     prof: RefCell<Option<Vec<(&'static str, Event)>>>,
     /// Launches taken down while [`Launcher::record`] runs.
     rec: RefCell<Option<Vec<Recorded>>>,
+    /// Labels whose launches are left out ([`PathOptions::skip_launches`]:
+    /// a timing ablation; the step's results are then wrong).
+    skip: Vec<&'static str>,
+    /// Labels launched without PDL ([`PathOptions::no_pdl_launches`]: a
+    /// timing diagnosis; results unchanged).
+    no_pdl: Vec<&'static str>,
 }
 
 impl Launcher {
@@ -164,7 +170,23 @@ impl Launcher {
             pdl,
             prof: RefCell::new(None),
             rec: RefCell::new(None),
+            skip: Vec::new(),
+            no_pdl: Vec::new(),
         })
+    }
+
+    /// Leave out every launch labelled one of `skip`, and launch those
+    /// labelled one of `no_pdl` without PDL (comma-separated lists;
+    /// [`PathOptions::skip_launches`], [`PathOptions::no_pdl_launches`]).
+    pub(crate) fn diagnose(&mut self, skip: &'static str, no_pdl: &'static str) {
+        let list = |s: &'static str| -> Vec<&'static str> {
+            s.split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect()
+        };
+        self.skip = list(skip);
+        self.no_pdl = list(no_pdl);
     }
 
     pub fn stream(&self) -> &Stream {
@@ -246,8 +268,26 @@ impl Launcher {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(()); // nothing to do (e.g. no logits rows)
+        self.launch_edge(label, f, grid, block, smem, true, args)
+    }
+
+    /// [`Launcher::launch`], with PDL only if `pdl` (and the launcher
+    /// takes it): `false` makes the launch wait for the previous kernel to
+    /// finish before any of its CTAs starts (a plain stream order; a full
+    /// edge in a graph). The kernel's `M3_PDL_WAIT` then returns at once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_edge(
+        &self,
+        label: &'static str,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        pdl: bool,
+        args: &[Arg],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || self.skip.contains(&label) {
+            return Ok(()); // nothing to do (e.g. no logits rows), or ablated
         }
         if let Some(rec) = self.rec.borrow_mut().as_mut() {
             let mut bytes = Vec::new();
@@ -270,7 +310,7 @@ impl Launcher {
             grid,
             block,
             smem,
-            pdl: self.pdl,
+            pdl: pdl && self.pdl && !self.no_pdl.contains(&label),
         };
         self.bind()?;
         // SAFETY: every pointer argument is a live device address sized for

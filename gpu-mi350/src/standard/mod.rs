@@ -247,6 +247,28 @@ pub struct PathOptions {
     /// -0.3 to -0.7% on the H200, bench/NOTES.md session 15 run 3). The CLI reads
     /// `M3_FUSE_CACHE_WRITES=0|1` for A/B runs.
     pub fuse_cache_writes: bool,
+    /// Diagnosis only: launches whose label is in this comma-separated list
+    /// are left out of every step, so `m3 bench` times the step without
+    /// them (a kernel's marginal cost inside the graph, overlap included).
+    /// The step's outputs are then wrong; inputs a skipped kernel would
+    /// have written keep earlier steps' values (routes, block choices), so
+    /// the rest still reads in-range data. Empty: none. The CLI reads
+    /// `M3_SKIP_LAUNCHES`.
+    pub skip_launches: &'static str,
+    /// Diagnosis: launches whose label is in this comma-separated list go
+    /// without programmatic dependent launch (they start only once the
+    /// previous kernel has finished: a plain stream order, a full edge in
+    /// a graph). Results are the same; only timing changes. The CLI reads
+    /// `M3_NO_PDL_LAUNCHES`.
+    pub no_pdl_launches: &'static str,
+    /// Routed-expert launches of steps with more rows than this go without
+    /// PDL ([`linear::Route::full_edge`]): their CTAs cannot load weights
+    /// before the route exists, and launched early they only hold SM room
+    /// the shared expert's launches beside them could use. Measured on the
+    /// H200 (bench/NOTES.md session 17 runs 4-5, a MoE layer without PDL):
+    /// -2.4% at 16 rows, -0.8% at 32 and 64, +2-3% at 1 row, +-0 at 4.
+    /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
+    pub routed_pdl_max_rows: usize,
 }
 
 impl Default for PathOptions {
@@ -265,6 +287,9 @@ impl Default for PathOptions {
             beside: Beside::On,
             l2_prefetch_mib: 16,
             fuse_cache_writes: true,
+            skip_launches: "",
+            no_pdl_launches: "",
+            routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
         }
     }
 }
@@ -278,7 +303,11 @@ impl PathOptions {
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
-    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen.
+    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
+    /// `M3_SKIP_LAUNCHES` a timing ablation ([`PathOptions::skip_launches`]),
+    /// `M3_NO_PDL_LAUNCHES` launches without PDL
+    /// ([`PathOptions::no_pdl_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
+    /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -322,9 +351,38 @@ impl PathOptions {
             Some("1" | "on") => self.fuse_cache_writes = true,
             _ => {}
         }
+        if let Some(d) = std::env::var("M3_SKIP_LAUNCHES")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            self.skip_launches = Box::leak(d.into_boxed_str());
+        }
+        match std::env::var("M3_ROUTED_PDL_MAX_ROWS")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("max") => self.routed_pdl_max_rows = usize::MAX,
+            Some(v) => {
+                if let Ok(n) = v.parse() {
+                    self.routed_pdl_max_rows = n;
+                }
+            }
+            None => {}
+        }
+        if let Some(d) = std::env::var("M3_NO_PDL_LAUNCHES")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            self.no_pdl_launches = Box::leak(d.into_boxed_str());
+        }
         self
     }
 }
+
+/// [`PathOptions::routed_pdl_max_rows`]'s default: the one-tile steps (up
+/// to 8 rows) keep PDL, larger ones take a full edge.
+pub const ROUTED_PDL_MAX_ROWS: usize = 8;
 
 /// Every kernel of a step.
 pub(crate) struct Kernels {
@@ -574,7 +632,8 @@ impl StandardPath {
         // pairs per row: the router's top-k, plus a folded shared expert
         let kp = c.num_experts_per_tok + usize::from(folded);
         let ctx = gpu.device().clone();
-        let l = Launcher::with_side(&ctx, opts.pdl && gpu.pdl(), opts.beside)?;
+        let mut l = Launcher::with_side(&ctx, opts.pdl && gpu.pdl(), opts.beside)?;
+        l.diagnose(opts.skip_launches, opts.no_pdl_launches);
         // the bulk L2 prefetch is sm_90's (the devices that take PDL)
         let mut opts = opts;
         if !gpu.pdl() {

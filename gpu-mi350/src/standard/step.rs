@@ -516,6 +516,7 @@ impl StandardPath {
                     slots,
                     xdiv,
                     x_rows: pairs.div_ceil(xdiv.max(1)),
+                    full_edge: t > self.options().routed_pdl_max_rows,
                 };
                 let wi = experts.gate.rows;
                 // the routed experts: router, gate + up, SwiGLU, down

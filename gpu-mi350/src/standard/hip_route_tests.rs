@@ -586,3 +586,31 @@ fn a_hip_launcher_has_wave64() {
     assert_eq!(l.warp(), 64);
     assert!(!gpu.pdl());
 }
+
+/// The timing ablation (`PathOptions::skip_launches`) leaves out exactly
+/// the launches it names, by label, and nothing else: a step with
+/// `rmsnorm,swiglu` skipped has the control step's launches minus every
+/// `m3s_rmsnorm` and `m3s_swiglu`, in the same order.
+#[test]
+fn skipped_launches_are_exactly_the_named_ones() {
+    let names = |skip: &'static str| -> Vec<String> {
+        let gpu = stub::gpu();
+        let opts = PathOptions {
+            skip_launches: skip,
+            ..PathOptions::default()
+        };
+        let mut path = build(&gpu, opts).expect("a path on the stub");
+        let (batch, sampling) = decode_step();
+        let shape = path.prepare(&batch, &sampling).expect("prepare");
+        stub::take_calls();
+        path.launch(shape, false).expect("direct step");
+        let calls = stub::take_calls();
+        launches(&calls).iter().map(|l| l.name.clone()).collect()
+    };
+    let all = names("");
+    let skipped = names(" rmsnorm, swiglu ");
+    let gone = |n: &String| n == "m3s_rmsnorm" || n == "m3s_swiglu";
+    assert!(all.iter().filter(|n| gone(n)).count() >= 2, "{all:?}");
+    let want: Vec<String> = all.iter().filter(|n| !gone(n)).cloned().collect();
+    assert_eq!(skipped, want);
+}

@@ -393,7 +393,6 @@ pub fn kernel_bench(
                         slots,
                         xdiv: spec.top_k.max(1),
                         x_rows: m,
-                        full_edge: false,
                     });
                     linears(c.l, c.kern, v, &mats, lx, m, r, m)?;
                     l.sync()?;

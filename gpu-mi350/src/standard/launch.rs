@@ -141,6 +141,8 @@ pub struct Launcher {
     /// Labels launched without PDL ([`PathOptions::no_pdl_launches`]: a
     /// timing diagnosis; results unchanged).
     no_pdl: Vec<&'static str>,
+    /// Whether launches go without PDL now (inside [`Launcher::full_edges`]).
+    full_edge: Cell<bool>,
 }
 
 impl Launcher {
@@ -172,7 +174,23 @@ impl Launcher {
             rec: RefCell::new(None),
             skip: Vec::new(),
             no_pdl: Vec::new(),
+            full_edge: Cell::new(false),
         })
+    }
+
+    /// Run `f` with its launches (if `on`) made without PDL: each then
+    /// waits for the previous kernel to finish before any of its CTAs
+    /// starts (a plain stream order; a full edge in a graph), and its
+    /// `M3_PDL_WAIT` returns at once. Results do not change; for launches
+    /// whose CTAs, started early, could only hold SM room
+    /// ([`PathOptions::routed_pdl_max_rows`]).
+    ///
+    /// [`PathOptions::routed_pdl_max_rows`]: super::PathOptions::routed_pdl_max_rows
+    pub(crate) fn full_edges<R>(&self, on: bool, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let was = self.full_edge.replace(on || self.full_edge.get());
+        let r = f();
+        self.full_edge.set(was);
+        r
     }
 
     /// Leave out every launch labelled one of `skip`, and launch those
@@ -268,24 +286,6 @@ impl Launcher {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_edge(label, f, grid, block, smem, true, args)
-    }
-
-    /// [`Launcher::launch`], with PDL only if `pdl` (and the launcher
-    /// takes it): `false` makes the launch wait for the previous kernel to
-    /// finish before any of its CTAs starts (a plain stream order; a full
-    /// edge in a graph). The kernel's `M3_PDL_WAIT` then returns at once.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_edge(
-        &self,
-        label: &'static str,
-        f: &Func,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        pdl: bool,
-        args: &[Arg],
-    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || self.skip.contains(&label) {
             return Ok(()); // nothing to do (e.g. no logits rows), or ablated
         }
@@ -310,7 +310,7 @@ impl Launcher {
             grid,
             block,
             smem,
-            pdl: pdl && self.pdl && !self.no_pdl.contains(&label),
+            pdl: self.pdl && !self.full_edge.get() && !self.no_pdl.contains(&label),
         };
         self.bind()?;
         // SAFETY: every pointer argument is a live device address sized for

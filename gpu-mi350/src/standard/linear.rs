@@ -330,12 +330,6 @@ pub(crate) struct Route {
     pub xdiv: usize,
     /// Rows of x (pairs / xdiv).
     pub x_rows: usize,
-    /// Launch without PDL: a full edge after the previous kernel, so none
-    /// of the launch's CTAs sit on an SM waiting while the shared expert's
-    /// launches beside it need the room ([`PathOptions::routed_pdl_max_rows`]).
-    ///
-    /// [`PathOptions::routed_pdl_max_rows`]: super::PathOptions::routed_pdl_max_rows
-    pub full_edge: bool,
 }
 
 /// `y_i = x W_i^T` for matrices that share `x` and `K`, fused into one
@@ -445,13 +439,12 @@ pub(crate) fn linears(
             .f
             .get(name)
             .ok_or_else(|| GpuError::input("standard path", format!("kernel {name} not loaded")))?;
-        l.launch_edge(
+        l.launch(
             name,
             f,
             (tiles, gy, gz),
             mv.block,
             0,
-            !route.is_some_and(|r| r.full_edge),
             &[
                 Arg::U64(xa),
                 Arg::pod(&segs),
@@ -1048,7 +1041,6 @@ mod gpu_tests {
                                 slots: 2,
                                 xdiv: 2,
                                 x_rows: m,
-                                full_edge: false,
                             }),
                             pairs,
                         )

@@ -262,13 +262,20 @@ pub struct PathOptions {
     /// `M3_NO_PDL_LAUNCHES`.
     pub no_pdl_launches: &'static str,
     /// Routed-expert launches of steps with more rows than this go without
-    /// PDL ([`linear::Route::full_edge`]): their CTAs cannot load weights
+    /// PDL ([`Launcher::full_edges`]): their CTAs cannot load weights
     /// before the route exists, and launched early they only hold SM room
     /// the shared expert's launches beside them could use. Measured on the
     /// H200 (bench/NOTES.md session 17 runs 4-5, a MoE layer without PDL):
     /// -2.4% at 16 rows, -0.8% at 32 and 64, +2-3% at 1 row, +-0 at 4.
     /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
     pub routed_pdl_max_rows: usize,
+    /// Launch the o projection without PDL (untapped steps). Not measured
+    /// yet: bench/NOTES.md session 17 run 4 found that the o prefetch's
+    /// gain is the full edge its fork / join puts before the o projection,
+    /// not the bytes; this switch (with `l2_prefetch_mib` 0) gives that
+    /// edge without the side stream, to be timed against the prefetch. The
+    /// CLI reads `M3_O_FULL_EDGE=0|1`.
+    pub o_full_edge: bool,
 }
 
 impl Default for PathOptions {
@@ -290,6 +297,7 @@ impl Default for PathOptions {
             skip_launches: "",
             no_pdl_launches: "",
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
+            o_full_edge: false,
         }
     }
 }
@@ -307,7 +315,8 @@ impl PathOptions {
     /// `M3_SKIP_LAUNCHES` a timing ablation ([`PathOptions::skip_launches`]),
     /// `M3_NO_PDL_LAUNCHES` launches without PDL
     /// ([`PathOptions::no_pdl_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
-    /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]).
+    /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
+    /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = v.trim() != "0";
@@ -369,6 +378,15 @@ impl PathOptions {
                 }
             }
             None => {}
+        }
+        match std::env::var("M3_O_FULL_EDGE")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("0" | "off") => self.o_full_edge = false,
+            Some("1" | "on") => self.o_full_edge = true,
+            _ => {}
         }
         if let Some(d) = std::env::var("M3_NO_PDL_LAUNCHES")
             .ok()

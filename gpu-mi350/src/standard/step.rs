@@ -464,7 +464,9 @@ impl StandardPath {
         // o projection, added into the residual in its epilogue (or, to tap
         // it, stored and added by a kernel: the same f32 += bf16(y))
         match ex.taps.and_then(|tb| tb.at(&tb.attn_out, li, h)) {
-            None => self.lin(&[(&lw.o, LinOut::AddF32(a.r.ptr()))], a.o.ptr(), t, None),
+            None => self.l.full_edges(self.opts.o_full_edge, || {
+                self.lin(&[(&lw.o, LinOut::AddF32(a.r.ptr()))], a.o.ptr(), t, None)
+            }),
             Some(dst) => {
                 self.lin(&[(&lw.o, LinOut::Bf16(a.yd.ptr()))], a.o.ptr(), t, None)?;
                 self.tap_bf16(dst, a.yd.ptr(), t * h)?;
@@ -516,30 +518,36 @@ impl StandardPath {
                     slots,
                     xdiv,
                     x_rows: pairs.div_ceil(xdiv.max(1)),
-                    full_edge: t > self.options().routed_pdl_max_rows,
                 };
+                // past a few rows the expert launches go without PDL: their
+                // CTAs cannot load weights before the route exists
+                let full = t > self.opts.routed_pdl_max_rows;
                 let wi = experts.gate.rows;
                 // the routed experts: router, gate + up, SwiGLU, down
                 let routed = || -> Result<()> {
                     self.router(router, bias, ids_l, t, fold, slots)?;
                     let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
-                    self.lin(
-                        &[
-                            (&experts.gate, LinOut::Bf16(a.eg.ptr())),
-                            (&experts.up, LinOut::Bf16(a.eu.ptr())),
-                        ],
-                        x_in,
-                        t,
-                        Some(route(kk)),
-                    )?;
+                    self.l.full_edges(full, || {
+                        self.lin(
+                            &[
+                                (&experts.gate, LinOut::Bf16(a.eg.ptr())),
+                                (&experts.up, LinOut::Bf16(a.eu.ptr())),
+                            ],
+                            x_in,
+                            t,
+                            Some(route(kk)),
+                        )
+                    })?;
                     self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi, wi, &a.xh_a)?;
                     let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
-                    self.lin(
-                        &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
-                        a_in,
-                        t,
-                        Some(route(1)),
-                    )
+                    self.l.full_edges(full, || {
+                        self.lin(
+                            &[(&experts.down, LinOut::Bf16(a.ye.ptr()))],
+                            a_in,
+                            t,
+                            Some(route(1)),
+                        )
+                    })
                 };
                 // the shared expert's output (0: none)
                 let sh = match shared {

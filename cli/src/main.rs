@@ -32,6 +32,7 @@ enum Command {
     /// Generate text (defaults to a synthetic `tiny` checkpoint).
     Generate(cmd::generate::Args),
     /// Measure prefill / decode speed of a backend.
+    #[command(after_long_help = cmd::bench::ENV_HELP)]
     Bench(cmd::bench::Args),
     /// Offline batch generation through the scheduler (JSONL in, JSONL out).
     Batch(cmd::batch::Args),

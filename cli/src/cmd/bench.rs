@@ -10,6 +10,25 @@
 
 use std::collections::BTreeSet;
 
+/// The GPU standard path's diagnosis switches (`PathOptions::with_env_overrides`),
+/// for `m3 bench --help`.
+pub const ENV_HELP: &str = "\
+GPU diagnosis switches (environment; for A/B runs, bench/NOTES.md):
+  M3_SKIP_LAUNCHES=label,...      leave those launches out of every step (a kernel's cost
+                                  inside the graph; the outputs are then wrong: ABLATION)
+  M3_NO_PDL_LAUNCHES=label,...    launch those without PDL (same results)
+  M3_ROUTED_PDL_MAX_ROWS=N|max    routed experts of steps past N rows go without PDL (8)
+  M3_O_FULL_EDGE=0|1              the o projection without PDL (0)
+  M3_L2_PREFETCH_MIB=N            o-projection weights brought into L2 beside attention (16)
+  M3_BESIDE=on|off                the shared expert on a second stream (on)
+  M3_FUSE_CACHE_WRITES=0|1        cache writes in the head-norm launch (1)
+  M3_SMALL_STEP_VARIANT=0         the small-step linear build off
+  M3_SMALL_STEP_DEFINES=...       its compile-time defines
+  M3_SMALL_STEP_MAX_ROWS=N        the rows it takes
+  M3_MONO_DEFINES=...             the mono build's defines
+Labels are the launch names of a step's profile (`--profile`), e.g. attn_partial, index_scores,
+rmsnorm, or a linear's kernel name (m3s_mma_fp4_r1).";
+
 /// `m3 bench --path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchPath {
@@ -476,4 +495,35 @@ pub enum SharedArg {
     Dense,
     Expert,
     Folded,
+}
+
+#[cfg(test)]
+mod env_help_tests {
+    use m3_gpu::standard::{Beside, PathOptions};
+
+    /// The defaults `m3 bench --help` states are the path's own: a changed
+    /// default fails here until the help says it.
+    #[test]
+    fn the_stated_defaults_are_the_path_options() {
+        let d = PathOptions::default();
+        let line = |var: &str| {
+            super::ENV_HELP
+                .lines()
+                .find(|l| l.trim_start().starts_with(var))
+                .unwrap_or_else(|| panic!("{var} missing from ENV_HELP"))
+                .to_string()
+        };
+        assert!(line("M3_ROUTED_PDL_MAX_ROWS").ends_with(&format!("({})", d.routed_pdl_max_rows)));
+        assert!(line("M3_O_FULL_EDGE").ends_with(&format!("({})", u8::from(d.o_full_edge))));
+        assert!(line("M3_L2_PREFETCH_MIB").ends_with(&format!("({})", d.l2_prefetch_mib)));
+        assert!(
+            line("M3_FUSE_CACHE_WRITES").ends_with(&format!("({})", u8::from(d.fuse_cache_writes)))
+        );
+        let beside = if d.beside == Beside::On {
+            "(on)"
+        } else {
+            "(off)"
+        };
+        assert!(line("M3_BESIDE").ends_with(beside));
+    }
 }

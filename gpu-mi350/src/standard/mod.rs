@@ -318,83 +318,67 @@ impl PathOptions {
     /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]).
     pub fn with_env_overrides(mut self) -> Self {
-        if let Ok(v) = std::env::var("M3_SMALL_STEP_VARIANT") {
-            self.small_step_variant = v.trim() != "0";
+        if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
+            self.small_step_variant = on;
         }
-        if let Some(d) = std::env::var("M3_SMALL_STEP_DEFINES")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-        {
-            // kernel sources are &'static: one leak per process
-            self.small_step_defines = Box::leak(d.into_boxed_str());
+        if let Some(d) = env_text("M3_SMALL_STEP_DEFINES") {
+            self.small_step_defines = d;
         }
-        if let Some(d) = std::env::var("M3_MONO_DEFINES")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-        {
-            self.mono_defines = Box::leak(d.into_boxed_str());
+        if let Some(d) = env_text("M3_MONO_DEFINES") {
+            self.mono_defines = d;
         }
-        if let Some(n) = std::env::var("M3_SMALL_STEP_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-        {
+        if let Some(n) = env_usize("M3_SMALL_STEP_MAX_ROWS") {
             self.small_step_max_rows = n.max(1);
         }
-        match std::env::var("M3_BESIDE").ok().as_deref().map(str::trim) {
-            Some("off" | "0") => self.beside = Beside::Off,
-            Some("on" | "1") => self.beside = Beside::On,
-            _ => {}
-        }
-        if let Some(n) = std::env::var("M3_L2_PREFETCH_MIB")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-        {
-            self.l2_prefetch_mib = n;
-        }
-        match std::env::var("M3_FUSE_CACHE_WRITES")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("0" | "off") => self.fuse_cache_writes = false,
-            Some("1" | "on") => self.fuse_cache_writes = true,
-            _ => {}
-        }
-        if let Some(d) = std::env::var("M3_SKIP_LAUNCHES")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-        {
-            self.skip_launches = Box::leak(d.into_boxed_str());
-        }
-        match std::env::var("M3_ROUTED_PDL_MAX_ROWS")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("max") => self.routed_pdl_max_rows = usize::MAX,
-            Some(v) => {
-                if let Ok(n) = v.parse() {
-                    self.routed_pdl_max_rows = n;
-                }
-            }
+        match env_flag("M3_BESIDE") {
+            Some(false) => self.beside = Beside::Off,
+            Some(true) => self.beside = Beside::On,
             None => {}
         }
-        match std::env::var("M3_O_FULL_EDGE")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("0" | "off") => self.o_full_edge = false,
-            Some("1" | "on") => self.o_full_edge = true,
-            _ => {}
+        if let Some(n) = env_usize("M3_L2_PREFETCH_MIB") {
+            self.l2_prefetch_mib = n;
         }
-        if let Some(d) = std::env::var("M3_NO_PDL_LAUNCHES")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-        {
-            self.no_pdl_launches = Box::leak(d.into_boxed_str());
+        if let Some(on) = env_flag("M3_FUSE_CACHE_WRITES") {
+            self.fuse_cache_writes = on;
+        }
+        if let Some(d) = env_text("M3_SKIP_LAUNCHES") {
+            self.skip_launches = d;
+        }
+        if let Some(n) = env_usize("M3_ROUTED_PDL_MAX_ROWS") {
+            self.routed_pdl_max_rows = n;
+        }
+        if let Some(on) = env_flag("M3_O_FULL_EDGE") {
+            self.o_full_edge = on;
+        }
+        if let Some(d) = env_text("M3_NO_PDL_LAUNCHES") {
+            self.no_pdl_launches = d;
         }
         self
+    }
+}
+
+/// A diagnosis switch's text, if set and not blank (leaked: kernel sources
+/// and launch labels are `&'static`; one leak per switch and process).
+fn env_text(name: &str) -> Option<&'static str> {
+    let v = std::env::var(name).ok().filter(|v| !v.trim().is_empty())?;
+    Some(Box::leak(v.into_boxed_str()))
+}
+
+/// A diagnosis switch's count (`max`: `usize::MAX`); None if unset or not
+/// a count.
+fn env_usize(name: &str) -> Option<usize> {
+    match std::env::var(name).ok()?.trim() {
+        "max" => Some(usize::MAX),
+        v => v.parse().ok(),
+    }
+}
+
+/// A diagnosis switch's on / off (`1`, `on` / `0`, `off`); None otherwise.
+fn env_flag(name: &str) -> Option<bool> {
+    match std::env::var(name).ok()?.trim() {
+        "1" | "on" => Some(true),
+        "0" | "off" => Some(false),
+        _ => None,
     }
 }
 
@@ -979,5 +963,33 @@ impl StandardPath {
     /// Whether a step of `t` rows may be captured into a graph.
     pub(crate) fn graphable(&self, t: usize) -> bool {
         t <= self.opts.graph_max_rows
+    }
+}
+
+#[cfg(test)]
+mod env_switch_tests {
+    use super::{env_flag, env_text, env_usize};
+
+    /// Each switch reader on its own variable (tests run in parallel).
+    #[test]
+    fn switches_read_what_they_say_and_ignore_the_rest() {
+        let set = |n: &str, v: &str| std::env::set_var(n, v);
+        set("M3_TEST_SW_FLAG_ON", " on ");
+        set("M3_TEST_SW_FLAG_OFF", "0");
+        set("M3_TEST_SW_FLAG_BAD", "yes");
+        assert_eq!(env_flag("M3_TEST_SW_FLAG_ON"), Some(true));
+        assert_eq!(env_flag("M3_TEST_SW_FLAG_OFF"), Some(false));
+        assert_eq!(env_flag("M3_TEST_SW_FLAG_BAD"), None);
+        assert_eq!(env_flag("M3_TEST_SW_FLAG_UNSET"), None);
+        set("M3_TEST_SW_N", "12");
+        set("M3_TEST_SW_MAX", "max");
+        set("M3_TEST_SW_NAN", "twelve");
+        assert_eq!(env_usize("M3_TEST_SW_N"), Some(12));
+        assert_eq!(env_usize("M3_TEST_SW_MAX"), Some(usize::MAX));
+        assert_eq!(env_usize("M3_TEST_SW_NAN"), None);
+        set("M3_TEST_SW_TEXT", "rmsnorm,swiglu");
+        set("M3_TEST_SW_BLANK", "  ");
+        assert_eq!(env_text("M3_TEST_SW_TEXT"), Some("rmsnorm,swiglu"));
+        assert_eq!(env_text("M3_TEST_SW_BLANK"), None);
     }
 }

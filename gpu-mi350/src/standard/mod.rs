@@ -236,7 +236,12 @@ pub struct PathOptions {
     /// indexer and attention run (latency-bound: the memory bus is mostly
     /// idle), so the o projection reads them from L2 (a MoE layer a
     /// further -3.6% at batch 1 with 16 MiB; 24 and 32 MiB measured no
-    /// better, 48 worse: bench/NOTES.md session 14). 0: none. Needs the
+    /// better, 48 worse: bench/NOTES.md session 14). Session 17 run 4 found
+    /// the gain is not the bytes: leaving the prefetch launch out but
+    /// keeping its fork / join costs nothing, turning it off +3.4%; what
+    /// pays is the full edge the join puts before the o projection
+    /// ([`PathOptions::o_full_edge`] is the switch to time that alone). 0:
+    /// none. Needs the
     /// side stream and CUDA sm_90+ (`cp.async.bulk.prefetch.L2`; set to 0
     /// elsewhere); a hint: results do not change. The CLI reads
     /// `M3_L2_PREFETCH_MIB`.
@@ -266,7 +271,7 @@ pub struct PathOptions {
     /// before the route exists, and launched early they only hold SM room
     /// the shared expert's launches beside them could use. Measured on the
     /// H200 (bench/NOTES.md session 17 runs 4-5, a MoE layer without PDL):
-    /// -2.4% at 16 rows, -0.8% at 32 and 64, +2-3% at 1 row, +-0 at 4.
+    /// -2.4% at 16 rows, -0.7% at 32 and 64, +2-3% at 1 row, +-0 at 4.
     /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
     pub routed_pdl_max_rows: usize,
     /// Launch the o projection without PDL (untapped steps). Not measured

@@ -796,7 +796,7 @@ impl StandardPath {
     /// Bring up to `mib` MiB of `w`'s codes (and all its block scales)
     /// into L2 (`m3s_l2_prefetch`, a hint).
     fn l2_prefetch(&self, w: &DevLinear, mib: usize) -> Result<()> {
-        let most = mib << 20;
+        let most = mib.saturating_mul(1 << 20);
         let mut ranges = vec![(w.codes.ptr(), w.codes.bytes().min(most))];
         if let Some(s) = &w.scales {
             ranges.insert(0, (s.ptr(), s.bytes()));

@@ -442,6 +442,17 @@ M3_DEV void m3_mma_f16_16816z(float* d, const u32* a, u32 b0, u32 b1) {
   m3_mma_f16_16816(d, a, b0, b1);
 }
 #endif
+/// Two E4M3 codes (bits 0-7, 8-15 of a) as exact bf16 values packed in a
+/// u32 (bits 0-7's value in the low half): every E4M3 value is a bf16
+/// value, so the top half of its f32 is it. On CUDA four instructions a
+/// pair (the hardware E4M3 -> f16 conversion, two f16 -> f32, a byte
+/// permute) where the bit-level m3_e4m3_fast took about ten a value
+/// (bench/NOTES.md session 18); NaN codes give NaN.
+M3_DEV u32 m3_e4m3x2_bf16x2(u32 a) {
+  float f0, f1;
+  m3_e4m3x2_f32(a, f0, f1);
+  return (m3_bits(f0) >> 16) | (m3_bits(f1) & 0xffff0000u);
+}
 /// Ask L2 for the line holding p (no register, no wait; nothing on HIP).
 M3_DEV void m3_prefetch_l2(const void* p) {
 #if defined(M3_CUDA)

@@ -2,11 +2,16 @@
 // Compiled in the same translation unit as standard_decode.cu (after it):
 // uses its s_slot / S_INF helpers. Same math as cpu-ref's indexer and
 // attention (exact E4M3, bf16 or NVFP4 decode, f32 arithmetic); only the
-// order of the sums differs. The attention's tensor-core products keep that:
-// bf16 q times E4M3 codes, bf16 cache values or NVFP4 e2m1 * e4m3 block
-// scale products (all exact bf16 values; the per-tensor scale multiplies the
-// f32 results) are exact products summed in f32, and the f32 softmax weights
-// enter P V as three bf16 parts (~2^-25 relative). Every shape is a kernel
+// order of the sums differs. The attention's and (fp8 / bf16 caches) the
+// indexer's tensor-core products keep that: bf16 q times E4M3 codes, bf16
+// cache values or NVFP4 e2m1 * e4m3 block scale products (all exact bf16
+// values; the per-tensor scale multiplies the f32 results, so an fp8 score
+// is (q . codes) * scale where the CPU sums q * (code * scale): ~1 ulp a
+// term) are exact products summed in f32, and the f32 softmax weights
+// enter P V as three bf16 parts (~2^-25 relative). E4M3 codes become bf16 /
+// f32 through the hardware's E4M3 -> f16 conversion (m3_e4m3x2_bf16x2:
+// four instructions a pair against ~ten a value bit by bit; bench/NOTES.md
+// session 18). Every shape is a kernel
 // argument and every grid is fixed by capacity (CTAs past a row's work exit
 // early), so a step stays capturable. Caches hold E4M3 codes, bf16 bits or
 // NVFP4 (cache_kind, S_CACHE_* in standard_decode.cu; NVFP4: packed E2M1
@@ -75,7 +80,7 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
                       const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                       const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b,
                       u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb, float4* qs4,
-                      float (*red)[SI_THREADS / M3_WARP]) {
+                      float (*red)[SI_THREADS / 32]) {
   // per cache type: values per 16-byte chunk, keys per thread per pass,
   // chunks of a key per thread (at most), bytes per value (NVFP4: a chunk
   // is 32 values, two scale blocks, half a byte a value: half the chunks
@@ -192,7 +197,12 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
                 }
               } else {
 #pragma unroll
-                for (int e = 0; e < 16; ++e) kv[e] = m3_e4m3_fast((w4[e / 4] >> (8 * (e % 4))) & 0xffu) * iscale;
+                for (int e = 0; e < 16; e += 2) {
+                  // a pair a conversion (exact, as m3_e4m3_fast); the scale per value
+                  m3_e4m3x2_f32(w4[e / 4] >> (8 * (e % 4)), kv[e], kv[e + 1]);
+                  kv[e] *= iscale;
+                  kv[e + 1] *= iscale;
+                }
               }
 #pragma unroll
               for (int h = 0; h < SI_MAXH; ++h) {
@@ -241,6 +251,125 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
   }
 }
 
+/// si_scores for fp8 and bf16 index caches on tensor cores (the NVFP4 one
+/// keeps the scalar form above): each 32-thread group scores 16-key tiles
+/// of the block with m16n8k16 bf16 products, keys as M, the (at most 8)
+/// index heads as N, d as K. Lane (g, t) holds d values t di/4 .. (t + 1)
+/// di/4 - 1 of keys g, g + 8 and of q head g, so each key row is a few
+/// 16-byte loads a lane; k-step s takes the lane's values 4s .. 4s + 3
+/// (slots 2t, 2t + 1 <- values 0, 1 and 2t + 8, 2t + 9 <- values 2, 3, the
+/// same order for q): a permutation of d, which the dot product does not
+/// see. Exact products (q is bf16, every E4M3 code and bf16 key is a bf16
+/// value) summed in f32; the fp8 cache's per-tensor scale multiplies the
+/// f32 dot (the attention's rule) instead of each key value. Same
+/// selections of forced, past-the-row and NaN scores as si_scores.
+template <int CK>
+M3_DEV void si_scores_mma(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
+                          const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
+                          const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b,
+                          u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb,
+                          float (*red)[SI_THREADS / 32]) {
+  constexpr bool BF = CK == S_CACHE_BF16;
+  if constexpr (BF) S_PATH_MARK("m3s_index_scores: bf16 cache, mma");
+  else S_PATH_MARK("m3s_index_scores: fp8 cache, mma");
+  // 16-byte chunks of a key row a lane holds (values span = di / 4)
+  constexpr u32 VPC = BF ? 8u : 16u;               // values a chunk
+  constexpr u32 MAXC = SI_MAXD / 4u / VPC;         // chunks a lane, at most
+  const u32 t = blockIdx.y, tid = threadIdx.x;
+  const u32 p = pos[t], seq = row_seq[t];
+  const u32 nb = p / B + 1u;
+  if (blockIdx.x >= nb || nb <= K) return;
+  const u32 selh = shared_sel ? 1u : nkv;
+  const u32 grp = tid / 32u, ngrp = blockDim.x / 32u, l32 = tid % 32u, lg = l32 / 4u, lt = l32 % 4u;
+  const u32 span = di / 4u, nch = span / VPC;  // di a multiple of 32: span a multiple of 8 (of 16 for fp8 at di % 64 == 0)
+  // q head lg's values lt span .. + span - 1 as bf16 pairs (zero past nih)
+  u32 qf[MAXC][VPC / 2];
+#pragma unroll
+  for (u32 c = 0; c < MAXC; ++c)
+#pragma unroll
+    for (u32 i = 0; i < VPC / 2; ++i) qf[c][i] = 0u;
+  if (lg < nih) {
+    const u16* qr = iq + ((u64)t * nih + lg) * di + (u64)lt * span;
+#pragma unroll
+    for (u32 c = 0; c < MAXC; ++c) {
+      if (c >= nch) break;
+#pragma unroll
+      for (u32 h = 0; h < VPC / 8u; ++h) {
+        const uint4 v = reinterpret_cast<const uint4*>(qr + VPC * c)[h];
+        qf[c][4u * h] = v.x; qf[c][4u * h + 1u] = v.y; qf[c][4u * h + 2u] = v.z; qf[c][4u * h + 3u] = v.w;
+      }
+    }
+  }
+  const u32 VB = BF ? 2u : 1u;  // bytes a value
+  for (u32 b = blockIdx.x; b < nb; b += gridDim.x) {  // uniform over the CTA
+    float* out = scores + (u64)t * selh * maxnb + b;
+    if (b < init_b || b + local_b >= nb) {
+      for (u32 h = tid; h < selh; h += blockDim.x) out[(u64)h * maxnb] = S_INF;
+      continue;
+    }
+    const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
+    const u32 ntile = (jlast - jb) / 16u + 1u;
+    // running max of heads 2lt, 2lt + 1 over this lane's keys
+    float m0 = -S_INF, m1 = -S_INF;
+    for (u32 tile = grp; tile < ntile; tile += ngrp) {
+      const u32 ja = jb + 16u * tile + lg, jc = ja + 8u;
+      const bool oka = ja <= jlast, okc = jc <= jlast;
+      const u8* ra = icache + (oka ? s_slot(bt, bt_off, seq, page, ja) : 0u) * di * VB + (u64)lt * span * VB;
+      const u8* rc = icache + (okc ? s_slot(bt, bt_off, seq, page, jc) : 0u) * di * VB + (u64)lt * span * VB;
+      uint4 ka[MAXC], kc[MAXC];
+#pragma unroll
+      for (u32 c = 0; c < MAXC; ++c) {
+        ka[c] = kc[c] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < nch) {
+          if (oka) ka[c] = reinterpret_cast<const uint4*>(ra)[c];
+          if (okc) kc[c] = reinterpret_cast<const uint4*>(rc)[c];
+        }
+      }
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (u32 c = 0; c < MAXC; ++c) {
+        if (c >= nch) break;  // uniform
+        const u32 wa[4] = {ka[c].x, ka[c].y, ka[c].z, ka[c].w}, wc[4] = {kc[c].x, kc[c].y, kc[c].z, kc[c].w};
+#pragma unroll
+        for (u32 s = 0; s < VPC / 4u; ++s) {  // k-steps of the chunk: values 4s .. 4s + 3
+          u32 a[4];
+          if constexpr (BF) {
+            a[0] = wa[2u * s]; a[2] = wa[2u * s + 1u];
+            a[1] = wc[2u * s]; a[3] = wc[2u * s + 1u];
+          } else {
+            a[0] = m3_e4m3x2_bf16x2(wa[s]); a[2] = m3_e4m3x2_bf16x2(wa[s] >> 16);
+            a[1] = m3_e4m3x2_bf16x2(wc[s]); a[3] = m3_e4m3x2_bf16x2(wc[s] >> 16);
+          }
+          m3_mma_bf16_16816(acc, a, qf[c][2u * s], qf[c][2u * s + 1u]);
+        }
+      }
+      // acc: keys ja (0, 1) and jc (2, 3) against heads 2lt, 2lt + 1
+      if (oka) { m0 = si_max(m0, acc[0] * iscale); m1 = si_max(m1, acc[1] * iscale); }
+      if (okc) { m0 = si_max(m0, acc[2] * iscale); m1 = si_max(m1, acc[3] * iscale); }
+    }
+    // max over the group's keys (lanes of the same lt), then over groups
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      m0 = si_max(m0, M3_SHFL_XOR32(m0, o));
+      m1 = si_max(m1, M3_SHFL_XOR32(m1, o));
+    }
+    if (lg == 0u) {
+      red[2u * lt][grp] = m0;
+      red[2u * lt + 1u][grp] = m1;
+    }
+    __syncthreads();
+    if (tid < selh) {
+      float v = -S_INF;
+      // shared selection: the max over every index head too
+      const u32 h0 = shared_sel ? 0u : tid, h1 = shared_sel ? nih : tid + 1u;
+      for (u32 h = h0; h < h1; ++h)
+        for (u32 w = 0; w < ngrp; ++w) v = si_max(v, red[h][w]);
+      out[(u64)tid * maxnb] = v;
+    }
+    __syncthreads();  // red is rewritten by the next block
+  }
+}
+
 /// See si_scores. cache_kind (S_CACHE_*): what the index cache holds
 /// (`m3s_index_scores`: bf16 or fp8, uniform over the grid, so the CTA
 /// takes one instantiation; `m3s_index_scores_nv`: NVFP4, iscales its block
@@ -255,15 +384,22 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
     M3_PDL_TRIGGER();                                                                                               \
     M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
     S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]); /* float4: 16-byte aligned */                      \
-    S_SHARED(float, red, [SI_MAXH][SI_THREADS / M3_WARP]);                                                          \
+    S_SHARED(float, red, [SI_MAXH][SI_THREADS / 32]); /* a column a 32-thread group (or wave) */                    \
     DISPATCH;                                                                                                       \
   }
 #define SI_CALL(CK)                                                                                                  \
   si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,      \
                 shared_sel, nkv, scores, maxnb, qs4, red)
-SI_ENTRY(m3s_index_scores, if (cache_kind == S_CACHE_BF16) SI_CALL(S_CACHE_BF16); else SI_CALL(S_CACHE_FP8))
+#define SI_MMA_CALL(CK)                                                                                              \
+  si_scores_mma<CK>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel, \
+                    nkv, scores, maxnb, red)
+// tensor cores where a lane's share of a key row is whole 16-byte chunks
+// (fp8: di a multiple of 64), else the scalar body
+SI_ENTRY(m3s_index_scores, if (cache_kind == S_CACHE_BF16) SI_MMA_CALL(S_CACHE_BF16);
+         else if (di % 64u == 0u) SI_MMA_CALL(S_CACHE_FP8); else SI_CALL(S_CACHE_FP8))
 SI_ENTRY(m3s_index_scores_nv, S_NV_ONLY(SI_CALL(S_CACHE_NVFP4)))
 #undef SI_CALL
+#undef SI_MMA_CALL
 #undef SI_ENTRY
 
 /// Sort key of block b with score v: higher score first, ties to the lower
@@ -400,7 +536,7 @@ M3_DEV u32 sa_chunks(u32 p, u32 sparse, u32 K, u32 max_chunks) {
 /// Two E4M3 codes (bits 0-7 of lo, of hi) as exact bf16 values packed in a
 /// u32 (lo in the low half): every E4M3 value is a bf16 value.
 M3_DEV u32 sa_e4m3x2_bf16(u32 lo, u32 hi) {
-  return (m3_bits(m3_e4m3_fast(lo & 0xffu)) >> 16) | (m3_bits(m3_e4m3_fast(hi & 0xffu)) & 0xffff0000u);
+  return m3_e4m3x2_bf16x2((lo & 0xffu) | ((hi & 0xffu) << 8));
 }
 /// What a lane of an mma group loads of one cache row, per cache type:
 /// K: the 8 values 32G + 8lt .. +7 of d group G (Q K^T), V: the 4 values
@@ -428,8 +564,8 @@ template <> struct SaCache<S_CACHE_FP8> {  // E4M3 codes
   /// k-step kk uses values 4kk .. 4kk+3: b0 <- 4kk, 4kk+1; b1 <- 4kk+2, 4kk+3
   static __device__ __forceinline__ void kfrag(K r, int kk, u32& b0, u32& b1) {
     const u32 w = kk ? r.y : r.x;
-    b0 = sa_e4m3x2_bf16(w, w >> 8);
-    b1 = sa_e4m3x2_bf16(w >> 16, w >> 24);
+    b0 = m3_e4m3x2_bf16x2(w);
+    b1 = m3_e4m3x2_bf16x2(w >> 16);
   }
   /// n-tile n: value n of keys r = 0, 1 (b0) and r = 2, 3 (b1)
   static __device__ __forceinline__ void vfrag(const V* v, int n, u32& b0, u32& b1) {

@@ -263,25 +263,68 @@ M3_DEV void si_scores(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __r
 /// value) summed in f32; the fp8 cache's per-tensor scale multiplies the
 /// f32 dot (the attention's rule) instead of each key value. Same
 /// selections of forced, past-the-row and NaN scores as si_scores.
+///
+/// Before the dependency wait (`prewait`, the path's choice): the CTA's
+/// first tile of its first block is loaded when no row of this step
+/// writes a key of that block (a position of the row's sequence inside
+/// it): those keys were written by earlier steps, and the block table and
+/// positions are step inputs. A decode row's own key sits in its last
+/// block, which is forced, never scored.
 template <int CK>
 M3_DEV void si_scores_mma(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache, float iscale,
                           const u32* __restrict__ pos, const u32* __restrict__ row_seq, const u32* __restrict__ bt,
                           const u32* __restrict__ bt_off, u32 page, u32 B, u32 K, u32 init_b, u32 local_b,
                           u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb,
-                          float (*red)[SI_THREADS / 32]) {
+                          float (*red)[SI_THREADS / 32], u32* flag, u32 prewait) {
   constexpr bool BF = CK == S_CACHE_BF16;
   if constexpr (BF) S_PATH_MARK("m3s_index_scores: bf16 cache, mma");
   else S_PATH_MARK("m3s_index_scores: fp8 cache, mma");
   // 16-byte chunks of a key row a lane holds (values span = di / 4)
   constexpr u32 VPC = BF ? 8u : 16u;               // values a chunk
   constexpr u32 MAXC = SI_MAXD / 4u / VPC;         // chunks a lane, at most
-  const u32 t = blockIdx.y, tid = threadIdx.x;
+  const u32 VB = BF ? 2u : 1u;                     // bytes a value
+  const u32 t = blockIdx.y, tid = threadIdx.x, T = gridDim.y;
   const u32 p = pos[t], seq = row_seq[t];
   const u32 nb = p / B + 1u;
-  if (blockIdx.x >= nb || nb <= K) return;
+  if (blockIdx.x >= nb || nb <= K) return;  // no work (before the wait: nothing read)
   const u32 selh = shared_sel ? 1u : nkv;
   const u32 grp = tid / 32u, ngrp = blockDim.x / 32u, l32 = tid % 32u, lg = l32 / 4u, lt = l32 % 4u;
   const u32 span = di / 4u, nch = span / VPC;  // di a multiple of 32: span a multiple of 8 (of 16 for fp8 at di % 64 == 0)
+  uint4 ka[MAXC], kc[MAXC];
+  // keys ja, jc = ja + 8 of tile `tile` of block b into ka, kc (zero past jlast)
+  auto load_tile = [&](u32 b, u32 tile, u32 jlast) {
+    const u32 ja = b * B + 16u * tile + lg, jc = ja + 8u;
+    const bool oka = ja <= jlast, okc = jc <= jlast;
+    const u8* ra = icache + (oka ? s_slot(bt, bt_off, seq, page, ja) : 0u) * di * VB + (u64)lt * span * VB;
+    const u8* rc = icache + (okc ? s_slot(bt, bt_off, seq, page, jc) : 0u) * di * VB + (u64)lt * span * VB;
+#pragma unroll
+    for (u32 c = 0; c < MAXC; ++c) {
+      ka[c] = kc[c] = make_uint4(0u, 0u, 0u, 0u);
+      if (c < nch) {
+        if (oka) ka[c] = reinterpret_cast<const uint4*>(ra)[c];
+        if (okc) kc[c] = reinterpret_cast<const uint4*>(rc)[c];
+      }
+    }
+  };
+  auto scored = [&](u32 b) { return !(b < init_b || b + local_b >= nb); };
+  auto last_key = [&](u32 b) { return p < b * B + B - 1u ? p : b * B + B - 1u; };
+  // the first block's first tile before the wait, when no row of this step
+  // writes into that block (uniform over the CTA: the flag)
+  bool pre = false;
+  {
+    const u32 b0 = blockIdx.x;
+    if (prewait && scored(b0)) {
+      const u32 j0 = b0 * B, j1 = last_key(b0);
+      if (tid == 0u) *flag = 0u;
+      __syncthreads();
+      for (u32 r = tid; r < T; r += blockDim.x)
+        if (row_seq[r] == seq && pos[r] >= j0 && pos[r] <= j1) *flag = 1u;
+      __syncthreads();
+      pre = *reinterpret_cast<volatile u32*>(flag) == 0u;
+      if (pre && grp < (j1 - j0) / 16u + 1u) load_tile(b0, grp, j1);
+    }
+  }
+  M3_PDL_WAIT();
   // q head lg's values lt span .. + span - 1 as bf16 pairs (zero past nih)
   u32 qf[MAXC][VPC / 2];
 #pragma unroll
@@ -300,31 +343,18 @@ M3_DEV void si_scores_mma(const u16* __restrict__ iq, u32 nih, u32 di, const u8*
       }
     }
   }
-  const u32 VB = BF ? 2u : 1u;  // bytes a value
   for (u32 b = blockIdx.x; b < nb; b += gridDim.x) {  // uniform over the CTA
     float* out = scores + (u64)t * selh * maxnb + b;
-    if (b < init_b || b + local_b >= nb) {
+    if (!scored(b)) {
       for (u32 h = tid; h < selh; h += blockDim.x) out[(u64)h * maxnb] = S_INF;
       continue;
     }
-    const u32 jb = b * B, jlast = p < jb + B - 1u ? p : jb + B - 1u;  // keys jb ..= jlast
+    const u32 jb = b * B, jlast = last_key(b);  // keys jb ..= jlast
     const u32 ntile = (jlast - jb) / 16u + 1u;
     // running max of heads 2lt, 2lt + 1 over this lane's keys
     float m0 = -S_INF, m1 = -S_INF;
     for (u32 tile = grp; tile < ntile; tile += ngrp) {
-      const u32 ja = jb + 16u * tile + lg, jc = ja + 8u;
-      const bool oka = ja <= jlast, okc = jc <= jlast;
-      const u8* ra = icache + (oka ? s_slot(bt, bt_off, seq, page, ja) : 0u) * di * VB + (u64)lt * span * VB;
-      const u8* rc = icache + (okc ? s_slot(bt, bt_off, seq, page, jc) : 0u) * di * VB + (u64)lt * span * VB;
-      uint4 ka[MAXC], kc[MAXC];
-#pragma unroll
-      for (u32 c = 0; c < MAXC; ++c) {
-        ka[c] = kc[c] = make_uint4(0u, 0u, 0u, 0u);
-        if (c < nch) {
-          if (oka) ka[c] = reinterpret_cast<const uint4*>(ra)[c];
-          if (okc) kc[c] = reinterpret_cast<const uint4*>(rc)[c];
-        }
-      }
+      if (!(pre && b == blockIdx.x && tile == grp)) load_tile(b, tile, jlast);
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (u32 c = 0; c < MAXC; ++c) {
@@ -344,8 +374,9 @@ M3_DEV void si_scores_mma(const u16* __restrict__ iq, u32 nih, u32 di, const u8*
         }
       }
       // acc: keys ja (0, 1) and jc (2, 3) against heads 2lt, 2lt + 1
-      if (oka) { m0 = si_max(m0, acc[0] * iscale); m1 = si_max(m1, acc[1] * iscale); }
-      if (okc) { m0 = si_max(m0, acc[2] * iscale); m1 = si_max(m1, acc[3] * iscale); }
+      const u32 ja = jb + 16u * tile + lg;
+      if (ja <= jlast) { m0 = si_max(m0, acc[0] * iscale); m1 = si_max(m1, acc[1] * iscale); }
+      if (ja + 8u <= jlast) { m0 = si_max(m0, acc[2] * iscale); m1 = si_max(m1, acc[3] * iscale); }
     }
     // max over the group's keys (lanes of the same lt), then over groups
 #pragma unroll
@@ -373,26 +404,32 @@ M3_DEV void si_scores_mma(const u16* __restrict__ iq, u32 nih, u32 di, const u8*
 /// See si_scores. cache_kind (S_CACHE_*): what the index cache holds
 /// (`m3s_index_scores`: bf16 or fp8, uniform over the grid, so the CTA
 /// takes one instantiation; `m3s_index_scores_nv`: NVFP4, iscales its block
-/// scales, unused by the other).
+/// scales, unused by the other). prewait: 1 lets the tensor-core body load
+/// its first tile before the dependency wait (si_scores_mma); each body
+/// waits itself.
 #define SI_ENTRY(name, DISPATCH)                                                                                     \
   M3_KERNEL void M3_HIP_BLOCK(SI_THREADS)                                                                            \
       name(const u16* __restrict__ iq, u32 nih, u32 di, const u8* __restrict__ icache,                               \
            const u8* __restrict__ iscales, float iscale, const u32* __restrict__ pos,                                \
            const u32* __restrict__ row_seq, const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page,     \
            u32 B, u32 K, u32 init_b, u32 local_b, u32 shared_sel, u32 nkv, float* __restrict__ scores, u32 maxnb,    \
-           u32 cache_kind) {                                                                                        \
+           u32 cache_kind, u32 prewait) {                                                                           \
     M3_PDL_TRIGGER();                                                                                               \
-    M3_PDL_WAIT(); /* launched with PDL: nothing a step writes before this */                                      \
     S_SMEM_SCOPE; S_SHARED(float4, qs4, [SI_MAXH * SI_MAXD / 4]); /* float4: 16-byte aligned */                      \
     S_SHARED(float, red, [SI_MAXH][SI_THREADS / 32]); /* a column a 32-thread group (or wave) */                    \
+    S_SHARED(u32, flag, [1]);                                                                                       \
     DISPATCH;                                                                                                       \
   }
+/* launched with PDL: the scalar body reads nothing before the wait */
 #define SI_CALL(CK)                                                                                                  \
-  si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,      \
-                shared_sel, nkv, scores, maxnb, qs4, red)
+  do {                                                                                                               \
+    M3_PDL_WAIT();                                                                                                   \
+    si_scores<CK>(iq, nih, di, icache, iscales, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b,    \
+                  shared_sel, nkv, scores, maxnb, qs4, red);                                                        \
+  } while (0)
 #define SI_MMA_CALL(CK)                                                                                              \
   si_scores_mma<CK>(iq, nih, di, icache, iscale, pos, row_seq, bt, bt_off, page, B, K, init_b, local_b, shared_sel, \
-                    nkv, scores, maxnb, red)
+                    nkv, scores, maxnb, red, flag, prewait)
 // tensor cores where a lane's share of a key row is whole 16-byte chunks
 // (fp8: di a multiple of 64), else the scalar body
 SI_ENTRY(m3s_index_scores, if (cache_kind == S_CACHE_BF16) SI_MMA_CALL(S_CACHE_BF16);

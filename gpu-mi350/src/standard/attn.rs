@@ -19,7 +19,7 @@ const INDEX_SCORES_BLOCK: u32 = 256;
 /// Most `m3s_index_scores` CTAs per row (each loops over blocks x, x + X..).
 /// More CTAs a row measured slower at 128k context (bench/NOTES.md
 /// session 7 run 4: about 2048 a launch, 3.683 -> 3.743 ms a step).
-const INDEX_SCORES_GRID_X: u32 = 256;
+pub(crate) const INDEX_SCORES_GRID_X: u32 = 256;
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -238,6 +238,11 @@ pub(super) struct IndexArgs {
     pub maxnb: usize,
     /// Output selection [nkv][t][topk] i32 (this layer's slice).
     pub sel: u64,
+    /// Let the scores load their first key tile before the dependency
+    /// wait ([`super::PathOptions::index_prewait`]).
+    pub prewait: bool,
+    /// Most score CTAs a row ([`super::PathOptions::index_grid_x`]).
+    pub grid_x: u32,
 }
 
 /// Arguments of the attention launches (device pointers as u64).
@@ -467,10 +472,11 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U64(a.scratch),
         Arg::U32(maxnb),
         Arg::U32(a.cache as u32),
+        Arg::U32(a.prewait as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
-    // no more than INDEX_SCORES_GRID_X CTAs per row
-    let gx = maxnb.min(INDEX_SCORES_GRID_X);
+    // no more than grid_x (INDEX_SCORES_GRID_X) CTAs per row
+    let gx = maxnb.min(a.grid_x.max(1));
     sp.launch(
         "index_scores",
         if a.cache == KvKind::Nvfp4 {
@@ -721,6 +727,8 @@ mod tests {
             scratch: 256,
             maxnb: 1025,
             sel: 256,
+            prewait: true,
+            grid_x: INDEX_SCORES_GRID_X,
         }
     }
 

@@ -281,6 +281,16 @@ pub struct PathOptions {
     /// edge without the side stream, to be timed against the prefetch. The
     /// CLI reads `M3_O_FULL_EDGE=0|1`.
     pub o_full_edge: bool,
+    /// The tensor-core index scores (fp8 / bf16 index caches) load their
+    /// first key tile before the dependency wait when no row of the step
+    /// writes into that block (kernels/standard_attention.cu
+    /// `si_scores_mma`): keys of earlier steps, so the same results. The
+    /// CLI reads `M3_INDEX_PREWAIT=0|1`.
+    pub index_prewait: bool,
+    /// Most `m3s_index_scores` CTAs a row (each loops over the blocks past
+    /// the grid): [`attn::INDEX_SCORES_GRID_X`] by default. The CLI reads
+    /// `M3_INDEX_GRID_X`.
+    pub index_grid_x: usize,
 }
 
 impl Default for PathOptions {
@@ -303,6 +313,8 @@ impl Default for PathOptions {
             no_pdl_launches: "",
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
             o_full_edge: false,
+            index_prewait: true,
+            index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
         }
     }
 }
@@ -321,7 +333,9 @@ impl PathOptions {
     /// `M3_NO_PDL_LAUNCHES` launches without PDL
     /// ([`PathOptions::no_pdl_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
     /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
-    /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]).
+    /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
+    /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
+    /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = on;
@@ -357,6 +371,12 @@ impl PathOptions {
         }
         if let Some(d) = env_text("M3_NO_PDL_LAUNCHES") {
             self.no_pdl_launches = d;
+        }
+        if let Some(on) = env_flag("M3_INDEX_PREWAIT") {
+            self.index_prewait = on;
+        }
+        if let Some(n) = env_usize("M3_INDEX_GRID_X") {
+            self.index_grid_x = n.clamp(1, u32::MAX as usize);
         }
         self
     }

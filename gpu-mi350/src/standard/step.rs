@@ -409,6 +409,8 @@ impl StandardPath {
                         scratch: a.scratch.ptr(),
                         maxnb: self.maxnb,
                         sel: sel_l,
+                        prewait: self.opts.index_prewait,
+                        grid_x: u32::try_from(self.opts.index_grid_x).unwrap_or(u32::MAX),
                     },
                 )?;
             }

@@ -16,10 +16,28 @@ use crate::runtime::api::{Func, Gpu};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
-/// Most `m3s_index_scores` CTAs per row (each loops over blocks x, x + X..).
-/// More CTAs a row measured slower at 128k context (bench/NOTES.md
-/// session 7 run 4: about 2048 a launch, 3.683 -> 3.743 ms a step).
+/// Fewest `m3s_index_scores` CTAs a row may be capped at (each CTA loops
+/// over blocks x, x + X, ..): the cap is `INDEX_SCORES_CTAS / rows`, at
+/// least this ([`index_grid_x`]).
 pub(crate) const INDEX_SCORES_GRID_X: u32 = 256;
+/// `m3s_index_scores` CTAs a launch the cap aims at. With the tensor-core
+/// body a CTA's block is short work, and at 128k (1025 blocks a row) more
+/// CTAs measured faster (bench/NOTES.md session 18 run 4, a MoE layer at
+/// 128k: 1 row 256 / 512 / 1024 a row 0.1535 / 0.1538 / 0.1470 ms, 4 rows
+/// 0.3394 / 0.3234 / 0.3325); the scalar body measured the other way
+/// (session 7 run 4).
+pub(crate) const INDEX_SCORES_CTAS: u32 = 2048;
+
+/// Most `m3s_index_scores` CTAs a row for a step of `t` rows: `fixed` when
+/// not 0 ([`super::PathOptions::index_grid_x`]), else
+/// `INDEX_SCORES_CTAS / t`, at least `INDEX_SCORES_GRID_X`.
+pub(crate) fn index_grid_x(fixed: usize, t: usize) -> u32 {
+    if fixed > 0 {
+        return u32::try_from(fixed).unwrap_or(u32::MAX);
+    }
+    let t = u32::try_from(t.max(1)).unwrap_or(u32::MAX);
+    (INDEX_SCORES_CTAS / t).max(INDEX_SCORES_GRID_X)
+}
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -241,7 +259,7 @@ pub(super) struct IndexArgs {
     /// Let the scores load their first key tile before the dependency
     /// wait ([`super::PathOptions::index_prewait`]).
     pub prewait: bool,
-    /// Most score CTAs a row ([`super::PathOptions::index_grid_x`]).
+    /// Most score CTAs a row ([`index_grid_x`]).
     pub grid_x: u32,
 }
 
@@ -475,7 +493,7 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(a.prewait as u32),
     ];
     // CTAs loop over blocks past the grid: a capacity-sized maxnb launches
-    // no more than grid_x (INDEX_SCORES_GRID_X) CTAs per row
+    // no more than grid_x CTAs per row
     let gx = maxnb.min(a.grid_x.max(1));
     sp.launch(
         "index_scores",
@@ -701,6 +719,19 @@ mod tests {
         // n-tiles of a tile of ATTN_TILE / SPARSE_SPLIT keys
         assert!([1, 2, 4].contains(&SPARSE_SPLIT));
         assert_eq!(ATTN_TILE % (32 * SPARSE_SPLIT), 0);
+    }
+
+    /// The scores' grid cap by rows: 2048 CTAs a launch, never under 256 a
+    /// row; a fixed value wins.
+    #[test]
+    fn index_grid_by_rows() {
+        assert_eq!(index_grid_x(0, 1), 2048);
+        assert_eq!(index_grid_x(0, 4), 512);
+        assert_eq!(index_grid_x(0, 8), 256);
+        assert_eq!(index_grid_x(0, 64), 256);
+        assert_eq!(index_grid_x(0, 0), 2048);
+        assert_eq!(index_grid_x(1024, 4), 1024);
+        assert_eq!(index_grid_x(usize::MAX, 1), u32::MAX);
     }
 
     fn index_m31() -> IndexArgs {

@@ -288,8 +288,8 @@ pub struct PathOptions {
     /// CLI reads `M3_INDEX_PREWAIT=0|1`.
     pub index_prewait: bool,
     /// Most `m3s_index_scores` CTAs a row (each loops over the blocks past
-    /// the grid): [`attn::INDEX_SCORES_GRID_X`] by default. The CLI reads
-    /// `M3_INDEX_GRID_X`.
+    /// the grid); 0 (the default): [`attn::index_grid_x`]'s choice by the
+    /// step's rows. The CLI reads `M3_INDEX_GRID_X`.
     pub index_grid_x: usize,
 }
 
@@ -314,7 +314,7 @@ impl Default for PathOptions {
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
             o_full_edge: false,
             index_prewait: true,
-            index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
+            index_grid_x: 0,
         }
     }
 }
@@ -376,7 +376,7 @@ impl PathOptions {
             self.index_prewait = on;
         }
         if let Some(n) = env_usize("M3_INDEX_GRID_X") {
-            self.index_grid_x = n.clamp(1, u32::MAX as usize);
+            self.index_grid_x = n.min(u32::MAX as usize);
         }
         self
     }

@@ -410,7 +410,7 @@ impl StandardPath {
                         maxnb: self.maxnb,
                         sel: sel_l,
                         prewait: self.opts.index_prewait,
-                        grid_x: u32::try_from(self.opts.index_grid_x).unwrap_or(u32::MAX),
+                        grid_x: attn::index_grid_x(self.opts.index_grid_x, t),
                     },
                 )?;
             }

@@ -16,21 +16,25 @@ use crate::runtime::api::{Func, Gpu};
 
 /// Threads of `m3s_index_scores` (SI_THREADS in the kernel: four per key).
 const INDEX_SCORES_BLOCK: u32 = 256;
-/// Fewest `m3s_index_scores` CTAs a row may be capped at (each CTA loops
-/// over blocks x, x + X, ..): the cap is `INDEX_SCORES_CTAS / rows`, at
-/// least this ([`index_grid_x`]).
+/// Most `m3s_index_scores` CTAs a row by default (each CTA loops over
+/// blocks x, x + X, ..), and the fewest the by-rows cap takes
+/// ([`index_grid_x`]). The grid is sized by capacity (the longest
+/// context's blocks), so at short contexts most CTAs have no block: a
+/// larger cap measured faster at 128k and slower at 4k (bench/NOTES.md
+/// session 18 run 5), and 4k is the figure of record.
 pub(crate) const INDEX_SCORES_GRID_X: u32 = 256;
-/// `m3s_index_scores` CTAs a launch the cap aims at. With the tensor-core
-/// body a CTA's block is short work, and at 128k (1025 blocks a row) more
-/// CTAs measured faster (bench/NOTES.md session 18 run 4, a MoE layer at
-/// 128k: 1 row 256 / 512 / 1024 a row 0.1535 / 0.1538 / 0.1470 ms, 4 rows
-/// 0.3394 / 0.3234 / 0.3325); the scalar body measured the other way
+/// `m3s_index_scores` CTAs a launch the by-rows cap aims at. With the
+/// tensor-core body a CTA's block is short work, and at 128k (1025 blocks
+/// a row) more CTAs measured faster (session 18 runs 4-5: a MoE layer at
+/// 128k -2.1% at 1 row, -4.8% at 4) but the idle CTAs cost at 4k (+1.6%
+/// at 1 row, +1.0% at 4); the scalar body measured slower with more
 /// (session 7 run 4).
 pub(crate) const INDEX_SCORES_CTAS: u32 = 2048;
 
 /// Most `m3s_index_scores` CTAs a row for a step of `t` rows: `fixed` when
-/// not 0 ([`super::PathOptions::index_grid_x`]), else
-/// `INDEX_SCORES_CTAS / t`, at least `INDEX_SCORES_GRID_X`.
+/// not 0 ([`super::PathOptions::index_grid_x`], [`INDEX_SCORES_GRID_X`] by
+/// default), else by rows: `INDEX_SCORES_CTAS / t`, at least
+/// `INDEX_SCORES_GRID_X`.
 pub(crate) fn index_grid_x(fixed: usize, t: usize) -> u32 {
     if fixed > 0 {
         return u32::try_from(fixed).unwrap_or(u32::MAX);

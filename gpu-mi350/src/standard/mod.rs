@@ -288,8 +288,9 @@ pub struct PathOptions {
     /// CLI reads `M3_INDEX_PREWAIT=0|1`.
     pub index_prewait: bool,
     /// Most `m3s_index_scores` CTAs a row (each loops over the blocks past
-    /// the grid); 0 (the default): [`attn::index_grid_x`]'s choice by the
-    /// step's rows. The CLI reads `M3_INDEX_GRID_X`.
+    /// the grid): 256 by default; 0: by the step's rows
+    /// ([`attn::index_grid_x`]: faster at 128k, slower at 4k, bench/NOTES.md
+    /// session 18 run 5). The CLI reads `M3_INDEX_GRID_X`.
     pub index_grid_x: usize,
 }
 
@@ -314,7 +315,7 @@ impl Default for PathOptions {
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
             o_full_edge: false,
             index_prewait: true,
-            index_grid_x: 0,
+            index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
         }
     }
 }

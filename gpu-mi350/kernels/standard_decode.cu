@@ -597,6 +597,14 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
   if (F == S_FMT_NVFP4) {
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
+  } else if (!ANY && F == S_FMT_FP4) {
+    // E2M1's 2^6 added to all four scale bytes of the word at once (the
+    // fast entry's bytes are <= 248: no carry), so a block's factor is a
+    // shift and a mask (same value as s_h_factor's)
+    const u32 bg = sg[0] + 0x06060606u, b8 = s8[0] + 0x06060606u;
+    fg0 = m3_f32(((bg >> (8u * j)) & 0xffu) << 23);
+    f80 = m3_f32(((b8 >> (8u * j)) & 0xffu) << 23);
+    fg1 = fg0; f81 = f80;
   } else {
     s_h_factor<F, ANY>((sg[0] >> (8u * j)) & 0xffu, fg0, fgx);
     s_h_factor<F, ANY>((s8[0] >> (8u * j)) & 0xffu, f80, f8x);

@@ -12,25 +12,11 @@
 #    4k and b1 at 128k; the MXFP4 microbench (m = 1, 4, 16) both builds;
 # 3. record: the figures of record, b1-64 at 4k and b1 at 128k.
 set -u
-mkdir -p /tmp/bin /tmp/old && tar -C /tmp/bin -xJf .carry/bin.tar.xz && tar -C /tmp/old -xJf .carry/old.tar.xz
-export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+. bench/device/common.sh
+m3_setup old
 want() { case " ${SECTIONS:-verify ab record} " in *" $1 "*) return 0 ;; esac; return 1; }
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --iters 40"
-want verify && {
-  for t in runner backend_ops; do
-    echo "=== test $t, REQUIRE_GPU=1 ($(date +%T))"
-    REQUIRE_GPU=1 timeout 240 /tmp/bin/test-$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |^test result|panicked|bitwise|FAIL" | tail -24
-  done
-  echo "=== golden --backend gpu ($(date +%T))"
-  REQUIRE_GPU=1 M3_BIN=/tmp/bin/m3 M3_ROOT=$PWD timeout 300 /tmp/bin/xtask golden --backend gpu --no-free-run 2>&1 | grep -E "golden:|FAIL|fail" | tail -8
-  CK=/tmp/ck; mkdir -p $CK
-  /tmp/bin/m3 synth --preset small --experts mxfp4 --dense mxfp8 --out $CK/small --draft-layers 0 -q
-  for p in standard mono; do
-    echo "=== parity small $p ($(date +%T))"
-    REQUIRE_GPU=1 timeout 120 /tmp/bin/m3 parity --model $CK/small --reference cpu --backend gpu --path $p --prompts 8 --max-tokens 32 2>&1 | grep -E "^parity|rror" | tail -1
-  done
-} > $OUT/verify.log 2>&1
+want verify && m3_verify > $OUT/verify.log 2>&1
 want verify && cat $OUT/verify.log
 want ab && {
   for r in 1 2; do

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Shared pieces of the device scripts (source it from the repository root
+# on the device machine). Earlier scripts carry their own copies: they are
+# the record of what ran.
+
+# Unpack .carry/bin.tar.xz into /tmp/bin (and each NAME of "$@" from
+# .carry/NAME.tar.xz into /tmp/NAME); the kernel cache and the path the
+# golden tool expects.
+m3_setup() {
+  mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
+  for n in "$@"; do mkdir -p "/tmp/$n" && tar -C "/tmp/$n" -xJf ".carry/$n.tar.xz"; done
+  export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+}
+
+# The device check under REQUIRE_GPU=1: every runner test (mono bitwise
+# the standard path, the GPU runner against the CPU), backend_ops, golden
+# through the GPU, parity small (MXFP4 experts, MXFP8 dense) on the
+# standard and mono paths. Prints its findings.
+m3_verify() {
+  for t in runner backend_ops; do
+    echo "=== test $t, REQUIRE_GPU=1 ($(date +%T))"
+    REQUIRE_GPU=1 timeout 240 /tmp/bin/test-$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |^test result|panicked|bitwise|FAIL" | tail -24
+  done
+  echo "=== golden --backend gpu ($(date +%T))"
+  REQUIRE_GPU=1 M3_BIN=/tmp/bin/m3 M3_ROOT=$PWD timeout 300 /tmp/bin/xtask golden --backend gpu --no-free-run 2>&1 | grep -E "golden:|FAIL|fail" | tail -8
+  mkdir -p /tmp/ck
+  /tmp/bin/m3 synth --preset small --experts mxfp4 --dense mxfp8 --out /tmp/ck/small --draft-layers 0 -q
+  for p in standard mono; do
+    echo "=== parity small $p ($(date +%T))"
+    REQUIRE_GPU=1 timeout 120 /tmp/bin/m3 parity --model /tmp/ck/small --reference cpu --backend gpu --path $p --prompts 8 --max-tokens 32 2>&1 | grep -E "^parity|rror" | tail -1
+  done
+}

@@ -284,8 +284,9 @@ pub struct PathOptions {
     /// The tensor-core index scores (fp8 / bf16 index caches) load their
     /// first key tile before the dependency wait when no row of the step
     /// writes into that block (kernels/standard_attention.cu
-    /// `si_scores_mma`): keys of earlier steps, so the same results. The
-    /// CLI reads `M3_INDEX_PREWAIT=0|1`.
+    /// `si_scores_mma`): keys of earlier steps, so the same results (a MoE
+    /// layer -0.8% at 1 row, -0.2% at 4 on the H200, bench/NOTES.md
+    /// session 18 run 4). The CLI reads `M3_INDEX_PREWAIT=0|1`.
     pub index_prewait: bool,
     /// Most `m3s_index_scores` CTAs a row (each loops over the blocks past
     /// the grid): 256 by default; 0: by the step's rows

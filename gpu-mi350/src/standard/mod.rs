@@ -274,12 +274,12 @@ pub struct PathOptions {
     /// -2.4% at 16 rows, -0.7% at 32 and 64, +2-3% at 1 row, +-0 at 4.
     /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
     pub routed_pdl_max_rows: usize,
-    /// Launch the o projection without PDL (untapped steps). Not measured
-    /// yet: bench/NOTES.md session 17 run 4 found that the o prefetch's
-    /// gain is the full edge its fork / join puts before the o projection,
-    /// not the bytes; this switch (with `l2_prefetch_mib` 0) gives that
-    /// edge without the side stream, to be timed against the prefetch. The
-    /// CLI reads `M3_O_FULL_EDGE=0|1`.
+    /// Launch the o projection without PDL (untapped steps). Session 17
+    /// run 4 found that the o prefetch's gain is mostly the full edge its
+    /// fork / join puts before the o projection; this switch with
+    /// `l2_prefetch_mib` 0 gives that edge without the side stream, and
+    /// measured +1.0% a MoE layer at 1 row against the prefetch (session
+    /// 18 run 1), so it stays off. The CLI reads `M3_O_FULL_EDGE=0|1`.
     pub o_full_edge: bool,
     /// The tensor-core index scores (fp8 / bf16 index caches) load their
     /// first key tile before the dependency wait when no row of the step

@@ -454,10 +454,11 @@ M3_DEV void s_xh_put(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk) {
 // - x comes as f16 fragments with a power of two per 32-value block
 //   (s_xh_put), whose inverse multiplies the block's result with the scale.
 // Device layout (model/layout.rs): each row's 128-value chunk of nb <= 4
-// blocks holds lane t's share of block j at 4 (nb t + j) bytes (E2M1) or
-// 8 (nb t + j) (E8M0 formats' bytes: values 4t..4t+3, then 16+4t..16+4t+3),
-// so a full chunk is one 16- (32-) byte load per lane and row, at the
-// address s_mma_linear's lane reads.
+// blocks holds lane t's share of block j at 4 (nb t + j) bytes (E2M1) or,
+// for FP8 (values 4t..4t+3, then 16+4t..16+4t+3), at 64 (j / 2) + 16 t +
+// 8 (j % 2) in a full chunk and 8 (nb t + j) in a partial one. So a full
+// chunk is one 16-byte load per lane and row for E2M1, two for FP8 (at
+// 16 t and 64 + 16 t: each load of a lane quad is 64 contiguous bytes).
 
 /// E2M1 codes of a device u32 -> E4M3 bytes (value * 2^-6). Half 0 (values
 /// 4t..4t+3) sits in bits 2, 3, 4, 7 of each byte (m, e0, e1, s) already;
@@ -493,10 +494,10 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, ui
                       u32 (&sw)[2]) {
   if (!ANY) {
     // every chunk full (the host takes the `_any` entry unless K % 128 == 0)
-    const u8* c = w + (u64)q * (SHalf<F>::NIB ? 64u : 128u) + SHalf<F>::LB * t;
+    const u8* c = w + (u64)q * (SHalf<F>::NIB ? 64u : 128u) + 16u * t;
 #pragma unroll
     for (u32 i = 0; i < SHalf<F>::LB / 16u; ++i)
-      raw[i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c) + i) : make_uint4(0u, 0u, 0u, 0u);
+      raw[i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c + 64u * i)) : make_uint4(0u, 0u, 0u, 0u);
     if (F == S_FMT_NVFP4) {
       const uint2 v = ok ? m3_ldg(reinterpret_cast<const uint2*>(s + (u64)q * 8u)) : make_uint2(0u, 0u);
       sw[0] = v.x; sw[1] = v.y;
@@ -517,7 +518,7 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, ui
   const u32 sbb = F == S_FMT_NVFP4 ? 2u : 1u;  // scale bytes a block
   if (nb == 4u && (K & 127u) == 0u) {
 #pragma unroll
-    for (u32 i = 0; i < nw; ++i) raw[i] = reinterpret_cast<const uint4*>(c + SHalf<F>::LB * t)[i];
+    for (u32 i = 0; i < nw; ++i) raw[i] = *reinterpret_cast<const uint4*>(c + 16u * t + 64u * i);
     if (s) {
       if (F == S_FMT_NVFP4) {
         const uint2 v = *reinterpret_cast<const uint2*>(s + (u64)b0 * 2u);
@@ -597,14 +598,6 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
   if (F == S_FMT_NVFP4) {
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
-  } else if (!ANY && F == S_FMT_FP4) {
-    // E2M1's 2^6 added to all four scale bytes of the word at once (the
-    // fast entry's bytes are <= 248: no carry), so a block's factor is a
-    // shift and a mask (same value as s_h_factor's)
-    const u32 bg = sg[0] + 0x06060606u, b8 = s8[0] + 0x06060606u;
-    fg0 = m3_f32(((bg >> (8u * j)) & 0xffu) << 23);
-    f80 = m3_f32(((b8 >> (8u * j)) & 0xffu) << 23);
-    fg1 = fg0; f81 = f80;
   } else {
     s_h_factor<F, ANY>((sg[0] >> (8u * j)) & 0xffu, fg0, fgx);
     s_h_factor<F, ANY>((s8[0] >> (8u * j)) & 0xffu, f80, f8x);
@@ -754,8 +747,8 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   for (u32 u = 0; u < UU; ++u) {
 #pragma unroll
     for (u32 i = 0; i < LW; ++i) {
-      wa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS) + i);
-      wc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS) + i);
+      wa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS + 64u * i));
+      wc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS + 64u * i));
     }
     if (F == S_FMT_NVFP4) {
       const uint2 va = m3_ldg(reinterpret_cast<const uint2*>(p.sa + u * 8u));
@@ -907,8 +900,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
     SHPos<F, S_MMA_MAXBT> p;
-    p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + SHalf<F>::LB * t;
-    p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + SHalf<F>::LB * t;
+    p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
+    p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
     p.sa = sa + (u64)q0 * SHPos<F, 1>::SS;
     p.sc = sc + (u64)q0 * SHPos<F, 1>::SS;
 #pragma unroll

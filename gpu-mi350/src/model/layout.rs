@@ -19,8 +19,14 @@
 //!   exponent high: two shifts and two masks put them at 2, 3, 7, 4). A
 //!   full chunk gives lane `t` bytes `16t..16t+16` of the chunk.
 //! * **E4M3, E5M2 (MXFP8, PTPC)**: slot = 8 bytes, values `32j + 4t + i`
-//!   then `32j + 16 + 4t + i` (`i` = 0..4), as stored; a full chunk gives
-//!   lane `t` bytes `32t..32t+32`.
+//!   then `32j + 16 + 4t + i` (`i` = 0..4), as stored. In a full chunk lane
+//!   `t`'s blocks 0, 1 sit at bytes `16t..16t+16` and blocks 2, 3 at
+//!   `64+16t..64+16t+16` (slot `j` at `64 (j / 2) + 16 t + 8 (j % 2)`), so
+//!   each of its two 16-byte loads is one quarter of 64 contiguous bytes of
+//!   its lane quad: two whole 32-byte sectors a row and load (lane `t`'s 32
+//!   bytes at `32t` put every load on four sectors, half of each used, and
+//!   the other load fetched them again: bench/NOTES.md session 19). A
+//!   partial last chunk keeps slot `nb * t + j` at `8 * slot`.
 //!
 //! The stored (checkpoint) layout is FORMATS.md's: E2M1 two a byte, low
 //! nibble first; one E4M3 / E5M2 byte a value. bf16 and f32 stay as stored.
@@ -61,14 +67,18 @@ const fn e2m1_unhalf(d: u8, half: usize) -> u8 {
 }
 
 /// Where value `v` (`32j + 16 hf + 4t + i` of its chunk) of a `cols`-value
-/// row goes: (chunk's first value, blocks in the chunk, lane slot `nb t + j`,
-/// half `hf`, byte `i`).
-fn slot(v: usize, cols: usize) -> (usize, usize, usize, usize, usize) {
+/// row goes as an FP8 byte: its device byte in the row.
+fn fp8_byte(v: usize, cols: usize) -> usize {
     let c0 = v / CHUNK * CHUNK;
     let nb = ((cols - c0) / 32).min(4);
     let (j, kk) = ((v - c0) / 32, v % 32);
     let (hf, t, i) = (kk / 16, (kk % 16) / 4, kk % 4);
-    (c0, nb, nb * t + j, hf, i)
+    let slot = if nb == 4 {
+        64 * (j / 2) + 16 * t + 8 * (j % 2)
+    } else {
+        8 * (nb * t + j)
+    };
+    c0 + slot + 4 * hf + i
 }
 
 /// One row (stored `src` -> device `dst`, or back with `back`).
@@ -100,8 +110,7 @@ fn row_map(fmt: WFmt, src: &[u8], dst: &mut [u8], cols: usize, back: bool) {
         }
     } else {
         for v in 0..cols {
-            let (c0, _, sl, hf, i) = slot(v, cols);
-            let d = c0 + 8 * sl + 4 * hf + i;
+            let d = fp8_byte(v, cols);
             if back {
                 dst[v] = src[d];
             } else {
@@ -261,10 +270,10 @@ mod tests {
         let cols = 160;
         let stored: Vec<u8> = (0..cols).map(|n| n as u8).collect();
         let dev = to_device(WFmt::Mxfp8E4M3, &stored, cols);
-        // chunk 0 full: lane t's 32 bytes, block j's 8 at 8j
+        // chunk 0 full: lane t's blocks 0, 1 at 16t, blocks 2, 3 at 64 + 16t
         for t in 0..4 {
             for j in 0..4 {
-                let o = 32 * t + 8 * j;
+                let o = 64 * (j / 2) + 16 * t + 8 * (j % 2);
                 for i in 0..4 {
                     assert_eq!(dev[o + i] as usize, 32 * j + 4 * t + i);
                     assert_eq!(dev[o + 4 + i] as usize, 32 * j + 16 + 4 * t + i);

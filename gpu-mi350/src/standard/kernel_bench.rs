@@ -515,24 +515,34 @@ fn fail_if(worst: f64, checked: usize, fmt: WFmt, what: &str) -> Result<(usize, 
     Ok((checked, worst))
 }
 
-/// The check must catch one wrong code: the first checked row's first
-/// value replaced by another code is not within the tolerance.
+/// The check must catch one wrong code: row 0's largest product (|w x|)
+/// with its weight's sign flipped moves output 0 by twice that product, at
+/// least 2 / k of the absolute sum the tolerance is a fraction of (a fixed
+/// code could sit in a block of tiny scale and move it by less).
 fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize, n: usize) -> Result<()> {
     let mut bent = HostMatrix {
         codes: w.codes.clone(),
         scales: w.scales.clone(),
         ..*w
     };
-    // flip the top code bit of value 0 of row 0 (sign for E2M1 / FP8,
-    // bf16 sign for bf16)
-    let at = match w.fmt {
-        WFmt::Bf16 => 1,
-        _ => 0,
+    let (row0, _) = w.row(0)?;
+    let v = (0..k)
+        .filter(|&v| (row0[v] * f64::from(bf16::to_f32(xh[v]))).is_finite())
+        .max_by(|&a, &b| {
+            let p = |v: usize| (row0[v] * f64::from(bf16::to_f32(xh[v]))).abs();
+            p(a).total_cmp(&p(b))
+        })
+        .ok_or_else(|| {
+            GpuError::input("kernel bench", "self-check: row 0 has no finite product")
+        })?;
+    // the sign bit of value v in the stored layout
+    let (byte, bit) = match w.fmt {
+        WFmt::Mxfp4 | WFmt::Nvfp4 => (v / 2, 3 + 4 * (v % 2)),
+        WFmt::Bf16 => (2 * v + 1, 7),
+        WFmt::F32 => (4 * v + 3, 7),
+        WFmt::Mxfp8E4M3 | WFmt::Mxfp8E5M2 | WFmt::Ptpc => (v, 7),
     };
-    bent.codes[at] ^= match w.fmt {
-        WFmt::Mxfp4 | WFmt::Nvfp4 => 0x04, // magnitude bit of the low nibble
-        _ => 0x40,
-    };
+    bent.codes[byte] ^= 1 << bit;
     let (row, global) = bent.row(0)?;
     let e = rel_err(&row, global, &xh[..k], yh[0]);
     let _ = n;
@@ -543,4 +553,64 @@ fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize, n: usize
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Row 0 of `fmt` with 256 values whose first block has a tiny scale
+    /// (where a planted error in value 0 hides below the tolerance), x all
+    /// ones: the self-check must still catch its planted error, and take a
+    /// correct output.
+    #[test]
+    fn the_planted_error_is_caught_in_a_tiny_first_block() {
+        let k = 256;
+        let x = vec![bf16::from_f32(1.0); k];
+        for fmt in [WFmt::Mxfp4, WFmt::Nvfp4, WFmt::Mxfp8E4M3, WFmt::Mxfp8E5M2] {
+            let (codes, scales) = match fmt {
+                // E2M1 1.0 (0x2) everywhere; E8M0 2^-40 for block 0
+                WFmt::Mxfp4 => (
+                    vec![0x22u8; k / 2],
+                    [vec![87u8], vec![127u8; k / 32 - 1]].concat(),
+                ),
+                // E4M3 scales: 0 for block 0, 1.0 (0x38) for the rest
+                WFmt::Nvfp4 => (
+                    vec![0x22u8; k / 2],
+                    [vec![0x00u8], vec![0x38u8; k / 16 - 1]].concat(),
+                ),
+                // E4M3 / E5M2 1.0
+                WFmt::Mxfp8E4M3 => (
+                    vec![0x38u8; k],
+                    [vec![87u8], vec![127u8; k / 32 - 1]].concat(),
+                ),
+                _ => (
+                    vec![0x3cu8; k],
+                    [vec![87u8], vec![127u8; k / 32 - 1]].concat(),
+                ),
+            };
+            let w = HostMatrix {
+                fmt,
+                cols: k,
+                codes,
+                scales,
+                global: 1.0,
+            };
+            let (row, global) = w.row(0).unwrap();
+            let y = (row.iter().sum::<f64>() * global) as f32;
+            // the old plant (value 0's code) moves output 0 by less than the
+            // tolerance here
+            assert!(
+                row[0].abs() * 2.0 / row.iter().map(|v| v.abs()).sum::<f64>() < CHECK_TOL,
+                "{fmt:?}"
+            );
+            planted_self_check(&w, &x, &[y], k, 1).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
+            // and a wrong output still fails the ordinary check
+            let bad = y * (1.0 + 1e-3);
+            assert!(
+                check(&w, &x, &[bad], &[(0, 0)], k, 1, "t").is_err(),
+                "{fmt:?}"
+            );
+        }
+    }
 }

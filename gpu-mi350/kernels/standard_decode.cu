@@ -783,15 +783,24 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   }
 }
 
+// 1: the fast walk's batches dealt to a CTA's warps in turn (warp w takes
+// batches w, w + nwarp, ...: at any time the CTA reads nwarp U adjacent
+// super-chunks of its rows, 512 bytes a row for MXFP4); 0: each warp a
+// contiguous run of K (a bench variant; bench/NOTES.md session 19).
+#ifndef S_H_STRIDE
+#define S_H_STRIDE 0
+#endif
+
 /// The fast walk over a warp's `n` super-chunks from `p`: full batches of
-/// SHalf::U, then the rest one at a time.
+/// SHalf::U (each followed by `gap` super-chunks of other warps), then the
+/// rest one at a time.
 template <int F, int NB, bool ONE>
-M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
+M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4], u32 gap = 0u) {
   const u32 U = SHalf<F>::U;
   u32 i = 0;
   for (; i + U <= n; i += U) {
     s_h_batch<F, NB, ONE, U>(p, acc);
-    s_h_step(p, U);
+    s_h_step(p, S_H_STRIDE ? U + gap : U);
   }
   for (; i < n; ++i) {
     s_h_batch<F, NB, ONE, 1>(p, acc);
@@ -860,9 +869,14 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     rows_at();
     if (FAST) {
       // the first batch's codes into L2 while the previous kernel drains
-      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
-        m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
-        m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
+#if S_H_STRIDE
+      const u32 qf = min(warp * U, nsc), nf = nsc - qf;
+#else
+      const u32 qf = q0, nf = nq;
+#endif
+      for (u32 i = 0; i < min(nf, SHalf<F>::U); ++i) {
+        m3_prefetch_l2(wa + (u64)(qf + i) * SHPos<F, 1>::WS);
+        m3_prefetch_l2(wc + (u64)(qf + i) * SHPos<F, 1>::WS);
       }
     } else {
       fetch(0u);
@@ -899,6 +913,39 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
+#if S_H_STRIDE
+    // the lane's positions at super-chunk 0 of its rows
+    SHPos<F, S_MMA_MAXBT> p0;
+    p0.wa = wa + 16u * t; p0.wc = wc + 16u * t; p0.sa = sa; p0.sc = sc;
+#pragma unroll
+    for (int b = 0; b < S_MMA_MAXBT; ++b) {
+      p0.x[b] = reinterpret_cast<const u8*>(xp[b]);
+      p0.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0]);
+      p0.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1]);
+    }
+    // this warp's walk: full batches w, w + nwarp, ... with a gap of the
+    // other warps' batches between them, and the super-chunks past the last
+    // full batch for the warp whose turn comes next
+    const u32 nbat = nsc / U;
+    const u32 mine = nbat > warp ? (nbat - warp + nwarp - 1u) / nwarp : 0u;
+    const u32 gap = U * (nwarp - 1u);
+    SHPos<F, S_MMA_MAXBT> p = p0;
+    s_h_step(p, mine ? warp * U : 0u);
+    const u32 n = mine * U;
+    const bool tail = nsc > nbat * U && warp == nbat % nwarp;
+    SHPos<F, S_MMA_MAXBT> pt = p0;
+    if (tail) s_h_step(pt, nbat * U);
+    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) {
+      s_h_fast<F, 1, true>(s_h_pos1(p), n, acc, gap);
+      if (tail) s_h_fast<F, 1, true>(s_h_pos1(pt), nsc - nbat * U, acc);
+    } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
+      s_h_fast<F, 1, false>(s_h_pos1(p), n, acc, gap);
+      if (tail) s_h_fast<F, 1, false>(s_h_pos1(pt), nsc - nbat * U, acc);
+    } else {
+      s_h_fast<F, S_MMA_MAXBT, false>(p, n, acc, gap);
+      if (tail) s_h_fast<F, S_MMA_MAXBT, false>(pt, nsc - nbat * U, acc);
+    }
+#else
     SHPos<F, S_MMA_MAXBT> p;
     p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
     p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
@@ -915,6 +962,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
     else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
     else s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
+#endif
   } else if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
     // small steps: one copy of the walk per tile count (and one for one row)
     if (cnt == 1u) s_h_walk<F, ANY, 1, true>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);

@@ -246,6 +246,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}
+            "S_H_STRIDE" if n <= 1 => {}
             "S_X_AHEAD" if n <= 1 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
         }

@@ -530,14 +530,17 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, ui
     return;
   }
   // the last, partial chunk of a row (or K not a multiple of 128): word by
-  // word (constant register indices: the arrays stay in registers)
+  // word (constant register indices: the arrays stay in registers); an FP8
+  // slot j sits at 64 (j / 2) + 16 t + 8 (j % 2) bytes in a full chunk,
+  // at 8 (nb t + j) in a partial one (model/layout.rs)
   u32 r[4 * SHalf<F>::LB / 16u];
 #pragma unroll
   for (u32 j = 0; j < 4u; ++j) {
     if (SHalf<F>::NIB) {
       r[j] = j < nb ? reinterpret_cast<const u32*>(c)[nb * t + j] : 0u;
     } else {
-      const uint2 v = j < nb ? reinterpret_cast<const uint2*>(c)[nb * t + j] : make_uint2(0u, 0u);
+      const u32 sl = nb == 4u ? 8u * (j / 2u) + 2u * t + (j % 2u) : nb * t + j;
+      const uint2 v = j < nb ? reinterpret_cast<const uint2*>(c)[sl] : make_uint2(0u, 0u);
       r[2u * j] = v.x;
       r[2u * j + 1u] = v.y;
     }

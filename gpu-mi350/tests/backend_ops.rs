@@ -944,3 +944,48 @@ fn weights_are_uploaded_once() {
     gpu.forget_weights();
     assert_eq!(gpu.weight_bytes(), 0);
 }
+
+/// The engine's tensor-core linears (not the op harness's) where K is not
+/// a multiple of 128: full 128-value chunks, then a partial one, through
+/// the `_any` entry points' word-by-word loads, whose FP8 slots must follow
+/// the device layout (model/layout.rs); K = 256 beside them. Every weight
+/// format, 1 / 4 / 16 rows, a plain matrix of 72 rows (a partial row tile)
+/// and routed experts: the kernel microbench checks each output against
+/// f64 (and first shows its check catches a planted code error).
+#[test]
+fn engine_linears_take_k_past_whole_chunks() {
+    use m3_gpu::model::WFmt;
+    use m3_gpu::standard::kernel_bench::{kernel_bench, KernelBenchSpec};
+    let Some(gpu) = gpu_or_skip("engine_linears_take_k_past_whole_chunks") else {
+        return;
+    };
+    for k in [160usize, 224, 256] {
+        let spec = KernelBenchSpec {
+            formats: vec![
+                WFmt::Mxfp8E4M3,
+                WFmt::Mxfp8E5M2,
+                WFmt::Mxfp4,
+                WFmt::Nvfp4,
+                WFmt::Bf16,
+            ],
+            rows: vec![1, 4, 16],
+            n: 72,
+            k,
+            stack: 1,
+            experts: 4,
+            expert_n: 40,
+            top_k: 2,
+            distinct: vec![2],
+            iters: 1,
+            variants: vec![],
+        };
+        let rows =
+            kernel_bench(gpu.gpu(), &spec, &mut |_| {}).unwrap_or_else(|e| panic!("K {k}: {e}"));
+        assert!(
+            !rows.is_empty() && rows.iter().all(|r| r.checked > 0),
+            "K {k}: nothing checked"
+        );
+        let worst = rows.iter().map(|r| r.worst).fold(0f64, f64::max);
+        println!("K {k}: {} cases checked, worst {worst:.1e}", rows.len());
+    }
+}

@@ -16,7 +16,9 @@ m3_setup() {
 # The device check under REQUIRE_GPU=1: every runner test (mono bitwise
 # the standard path, the GPU runner against the CPU), backend_ops, golden
 # through the GPU, parity small (MXFP4 experts, MXFP8 dense) on the
-# standard and mono paths. Prints its findings.
+# standard and mono paths. Prints its findings. A change to the weight
+# layout or the linears' loads also needs test-m3_gpu's
+# variants_match_an_f64_reference (K = 160 shapes no preset has: s20a.sh).
 m3_verify() {
   for t in runner backend_ops; do
     echo "=== test $t, REQUIRE_GPU=1 ($(date +%T))"

@@ -338,7 +338,7 @@ pub fn kernel_bench(
                 let rows: Vec<(usize, usize)> = (0..m).map(|r| (r, r)).collect();
                 let (checked, worst) = check(&host0, &xh, &yh, &rows, spec.k, spec.n, "plain")?;
                 if !planted_checked {
-                    planted_self_check(&host0, &xh, &yh, spec.k, spec.n)?;
+                    planted_self_check(&host0, &xh, &yh, spec.k)?;
                     planted_checked = true;
                 }
                 let enqueue = || -> Result<()> {
@@ -519,7 +519,7 @@ fn fail_if(worst: f64, checked: usize, fmt: WFmt, what: &str) -> Result<(usize, 
 /// with its weight's sign flipped moves output 0 by twice that product, at
 /// least 2 / k of the absolute sum the tolerance is a fraction of (a fixed
 /// code could sit in a block of tiny scale and move it by less).
-fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize, n: usize) -> Result<()> {
+fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize) -> Result<()> {
     let mut bent = HostMatrix {
         codes: w.codes.clone(),
         scales: w.scales.clone(),
@@ -545,7 +545,6 @@ fn planted_self_check(w: &HostMatrix, xh: &[u16], yh: &[f32], k: usize, n: usize
     bent.codes[byte] ^= 1 << bit;
     let (row, global) = bent.row(0)?;
     let e = rel_err(&row, global, &xh[..k], yh[0]);
-    let _ = n;
     if e <= CHECK_TOL {
         return Err(GpuError::input(
             "kernel bench",
@@ -604,7 +603,7 @@ mod tests {
                 row[0].abs() * 2.0 / row.iter().map(|v| v.abs()).sum::<f64>() < CHECK_TOL,
                 "{fmt:?}"
             );
-            planted_self_check(&w, &x, &[y], k, 1).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
+            planted_self_check(&w, &x, &[y], k).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
             // and a wrong output still fails the ordinary check
             let bad = y * (1.0 + 1e-3);
             assert!(

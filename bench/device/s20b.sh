@@ -7,6 +7,7 @@
 # for both: half the x loads a weight byte), at 4 and 3 CTAs an SM.
 # MXFP4 / MXFP8 / NVFP4, rows 1 / 4 / 16, one tall launch and 8 launches.
 set -u
+# Ran in session 20 (run 2): both variants negative; the defines were removed after it.
 . bench/device/common.sh
 m3_setup
 S="S_MMA_WARPS=4 S_MMA_MAXBT=2"

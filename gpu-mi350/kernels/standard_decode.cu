@@ -725,8 +725,6 @@ template <int F, int NB> struct SHPos {
   static const u32 WS = SHalf<F>::NIB ? 64u : 128u;   // code bytes a row and chunk
   static const u32 SS = F == S_FMT_NVFP4 ? 8u : 4u;   // scale bytes a row and chunk
   const u8 *wa, *wc, *sa, *sc;
-  // the CTA's second 16-row tile (rows g + 16, g + 24: S_H_TILES = 2)
-  const u8 *wa2, *wc2, *sa2, *sc2;
   const u8* x[NB];
   const u8* xe[NB][2];
 };
@@ -735,50 +733,34 @@ template <int F, int NB> struct SHPos {
 template <int F, int NB> M3_DEV void s_h_step(SHPos<F, NB>& p, u32 n) {
   p.wa += n * SHPos<F, NB>::WS; p.wc += n * SHPos<F, NB>::WS;
   p.sa += n * SHPos<F, NB>::SS; p.sc += n * SHPos<F, NB>::SS;
-  p.wa2 += n * SHPos<F, NB>::WS; p.wc2 += n * SHPos<F, NB>::WS;
-  p.sa2 += n * SHPos<F, NB>::SS; p.sc2 += n * SHPos<F, NB>::SS;
 #pragma unroll
   for (int b = 0; b < NB; ++b) { p.x[b] += n * 256u; p.xe[b][0] += n * 4u; p.xe[b][1] += n * 4u; }
 }
 
-/// Super-chunk u of a row pair's codes (`w` at the pair's row g, `c` at
-/// g + 8) and scale words (`s`, `sd`) into `oa`, `oc`, `ya`, `yc`.
-template <int F, u32 UU>
-M3_DEV void s_h_load_pair(const u8* w, const u8* c, const u8* s, const u8* sd, u32 u,
-                          uint4 (&oa)[UU][SHalf<F>::LB / 16u], uint4 (&oc)[UU][SHalf<F>::LB / 16u],
-                          u32 (&ya)[UU][2], u32 (&yc)[UU][2]) {
-  const u32 WS = SHalf<F>::NIB ? 64u : 128u;
-#pragma unroll
-  for (u32 i = 0; i < SHalf<F>::LB / 16u; ++i) {
-    oa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(w + u * WS + 64u * i));
-    oc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c + u * WS + 64u * i));
-  }
-  if (F == S_FMT_NVFP4) {
-    const uint2 va = m3_ldg(reinterpret_cast<const uint2*>(s + u * 8u));
-    const uint2 vc = m3_ldg(reinterpret_cast<const uint2*>(sd + u * 8u));
-    ya[u][0] = va.x; ya[u][1] = va.y; yc[u][0] = vc.x; yc[u][1] = vc.y;
-  } else {
-    ya[u][0] = m3_ldg(reinterpret_cast<const u32*>(s + u * 4u)); ya[u][1] = 0u;
-    yc[u][0] = m3_ldg(reinterpret_cast<const u32*>(sd + u * 4u)); yc[u][1] = 0u;
-  }
-}
-
 /// `UU` super-chunks from `p` into acc (NB x tiles; ONE: one x row, whose
-/// odd columns are never stored and are left out) and, with T = 2, the
-/// CTA's second 16-row tile into acc2 from the same x registers. Loads
-/// first (weights, scales, x exponents, x fragments), then 4 UU blocks of
-/// two products each (and tile).
-template <int F, int NB, bool ONE, u32 UU, int T = 1>
-M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4], float (&acc2)[S_MMA_MAXBT][4]) {
+/// odd columns are never stored and are left out). Loads first (weights,
+/// scales, x exponents, x fragments), then 4 UU blocks of two products each.
+template <int F, int NB, bool ONE, u32 UU>
+M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 LW = SHalf<F>::LB / 16u;
-  const u32 U2 = T == 2 ? UU : 1u;
-  uint4 wa[UU][LW], wc[UU][LW], wa2[U2][LW], wc2[U2][LW];
-  u32 sa[UU][2], sc[UU][2], sa2[U2][2], sc2[U2][2], xe[UU][NB][2];
+  uint4 wa[UU][LW], wc[UU][LW];
+  u32 sa[UU][2], sc[UU][2], xe[UU][NB][2];
   uint4 xv[UU][4][NB];
 #pragma unroll
   for (u32 u = 0; u < UU; ++u) {
-    s_h_load_pair<F, UU>(p.wa, p.wc, p.sa, p.sc, u, wa, wc, sa, sc);
-    if (T == 2) s_h_load_pair<F, U2>(p.wa2, p.wc2, p.sa2, p.sc2, T == 2 ? u : 0u, wa2, wc2, sa2, sc2);
+#pragma unroll
+    for (u32 i = 0; i < LW; ++i) {
+      wa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS + 64u * i));
+      wc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS + 64u * i));
+    }
+    if (F == S_FMT_NVFP4) {
+      const uint2 va = m3_ldg(reinterpret_cast<const uint2*>(p.sa + u * 8u));
+      const uint2 vc = m3_ldg(reinterpret_cast<const uint2*>(p.sc + u * 8u));
+      sa[u][0] = va.x; sa[u][1] = va.y; sc[u][0] = vc.x; sc[u][1] = vc.y;
+    } else {
+      sa[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sa + u * 4u)); sa[u][1] = 0u;
+      sc[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sc + u * 4u)); sc[u][1] = 0u;
+    }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       xe[u][b][0] = m3_ldg(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
@@ -800,37 +782,22 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4], float
       const auto xat = [&](int b) { return xv[u][j][b]; };
       const auto xexp = [&](int b, u32 c) { return (xe[u][b][c] >> (8u * j)) & 0xffu; };
       s_h_block<F, false, NB, ONE>(wg, w8, sa[u], sc[u], j, xat, xexp, acc);
-      if (T == 2) {
-        const u32* wg2 = reinterpret_cast<const u32*>(wa2[T == 2 ? u : 0u]);
-        const u32* w82 = reinterpret_cast<const u32*>(wc2[T == 2 ? u : 0u]);
-        s_h_block<F, false, NB, ONE>(wg2, w82, sa2[T == 2 ? u : 0u], sc2[T == 2 ? u : 0u], j, xat, xexp, acc2);
-      }
     }
   }
 }
 
-// 1: the fast walk's batches dealt to a CTA's warps in turn (warp w takes
-// batches w, w + nwarp, ...: at any time the CTA reads nwarp U adjacent
-// super-chunks of its rows, 512 bytes a row for MXFP4); 0: each warp a
-// contiguous run of K (a bench variant; bench/NOTES.md session 19).
-#ifndef S_H_STRIDE
-#define S_H_STRIDE 0
-#endif
-
 /// The fast walk over a warp's `n` super-chunks from `p`: full batches of
-/// SHalf::U (each followed by `gap` super-chunks of other warps), then the
-/// rest one at a time.
-template <int F, int NB, bool ONE, int T = 1>
-M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4], float (&acc2)[S_MMA_MAXBT][4],
-                     u32 gap = 0u) {
+/// SHalf::U, then the rest one at a time.
+template <int F, int NB, bool ONE>
+M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 U = SHalf<F>::U;
   u32 i = 0;
   for (; i + U <= n; i += U) {
-    s_h_batch<F, NB, ONE, U, T>(p, acc, acc2);
-    s_h_step(p, S_H_STRIDE ? U + gap : U);
+    s_h_batch<F, NB, ONE, U>(p, acc);
+    s_h_step(p, U);
   }
   for (; i < n; ++i) {
-    s_h_batch<F, NB, ONE, 1, T>(p, acc, acc2);
+    s_h_batch<F, NB, ONE, 1>(p, acc);
     s_h_step(p, 1u);
   }
 }
@@ -839,7 +806,6 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4], float 
 template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
   SHPos<F, 1> o;
   o.wa = p.wa; o.wc = p.wc; o.sa = p.sa; o.sc = p.sc;
-  o.wa2 = p.wa2; o.wc2 = p.wc2; o.sa2 = p.sa2; o.sc2 = p.sc2;
   o.x[0] = p.x[0]; o.xe[0][0] = p.xe[0][0]; o.xe[0][1] = p.xe[0][1];
   return o;
 }
@@ -850,20 +816,9 @@ template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
 #define S_RC_ONE 1
 #define S_RC_TILE 8
 
-// 16-row tiles a CTA of the row-class entry points (m3s_mma_*_r1 / _r8)
-// takes: 2 = each warp multiplies one x fragment into two tiles' weights
-// (half the x loads and x-scale work a weight byte; the host launches half
-// the CTAs: MmaVariant::tiles). A bench variant (bench/NOTES.md session 19).
-#ifndef S_H_TILES
-#define S_H_TILES 1
-#endif
-
 template <int F, bool ANY, int RC = S_RC_ANY>
 M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
                          u32 max_rows, u32 xdiv, const float* __restrict__ ts) {
-  // 16-row tiles of this CTA (only the row-class entry points, which exist
-  // in the fast small-step build alone, take two: S_H_TILES)
-  constexpr int TT = RC != S_RC_ANY ? S_H_TILES : 1;
   S_SMEM_SCOPE; S_SHARED(float, red, [S_MMA_WARPS][S_MMA_MAXBT * 8][16]);
   S_SHARED(u32, xrow, [S_MMA_MAXBT * 8]); S_SHARED(u32, yrow, [S_MMA_MAXBT * 8]);
   S_SHARED(int, head, [2]);
@@ -872,32 +827,23 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32 g = lane / 4u, t = lane % 4u;
   const SSeg1 sg = s_lin_seg(segs);
   const u32 N = sg.n;
-  const u32 n0 = (blockIdx.x - sg.tile0) * 16u * (u32)TT;
+  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
   const u32 U = SHalf<F, ANY>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
   const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;  // scale bytes a row
   const u32 ra = n0 + g, rc = n0 + g + 8u;
   const bool oka = ra < N, okc = rc < N;
-  const u32 ra2 = ra + 16u, rc2 = rc + 16u;  // the second tile (TT = 2)
-  const bool oka2 = ra2 < N, okc2 = rc2 < N;
   const u8* W = reinterpret_cast<const u8*>(sg.w);
   const u8* S = reinterpret_cast<const u8*>(sg.ws);
   uint4 raw[SHalf<F, ANY>::U][2][SHalf<F>::LB / 16u];
   u32 sca[SHalf<F, ANY>::U][2][2];
   const u8 *wa = nullptr, *wc = nullptr, *sa = nullptr, *sc = nullptr;
-  const u8 *wa2 = nullptr, *wc2 = nullptr, *sa2 = nullptr, *sc2 = nullptr;
   auto rows_at = [&]() {
     wa = W + (u64)(oka ? ra : 0u) * rb;
     wc = W + (u64)(okc ? rc : 0u) * rb;
     sa = S ? S + (u64)(oka ? ra : 0u) * sb : nullptr;
     sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
-    if (TT == 2) {
-      wa2 = W + (u64)(oka2 ? ra2 : 0u) * rb;
-      wc2 = W + (u64)(okc2 ? rc2 : 0u) * rb;
-      sa2 = S ? S + (u64)(oka2 ? ra2 : 0u) * sb : nullptr;
-      sc2 = S ? S + (u64)(okc2 ? rc2 : 0u) * sb : nullptr;
-    }
   };
   auto fetch = [&](u32 it) {
 #pragma unroll
@@ -917,18 +863,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     rows_at();
     if (FAST) {
       // the first batch's codes into L2 while the previous kernel drains
-#if S_H_STRIDE
-      const u32 qf = min(warp * U, nsc), nf = nsc - qf;
-#else
-      const u32 qf = q0, nf = nq;
-#endif
-      for (u32 i = 0; i < min(nf, SHalf<F>::U); ++i) {
-        m3_prefetch_l2(wa + (u64)(qf + i) * SHPos<F, 1>::WS);
-        m3_prefetch_l2(wc + (u64)(qf + i) * SHPos<F, 1>::WS);
-        if (TT == 2) {
-          m3_prefetch_l2(wa2 + (u64)(qf + i) * SHPos<F, 1>::WS);
-          m3_prefetch_l2(wc2 + (u64)(qf + i) * SHPos<F, 1>::WS);
-        }
+      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
+        m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
+        m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
       }
     } else {
       fetch(0u);
@@ -957,60 +894,19 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     for (u32 c = 0; c < 2u; ++c)
       xe[b][c] = reinterpret_cast<const u32*>(xb + (u64)(c0 + c < cnt ? xrow[c0 + c] : xrow[0]) * xs + 2u * K);
   }
-  float acc[S_MMA_MAXBT][4], acc2[S_MMA_MAXBT][4];
+  float acc[S_MMA_MAXBT][4];
 #pragma unroll
-  for (int b = 0; b < S_MMA_MAXBT; ++b) {
-    acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
-    acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.0f;
-  }
+  for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
   const u32 nblk = K / 32u;
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
-#if S_H_STRIDE
-    // the lane's positions at super-chunk 0 of its rows
-    SHPos<F, S_MMA_MAXBT> p0;
-    p0.wa = wa + 16u * t; p0.wc = wc + 16u * t; p0.sa = sa; p0.sc = sc;
-    p0.wa2 = wa2 + 16u * t; p0.wc2 = wc2 + 16u * t; p0.sa2 = sa2; p0.sc2 = sc2;
-#pragma unroll
-    for (int b = 0; b < S_MMA_MAXBT; ++b) {
-      p0.x[b] = reinterpret_cast<const u8*>(xp[b]);
-      p0.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0]);
-      p0.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1]);
-    }
-    // this warp's walk: full batches w, w + nwarp, ... with a gap of the
-    // other warps' batches between them, and the super-chunks past the last
-    // full batch for the warp whose turn comes next
-    const u32 nbat = nsc / U;
-    const u32 mine = nbat > warp ? (nbat - warp + nwarp - 1u) / nwarp : 0u;
-    const u32 gap = U * (nwarp - 1u);
-    SHPos<F, S_MMA_MAXBT> p = p0;
-    s_h_step(p, mine ? warp * U : 0u);
-    const u32 n = mine * U;
-    const bool tail = nsc > nbat * U && warp == nbat % nwarp;
-    SHPos<F, S_MMA_MAXBT> pt = p0;
-    if (tail) s_h_step(pt, nbat * U);
-    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) {
-      s_h_fast<F, 1, true, TT>(s_h_pos1(p), n, acc, acc2, gap);
-      if (tail) s_h_fast<F, 1, true, TT>(s_h_pos1(pt), nsc - nbat * U, acc, acc2);
-    } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
-      s_h_fast<F, 1, false, TT>(s_h_pos1(p), n, acc, acc2, gap);
-      if (tail) s_h_fast<F, 1, false, TT>(s_h_pos1(pt), nsc - nbat * U, acc, acc2);
-    } else {
-      s_h_fast<F, S_MMA_MAXBT, false>(p, n, acc, acc2, gap);
-      if (tail) s_h_fast<F, S_MMA_MAXBT, false>(pt, nsc - nbat * U, acc, acc2);
-    }
-#else
     SHPos<F, S_MMA_MAXBT> p;
     p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
     p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
     p.sa = sa + (u64)q0 * SHPos<F, 1>::SS;
     p.sc = sc + (u64)q0 * SHPos<F, 1>::SS;
-    p.wa2 = wa2 + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
-    p.wc2 = wc2 + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
-    p.sa2 = sa2 + (u64)q0 * SHPos<F, 1>::SS;
-    p.sc2 = sc2 + (u64)q0 * SHPos<F, 1>::SS;
 #pragma unroll
     for (int b = 0; b < S_MMA_MAXBT; ++b) {
       p.x[b] = reinterpret_cast<const u8*>(xp[b] + q0 * 16u);
@@ -1019,10 +915,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     }
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM)
-    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) s_h_fast<F, 1, true, TT>(s_h_pos1(p), nq, acc, acc2);
-    else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) s_h_fast<F, 1, false, TT>(s_h_pos1(p), nq, acc, acc2);
-    else s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc, acc2);
-#endif
+    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
+    else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
+    else s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
   } else if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
     // small steps: one copy of the walk per tile count (and one for one row)
     if (cnt == 1u) s_h_walk<F, ANY, 1, true>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
@@ -1034,10 +929,6 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   }
   // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact)
   s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
-  if (TT == 2) {
-    __syncthreads();  // red is still being read by the first store's sums
-    s_lin_store(red, acc2, nbt, warp, nwarp, cnt, n0 + 16u, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
-  }
 }
 
 #define S_MMH_LINEAR_RC(name, F, ANY, RC, MINB)                                                                 \

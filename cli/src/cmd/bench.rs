@@ -96,8 +96,6 @@ pub struct Args {
     /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
     /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere;
     /// S_H_FAST=0|1: the MX small-step fast walk and its one-row / one-tile entry points;
-    /// S_H_STRIDE=0|1: the fast walk's batches dealt to a CTA's warps in turn;
-    /// S_H_TILES=1|2: 16-row weight tiles a CTA of the one-row / one-tile entry points;
     /// S_R1_MINB / S_R8_MINB=1..16: those entry points' CTAs an SM, every format
     /// (S_R1_MINB_FP8 / _FP4 / _NV: one format's one-row entry points);
     /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile

@@ -203,9 +203,6 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
-    /// 16-row weight tiles a CTA of the row-class entry points takes
-    /// (S_H_TILES of that compile; every other entry point takes one).
-    pub tiles: u32,
     f: HashMap<&'static str, Func>,
 }
 
@@ -219,8 +216,6 @@ pub(crate) struct VariantSource {
     /// Whether the build has the one-row and one-tile entry points
     /// ([`WFmt::mma_kernel_rows`]: the small-step shape with the fast walk).
     pub row_entries: bool,
-    /// 16-row weight tiles a CTA of those entry points takes (S_H_TILES).
-    pub tiles: u32,
 }
 
 /// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
@@ -232,7 +227,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut warps = 8u32;
     let mut maxbt = 8usize;
     let mut fast = true;
-    let mut tiles = 1u32;
     for kv in defines.split_whitespace() {
         let (k, v) = kv
             .split_once('=')
@@ -252,8 +246,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}
-            "S_H_STRIDE" if n <= 1 => {}
-            "S_H_TILES" if (1..=2).contains(&n) => tiles = n,
             "S_X_AHEAD" if n <= 1 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
         }
@@ -271,7 +263,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         warps,
         maxbt,
         row_entries: maxbt == 2 && fast,
-        tiles,
     })
 }
 
@@ -284,7 +275,6 @@ impl MmaVariant {
             warps,
             maxbt,
             row_entries,
-            tiles,
         } = variant_source(base, defines)?;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
@@ -313,7 +303,6 @@ impl MmaVariant {
             },
             block: warps * 32,
             rows: maxbt * 8,
-            tiles: if row_entries { tiles } else { 1 },
             f,
         })
     }
@@ -435,18 +424,10 @@ pub(crate) fn linears(
         }
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
-        // only that walk (small-step build, fast entry point only), whose
-        // CTAs take `mv.tiles` 16-row tiles: the segments' first CTAs again
+        // only that walk (small-step build, fast entry point only)
         if Some(name) == w0.fmt.mma_kernel() {
             if let Some(n) = w0.fmt.mma_kernel_rows(m).filter(|n| mv.f.contains_key(n)) {
                 name = n;
-                if mv.tiles > 1 {
-                    tiles = 0;
-                    for sg in &mut segs.s[..segs.nseg as usize] {
-                        sg.tile0 = tiles;
-                        tiles += sg.n.div_ceil(MMA_N * mv.tiles);
-                    }
-                }
             }
         }
         let chunks = m.div_ceil(mv.rows) as u32;
@@ -928,12 +909,8 @@ mod gpu_tests {
             "S_MMA_WARPS=4",
             "S_MMA_WARPS=2",
             "S_MMA_MAXBT=2",
-            // bench variants, not defaults (standard_decode.cu: S_X_AHEAD,
-            // S_H_STRIDE, S_H_TILES: the row-class entry points' CTAs take
-            // two 16-row tiles, the host half the CTAs)
+            // bench variant, not a default (standard_decode.cu, S_X_AHEAD)
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_X_AHEAD=1 S_UNROLL_HALF=1",
-            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_H_STRIDE=1",
-            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_H_TILES=2 S_R1_MINB=4 S_R8_MINB=4",
         ];
         for v in variants {
             k.mma

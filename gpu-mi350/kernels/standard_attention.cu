@@ -453,6 +453,31 @@ M3_DEV u64 sk_shfl_xor(u64 v, int o) {
   const u32 lo = M3_SHFL_XOR((u32)v, o), hi = M3_SHFL_XOR((u32)(v >> 32), o);
   return ((u64)hi << 32) | lo;
 }
+/// The warp's largest key: on CUDA two `redux.sync` maxima (the high
+/// words, then the low words of the lanes holding the high maximum), else
+/// a butterfly of 64-bit shuffles.
+M3_DEV u64 sk_warp_max(u64 v) {
+#if defined(M3_CUDA)
+  const u32 hv = (u32)(v >> 32);
+  u32 hi, lo;
+  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(hi) : "r"(hv));
+  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(lo) : "r"(hv == hi ? (u32)v : 0u));
+  return ((u64)hi << 32) | lo;
+#else
+#pragma unroll
+  for (int o = M3_WARP / 2; o > 0; o >>= 1) v = sk_max(v, sk_shfl_xor(v, o));
+  return v;
+#endif
+}
+/// Keys of `list` (n of them, descending, 0s last) above `key`.
+M3_DEV u32 sk_above(const u64* list, u32 n, u64 key) {
+  u32 lo = 0, hi = n;  // list[..lo] > key, list[hi..] <= key
+  while (lo < hi) {
+    const u32 mid = (lo + hi) / 2u;
+    if (list[mid] > key) lo = mid + 1u; else hi = mid;
+  }
+  return lo;
+}
 
 /// Top-K block selection of one (selection head, row). Grid (selh, T),
 /// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; else the
@@ -461,7 +486,8 @@ M3_DEV u64 sk_shfl_xor(u64 v, int o) {
 /// SK_THREADS ranks every block in one pass; larger rows first take each
 /// warp's top K (K rounds of warp argmax on 64-bit keys, no barrier; the
 /// owner of a pick marks it taken and rescans its own blocks), then rank
-/// those nw * K candidates (they hold the global top K). Written ascending
+/// those nw * K candidates (they hold the global top K; each warp's list is
+/// descending, so a rank is one bisection a list). Written ascending
 /// with -1 first for picks short of K (fewer valid blocks), to
 /// sel [nkv][T][K] for the KV heads the selection head covers.
 M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
@@ -507,9 +533,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
     u64 best = 0ull;
     for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
     for (u32 k = 0; k < K; ++k) {
-      u64 w = best;
-#pragma unroll
-      for (int o = M3_WARP / 2; o > 0; o >>= 1) w = sk_max(w, sk_shfl_xor(w, o));
+      const u64 w = sk_warp_max(best);
       if (lane == 0) cand[warp * K + k] = w;
       if (w != 0ull && w == best) {
         // the owner marks it taken (NaN) and rescans its own blocks
@@ -519,12 +543,16 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       }
     }
     __syncthreads();
+    // a candidate's rank: its place in its own warp's list (descending: the
+    // rounds' maxima) plus, by bisection, the keys above it in the others
     const u32 nc = nw * K;
     for (u32 ci = tid; ci < nc; ci += SK_THREADS) {
       const u64 mine = cand[ci];
       if (mine == 0ull) continue;
-      u32 rank = 0;
-      for (u32 j = 0; j < nc; ++j) rank += cand[j] > mine ? 1u : 0u;
+      const u32 cw = ci / K;
+      u32 rank = ci % K;
+      for (u32 w = 0; w < nw; ++w)
+        if (w != cw) rank += sk_above(cand + w * K, K, mine);
       if (rank < K) chosen[rank] = (int)(~(u32)mine);
     }
   }

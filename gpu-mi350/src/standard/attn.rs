@@ -1001,3 +1001,500 @@ mod tests {
         assert_eq!(KvKind::Nvfp4.scale(0.375), 0.375);
     }
 }
+
+/// The standard path's indexer (`m3s_index_scores`, `m3s_index_topk`)
+/// against an f64 reference at contexts past the top-k kernel's one-pass
+/// limit (SK_THREADS blocks a row) and past its shared-memory limit
+/// (SK_SMEM), with score CTAs looping over many blocks: the figures of
+/// record run at 128k (1025 blocks a row), which the runner tests (short
+/// contexts) never reach. The harness backend's ops use other kernels.
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::model::DevBuf;
+    use crate::CudaGpu;
+    use m3_core::formats::{bf16, fp8::e4m3};
+
+    fn gpu() -> Option<CudaGpu> {
+        match CudaGpu::open(0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                assert!(
+                    std::env::var("REQUIRE_GPU").map_or(true, |v| v != "1"),
+                    "REQUIRE_GPU=1 but no GPU: {e}"
+                );
+                println!("skipped: {e}");
+                None
+            }
+        }
+    }
+
+    /// Scores the top-k keeps in shared memory (SK_SMEM).
+    const TOPK_SMEM: usize = 4096;
+
+    #[test]
+    fn the_shared_memory_limit_is_the_kernels() {
+        let body = super::super::STANDARD.body;
+        assert_eq!(
+            crate::kernels::define(body, "SK_SMEM"),
+            Some(TOPK_SMEM as u64)
+        );
+    }
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 32) as u32
+        }
+        /// Uniform in [-1, 1).
+        fn unit(&mut self) -> f32 {
+            (self.next() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        }
+    }
+
+    /// One indexer configuration and its rows (position, sequence).
+    struct Case {
+        name: &'static str,
+        cache: KvKind,
+        di: usize,
+        nih: usize,
+        nkv: usize,
+        shared: bool,
+        block: usize,
+        page: usize,
+        topk: usize,
+        init_b: usize,
+        local_b: usize,
+        grid_x: u32,
+        prewait: bool,
+        rows: Vec<(u32, u32)>,
+    }
+
+    /// What a case's launches produced and what they should have.
+    struct Outcome {
+        nb: Vec<usize>,
+        selh: usize,
+        maxnb: usize,
+        /// GPU block scores [t][selh][maxnb].
+        scores: Vec<f32>,
+        /// f64 reference scores (same layout; +inf forced) and each block's
+        /// sum of |products| (the tolerance's scale).
+        want: Vec<f64>,
+        mag: Vec<f64>,
+        /// GPU selections [nkv][t][K].
+        sel: Vec<i32>,
+    }
+
+    /// The K best of `s` (score desc, id asc, NaN never, -0 == +0),
+    /// ascending, -1 first for picks short of K; every block if nb <= K
+    /// (ids then -1), as MODEL.md 6 and the kernel state.
+    fn topk_of(s: &[f64], k: usize) -> Vec<i32> {
+        let nb = s.len();
+        if nb <= k {
+            return (0..k).map(|i| if i < nb { i as i32 } else { -1 }).collect();
+        }
+        let mut c: Vec<(f64, usize)> = s
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(b, &v)| (v, b))
+            .collect();
+        c.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        let mut picks: Vec<i32> = c.iter().take(k).map(|x| x.1 as i32).collect();
+        picks.sort_unstable();
+        let mut out = vec![-1; k - picks.len()];
+        out.extend(picks);
+        out
+    }
+
+    fn run(gpu: &CudaGpu, c: &Case, seed: u64) -> Outcome {
+        let ctx = gpu.device();
+        let l = Launcher::new(ctx, true).unwrap();
+        let k = AttnKernels::load(gpu).unwrap();
+        let mut rng = Lcg(seed);
+        let (t, di, b) = (c.rows.len(), c.di, c.block);
+        let vb = if c.cache == KvKind::Bf16 { 2 } else { 1 };
+        let iscale = if c.cache == KvKind::Fp8 { 0.5f32 } else { 1.0 };
+        // sequences: length past their last row, pages dealt in a shuffled order
+        let nseq = c.rows.iter().map(|r| r.1 as usize).max().unwrap() + 1;
+        let len: Vec<usize> = (0..nseq)
+            .map(|s| {
+                c.rows
+                    .iter()
+                    .filter(|r| r.1 as usize == s)
+                    .map(|r| r.0 as usize + 1)
+                    .max()
+                    .unwrap_or(1)
+            })
+            .collect();
+        let npages: Vec<usize> = len.iter().map(|n| n.div_ceil(c.page)).collect();
+        let total: usize = npages.iter().sum();
+        let mut perm: Vec<u32> = (0..total as u32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.next() as usize % (i + 1));
+        }
+        let mut bt_off = Vec::new();
+        let mut off = 0u32;
+        for &n in &npages {
+            bt_off.push(off);
+            off += n as u32;
+        }
+        let slot = |s: usize, j: usize| {
+            perm[bt_off[s] as usize + j / c.page] as usize * c.page + j % c.page
+        };
+        // queries (bf16) and keys: random, plus per sequence 20 copies of a
+        // key aligned with row 0's head 0 (exact ties at the top, more than
+        // K of them: the lower ids must win) and one NaN key (never wins)
+        let q: Vec<u16> = (0..t * c.nih * di)
+            .map(|_| bf16::from_f32(rng.unit() * 2.0))
+            .collect();
+        let mut cache = vec![0u8; total * c.page * di * vb];
+        let put = |sl: usize, d: usize, v: f32, cache: &mut [u8]| {
+            let o = (sl * di + d) * vb;
+            if vb == 2 {
+                cache[o..o + 2].copy_from_slice(&bf16::from_f32(v).to_le_bytes());
+            } else {
+                cache[o] = e4m3::encode_sat(f64::from(v));
+            }
+        };
+        for (s, &n) in len.iter().enumerate() {
+            for j in 0..n {
+                for d in 0..di {
+                    put(slot(s, j), d, rng.unit() * 3.0, &mut cache);
+                }
+            }
+        }
+        for (ri, &(p, s)) in c.rows.iter().enumerate() {
+            let s = s as usize;
+            if c.rows.iter().position(|r| r.1 as usize == s) != Some(ri) {
+                continue; // the sequence's first row sets its planted keys
+            }
+            let nb = p as usize / b + 1;
+            let first = nb / 3;
+            for cp in 0..20usize {
+                let j = (first + cp) * b + (cp % b);
+                if j > p as usize {
+                    break;
+                }
+                for d in 0..di {
+                    let qv = bf16::to_f32(q[(ri * c.nih) * di + d]);
+                    put(slot(s, j), d, if qv < 0.0 { -4.0 } else { 4.0 }, &mut cache);
+                }
+            }
+            let j = 7 * b + 3;
+            if j <= p as usize {
+                let o = slot(s, j) * di * vb;
+                if vb == 2 {
+                    cache[o..o + 2].copy_from_slice(&0x7fc0u16.to_le_bytes());
+                } else {
+                    cache[o] = e4m3::NAN;
+                }
+            }
+        }
+        let bt: Vec<u32> = perm.clone();
+        let pos: Vec<u32> = c.rows.iter().map(|r| r.0).collect();
+        let row_seq: Vec<u32> = c.rows.iter().map(|r| r.1).collect();
+        let nb: Vec<usize> = pos.iter().map(|&p| p as usize / b + 1).collect();
+        let maxnb = nb.iter().max().unwrap() + 3;
+        let selh = if c.shared { 1 } else { c.nkv };
+        let qd = DevBuf::from_slice(ctx, &q).unwrap();
+        let cd = DevBuf::from_slice(ctx, &cache).unwrap();
+        let pd = DevBuf::from_slice(ctx, &pos).unwrap();
+        let rd = DevBuf::from_slice(ctx, &row_seq).unwrap();
+        let btd = DevBuf::from_slice(ctx, &bt).unwrap();
+        let bod = DevBuf::from_slice(ctx, &bt_off).unwrap();
+        let sd = DevBuf::zeroed(ctx, index_scratch_bytes(t, selh, maxnb)).unwrap();
+        let seld = DevBuf::zeroed(ctx, c.nkv * t * c.topk * 4).unwrap();
+        index_select(
+            &l,
+            &k,
+            &IndexArgs {
+                iq: qd.ptr(),
+                nih: c.nih,
+                di,
+                icache: cd.ptr(),
+                iscales: 0,
+                iscale,
+                cache: c.cache,
+                pos: pd.ptr(),
+                row_seq: rd.ptr(),
+                bt: btd.ptr(),
+                bt_off: bod.ptr(),
+                page: c.page,
+                block: b,
+                topk: c.topk,
+                init_b: c.init_b,
+                local_b: c.local_b,
+                shared: c.shared,
+                nkv: c.nkv,
+                t,
+                scratch: sd.ptr(),
+                maxnb,
+                sel: seld.ptr(),
+                prewait: c.prewait,
+                grid_x: c.grid_x,
+            },
+        )
+        .unwrap();
+        let mut scores = vec![0f32; t * selh * maxnb];
+        sd.read(l.stream(), 0, &mut scores).unwrap();
+        let mut sel = vec![0i32; c.nkv * t * c.topk];
+        seld.read(l.stream(), 0, &mut sel).unwrap();
+        // the f64 reference: max over visible keys (and heads, shared) of
+        // q . e4m3(k) * iscale, NaN dots skipped; forced blocks +inf
+        let key = |sl: usize, d: usize| -> f64 {
+            let o = (sl * di + d) * vb;
+            if vb == 2 {
+                f64::from(bf16::to_f32(u16::from_le_bytes([cache[o], cache[o + 1]])))
+            } else {
+                f64::from(e4m3::decode(cache[o]))
+            }
+        };
+        let mut want = vec![f64::NAN; t * selh * maxnb];
+        let mut mag = vec![0f64; t * selh * maxnb];
+        for (ti, &(p, s)) in c.rows.iter().enumerate() {
+            let (p, s, n) = (p as usize, s as usize, nb[ti]);
+            if n <= c.topk {
+                continue; // nothing scored: every block is taken
+            }
+            for g in 0..selh {
+                let heads = if c.shared { 0..c.nih } else { g..g + 1 };
+                for bi in 0..n {
+                    let o = (ti * selh + g) * maxnb + bi;
+                    if bi < c.init_b || bi + c.local_b >= n {
+                        want[o] = f64::INFINITY;
+                        continue;
+                    }
+                    let (mut m, mut a) = (f64::NEG_INFINITY, 0f64);
+                    for h in heads.clone() {
+                        for j in bi * b..=(bi * b + b - 1).min(p) {
+                            let (mut dot, mut abs) = (0f64, 0f64);
+                            for d in 0..di {
+                                let x = f64::from(bf16::to_f32(q[(ti * c.nih + h) * di + d]))
+                                    * key(slot(s, j), d)
+                                    * f64::from(iscale);
+                                dot += x;
+                                abs += x.abs();
+                            }
+                            if !dot.is_nan() {
+                                m = m.max(dot);
+                                a = a.max(abs);
+                            }
+                        }
+                    }
+                    want[o] = m;
+                    mag[o] = a;
+                }
+            }
+        }
+        Outcome {
+            nb,
+            selh,
+            maxnb,
+            scores,
+            want,
+            mag,
+            sel,
+        }
+    }
+
+    /// Scores off the f64 reference (f32 sums of exact products: 1e-5 of
+    /// the block's sum of |products|), and selections other than the top-K
+    /// of the GPU's own scores (exact); each failure as a line. Past
+    /// SK_SMEM blocks the top-k works on the scores in place and marks each
+    /// warp's picks NaN there (at most SK_THREADS / 32 * K of them): those
+    /// rows' selections are held to the top-K of the reference scores
+    /// instead, where the K-th and the next are further apart than the
+    /// tolerance (else reported as a near tie).
+    fn check(c: &Case, o: &Outcome) -> Vec<String> {
+        let mut bad = Vec::new();
+        let t = c.rows.len();
+        let marks = INDEX_TOPK_BLOCK as usize / 32 * c.topk;
+        for ti in 0..t {
+            let n = o.nb[ti];
+            let in_place = n > TOPK_SMEM;
+            for g in 0..o.selh {
+                let base = (ti * o.selh + g) * o.maxnb;
+                let tol = |bi: usize| 1e-5 * o.mag[base + bi] + 1e-30;
+                if n > c.topk {
+                    let mut marked = 0usize;
+                    for bi in 0..n {
+                        let (gv, w) = (o.scores[base + bi], o.want[base + bi]);
+                        let ok = if in_place && gv.is_nan() && !w.is_nan() {
+                            marked += 1;
+                            true
+                        } else if w.is_infinite() {
+                            f64::from(gv) == w
+                        } else {
+                            (f64::from(gv) - w).abs() <= tol(bi)
+                        };
+                        if !ok {
+                            bad.push(format!(
+                                "{}: row {ti} head {g} block {bi}: score {gv} want {w}",
+                                c.name
+                            ));
+                        }
+                    }
+                    if marked > marks {
+                        bad.push(format!(
+                            "{}: row {ti} head {g}: {marked} NaN scores (picks marked: <= {marks})",
+                            c.name
+                        ));
+                    }
+                }
+                let want = if in_place {
+                    let r = &o.want[base..base + n];
+                    let mut v: Vec<(f64, usize)> =
+                        r.iter().enumerate().map(|(b, &x)| (x, b)).collect();
+                    v.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+                    let (kth, next) = (v[c.topk - 1], v[c.topk]);
+                    if kth.0 != next.0 && kth.0 - next.0 <= tol(kth.1) + tol(next.1) {
+                        println!(
+                            "{}: row {ti} head {g}: near tie at the K-th pick, not compared",
+                            c.name
+                        );
+                        continue;
+                    }
+                    topk_of(r, c.topk)
+                } else {
+                    let own: Vec<f64> = o.scores[base..base + n]
+                        .iter()
+                        .map(|&v| f64::from(v))
+                        .collect();
+                    topk_of(&own, c.topk)
+                };
+                let heads = if c.shared { 0..c.nkv } else { g..g + 1 };
+                for h in heads {
+                    let s = (h * t + ti) * c.topk;
+                    if o.sel[s..s + c.topk] != want[..] {
+                        bad.push(format!(
+                            "{}: row {ti} KV head {h}: selected {:?}, the top-{} of the scores {:?}",
+                            c.name,
+                            &o.sel[s..s + c.topk],
+                            c.topk,
+                            want
+                        ));
+                    }
+                }
+            }
+        }
+        bad
+    }
+
+    #[test]
+    fn long_context_indexer_matches_an_f64_reference() {
+        let Some(gpu) = gpu() else { return };
+        let cases = [
+            // one-pass top-k (41 blocks), warp rounds from shared memory
+            // (300), from global memory (5001 > SK_SMEM)
+            Case {
+                name: "fp8 di 128 per-KV-head",
+                cache: KvKind::Fp8,
+                di: 128,
+                nih: 2,
+                nkv: 2,
+                shared: false,
+                block: 16,
+                page: 64,
+                topk: 16,
+                init_b: 0,
+                local_b: 1,
+                grid_x: INDEX_SCORES_GRID_X,
+                prewait: true,
+                rows: vec![(16 * 300 - 5, 0), (16 * 5000 + 3, 1), (16 * 40, 2)],
+            },
+            // shared selection, pages smaller than a block, a scored last
+            // (partial) block, two rows of one sequence, few CTAs a row
+            Case {
+                name: "fp8 di 64 shared",
+                cache: KvKind::Fp8,
+                di: 64,
+                nih: 4,
+                nkv: 2,
+                shared: true,
+                block: 16,
+                page: 8,
+                topk: 16,
+                init_b: 1,
+                local_b: 0,
+                grid_x: 5,
+                prewait: false,
+                rows: vec![(16 * 1100 + 9, 0), (16 * 4200 - 1, 0), (16 * 700 + 15, 1)],
+            },
+            // the presets' shape at 128k: blocks of 128, 1025 a row
+            Case {
+                name: "bf16 di 128 128k",
+                cache: KvKind::Bf16,
+                di: 128,
+                nih: 1,
+                nkv: 1,
+                shared: false,
+                block: 128,
+                page: 128,
+                topk: 16,
+                init_b: 0,
+                local_b: 1,
+                grid_x: INDEX_SCORES_GRID_X,
+                prewait: true,
+                rows: vec![(128 * 1025 - 1, 0)],
+            },
+            Case {
+                name: "fp8 di 128 128k",
+                cache: KvKind::Fp8,
+                di: 128,
+                nih: 2,
+                nkv: 2,
+                shared: false,
+                block: 128,
+                page: 128,
+                topk: 16,
+                init_b: 0,
+                local_b: 1,
+                grid_x: INDEX_SCORES_GRID_X,
+                prewait: true,
+                rows: vec![(128 * 1025 - 1, 0), (128 * 1025 - 1, 1)],
+            },
+        ];
+        let mut failures = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let o = run(&gpu, c, 17 + i as u64);
+            let bad = check(c, &o);
+            println!(
+                "{}: blocks a row {:?}, {} failure(s)",
+                c.name,
+                o.nb,
+                bad.len()
+            );
+            failures.extend(bad.into_iter().take(8));
+            // the comparison catches a planted error once per case: a score
+            // off by 1e-3 of its scale, a selection swapped for another block
+            if i == 0 {
+                let mut p = Outcome {
+                    scores: o.scores.clone(),
+                    sel: o.sel.clone(),
+                    ..o
+                };
+                let s = (0..p.nb[0])
+                    .find(|&bi| p.want[bi].is_finite() && p.mag[bi] > 0.0)
+                    .unwrap();
+                p.scores[s] += (1e-3 * p.mag[s]) as f32;
+                assert!(
+                    !check(c, &p).is_empty(),
+                    "a planted score error went unseen"
+                );
+                p.scores[s] -= (1e-3 * p.mag[s]) as f32;
+                let first = p.sel[0..c.topk].iter().position(|&x| x >= 0).unwrap();
+                p.sel[first] = if p.sel[first] == 1 { 2 } else { 1 };
+                assert!(
+                    !check(c, &p).is_empty(),
+                    "a planted selection error went unseen"
+                );
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}

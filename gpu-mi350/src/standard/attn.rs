@@ -1015,19 +1015,7 @@ mod gpu_tests {
     use crate::CudaGpu;
     use m3_core::formats::{bf16, fp8::e4m3};
 
-    fn gpu() -> Option<CudaGpu> {
-        match CudaGpu::open(0) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                assert!(
-                    std::env::var("REQUIRE_GPU").map_or(true, |v| v != "1"),
-                    "REQUIRE_GPU=1 but no GPU: {e}"
-                );
-                println!("skipped: {e}");
-                None
-            }
-        }
-    }
+    use super::super::test_gpu as gpu;
 
     /// Scores the top-k keeps in shared memory (SK_SMEM).
     const TOPK_SMEM: usize = 4096;
@@ -1388,76 +1376,63 @@ mod gpu_tests {
     #[test]
     fn long_context_indexer_matches_an_f64_reference() {
         let Some(gpu) = gpu() else { return };
+        // the presets' shape (m3.1: blocks and pages of 128, top-16, the
+        // local block forced, fp8 keys of 128, 256 score CTAs a row)
+        let m31 = |name, rows| Case {
+            name,
+            cache: KvKind::Fp8,
+            di: 128,
+            nih: 2,
+            nkv: 2,
+            shared: false,
+            block: 128,
+            page: 128,
+            topk: 16,
+            init_b: 0,
+            local_b: 1,
+            grid_x: INDEX_SCORES_GRID_X,
+            prewait: true,
+            rows,
+        };
         let cases = [
             // one-pass top-k (41 blocks), warp rounds from shared memory
-            // (300), from global memory (5001 > SK_SMEM)
+            // (300), in place past SK_SMEM (5001)
             Case {
-                name: "fp8 di 128 per-KV-head",
-                cache: KvKind::Fp8,
-                di: 128,
-                nih: 2,
-                nkv: 2,
-                shared: false,
                 block: 16,
                 page: 64,
-                topk: 16,
-                init_b: 0,
-                local_b: 1,
-                grid_x: INDEX_SCORES_GRID_X,
-                prewait: true,
-                rows: vec![(16 * 300 - 5, 0), (16 * 5000 + 3, 1), (16 * 40, 2)],
+                ..m31(
+                    "fp8 di 128 per-KV-head",
+                    vec![(16 * 300 - 5, 0), (16 * 5000 + 3, 1), (16 * 40, 2)],
+                )
             },
             // shared selection, pages smaller than a block, a scored last
             // (partial) block, two rows of one sequence, few CTAs a row
             Case {
-                name: "fp8 di 64 shared",
-                cache: KvKind::Fp8,
                 di: 64,
                 nih: 4,
-                nkv: 2,
                 shared: true,
                 block: 16,
                 page: 8,
-                topk: 16,
                 init_b: 1,
                 local_b: 0,
                 grid_x: 5,
                 prewait: false,
-                rows: vec![(16 * 1100 + 9, 0), (16 * 4200 - 1, 0), (16 * 700 + 15, 1)],
+                ..m31(
+                    "fp8 di 64 shared",
+                    vec![(16 * 1100 + 9, 0), (16 * 4200 - 1, 0), (16 * 700 + 15, 1)],
+                )
             },
-            // the presets' shape at 128k: blocks of 128, 1025 a row
+            // 128k: 1025 blocks a row
             Case {
-                name: "bf16 di 128 128k",
                 cache: KvKind::Bf16,
-                di: 128,
                 nih: 1,
                 nkv: 1,
-                shared: false,
-                block: 128,
-                page: 128,
-                topk: 16,
-                init_b: 0,
-                local_b: 1,
-                grid_x: INDEX_SCORES_GRID_X,
-                prewait: true,
-                rows: vec![(128 * 1025 - 1, 0)],
+                ..m31("bf16 di 128 128k", vec![(128 * 1025 - 1, 0)])
             },
-            Case {
-                name: "fp8 di 128 128k",
-                cache: KvKind::Fp8,
-                di: 128,
-                nih: 2,
-                nkv: 2,
-                shared: false,
-                block: 128,
-                page: 128,
-                topk: 16,
-                init_b: 0,
-                local_b: 1,
-                grid_x: INDEX_SCORES_GRID_X,
-                prewait: true,
-                rows: vec![(128 * 1025 - 1, 0), (128 * 1025 - 1, 1)],
-            },
+            m31(
+                "fp8 di 128 128k",
+                vec![(128 * 1025 - 1, 0), (128 * 1025 - 1, 1)],
+            ),
         ];
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
@@ -1470,7 +1445,7 @@ mod gpu_tests {
                 bad.len()
             );
             failures.extend(bad.into_iter().take(8));
-            // the comparison catches a planted error once per case: a score
+            // the comparison catches a planted error (first case): a score
             // off by 1e-3 of its scale, a selection swapped for another block
             if i == 0 {
                 let mut p = Outcome {

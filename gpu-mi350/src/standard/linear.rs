@@ -561,7 +561,6 @@ mod tests {
 mod gpu_tests {
     use super::*;
     use crate::model::DevBuf;
-    use crate::CudaGpu;
     use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor, ScaleRule};
     use m3_core::weights::LinearWeight;
 
@@ -588,19 +587,7 @@ mod gpu_tests {
         (lx, bufs)
     }
 
-    fn gpu() -> Option<CudaGpu> {
-        match CudaGpu::open(0) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                assert!(
-                    std::env::var("REQUIRE_GPU").map_or(true, |v| v != "1"),
-                    "REQUIRE_GPU=1 but no GPU: {e}"
-                );
-                println!("skipped: {e}");
-                None
-            }
-        }
-    }
+    use super::super::test_gpu as gpu;
 
     fn rand(seed: &mut u64) -> f32 {
         *seed = seed

@@ -38,6 +38,24 @@ pub(crate) mod mono;
 pub(crate) mod pointwise;
 pub(crate) mod step;
 
+/// The device for the GPU tests inside this module (unit tests, so not the
+/// integration tests' helper): `None` (printed as skipped) without one,
+/// unless `REQUIRE_GPU=1`, which makes a missing device a failure.
+#[cfg(test)]
+pub(crate) fn test_gpu() -> Option<crate::CudaGpu> {
+    match crate::CudaGpu::open(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert!(
+                std::env::var("REQUIRE_GPU").map_or(true, |v| v != "1"),
+                "REQUIRE_GPU=1 but no GPU: {e}"
+            );
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
 use m3_core::backend::{ActMode, KvBudget};
 use m3_core::config::{AttnKind, IndexSelection};
 use m3_core::kv::CacheDtype;

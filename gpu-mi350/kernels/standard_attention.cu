@@ -479,6 +479,73 @@ M3_DEV u32 sk_above(const u64* list, u32 n, u64 key) {
   return lo;
 }
 
+/// Threads that scan the radix histogram (SK_RADIX_LANES of them, 256 /
+/// SK_RADIX_LANES bins each; any warp width).
+#define SK_RADIX_LANES 32
+
+/// The K-th largest of the nonzero keys sk_key(sc[b], b), b < nb (keys are
+/// unique), into *kth for the whole CTA; 0 when there are at most K of
+/// them. MSB first, 8 bits a pass: each pass counts the keys that match
+/// the bits fixed so far by their next byte (shared-memory histogram),
+/// then SK_RADIX_LANES threads find the byte holding the wanted rank.
+/// The key's low word is ~b: its bytes above the block count's are all
+/// ones and skip their passes. Every thread of the CTA calls it.
+M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32* part, u64* kth) {
+  constexpr u32 BPL = 256u / SK_RADIX_LANES;  // bins a scanning thread
+  // id bytes that vary: ~b for b < nb
+  const u32 idb = nb <= 0x100u ? 1u : nb <= 0x10000u ? 2u : nb <= 0x1000000u ? 3u : 4u;
+  u64 prefix = 0ull, mask = 0ull;
+  for (u32 i = idb; i < 4u; ++i) {  // constant bytes: all ones in every key
+    prefix |= 0xffull << (8u * i);
+    mask |= 0xffull << (8u * i);
+  }
+  u32 want = K;  // rank (1-based) of the key sought among those matching
+  for (int byte = 7; byte >= 0; --byte) {
+    if (byte < 4 && (u32)byte >= idb) continue;
+    const u32 sh = 8u * (u32)byte;
+    for (u32 i = tid; i < 256u; i += SK_THREADS) hist[i] = 0u;
+    __syncthreads();
+    for (u32 b = tid; b < nb; b += SK_THREADS) {
+      const u64 key = sk_key(sc[b], b);
+      if (key != 0ull && (key & mask) == prefix) atomicAdd(&hist[(u32)(key >> sh) & 0xffu], 1u);
+    }
+    __syncthreads();
+    // thread l: the count of its bins, then (after the barrier) the
+    // count above them; the one whose bins hold rank `want` picks the byte
+    u32 mine = 0u;
+    if (tid < SK_RADIX_LANES)
+      for (u32 i = 0; i < BPL; ++i) mine += hist[BPL * tid + i];
+    if (tid < SK_RADIX_LANES) part[tid] = mine;
+    __syncthreads();
+    if (tid < SK_RADIX_LANES) {
+      u32 above = 0u;
+      for (u32 l = tid + 1u; l < SK_RADIX_LANES; ++l) above += part[l];
+      if (byte == 7 && tid == 0u) part[SK_RADIX_LANES + 1] = above + mine;  // every valid key
+      if (above < want && above + mine >= want) {
+        for (int i = (int)BPL - 1; i >= 0; --i) {
+          const u32 c = hist[BPL * tid + (u32)i];
+          if (above + c >= want) { part[SK_RADIX_LANES] = BPL * tid + (u32)i; break; }
+          above += c;
+        }
+        part[SK_RADIX_LANES + 2] = above;  // the matching keys above the byte
+      }
+    }
+    __syncthreads();
+    if (byte == 7 && part[SK_RADIX_LANES + 1] <= K) {  // at most K valid keys: take them all
+      if (tid == 0u) *kth = 0ull;
+      __syncthreads();
+      return;
+    }
+    const u32 d = part[SK_RADIX_LANES], above = part[SK_RADIX_LANES + 2];
+    prefix |= (u64)d << sh;
+    mask |= 0xffull << sh;
+    want -= above;
+    __syncthreads();  // hist and part are rewritten by the next pass
+  }
+  if (tid == 0u) *kth = prefix;
+  __syncthreads();
+}
+
 /// Top-K block selection of one (selection head, row). Grid (selh, T),
 /// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; else the
 /// K best by (score desc, id asc) over the non-NaN scores of
@@ -490,9 +557,15 @@ M3_DEV u32 sk_above(const u64* list, u32 n, u64 key) {
 /// descending, so a rank is one bisection a list). Written ascending
 /// with -1 first for picks short of K (fewer valid blocks), to
 /// sel [nkv][T][K] for the KV heads the selection head covers.
+///
+/// radix (the path's choice, `PathOptions::index_topk_radix`): rows past
+/// SK_THREADS blocks find the K-th largest key by an MSB radix select
+/// instead (sk_radix_kth), then take every key at or above it: a handful
+/// of histogram passes in place of K serial warp rounds, and the scores
+/// are only read.
 M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
     m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv,
-                   u32 T, u32 maxnb, int* __restrict__ sel) {
+                   u32 T, u32 maxnb, int* __restrict__ sel, u32 radix) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   S_SMEM_SCOPE; S_SHARED(float, ssc, [SK_SMEM]);
@@ -520,6 +593,24 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       u32 rank = 0;
       for (u32 j = 0; j < nb; ++j) rank += sk_key(ssc[j], j) > mine ? 1u : 0u;
       if (rank < K) chosen[rank] = (int)tid;
+    }
+  } else if (radix) {
+    const float* sc = gsc;
+    if (nb <= SK_SMEM) {
+      for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = gsc[b];
+      sc = ssc;
+    }
+    S_SHARED(u32, hist, [256]);
+    S_SHARED(u32, part, [SK_RADIX_LANES + 3]);  // lane counts, byte, valid keys, keys above
+    S_SHARED(u64, kth, [1]);
+    __syncthreads();
+    sk_radix_kth(sc, nb, K, tid, hist, part, kth);
+    const u64 cut = *kth;  // 0: fewer than K valid keys, every valid one is taken
+    if (tid == 0u) part[0] = 0u;
+    __syncthreads();
+    for (u32 b = tid; b < nb; b += SK_THREADS) {
+      const u64 key = sk_key(sc[b], b);
+      if (key != 0ull && key >= cut) chosen[atomicAdd(&part[0], 1u)] = (int)b;
     }
   } else {
     const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = SK_THREADS / M3_WARP;

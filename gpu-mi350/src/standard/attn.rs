@@ -265,6 +265,9 @@ pub(super) struct IndexArgs {
     pub prewait: bool,
     /// Most score CTAs a row ([`index_grid_x`]).
     pub grid_x: u32,
+    /// Rows past the top-k's one-pass limit take the radix select
+    /// ([`super::PathOptions::index_topk_radix`]).
+    pub topk_radix: bool,
 }
 
 /// Arguments of the attention launches (device pointers as u64).
@@ -521,6 +524,7 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(t),
         Arg::U32(maxnb),
         Arg::U64(a.sel),
+        Arg::U32(a.topk_radix as u32),
     ];
     sp.launch(
         "index_topk",
@@ -763,6 +767,7 @@ mod tests {
             maxnb: 1025,
             sel: 256,
             prewait: true,
+            topk_radix: false,
             grid_x: INDEX_SCORES_GRID_X,
         }
     }
@@ -1099,7 +1104,7 @@ mod gpu_tests {
         out
     }
 
-    fn run(gpu: &CudaGpu, c: &Case, seed: u64) -> Outcome {
+    fn run(gpu: &CudaGpu, c: &Case, seed: u64, radix: bool) -> Outcome {
         let ctx = gpu.device();
         let l = Launcher::new(ctx, true).unwrap();
         let k = AttnKernels::load(gpu).unwrap();
@@ -1225,6 +1230,7 @@ mod gpu_tests {
                 sel: seld.ptr(),
                 prewait: c.prewait,
                 grid_x: c.grid_x,
+                topk_radix: radix,
             },
         )
         .unwrap();
@@ -1293,18 +1299,19 @@ mod gpu_tests {
     /// Scores off the f64 reference (f32 sums of exact products: 1e-5 of
     /// the block's sum of |products|), and selections other than the top-K
     /// of the GPU's own scores (exact); each failure as a line. Past
-    /// SK_SMEM blocks the top-k works on the scores in place and marks each
-    /// warp's picks NaN there (at most SK_THREADS / 32 * K of them): those
+    /// SK_SMEM blocks the warp rounds (`rounds`; the radix select only
+    /// reads) work on the scores in place and mark each warp's picks NaN
+    /// there (at most SK_THREADS / 32 * K of them): those
     /// rows' selections are held to the top-K of the reference scores
     /// instead, where the K-th and the next are further apart than the
     /// tolerance (else reported as a near tie).
-    fn check(c: &Case, o: &Outcome) -> Vec<String> {
+    fn check(c: &Case, o: &Outcome, rounds: bool) -> Vec<String> {
         let mut bad = Vec::new();
         let t = c.rows.len();
         let marks = INDEX_TOPK_BLOCK as usize / 32 * c.topk;
         for ti in 0..t {
             let n = o.nb[ti];
-            let in_place = n > TOPK_SMEM;
+            let in_place = rounds && n > TOPK_SMEM;
             for g in 0..o.selh {
                 let base = (ti * o.selh + g) * o.maxnb;
                 let tol = |bi: usize| 1e-5 * o.mag[base + bi] + 1e-30;
@@ -1436,38 +1443,41 @@ mod gpu_tests {
         ];
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
-            let o = run(&gpu, c, 17 + i as u64);
-            let bad = check(c, &o);
-            println!(
-                "{}: blocks a row {:?}, {} failure(s)",
-                c.name,
-                o.nb,
-                bad.len()
-            );
-            failures.extend(bad.into_iter().take(8));
-            // the comparison catches a planted error (first case): a score
-            // off by 1e-3 of its scale, a selection swapped for another block
-            if i == 0 {
-                let mut p = Outcome {
-                    scores: o.scores.clone(),
-                    sel: o.sel.clone(),
-                    ..o
-                };
-                let s = (0..p.nb[0])
-                    .find(|&bi| p.want[bi].is_finite() && p.mag[bi] > 0.0)
-                    .unwrap();
-                p.scores[s] += (1e-3 * p.mag[s]) as f32;
-                assert!(
-                    !check(c, &p).is_empty(),
-                    "a planted score error went unseen"
+            for radix in [false, true] {
+                let o = run(&gpu, c, 17 + i as u64, radix);
+                let bad = check(c, &o, !radix);
+                println!(
+                    "{} (top-k by {}): blocks a row {:?}, {} failure(s)",
+                    c.name,
+                    if radix { "radix select" } else { "warp rounds" },
+                    o.nb,
+                    bad.len()
                 );
-                p.scores[s] -= (1e-3 * p.mag[s]) as f32;
-                let first = p.sel[0..c.topk].iter().position(|&x| x >= 0).unwrap();
-                p.sel[first] = if p.sel[first] == 1 { 2 } else { 1 };
-                assert!(
-                    !check(c, &p).is_empty(),
-                    "a planted selection error went unseen"
-                );
+                failures.extend(bad.into_iter().take(8));
+                // the comparison catches a planted error (first case): a score
+                // off by 1e-3 of its scale, a selection swapped for another block
+                if i == 0 && !radix {
+                    let mut p = Outcome {
+                        scores: o.scores.clone(),
+                        sel: o.sel.clone(),
+                        ..o
+                    };
+                    let s = (0..p.nb[0])
+                        .find(|&bi| p.want[bi].is_finite() && p.mag[bi] > 0.0)
+                        .unwrap();
+                    p.scores[s] += (1e-3 * p.mag[s]) as f32;
+                    assert!(
+                        !check(c, &p, true).is_empty(),
+                        "a planted score error went unseen"
+                    );
+                    p.scores[s] -= (1e-3 * p.mag[s]) as f32;
+                    let first = p.sel[0..c.topk].iter().position(|&x| x >= 0).unwrap();
+                    p.sel[first] = if p.sel[first] == 1 { 2 } else { 1 };
+                    assert!(
+                        !check(c, &p, true).is_empty(),
+                        "a planted selection error went unseen"
+                    );
+                }
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -448,36 +448,6 @@ M3_DEV u64 sk_key(float v, u32 b) {
   const u32 ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return ((u64)ord << 32) | (u64)(~b);
 }
-M3_DEV u64 sk_max(u64 a, u64 b) { return b > a ? b : a; }
-M3_DEV u64 sk_shfl_xor(u64 v, int o) {
-  const u32 lo = M3_SHFL_XOR((u32)v, o), hi = M3_SHFL_XOR((u32)(v >> 32), o);
-  return ((u64)hi << 32) | lo;
-}
-/// The warp's largest key: on CUDA two `redux.sync` maxima (the high
-/// words, then the low words of the lanes holding the high maximum), else
-/// a butterfly of 64-bit shuffles.
-M3_DEV u64 sk_warp_max(u64 v) {
-#if defined(M3_CUDA)
-  const u32 hv = (u32)(v >> 32);
-  u32 hi, lo;
-  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(hi) : "r"(hv));
-  asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(lo) : "r"(hv == hi ? (u32)v : 0u));
-  return ((u64)hi << 32) | lo;
-#else
-#pragma unroll
-  for (int o = M3_WARP / 2; o > 0; o >>= 1) v = sk_max(v, sk_shfl_xor(v, o));
-  return v;
-#endif
-}
-/// Keys of `list` (n of them, descending, 0s last) above `key`.
-M3_DEV u32 sk_above(const u64* list, u32 n, u64 key) {
-  u32 lo = 0, hi = n;  // list[..lo] > key, list[hi..] <= key
-  while (lo < hi) {
-    const u32 mid = (lo + hi) / 2u;
-    if (list[mid] > key) lo = mid + 1u; else hi = mid;
-  }
-  return lo;
-}
 
 /// Threads that scan the radix histogram (SK_RADIX_LANES of them, 256 /
 /// SK_RADIX_LANES bins each; any warp width).
@@ -550,26 +520,20 @@ M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32
 /// block SK_THREADS. nb = p/B + 1 blocks: nb <= K takes them all; else the
 /// K best by (score desc, id asc) over the non-NaN scores of
 /// m3s_index_scores (the same picks as K rounds of argmax): nb <=
-/// SK_THREADS ranks every block in one pass; larger rows first take each
-/// warp's top K (K rounds of warp argmax on 64-bit keys, no barrier; the
-/// owner of a pick marks it taken and rescans its own blocks), then rank
-/// those nw * K candidates (they hold the global top K; each warp's list is
-/// descending, so a rank is one bisection a list). Written ascending
-/// with -1 first for picks short of K (fewer valid blocks), to
-/// sel [nkv][T][K] for the KV heads the selection head covers.
-///
-/// radix (the path's choice, `PathOptions::index_topk_radix`): rows past
-/// SK_THREADS blocks find the K-th largest key by an MSB radix select
-/// instead (sk_radix_kth), then take every key at or above it: a handful
-/// of histogram passes in place of K serial warp rounds, and the scores
-/// are only read.
+/// SK_THREADS ranks every block in one pass; larger rows find the K-th
+/// largest key by an MSB radix select (sk_radix_kth: a handful of
+/// histogram passes; bench/NOTES.md session 21 runs 1-2 measured it
+/// against K serial warp-argmax rounds, faster from 321 to 1025 blocks)
+/// and take every key at or above it. The scores are only read (from
+/// shared memory up to SK_SMEM blocks). Written ascending with -1 first
+/// for picks short of K (fewer valid blocks), to sel [nkv][T][K] for the
+/// KV heads the selection head covers.
 M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
-    m3s_index_topk(float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel, u32 nkv,
-                   u32 T, u32 maxnb, int* __restrict__ sel, u32 radix) {
+    m3s_index_topk(const float* __restrict__ scores, const u32* __restrict__ pos, u32 B, u32 K, u32 shared_sel,
+                   u32 nkv, u32 T, u32 maxnb, int* __restrict__ sel) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();  // launched with PDL: nothing a step writes before this
   S_SMEM_SCOPE; S_SHARED(float, ssc, [SK_SMEM]);
-  S_SHARED(u64, cand, [SK_THREADS / M3_WARP * SK_MAXK]);
   S_SHARED(int, chosen, [SK_MAXK]);  // picks by rank, -1 past the valid blocks
   const u32 gsel = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const u32 selh = gridDim.x;
@@ -581,7 +545,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       for (u32 k = tid; k < K; k += SK_THREADS) sel[((u64)h * T + t) * K + k] = k < nb ? (int)k : -1;
     return;
   }
-  float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
+  const float* gsc = scores + ((u64)t * selh + gsel) * maxnb;
   if (tid < K) chosen[tid] = -1;
   if (nb <= SK_THREADS) {
     // one block per thread: its rank among all blocks
@@ -594,7 +558,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       for (u32 j = 0; j < nb; ++j) rank += sk_key(ssc[j], j) > mine ? 1u : 0u;
       if (rank < K) chosen[rank] = (int)tid;
     }
-  } else if (radix) {
+  } else {
     const float* sc = gsc;
     if (nb <= SK_SMEM) {
       for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = gsc[b];
@@ -611,40 +575,6 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
     for (u32 b = tid; b < nb; b += SK_THREADS) {
       const u64 key = sk_key(sc[b], b);
       if (key != 0ull && key >= cut) chosen[atomicAdd(&part[0], 1u)] = (int)b;
-    }
-  } else {
-    const u32 warp = tid / M3_WARP, lane = tid % M3_WARP, nw = SK_THREADS / M3_WARP;
-    float* sc = gsc;
-    if (nb <= SK_SMEM) {
-#pragma unroll 4
-      for (u32 b = tid; b < nb; b += SK_THREADS) ssc[b] = gsc[b];
-      sc = ssc;
-    }
-    // (only the owner thread ever touches its blocks below: no barrier)
-    u64 best = 0ull;
-    for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
-    for (u32 k = 0; k < K; ++k) {
-      const u64 w = sk_warp_max(best);
-      if (lane == 0) cand[warp * K + k] = w;
-      if (w != 0ull && w == best) {
-        // the owner marks it taken (NaN) and rescans its own blocks
-        sc[~(u32)w] = m3_nan();
-        best = 0ull;
-        for (u32 b = tid; b < nb; b += SK_THREADS) best = sk_max(best, sk_key(sc[b], b));
-      }
-    }
-    __syncthreads();
-    // a candidate's rank: its place in its own warp's list (descending: the
-    // rounds' maxima) plus, by bisection, the keys above it in the others
-    const u32 nc = nw * K;
-    for (u32 ci = tid; ci < nc; ci += SK_THREADS) {
-      const u64 mine = cand[ci];
-      if (mine == 0ull) continue;
-      const u32 cw = ci / K;
-      u32 rank = ci % K;
-      for (u32 w = 0; w < nw; ++w)
-        if (w != cw) rank += sk_above(cand + w * K, K, mine);
-      if (rank < K) chosen[rank] = (int)(~(u32)mine);
     }
   }
   __syncthreads();

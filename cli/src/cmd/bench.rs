@@ -21,7 +21,6 @@ GPU diagnosis switches (environment; for A/B runs, bench/NOTES.md):
   M3_O_FULL_EDGE=0|1              the o projection without PDL (0)
   M3_INDEX_PREWAIT=0|1            index scores load their first keys before the wait (1)
   M3_INDEX_GRID_X=N               most index-score CTAs a row, 0: 2048 / rows, at least 256 (256)
-  M3_INDEX_TOPK_RADIX=0|1         index top-k past 256 blocks by radix select (0)
   M3_L2_PREFETCH_MIB=N            o-projection weights brought into L2 beside attention (16)
   M3_BESIDE=on|off                the shared expert on a second stream (on)
   M3_FUSE_CACHE_WRITES=0|1        cache writes in the head-norm launch (1)
@@ -520,9 +519,6 @@ mod env_help_tests {
         assert!(line("M3_O_FULL_EDGE").ends_with(&format!("({})", u8::from(d.o_full_edge))));
         assert!(line("M3_INDEX_PREWAIT").ends_with(&format!("({})", u8::from(d.index_prewait))));
         assert!(line("M3_INDEX_GRID_X").ends_with(&format!("({})", d.index_grid_x)));
-        assert!(
-            line("M3_INDEX_TOPK_RADIX").ends_with(&format!("({})", u8::from(d.index_topk_radix)))
-        );
         assert!(line("M3_L2_PREFETCH_MIB").ends_with(&format!("({})", d.l2_prefetch_mib)));
         assert!(
             line("M3_FUSE_CACHE_WRITES").ends_with(&format!("({})", u8::from(d.fuse_cache_writes)))

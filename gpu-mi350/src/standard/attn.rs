@@ -45,7 +45,7 @@ pub(crate) fn index_grid_x(fixed: usize, t: usize) -> u32 {
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Block scores `m3s_index_topk` copies into shared memory (SK_SMEM); past
-/// it the warp rounds work on the scratch scores in place (tests only).
+/// it the radix select reads them from the scratch (tests only).
 #[cfg(test)]
 const INDEX_TOPK_SMEM: usize = 4096;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -269,9 +269,6 @@ pub(super) struct IndexArgs {
     pub prewait: bool,
     /// Most score CTAs a row ([`index_grid_x`]).
     pub grid_x: u32,
-    /// Rows past the top-k's one-pass limit take the radix select
-    /// ([`super::PathOptions::index_topk_radix`]).
-    pub topk_radix: bool,
 }
 
 /// Arguments of the attention launches (device pointers as u64).
@@ -528,7 +525,6 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
         Arg::U32(t),
         Arg::U32(maxnb),
         Arg::U64(a.sel),
-        Arg::U32(a.topk_radix as u32),
     ];
     sp.launch(
         "index_topk",
@@ -772,7 +768,6 @@ mod tests {
             maxnb: 1025,
             sel: 256,
             prewait: true,
-            topk_radix: false,
             grid_x: INDEX_SCORES_GRID_X,
         }
     }
@@ -1097,7 +1092,7 @@ mod gpu_tests {
         out
     }
 
-    fn run(gpu: &CudaGpu, c: &Case, seed: u64, radix: bool) -> Outcome {
+    fn run(gpu: &CudaGpu, c: &Case, seed: u64) -> Outcome {
         let ctx = gpu.device();
         let l = Launcher::new(ctx, true).unwrap();
         let k = AttnKernels::load(gpu).unwrap();
@@ -1222,7 +1217,6 @@ mod gpu_tests {
                 sel: seld.ptr(),
                 prewait: c.prewait,
                 grid_x: c.grid_x,
-                topk_radix: radix,
             },
         )
         .unwrap();
@@ -1290,34 +1284,22 @@ mod gpu_tests {
 
     /// Scores off the f64 reference (f32 sums of exact products: 1e-5 of
     /// the block's sum of |products|), and selections other than the top-K
-    /// of the GPU's own scores (exact); each failure as a line. Past
-    /// SK_SMEM blocks the warp rounds (`rounds`; the radix select only
-    /// reads) work on the scores in place and mark each warp's picks NaN
-    /// there (at most SK_THREADS / 32 * K of them): those
-    /// rows' selections are held to the top-K of the reference scores
-    /// instead, where the K-th and the next are further apart than the
-    /// tolerance (else reported as a near tie).
-    fn check(c: &Case, o: &Outcome, rounds: bool) -> Vec<String> {
+    /// of the GPU's own scores (exact; the top-k only reads the scores);
+    /// each failure as a line.
+    fn check(c: &Case, o: &Outcome) -> Vec<String> {
         let mut bad = Vec::new();
         let t = c.rows.len();
-        let marks = INDEX_TOPK_BLOCK as usize / 32 * c.topk;
         for ti in 0..t {
             let n = o.nb[ti];
-            let in_place = rounds && n > INDEX_TOPK_SMEM;
             for g in 0..o.selh {
                 let base = (ti * o.selh + g) * o.maxnb;
-                let tol = |bi: usize| 1e-5 * o.mag[base + bi] + 1e-30;
                 if n > c.topk {
-                    let mut marked = 0usize;
                     for bi in 0..n {
                         let (gv, w) = (o.scores[base + bi], o.want[base + bi]);
-                        let ok = if in_place && gv.is_nan() && !w.is_nan() {
-                            marked += 1;
-                            true
-                        } else if w.is_infinite() {
+                        let ok = if w.is_infinite() {
                             f64::from(gv) == w
                         } else {
-                            (f64::from(gv) - w).abs() <= tol(bi)
+                            (f64::from(gv) - w).abs() <= 1e-5 * o.mag[base + bi] + 1e-30
                         };
                         if !ok {
                             bad.push(format!(
@@ -1326,34 +1308,12 @@ mod gpu_tests {
                             ));
                         }
                     }
-                    if marked > marks {
-                        bad.push(format!(
-                            "{}: row {ti} head {g}: {marked} NaN scores (picks marked: <= {marks})",
-                            c.name
-                        ));
-                    }
                 }
-                let want = if in_place {
-                    let r = &o.want[base..base + n];
-                    let mut v: Vec<(f64, usize)> =
-                        r.iter().enumerate().map(|(b, &x)| (x, b)).collect();
-                    v.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
-                    let (kth, next) = (v[c.topk - 1], v[c.topk]);
-                    if kth.0 != next.0 && kth.0 - next.0 <= tol(kth.1) + tol(next.1) {
-                        println!(
-                            "{}: row {ti} head {g}: near tie at the K-th pick, not compared",
-                            c.name
-                        );
-                        continue;
-                    }
-                    topk_of(r, c.topk)
-                } else {
-                    let own: Vec<f64> = o.scores[base..base + n]
-                        .iter()
-                        .map(|&v| f64::from(v))
-                        .collect();
-                    topk_of(&own, c.topk)
-                };
+                let own: Vec<f64> = o.scores[base..base + n]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .collect();
+                let want = topk_of(&own, c.topk);
                 let heads = if c.shared { 0..c.nkv } else { g..g + 1 };
                 for h in heads {
                     let s = (h * t + ti) * c.topk;
@@ -1394,8 +1354,8 @@ mod gpu_tests {
             rows,
         };
         let cases = [
-            // one-pass top-k (41 blocks), warp rounds from shared memory
-            // (300), in place past SK_SMEM (5001)
+            // one-pass top-k (41 blocks), the radix select from shared
+            // memory (300) and from the scratch past SK_SMEM (5001)
             Case {
                 block: 16,
                 page: 64,
@@ -1435,40 +1395,33 @@ mod gpu_tests {
         ];
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
-            for radix in [false, true] {
-                let o = run(&gpu, c, 17 + i as u64, radix);
-                let bad = check(c, &o, !radix);
-                let n0 = bad.len();
-                println!(
-                    "{} (top-k by {}): blocks a row {:?}, {n0} failure(s)",
-                    c.name,
-                    if radix { "radix select" } else { "warp rounds" },
-                    o.nb,
+            let o = run(&gpu, c, 17 + i as u64);
+            let bad = check(c, &o);
+            let n0 = bad.len();
+            println!("{}: blocks a row {:?}, {n0} failure(s)", c.name, o.nb);
+            failures.extend(bad.into_iter().take(8));
+            // the comparison catches a planted error (first case): a score
+            // off by 1e-3 of its scale, a selection swapped for another block
+            if i == 0 {
+                let mut p = o;
+                let s = (0..p.nb[0])
+                    .find(|&bi| p.want[bi].is_finite() && p.mag[bi] > 0.0)
+                    .unwrap();
+                let kept = p.scores[s];
+                p.scores[s] += (1e-3 * p.mag[s]) as f32;
+                let b = check(c, &p);
+                assert!(
+                    b.len() > n0 && b.iter().any(|f| f.contains(" want ")),
+                    "a planted score error went unseen"
                 );
-                failures.extend(bad.into_iter().take(8));
-                // the comparison catches a planted error (first case): a score
-                // off by 1e-3 of its scale, a selection swapped for another block
-                if i == 0 && !radix {
-                    let mut p = o;
-                    let s = (0..p.nb[0])
-                        .find(|&bi| p.want[bi].is_finite() && p.mag[bi] > 0.0)
-                        .unwrap();
-                    let kept = p.scores[s];
-                    p.scores[s] += (1e-3 * p.mag[s]) as f32;
-                    let b = check(c, &p, true);
-                    assert!(
-                        b.len() > n0 && b.iter().any(|f| f.contains(" want ")),
-                        "a planted score error went unseen"
-                    );
-                    p.scores[s] = kept;
-                    let first = p.sel[0..c.topk].iter().position(|&x| x >= 0).unwrap();
-                    p.sel[first] = if p.sel[first] == 1 { 2 } else { 1 };
-                    let b = check(c, &p, true);
-                    assert!(
-                        b.len() == n0 + 1 && b.iter().any(|f| f.contains("selected")),
-                        "a planted selection error went unseen"
-                    );
-                }
+                p.scores[s] = kept;
+                let first = p.sel[0..c.topk].iter().position(|&x| x >= 0).unwrap();
+                p.sel[first] = if p.sel[first] == 1 { 2 } else { 1 };
+                let b = check(c, &p);
+                assert!(
+                    b.len() == n0 + 1 && b.iter().any(|f| f.contains("selected")),
+                    "a planted selection error went unseen"
+                );
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -311,12 +311,6 @@ pub struct PathOptions {
     /// ([`attn::index_grid_x`]: faster at 128k, slower at 4k, bench/NOTES.md
     /// session 18 run 5). The CLI reads `M3_INDEX_GRID_X`.
     pub index_grid_x: usize,
-    /// Rows past 256 blocks (32k positions at blocks of 128) pick their
-    /// top-K blocks by a radix select (a few histogram passes) instead of
-    /// K serial warp-argmax rounds: the same picks (kernels/
-    /// standard_attention.cu `sk_radix_kth`). Off until measured. The CLI
-    /// reads `M3_INDEX_TOPK_RADIX=0|1`.
-    pub index_topk_radix: bool,
 }
 
 impl Default for PathOptions {
@@ -341,7 +335,6 @@ impl Default for PathOptions {
             o_full_edge: false,
             index_prewait: true,
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
-            index_topk_radix: false,
         }
     }
 }
@@ -362,8 +355,7 @@ impl PathOptions {
     /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
-    /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),
-    /// `M3_INDEX_TOPK_RADIX=0|1` the top-k's ([`PathOptions::index_topk_radix`]).
+    /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = on;
@@ -405,9 +397,6 @@ impl PathOptions {
         }
         if let Some(n) = env_usize("M3_INDEX_GRID_X") {
             self.index_grid_x = n.min(u32::MAX as usize);
-        }
-        if let Some(on) = env_flag("M3_INDEX_TOPK_RADIX") {
-            self.index_topk_radix = on;
         }
         self
     }

@@ -411,7 +411,6 @@ impl StandardPath {
                         sel: sel_l,
                         prewait: self.opts.index_prewait,
                         grid_x: attn::index_grid_x(self.opts.index_grid_x, t),
-                        topk_radix: self.opts.index_topk_radix,
                     },
                 )?;
             }

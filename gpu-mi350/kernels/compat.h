@@ -16,6 +16,7 @@
 #define M3_WARP 64
 #define M3_SHFL_XOR(v, m) __shfl_xor((v), (m), M3_WARP)
 #define M3_SHFL_XOR32(v, m) __shfl_xor((v), (m), 32)
+#define M3_SHFL32(v, src) __shfl((v), (src), 32)
 // A wavefront runs in lockstep; the barrier orders its LDS accesses.
 #define M3_SYNC_WARP() __builtin_amdgcn_wave_barrier()
 #else
@@ -23,6 +24,7 @@
 #define M3_WARP 32
 #define M3_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), M3_WARP)
 #define M3_SHFL_XOR32(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
+#define M3_SHFL32(v, src) __shfl_sync(0xffffffffu, (v), (src), 32)
 #define M3_SYNC_WARP() __syncwarp()
 #endif
 

@@ -453,15 +453,36 @@ M3_DEV u64 sk_key(float v, u32 b) {
 /// SK_RADIX_LANES bins each; any warp width).
 #define SK_RADIX_LANES 32
 
-/// The K-th largest of the nonzero keys sk_key(sc[b], b), b < nb (keys are
-/// unique), into *kth for the whole CTA; 0 when there are at most K of
-/// them. MSB first, 8 bits a pass: each pass counts the keys that match
-/// the bits fixed so far by their next byte (shared-memory histogram),
-/// then SK_RADIX_LANES threads find the byte holding the wanted rank.
-/// The key's low word is ~b: its bytes above the block count's are all
-/// ones and skip their passes. Every thread of the CTA calls it.
+/// Count one key into bin `bin` of `hist` (when ok), called by every lane
+/// of the warp. CUDA: the warp's lanes with the same bin add once (the
+/// first pass puts most keys in one bin: 1025 same-address shared atomics
+/// in a row otherwise); HIP: one atomic a key.
+M3_DEV void sk_hist_add(u32* hist, u32 bin, bool ok) {
+#if defined(M3_CUDA)
+  const u32 peers = __match_any_sync(0xffffffffu, ok ? bin : 0xffffffffu);
+  if (ok && (threadIdx.x % 32u) == (u32)(__ffs((int)peers) - 1)) atomicAdd(&hist[bin], (u32)__popc((int)peers));
+#else
+  if (ok) atomicAdd(&hist[bin], 1u);
+#endif
+}
+
+/// A cut for the K largest of the nonzero keys sk_key(sc[b], b), b < nb
+/// (keys are unique), into *kth for the whole CTA: the K-th largest key,
+/// or a value between it and the next below; 0 when there are at most K
+/// of them. So the K picks are the keys >= *kth. MSB first, 8 bits a pass:
+/// each pass counts the keys that match the bits fixed so far by their
+/// next byte (shared-memory histogram), then SK_RADIX_LANES threads find
+/// the byte holding the wanted rank (a suffix sum by shuffles). When the
+/// wanted key is the last of its byte's keys, every key of that byte is
+/// taken and the cut is the prefix with the lower bytes 0 (distinct
+/// scores: after 3-4 passes of the 6 a 1025-block row has). The key's low
+/// word is ~b: its bytes above the block count's are all ones and skip
+/// their passes. Every thread of the CTA calls it; part holds
+/// SK_RADIX_LANES + 4 words.
 M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32* part, u64* kth) {
   constexpr u32 BPL = 256u / SK_RADIX_LANES;  // bins a scanning thread
+  constexpr u32 BIN = SK_RADIX_LANES, TOTAL = SK_RADIX_LANES + 1u, ABOVE = SK_RADIX_LANES + 2u,
+                COUNT = SK_RADIX_LANES + 3u;  // part's words past the lanes'
   // id bytes that vary: ~b for b < nb
   const u32 idb = nb <= 0x100u ? 1u : nb <= 0x10000u ? 2u : nb <= 0x1000000u ? 3u : 4u;
   u64 prefix = 0ull, mask = 0ull;
@@ -469,49 +490,60 @@ M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32
     prefix |= 0xffull << (8u * i);
     mask |= 0xffull << (8u * i);
   }
+  const u32 nbw = (nb + 31u) & ~31u;  // nb in whole 32-lane warps
   u32 want = K;  // rank (1-based) of the key sought among those matching
   for (int byte = 7; byte >= 0; --byte) {
     if (byte < 4 && (u32)byte >= idb) continue;
     const u32 sh = 8u * (u32)byte;
     for (u32 i = tid; i < 256u; i += SK_THREADS) hist[i] = 0u;
     __syncthreads();
-    for (u32 b = tid; b < nb; b += SK_THREADS) {
-      const u64 key = sk_key(sc[b], b);
-      if (key != 0ull && (key & mask) == prefix) atomicAdd(&hist[(u32)(key >> sh) & 0xffu], 1u);
+    for (u32 b = tid; b < nbw; b += SK_THREADS) {  // whole warps
+      const u64 key = b < nb ? sk_key(sc[b], b) : 0ull;
+      sk_hist_add(hist, (u32)(key >> sh) & 0xffu, key != 0ull && (key & mask) == prefix);
     }
     __syncthreads();
-    // thread l: the count of its bins, then (after the barrier) the
-    // count above them; the one whose bins hold rank `want` picks the byte
-    u32 mine = 0u;
-    if (tid < SK_RADIX_LANES)
-      for (u32 i = 0; i < BPL; ++i) mine += hist[BPL * tid + i];
-    if (tid < SK_RADIX_LANES) part[tid] = mine;
-    __syncthreads();
+    // thread l: the count of its bins, then the count above them (a suffix
+    // sum over the scanning lanes); the one whose bins hold rank `want`
+    // picks the byte
     if (tid < SK_RADIX_LANES) {
-      u32 above = 0u;
-      for (u32 l = tid + 1u; l < SK_RADIX_LANES; ++l) above += part[l];
-      if (byte == 7 && tid == 0u) part[SK_RADIX_LANES + 1] = above + mine;  // every valid key
+      u32 mine = 0u;
+#pragma unroll
+      for (u32 i = 0; i < BPL; ++i) mine += hist[BPL * tid + i];
+      u32 incl = mine;  // lanes tid .. SK_RADIX_LANES - 1
+#pragma unroll
+      for (u32 o = 1; o < SK_RADIX_LANES; o <<= 1) {
+        const u32 v = (u32)M3_SHFL32(incl, min(tid + o, SK_RADIX_LANES - 1u));
+        if (tid + o < SK_RADIX_LANES) incl += v;
+      }
+      u32 above = incl - mine;
+      if (byte == 7 && tid == 0u) part[TOTAL] = incl;  // every valid key
       if (above < want && above + mine >= want) {
         for (int i = (int)BPL - 1; i >= 0; --i) {
           const u32 c = hist[BPL * tid + (u32)i];
-          if (above + c >= want) { part[SK_RADIX_LANES] = BPL * tid + (u32)i; break; }
+          if (above + c >= want) {
+            part[BIN] = BPL * tid + (u32)i;
+            part[COUNT] = c;
+            break;
+          }
           above += c;
         }
-        part[SK_RADIX_LANES + 2] = above;  // the matching keys above the byte
+        part[ABOVE] = above;  // the matching keys above the byte
       }
     }
     __syncthreads();
-    if (byte == 7 && part[SK_RADIX_LANES + 1] <= K) {  // at most K valid keys: take them all
+    if (byte == 7 && part[TOTAL] <= K) {  // at most K valid keys: take them all
       if (tid == 0u) *kth = 0ull;
       __syncthreads();
       return;
     }
-    const u32 d = part[SK_RADIX_LANES], above = part[SK_RADIX_LANES + 2];
+    const u32 d = part[BIN], above = part[ABOVE], count = part[COUNT];
     prefix |= (u64)d << sh;
     mask |= 0xffull << sh;
     want -= above;
+    if (want == count) break;  // the byte's last key: all of its keys are taken
     __syncthreads();  // hist and part are rewritten by the next pass
   }
+  __syncthreads();  // every thread has read part before it is reused
   if (tid == 0u) *kth = prefix;
   __syncthreads();
 }
@@ -565,7 +597,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       sc = ssc;
     }
     S_SHARED(u32, hist, [256]);
-    S_SHARED(u32, part, [SK_RADIX_LANES + 3]);  // lane counts, byte, valid keys, keys above
+    S_SHARED(u32, part, [SK_RADIX_LANES + 4]);  // lane counts, byte, valid keys, keys above, byte's keys
     S_SHARED(u64, kth, [1]);
     __syncthreads();
     sk_radix_kth(sc, nb, K, tid, hist, part, kth);

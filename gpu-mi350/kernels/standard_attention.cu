@@ -477,7 +477,8 @@ M3_DEV void sk_hist_add(u32* hist, u32 bin, bool ok) {
 /// taken and the cut is the prefix with the lower bytes 0 (distinct
 /// scores: after 3-4 passes of the 6 a 1025-block row has). The key's low
 /// word is ~b: its bytes above the block count's are all ones and skip
-/// their passes. Every thread of the CTA calls it; part holds
+/// their passes (bench/tools/radix_model.py models the passes against a
+/// sort). Every thread of the CTA calls it; part holds
 /// SK_RADIX_LANES + 4 words.
 M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32* part, u64* kth) {
   constexpr u32 BPL = 256u / SK_RADIX_LANES;  // bins a scanning thread

@@ -11,9 +11,28 @@
 #undef gridDim
 #undef __syncthreads
 #undef __restrict__
-// the CUDA headers' definition (the prelude emptied it for the op bodies)
 #undef __launch_bounds__
+#if defined(M3_HIP_FREESTANDING)
+// hip_freestanding.h's built-ins again (the prelude pointed them at the
+// virtual launch for the op bodies)
+#define threadIdx (m3h_thread_idx())
+#define blockIdx (m3h_block_idx())
+#define blockDim (m3h_block_dim())
+#define gridDim (m3h_grid_dim())
+#endif
+#if !defined(M3_HIP)
+// the CUDA headers' definition (the prelude emptied it for the op bodies)
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#endif
+#if !defined(__noinline__)
+#define __noinline__ __attribute__((noinline))
+#endif
+/// The CTA-wide barrier of the interpreter (all S_MONO_THREADS).
+#if defined(M3_HIP)
+#define S_MONO_CTA_SYNC() __syncthreads()
+#else
+#define S_MONO_CTA_SYNC() asm volatile("bar.sync 0;" ::: "memory")
+#endif
 
 /// One recorded launch: which body (S_MONO_OPS index), its block size (a
 /// power of two <= S_MONO_THREADS, as log2), grid, and where its arguments
@@ -31,7 +50,7 @@ template <typename T> M3_DEV T s_mono_arg(const unsigned char* p) {
   u32* d = reinterpret_cast<u32*>(&v);
   const u32* s = reinterpret_cast<const u32*>(p);
 #pragma unroll
-  for (u32 i = 0; i < sizeof(T) / 4; ++i) d[i] = __ldg(s + i);  // read-only: loads may move to their uses
+  for (u32 i = 0; i < sizeof(T) / 4; ++i) d[i] = m3_ldg(s + i);  // read-only: loads may move to their uses
   return v;
 }
 template <typename... A> struct SMonoPack;
@@ -86,6 +105,18 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(29, m3s_x_f16)                \
   X(30, m3s_mma_nvfp4_any)
 
+/// The barrier of sub-block `sub` (B threads) around a virtual block: the
+/// body's own (m3_mono_sync, mono_prelude.h).
+M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
+#if defined(M3_HIP)
+  (void)sub;
+  (void)B;
+  m3_mono_sync();
+#else
+  asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
+#endif
+}
+
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
 /// body (`run`, inlined here) once per block between two barriers of the
@@ -100,9 +131,9 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   const u32 n = gd.x * gd.y * gd.z;
   for (u32 v = blockIdx.x * subs + sub; v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
-    asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
+    s_mono_sub_sync(sub, B);
     run();
-    asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
+    s_mono_sub_sync(sub, B);
   }
 }
 
@@ -147,7 +178,7 @@ S_MONO_FN(m3s_x_f16)
 // (x, segs, K, M, route, max_rows, xdiv, ts) at the offsets the argument
 // rule gives them.
 constexpr u32 S_MONO_LIN_SEGS = 8u;
-constexpr u32 S_MONO_LIN_K = S_MONO_LIN_SEGS + (u32)((sizeof(SSegs) + 7) & ~(size_t)7);
+constexpr u32 S_MONO_LIN_K = S_MONO_LIN_SEGS + (((u32)sizeof(SSegs) + 7u) & ~7u);
 template <int F, bool ANY> struct SMonoLin {
   const unsigned char* p;
   __device__ __forceinline__ void operator()() const {
@@ -184,8 +215,14 @@ S_MONO_LIN(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 // loops went from ~21 local stores and ~36 local loads to ~0 and ~10,
 // bench/NOTES.md session 8). 0: a switch of direct calls (what runs 4-6
 // measured).
+// HIP: direct calls (indirect calls on AMDGPU are a late addition to the
+// toolchains this builds with, and unmeasured).
 #ifndef S_MONO_INDIRECT
+#if defined(M3_HIP)
+#define S_MONO_INDIRECT 0
+#else
 #define S_MONO_INDIRECT 1
+#endif
 #endif
 
 #if S_MONO_INDIRECT
@@ -195,7 +232,7 @@ __device__ SMonoFn s_mono_table[] = {S_MONO_OPS(S_MONO_ENTRY)};
 #undef S_MONO_ENTRY
 
 M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
-  if (fn >= sizeof(s_mono_table) / sizeof(s_mono_table[0])) __trap();
+  if (fn >= sizeof(s_mono_table) / sizeof(s_mono_table[0])) m3_mono_trap();
   const SMonoFn f = *reinterpret_cast<SMonoFn volatile*>(&s_mono_table[fn]);
   f(p);
 }
@@ -208,7 +245,7 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
   switch (fn) {
     S_MONO_OPS(S_MONO_CASE)
     default:
-      __trap();  // the host never records an op it has no body for
+      m3_mono_trap();  // the host never records an op it has no body for
   }
 #undef S_MONO_CASE
 }
@@ -224,7 +261,23 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
 /// is reached: an acquire load in the loop invalidates the SM's L1 on every
 /// poll, under the other CTA of the SM still running the op (session 9
 /// run 3: 1.7M invalidations in one b16 layer).
+///
+/// HIP: every thread fences its own writes at device (agent) scope before
+/// the CTA's barrier and acquires at that scope after the wait (the CU's
+/// vector L1 is not coherent with other CUs'), with the same counter rule.
 M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
+#if defined(M3_HIP)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long n = gridDim.x;
+    const unsigned long long old = __hip_atomic_fetch_add(bar, 1ull, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+    const unsigned long long target = (old / n + 1ull) * n;
+    while (__hip_atomic_load(bar, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT) < target) __builtin_amdgcn_s_sleep(1);
+  }
+  __syncthreads();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent");
+#else
   if (threadIdx.x == 0) {
     const unsigned long long n = gridDim.x;
     unsigned long long old, cur;
@@ -236,6 +289,7 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
   asm volatile("bar.sync 0;" ::: "memory");
+#endif
 }
 
 #ifndef S_MONO_MINB
@@ -249,10 +303,16 @@ __shared__ SMonoOp s_mono_op;
 M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 
 /// The global nanosecond timer (comparable across SMs, unlike clock64).
+/// HIP: the device's constant-rate real-time counter (`s_memrealtime`,
+/// 100 MHz on CDNA3 / CDNA4: ticks x 10 ns), comparable across CUs too.
 M3_DEV unsigned long long s_mono_now() {
+#if defined(M3_HIP)
+  return __builtin_amdgcn_s_memrealtime() * 10ull;
+#else
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+#endif
 }
 
 /// One decoder layer: ops[0..nops) in order, each over its virtual grid
@@ -265,12 +325,21 @@ M3_DEV unsigned long long s_mono_now() {
 /// launch, row i = [when CTA 0 starts op i, when each CTA finished its share
 /// of op i]; the host (src/standard/mono.rs `mono_op_profile`) turns them
 /// into work, straggle and barrier times per op.
-extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
+#if defined(M3_HIP)
+#define S_MONO_BOUNDS __attribute__((amdgpu_flat_work_group_size(1, S_MONO_THREADS)))
+#else
+#define S_MONO_BOUNDS __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
+#endif
+extern "C" __global__ void S_MONO_BOUNDS
     m3s_mono(const SMonoOp* __restrict__ ops, u32 nops, const unsigned char* __restrict__ args,
              unsigned long long* bar, unsigned long long* prof) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(M3_HIP)
+  if (threadIdx.x < S_MONO_MAX_SUBS) s_mono_wbar[threadIdx.x] = 0u;
+  __syncthreads();
 #endif
   for (u32 i = 0; i < nops; ++i) {
     if (threadIdx.x == 0) {
@@ -278,12 +347,12 @@ extern "C" __global__ void __launch_bounds__(S_MONO_THREADS, S_MONO_MINB)
       s_mono_op = o;
       s_mono_lg = o.lg;
       s_mono_gdim = make_uint3(o.gx, o.gy, o.gz);
-      if (prof != nullptr && blockIdx.x == 0) prof[(size_t)i * (gridDim.x + 1u)] = s_mono_now();
+      if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }
-    asm volatile("bar.sync 0;" ::: "memory");
+    S_MONO_CTA_SYNC();
     s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
-    asm volatile("bar.sync 0;" ::: "memory");  // the CTA's share is done; s_mono_op is free
-    if (prof != nullptr && threadIdx.x == 0) prof[(size_t)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
+    S_MONO_CTA_SYNC();  // the CTA's share is done; s_mono_op is free
+    if (prof != nullptr && threadIdx.x == 0) prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
     if (i + 1u < nops) s_mono_grid_sync(bar);  // none after the last op
   }
 }

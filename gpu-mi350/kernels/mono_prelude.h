@@ -16,8 +16,11 @@
 //   S_SHARED     arrays carved from the sub-block's share of one pool
 // so each body runs the same instructions on the same data as in its own
 // launch: a mono step is bit-identical to the standard step it replaces.
-// CUDA only for now (named barriers with thread counts; HIP's s_barrier is
-// workgroup-wide, so a HIP mono takes one op block per workgroup).
+// HIP (wave64): s_barrier is workgroup-wide and there are no named
+// barriers, so a sub-block's barrier is the workgroup's when the op fills
+// the CTA, a wavefront barrier when the sub-block is one wavefront, and
+// an LDS counter among its wavefronts otherwise (m3_mono_sync); every op
+// block there is at least a wavefront (the host checks).
 
 #define S_MONO 1
 #ifndef S_MONO_THREADS
@@ -38,6 +41,19 @@
 #define S_UNROLL_HALF 1
 #endif
 
+#if defined(M3_HIP_FREESTANDING)
+#define __align__(n) __attribute__((aligned(n)))
+// the HIP headers' vector types the interpreter uses (bodies read .x/.y/.z)
+struct uint3 {
+  unsigned int x, y, z;
+};
+M3_DEV uint3 make_uint3(unsigned int x, unsigned int y, unsigned int z) { return {x, y, z}; }
+struct dim3 {
+  unsigned int x, y, z;
+  __device__ dim3(unsigned int a, unsigned int b, unsigned int c) : x(a), y(b), z(c) {}
+};
+#endif
+
 // the virtual launch of the op being run (set by the interpreter between
 // two CTA-wide barriers): per sub-block its block index, and for all the
 // grid, log2 of the op's block size
@@ -46,27 +62,71 @@ __shared__ uint3 s_mono_gdim;
 __shared__ u32 s_mono_lg;
 __shared__ __align__(16) unsigned char s_mono_pool[S_MONO_POOL];
 
+/// Stop the kernel (a broken invariant: the host never records such a
+/// program).
+M3_DEV void m3_mono_trap() {
+#if defined(M3_HIP)
+  __builtin_trap();
+#else
+  __trap();
+#endif
+}
 M3_DEV u32 m3_mono_bsz() { return 1u << s_mono_lg; }
 M3_DEV u32 m3_mono_sub() { return threadIdx.x >> s_mono_lg; }
 M3_DEV uint3 m3_mono_tid() { return make_uint3(threadIdx.x & (m3_mono_bsz() - 1u), 0u, 0u); }
 M3_DEV uint3 m3_mono_bid() { return s_mono_bid[m3_mono_sub()]; }
 M3_DEV dim3 m3_mono_bdim() { return dim3(m3_mono_bsz(), 1u, 1u); }
 M3_DEV dim3 m3_mono_gdim() { return dim3(s_mono_gdim.x, s_mono_gdim.y, s_mono_gdim.z); }
+#if defined(M3_HIP)
+/// Per sub-block, the arrivals of its wavefronts at its barriers (LDS,
+/// zeroed at the kernel's start; counts generations, never reset).
+__shared__ u32 s_mono_wbar[S_MONO_MAX_SUBS];
+/// __syncthreads of a sub-block (HIP): the workgroup's barrier when the op
+/// fills the CTA; a wavefront's when the sub-block is one (its lanes run
+/// in lockstep: the fences order its memory accesses); else lane 0 of each
+/// wavefront adds one to the sub-block's counter and waits for the end of
+/// the generation, fenced at workgroup scope on both sides.
+M3_DEV void m3_mono_sync() {
+  const u32 B = m3_mono_bsz();
+  if (B == S_MONO_THREADS) {
+    __syncthreads();
+    return;
+  }
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_wave_barrier();
+  if (B > M3_WARP && (threadIdx.x % M3_WARP) == 0u) {
+    const u32 waves = B / M3_WARP;  // a power of two: the counter wraps whole
+    u32* c = &s_mono_wbar[m3_mono_sub()];
+    const u32 old = __hip_atomic_fetch_add(c, 1u, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+    const u32 target = (old / waves + 1u) * waves;
+    while ((int)(__hip_atomic_load(c, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP) - target) < 0)
+      __builtin_amdgcn_s_sleep(1);
+  }
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+#else
 /// __syncthreads of a sub-block: barrier 1 + sub, its B threads (barrier 0
 /// is the interpreter's, all S_MONO_THREADS).
 M3_DEV void m3_mono_sync() {
   asm volatile("bar.sync %0, %1;" ::"r"(1u + m3_mono_sub()), "r"(m3_mono_bsz()) : "memory");
 }
+#endif
 /// The next `bytes` of the calling sub-block's share of the pool (16-byte
 /// aligned); `off` is the body's running offset (S_SMEM_SCOPE).
 M3_DEV unsigned char* m3_mono_smem(u32& off, u32 bytes) {
   const u32 share = S_MONO_POOL / (S_MONO_THREADS >> s_mono_lg);
   const u32 at = off;
   off = (off + bytes + 15u) & ~15u;
-  if (off > share) __trap();
+  if (off > share) m3_mono_trap();
   return s_mono_pool + m3_mono_sub() * share + at;
 }
 
+// (hip_freestanding.h defines the built-ins as macros)
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
 #define threadIdx (m3_mono_tid())
 #define blockIdx (m3_mono_bid())
 #define blockDim (m3_mono_bdim())

@@ -71,6 +71,14 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
         6,
         "kept across the radix selects, read back once at the end",
     ),
+    (
+        "m3s_mono",
+        128,
+        "the mono interpreter (kernels/mono.cu) calls each op body as a function of its own \
+         (not inlined: one body's registers at a time), so what lives across a call is \
+         spilled to VGPR lanes at the call (128 on gfx950 and gfx942, session 21, its first \
+         HIP build); its scratch is the call stack (1120 B); compiled, never run on AMD",
+    ),
 ];
 
 /// The SGPR spills `kernel` may have (0 unless listed).

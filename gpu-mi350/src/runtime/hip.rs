@@ -62,8 +62,8 @@ const PROPS_BYTES: usize = 4096;
 /// `multiProcessorCount` moves between ROCm versions (see `PROPS_BYTES`)
 /// and `hipDeviceAttribute_t`'s numbering changed in ROCm 6, so it is not
 /// queried. 256 is MI350X's / MI355X's count; the standard path only sizes
-/// grid-stride generation launches by it (the CUDA-only mono path is the
-/// one that needs the true count).
+/// grid-stride generation launches by it (the mono path, whose kernel
+/// compiles for HIP, needs the true count and is refused here for that).
 const ASSUMED_CUS: u32 = 256;
 
 /// The HIP and hiprtc entry points the binding calls (one field a symbol,

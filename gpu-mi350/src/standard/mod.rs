@@ -690,7 +690,7 @@ impl StandardPath {
         let mono = if opts.mono {
             if gpu.vendor() != crate::kernels::Vendor::Cuda {
                 return Err(bad(
-                    "--path mono runs on CUDA only (kernels/mono_prelude.h); use --path standard"
+                    "--path mono runs on CUDA only: its kernel compiles for HIP, but this binding does not size its all-resident grid there (compute units and occupancy are not queried); use --path standard"
                         .into(),
                 ));
             }

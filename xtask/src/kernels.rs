@@ -23,9 +23,10 @@
 //!   ([`isa::mfma_violations`]); the listing goes to
 //!   `target/kernels/gfx950/mfma_mx.s`.
 //!
-//! - Every target also builds the mono kernel (`standard_mono`: the
-//!   small-step standard bodies behind `kernels/mono_prelude.h`); the host
-//!   launches it on CUDA only.
+//! - NVRTC and clang 22 also build the mono kernel (`standard_mono`: the
+//!   small-step standard bodies behind `kernels/mono_prelude.h`; the host
+//!   launches it on CUDA only). hipcc compiles it too (gfx940, 95 s here in
+//!   session 21), left out of this gate for CI's time.
 //!
 //! None of these code objects has run on AMD hardware.
 //!
@@ -202,7 +203,7 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: NVRTC {ma}.{mi} -> {arch}");
     let small = m3_gpu::standard::small_step_source()?;
-    // the mono kernel (its HIP builds: clang_compile_all, hip_compile_all)
+    // the mono kernel (its HIP build: clang_compile_all)
     let mono = m3_gpu::standard::mono_step_source()?;
     // the small-step build's CUDA-only entry points (not in its HIP builds)
     let small_cuda = KernelSource {
@@ -295,8 +296,7 @@ fn which(name: &str) -> Option<PathBuf> {
 fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: hipcc (HIP headers, ROCm 5.2 device libs) -> {arch}");
-    let mono = m3_gpu::standard::mono_step_source()?;
-    for k in kernels::ALL.iter().chain(std::iter::once(&mono)) {
+    for k in kernels::ALL {
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
         write_atomic(&src, k.full_source().as_bytes())?;

@@ -78,6 +78,9 @@ M3_DEV uint3 m3_mono_bid() { return s_mono_bid[m3_mono_sub()]; }
 M3_DEV dim3 m3_mono_bdim() { return dim3(m3_mono_bsz(), 1u, 1u); }
 M3_DEV dim3 m3_mono_gdim() { return dim3(s_mono_gdim.x, s_mono_gdim.y, s_mono_gdim.z); }
 #if defined(M3_HIP)
+// one multi-wavefront sub-block size at most (128 threads: 2 wavefronts),
+// so a counter below only ever counts generations of one size
+static_assert(S_MONO_THREADS <= 256, "HIP mono: the sub-block counters assume one partial multi-wave size");
 /// Per sub-block, the arrivals of its wavefronts at its barriers (LDS,
 /// zeroed at the kernel's start; counts generations, never reset).
 __shared__ u32 s_mono_wbar[S_MONO_MAX_SUBS];

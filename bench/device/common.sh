@@ -33,3 +33,20 @@ m3_verify() {
     REQUIRE_GPU=1 timeout 120 /tmp/bin/m3 parity --model /tmp/ck/small --reference cpu --backend gpu --path $p --prompts 8 --max-tokens 32 2>&1 | grep -E "^parity|rror" | tail -1
   done
 }
+
+# Interleaved A/B of `m3 bench`: m3_ab ROUNDS "BENCH ARGS" BIN... runs
+# `BIN bench BENCH ARGS` for each binary in turn, ROUNDS times, and prints
+# the per-layer rows (`| decode ... / ...`) under a header naming the
+# binary and round. Binaries: /tmp/bin/m3, /tmp/old/m3 (m3_setup old), or
+# `env VAR=X /tmp/bin/m3` forms quoted as one word.
+m3_ab() {
+  local rounds=$1 args=$2
+  shift 2
+  for r in $(seq 1 "$rounds"); do
+    for m in "$@"; do
+      echo "=== $m round $r ($(date +%T))"
+      # shellcheck disable=SC2086
+      timeout 150 $m bench $args 2>&1 | grep -E "^\| (decode|verify).*/|rror"
+    done
+  done
+}

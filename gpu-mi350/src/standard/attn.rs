@@ -1022,20 +1022,7 @@ mod gpu_tests {
 
     use super::super::test_gpu as gpu;
 
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 32) as u32
-        }
-        /// Uniform in [-1, 1).
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        }
-    }
+    use super::super::TestRng;
 
     /// One indexer configuration and its rows (position, sequence).
     struct Case {
@@ -1096,7 +1083,7 @@ mod gpu_tests {
         let ctx = gpu.device();
         let l = Launcher::new(ctx, true).unwrap();
         let k = AttnKernels::load(gpu).unwrap();
-        let mut rng = Lcg(seed);
+        let mut rng = TestRng(seed);
         let (t, di, b) = (c.rows.len(), c.di, c.block);
         let vb = if c.cache == KvKind::Bf16 { 2 } else { 1 };
         let iscale = if c.cache == KvKind::Fp8 { 0.5f32 } else { 1.0 };
@@ -1116,7 +1103,7 @@ mod gpu_tests {
         let total: usize = npages.iter().sum();
         let mut perm: Vec<u32> = (0..total as u32).collect();
         for i in (1..perm.len()).rev() {
-            perm.swap(i, rng.next() as usize % (i + 1));
+            perm.swap(i, rng.next_u32() as usize % (i + 1));
         }
         let mut bt_off = Vec::new();
         let mut off = 0u32;

@@ -589,18 +589,13 @@ mod gpu_tests {
 
     use super::super::test_gpu as gpu;
 
-    fn rand(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
+    use super::super::TestRng;
 
-    fn weight(fmt: &str, rows: usize, cols: usize, seed: &mut u64) -> LinearWeight {
+    fn weight(fmt: &str, rows: usize, cols: usize, rng: &mut TestRng) -> LinearWeight {
         // "-nanscale": row 0's first block scale is E8M0's NaN (0xff): its
         // outputs must be NaN, and the stack takes the any-scale kernel
         if let Some(base) = fmt.strip_suffix("-nanscale") {
-            let LinearWeight::Mx(t) = weight(base, rows, cols, seed) else {
+            let LinearWeight::Mx(t) = weight(base, rows, cols, rng) else {
                 unreachable!()
             };
             let mut scales = t.scales().to_vec();
@@ -612,7 +607,7 @@ mod gpu_tests {
         // "e4m3-nan": row 0's first code is E4M3's NaN (0x7f): its outputs
         // must be NaN (FORMATS.md), every other output as usual
         if fmt == "e4m3-nan" {
-            let LinearWeight::Mx(t) = weight("e4m3", rows, cols, seed) else {
+            let LinearWeight::Mx(t) = weight("e4m3", rows, cols, rng) else {
                 unreachable!()
             };
             let mut codes = t.codes().to_vec();
@@ -631,7 +626,7 @@ mod gpu_tests {
             Some(f) => (f, 4_194_304.0),
             None => (fmt, 1.0),
         };
-        let v: Vec<f32> = (0..rows * cols).map(|_| rand(seed) * 0.05 * gain).collect();
+        let v: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05 * gain).collect();
         match fmt {
             "bf16" => LinearWeight::Bf16 {
                 rows,
@@ -712,7 +707,7 @@ mod gpu_tests {
             xsd.read(l.stream(), 0, &mut gs).unwrap();
             (xd, xq, xsd, gq, gs)
         };
-        let mut seed = 11u64;
+        let mut rng = TestRng(11);
         let mut failures = Vec::new();
         let mut planted_caught = 0usize;
         for &(n, kk) in &[(48usize, 128usize), (64, 1024), (40, 2048), (24, 160)] {
@@ -723,7 +718,7 @@ mod gpu_tests {
                     if r == 3 {
                         0.0
                     } else {
-                        rand(&mut seed) * 0.05 * (1 + r % 5) as f32
+                        rng.unit() * 0.05 * (1 + r % 5) as f32
                     }
                 })
                 .collect();
@@ -736,7 +731,7 @@ mod gpu_tests {
             let dev = DevLinear::upload_ptpc(ctx, "test", &[&qw]).unwrap();
             for &m in &[1usize, 3, 16, 40] {
                 let mut xs: Vec<u16> = (0..m * kk)
-                    .map(|i| bf16::from_f32(rand(&mut seed) * (1 + i / kk) as f32))
+                    .map(|i| bf16::from_f32(rng.unit() * (1 + i / kk) as f32))
                     .collect();
                 // row 1: a NaN (every output NaN); row 2: zeros (scale 1.0)
                 if m > 2 {
@@ -904,7 +899,7 @@ mod gpu_tests {
                 .push(MmaVariant::load(&gpu, &super::super::STANDARD, v).unwrap());
         }
         let ctx = gpu.device();
-        let mut seed = 7u64;
+        let mut rng = TestRng(7);
         let mut failures = Vec::new();
         let mut any_scale_seen = (0usize, 0usize);
         for fmt in [
@@ -929,7 +924,7 @@ mod gpu_tests {
                 (24, 160),
             ] {
                 // 2 stacked matrices: plain mode uses the first, routed both
-                let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut seed)).collect();
+                let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut rng)).collect();
                 let refs: Vec<&LinearWeight> = ws.iter().collect();
                 let dev = DevLinear::upload(ctx, "test", &refs).unwrap();
                 if dev.any_scale() != fmt.ends_with("-nanscale") {
@@ -946,9 +941,7 @@ mod gpu_tests {
                 }
                 let wf: Vec<Vec<f32>> = ws.iter().map(dequant).collect();
                 for &m in &[1usize, 2, 7, 16] {
-                    let xs: Vec<u16> = (0..m * kk)
-                        .map(|_| bf16::from_f32(rand(&mut seed)))
-                        .collect();
+                    let xs: Vec<u16> = (0..m * kk).map(|_| bf16::from_f32(rng.unit())).collect();
                     let xd = DevBuf::from_slice(ctx, &xs).unwrap();
                     let x = |r: usize, c: usize| f64::from(bf16::to_f32(xs[r * kk + c]));
                     // plain: y[r][o] = x[r] . W0[o]
@@ -1054,17 +1047,15 @@ mod gpu_tests {
                 (1024, 1024),
                 (2048, 1024),
             ] {
-                let wa = weight(fmt, n, kk, &mut seed);
-                let wb = weight(fmt, n, kk, &mut seed);
+                let wa = weight(fmt, n, kk, &mut rng);
+                let wb = weight(fmt, n, kk, &mut rng);
                 let (da, db) = (
                     DevLinear::upload(ctx, "a", &[&wa]).unwrap(),
                     DevLinear::upload(ctx, "b", &[&wb]).unwrap(),
                 );
                 let (fa, fb) = (dequant(&wa), dequant(&wb));
                 for &m in &[1usize, 3, 16] {
-                    let xs: Vec<u16> = (0..m * kk)
-                        .map(|_| bf16::from_f32(rand(&mut seed)))
-                        .collect();
+                    let xs: Vec<u16> = (0..m * kk).map(|_| bf16::from_f32(rng.unit())).collect();
                     let xd = DevBuf::from_slice(ctx, &xs).unwrap();
                     let dot = |w: &[f32], r: usize, o: usize| -> f64 {
                         (0..kk)

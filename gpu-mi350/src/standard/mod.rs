@@ -56,6 +56,27 @@ pub(crate) fn test_gpu() -> Option<crate::CudaGpu> {
     }
 }
 
+/// The GPU unit tests' inputs: a 64-bit LCG (Knuth's MMIX constants),
+/// deterministic per seed.
+#[cfg(test)]
+pub(crate) struct TestRng(pub u64);
+
+#[cfg(test)]
+impl TestRng {
+    /// The next 32 bits (the state's high word).
+    pub fn next_u32(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 32) as u32
+    }
+    /// Uniform in [-1, 1), 24 bits (exact in f32).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u32() >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+}
+
 use m3_core::backend::{ActMode, KvBudget};
 use m3_core::config::{AttnKind, IndexSelection};
 use m3_core::kv::CacheDtype;

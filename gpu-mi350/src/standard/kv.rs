@@ -380,21 +380,7 @@ mod nvfp4_model {
         }
     }
 
-    /// splitmix64: deterministic inputs without a dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        /// Uniform in [-1, 1).
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
+    use super::super::TestRng;
 
     /// Global scales: the default, the golden cases' (0.25, 0.375, 1.5),
     /// FP8-calibrated ones, and extremes (a subnormal, huge).
@@ -414,7 +400,7 @@ mod nvfp4_model {
     /// and -0 blocks, NaN / Inf blocks, E2M1 ties, the E4M3 scale tie 6.375,
     /// scales past 448, below the least subnormal, subnormal f32 inputs).
     fn rows(g: f32) -> Vec<Vec<f32>> {
-        let mut r = Rng(0x5eed ^ g.to_bits() as u64);
+        let mut r = TestRng(0x5eed ^ g.to_bits() as u64);
         let mut out = Vec::new();
         for k in 0..400 {
             let mag = 2f32.powi((k % 40) - 24);

@@ -56,8 +56,8 @@ pub(crate) fn test_gpu() -> Option<crate::CudaGpu> {
     }
 }
 
-/// The GPU unit tests' inputs: a 64-bit LCG (Knuth's MMIX constants),
-/// deterministic per seed.
+/// The unit tests' inputs in this module (kv, linear, attn): a 64-bit LCG
+/// (Knuth's MMIX constants), deterministic per seed, no dependency.
 #[cfg(test)]
 pub(crate) struct TestRng(pub u64);
 

@@ -478,12 +478,10 @@ M3_DEV void sk_hist_add(u32* hist, u32 bin, bool ok) {
 /// scores: after 3-4 passes of the 6 a 1025-block row has). The key's low
 /// word is ~b: its bytes above the block count's are all ones and skip
 /// their passes (bench/tools/radix_model.py models the passes against a
-/// sort). Every thread of the CTA calls it; part holds
-/// SK_RADIX_LANES + 4 words.
+/// sort). Every thread of the CTA calls it; part holds 4 words.
 M3_DEV void sk_radix_kth(const float* sc, u32 nb, u32 K, u32 tid, u32* hist, u32* part, u64* kth) {
   constexpr u32 BPL = 256u / SK_RADIX_LANES;  // bins a scanning thread
-  constexpr u32 BIN = SK_RADIX_LANES, TOTAL = SK_RADIX_LANES + 1u, ABOVE = SK_RADIX_LANES + 2u,
-                COUNT = SK_RADIX_LANES + 3u;  // part's words past the lanes'
+  constexpr u32 BIN = 0u, TOTAL = 1u, ABOVE = 2u, COUNT = 3u;  // part's words
   // id bytes that vary: ~b for b < nb
   const u32 idb = nb <= 0x100u ? 1u : nb <= 0x10000u ? 2u : nb <= 0x1000000u ? 3u : 4u;
   u64 prefix = 0ull, mask = 0ull;
@@ -598,7 +596,7 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
       sc = ssc;
     }
     S_SHARED(u32, hist, [256]);
-    S_SHARED(u32, part, [SK_RADIX_LANES + 4]);  // lane counts, byte, valid keys, keys above, byte's keys
+    S_SHARED(u32, part, [4]);  // byte, valid keys, keys above, byte's keys; then the picks' count
     S_SHARED(u64, kth, [1]);
     __syncthreads();
     sk_radix_kth(sc, nb, K, tid, hist, part, kth);

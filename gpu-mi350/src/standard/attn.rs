@@ -45,7 +45,8 @@ pub(crate) fn index_grid_x(fixed: usize, t: usize) -> u32 {
 /// Threads of `m3s_index_topk` (SK_THREADS).
 const INDEX_TOPK_BLOCK: u32 = 256;
 /// Block scores `m3s_index_topk` copies into shared memory (SK_SMEM); past
-/// it the radix select reads them from the scratch (tests only).
+/// it the radix select reads them from the scratch (tests only: the
+/// long-context test's rows reach both sides).
 #[cfg(test)]
 const INDEX_TOPK_SMEM: usize = 4096;
 /// Threads of `m3s_attn_partial` (SA_THREADS: four 32-thread mma groups).
@@ -1321,7 +1322,6 @@ mod gpu_tests {
 
     #[test]
     fn long_context_indexer_matches_an_f64_reference() {
-        let Some(gpu) = gpu() else { return };
         // the presets' shape (m3.1: blocks and pages of 128, top-16, the
         // local block forced, fp8 keys of 128, 256 score CTAs a row)
         let m31 = |name, rows| Case {
@@ -1380,6 +1380,17 @@ mod gpu_tests {
                 vec![(128 * 1025 - 1, 0), (128 * 1025 - 1, 1)],
             ),
         ];
+        // the cases reach every top-k path: one pass, the radix select on
+        // shared memory, on the scratch past SK_SMEM
+        let nbs: Vec<usize> = cases
+            .iter()
+            .flat_map(|c| c.rows.iter().map(|r| r.0 as usize / c.block + 1))
+            .collect();
+        let top = INDEX_TOPK_BLOCK as usize;
+        assert!(nbs.iter().any(|&n| n <= top));
+        assert!(nbs.iter().any(|&n| n > top && n <= INDEX_TOPK_SMEM));
+        assert!(nbs.iter().any(|&n| n > INDEX_TOPK_SMEM));
+        let Some(gpu) = gpu() else { return };
         let mut failures = Vec::new();
         for (i, c) in cases.iter().enumerate() {
             let o = run(&gpu, c, 17 + i as u64);

@@ -12,7 +12,7 @@ per case.
 
   python3 bench/proto/fp8mma.py [--quick]
 """
-import ctypes, glob, json, math, os, sys, time
+import json, math, os, sys, time
 import torch
 
 SRC = r"""
@@ -248,90 +248,22 @@ extern "C" __global__ void __launch_bounds__(256) readbw(const uint4* __restrict
 """
 
 
-def lib(names):
-    for n in names:
-        for v in ("", ".1", ".13", ".12"):
-            try:
-                return ctypes.CDLL(n + v)
-            except OSError:
-                pass
-    pats = []
-    for n in names:
-        pats += [f"/usr/local/cuda*/lib64/{n}*", f"/usr/local/cuda*/targets/*/lib/{n}*",
-                 f"/usr/lib/x86_64-linux-gnu/{n}*"]
-        pats += [os.path.join(p, "**", n + "*") for p in sys.path if "site-packages" in p]
-    for p in pats:
-        for f in sorted(glob.glob(p, recursive=True)):
-            try:
-                return ctypes.CDLL(f)
-            except OSError:
-                pass
-    raise SystemExit(f"no {names}")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cudrv  # noqa: E402  (NVRTC and the driver through ctypes)
 
-
-nvrtc = lib(["libnvrtc.so"])
-cuda = lib(["libcuda.so"])
-
-
-def check(r, what):
-    if r != 0:
-        raise SystemExit(f"{what}: error {r}")
-
-
+func = cudrv.func
 _cache = {}
 
 
 def compile_(defs):
     key = tuple(sorted(defs.items()))
     if key not in _cache:
-        _cache[key] = _compile(defs)
+        _cache[key] = cudrv.compile_src("".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC)
     return _cache[key]
 
 
-def _compile(defs):
-    prog = ctypes.c_void_p()
-    src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC
-    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"p.cu", 0, None, None), "create")
-    opts = [b"--gpu-architecture=sm_90a", b"--std=c++17"]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    r = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    if r != 0:
-        n = ctypes.c_size_t()
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-        buf = ctypes.create_string_buffer(n.value)
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        raise SystemExit(buf.value.decode())
-    n = ctypes.c_size_t()
-    check(nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(n)), "size")
-    cubin = ctypes.create_string_buffer(n.value)
-    check(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
-    mod = ctypes.c_void_p()
-    check(cuda.cuModuleLoadData(ctypes.byref(mod), cubin), "load")
-    return mod
-
-
-def func(mod, name):
-    f = ctypes.c_void_p()
-    check(cuda.cuModuleGetFunction(ctypes.byref(f), mod, name.encode()), name)
-    regs = ctypes.c_int()
-    cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, f)  # CU_FUNC_ATTRIBUTE_NUM_REGS
-    return f, regs.value
-
-
 def launch(f, grid, block, args):
-    holders = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            holders.append(ctypes.c_uint64(a.data_ptr()))
-        elif isinstance(a, float):
-            holders.append(ctypes.c_float(a))
-        elif isinstance(a, tuple):  # ("u64", v)
-            holders.append(ctypes.c_uint64(a[1]))
-        else:
-            holders.append(ctypes.c_int(a))
-    ptrs = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.byref(h), ctypes.c_void_p) for h in holders])
-    stream = torch.cuda.current_stream().cuda_stream
-    check(cuda.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream), ptrs, None), "launch")
+    cudrv.launch(f, grid, block, args, torch.cuda.current_stream().cuda_stream)
 
 
 def e2m1_values():

@@ -26,7 +26,14 @@ Every mode must end at the same value, which the script also computes with
 torch (a barrier that let a CTA through early, or a body that skipped
 bytes, changes it). Prints one JSON line per case, then a table.
 
-  python3 bench/proto/chain.py [--quick] [--compile-only]
+Variants: `--minb 2|4` persistent CTAs an SM, `--u N` loads in flight a
+thread, `--poll-ns N` a back-off in the barrier's poll, `--arrive 1` the
+arrive as one release reduction, `--empty` the edges alone (14 phases of no
+bytes), `--fold` the layer in 10 phases (the four small phases between two
+others folded into the next one's prologue). bench/NOTES.md session 22 has
+the results.
+
+  python3 bench/proto/chain.py [variants] [--quick] [--compile-only]
 """
 import json, os, sys
 

@@ -30,7 +30,8 @@ Variants: `--minb 2|4` persistent CTAs an SM, `--u N` loads in flight a
 thread, `--poll-ns N` a back-off in the barrier's poll, `--arrive 1` the
 arrive as one release reduction, `--empty` the edges alone (14 phases of no
 bytes), `--fold` the layer in 10 phases (the four small phases between two
-others folded into the next one's prologue). bench/NOTES.md session 22 has
+others folded into the next one's prologue), `--window` one big phase (o)
+after a 13.5 us small phase (the attention window) alone. bench/NOTES.md session 22 has
 the results.
 
   python3 bench/proto/chain.py [variants] [--quick] [--compile-only]
@@ -370,6 +371,8 @@ def main():
     empty = "--empty" in sys.argv
     if "--fold" in sys.argv:
         LAYER = folded(LAYER)
+    if "--window" in sys.argv:  # one big phase after a 13.5 us window: does staging shorten it?
+        LAYER = [("window", 0.0, 1, 13.5, 0), ("o", 50.0, 0, 0.0, 1)]
     if empty:  # edges alone: 14 phases of no bytes on every CTA
         LAYER = [(f"edge{i}", 0.0, 0, 0.0, 0) for i in range(len(LAYER))]
     if "--compile-only" in sys.argv:
@@ -451,9 +454,12 @@ def main():
                  ("persist+first", 1, 0, grid), ("persist+first+steal", 17, 0, grid)]
         if smem_max and not quick:
             cases += [("persist+first+smem 64KB", 5, 64, grid), ("persist+first+steal, planted", 25, 0, grid)]
-            cases += [("persist+first+smem 64KB, attention window only", 37, 64, grid), ("persist+first+l2 64KB, windows only", 35, 64, grid)]
+            cases += [("persist+first+smem 64KB, attention window only", 37, 64, grid), ("persist+first+l2 64KB, attention window only", 35, 64, grid)]
         if empty:
             cases = [("launch", 0, False, grid), ("launch+pdl", 0, True, grid), ("persist", 0, 0, grid)]
+        if "--window" in sys.argv:
+            cases = [("launch+pdl, 2x CTAs", 0, True, 2 * grid), ("persist+first", 1, 0, grid)]
+            cases += [(f"persist+first+{how} {kb}KB", mode, kb, grid) for how, mode in (("l2", 3), ("smem", 5)) for kb in (32, 64, 96)]
         for name, mode, opt, g in cases:
             tabs, tabs_d, want = tab_sets[g]
 

@@ -2,7 +2,7 @@
 under each way of ordering them, with ideal streaming bodies.
 
 A layer is modelled as the standard path's b1 step runs it (bench/NOTES.md,
-session 16 run 2 and session 21): 13 phases, each depending on all of the
+session 16 run 2 and session 21): 14 phases, each depending on all of the
 one before (like a GEMV on the previous output). A big phase streams its
 weight bytes (qkv 62.5 MB, o 50, router + shared gate/up 42.2, routed gate/up
 80, routed + shared down 59.5) over every CTA; a small phase (head norm,
@@ -24,7 +24,9 @@ crossed:
 
 Every mode must end at the same value, which the script also computes with
 torch (a barrier that let a CTA through early, or a body that skipped
-bytes, changes it). Prints one JSON line per case, then a table.
+bytes, changes it); the planted case (one CTA skips 16 bytes a phase) must
+not. Prints one JSON line per case, then a table; exits 1 when a case's
+value is wrong or the planted one passes.
 
 Variants: `--minb 2|4` persistent CTAs an SM, `--u N` loads in flight a
 thread, `--poll-ns N` a back-off in the barrier's poll, `--arrive 1` the
@@ -41,9 +43,8 @@ import json, os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cudrv  # noqa: E402
 
-T = 256          # threads a CTA
-U = 8            # 16-byte loads in flight a thread
-MAXG = 2048      # partials a phase
+T = 256          # threads a CTA (the kernels' T)
+MAXG = 2048      # partials a phase (the kernels' MAXG)
 SMEM_MAX = 100 * 1024
 
 SRC = r"""
@@ -357,7 +358,7 @@ def final(part, l, tab):
     last = len(LAYER) - 1
     ctas = int(tab[last, 2]) & 0xFFFFFFFF
     base = (l * len(LAYER) + last) * MAXG
-    return int(part[base:base + ctas].to(__import__("torch").int64).sum().item()) & 0xFFFFFFFF
+    return int(part[base:base + ctas].long().sum().item()) & 0xFFFFFFFF
 
 
 def arg(name, default):
@@ -492,6 +493,9 @@ def main():
     print("| case | CTAs an SM | U | poll ns | spin | us a layer | % of ceiling | value ok |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['case']} | {minb} | {u} | {poll} | {r['spin']} | {r['us_a_layer']} | {r['eff']}% | {r['ok']} |")
+    wrong = [r["case"] for r in results if r["ok"] == ("planted" in r["case"])]
+    if wrong:
+        sys.exit(f"value check failed (a wrong value, or a planted error unseen): {wrong}")
 
 
 if __name__ == "__main__":

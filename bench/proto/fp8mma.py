@@ -11,6 +11,13 @@ driver through ctypes, torch for memory and the reference. Prints one JSON line
 per case.
 
   python3 bench/proto/fp8mma.py [--quick]
+
+Environment: FMTS (4,5,8,9), ROWS (x rows, e.g. 1,16), F16_ONLY=1, SHAPES
+(WxUxMINB[xFULL], e.g. 4x4x1x1), SPLIT (8: also as 8 launches in a graph),
+LAYOUT=rows (W row-major as the engine stores it, model/layout.rs, instead of
+tile-major), XEXP=1 (multiply each block's result by an x exponent, as the
+engine's per-block x scale costs). Exits 1 when an f16-route case's result
+is off the f64 product by more than 1e-5 of its largest value.
 """
 import json, math, os, sys, time
 import torch
@@ -46,6 +53,12 @@ typedef unsigned int u32;
 #endif
 #ifndef MINB
 #define MINB 1
+#endif
+#ifndef ROWS
+#define ROWS 0   // 1: W row-major as the engine stores it (model/layout.rs), not tile-major
+#endif
+#ifndef XEXP
+#define XEXP 0   // 1: x carries an exponent byte a 32-value block (the engine's s_xh_put) multiplied in per block
 #endif
 #ifndef MODE
 #define MODE 8   // 8: FP8 MMA on x pieces; 16: E4M3 -> f16 by cvt, f16 MMA on x in f16
@@ -103,11 +116,17 @@ __device__ __forceinline__ float sfac(u32 s, int k) {
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 mx_fp8mma(const uint4* __restrict__ W, const u32* __restrict__ S, const uint4* __restrict__ X,
-          const float* __restrict__ xinv, float* __restrict__ Y, int N, int K, int M) {
+          const float* __restrict__ xinv, float* __restrict__ Y, int N, int K, int M,
+          const u32* __restrict__ XE) {
   const int KP = K / 64, KB = K / 32;
   const int tile = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const uint4* Wt = W + ((size_t)tile * KP * 32 + lane) * KP_W;
+  // ROWS: a row's 128-value chunk holds lane t's 16 B at 16 t (MXFP4: blocks
+  // 0-3; FP8: blocks 0, 1, then blocks 2, 3 at 64 + 16 t)
+  const size_t rw = (size_t)K / (NIB ? 32 : 16);  // uint4 a row
+  const uint4* Wg = W + (size_t)(tile * 16 + g) * rw + t;
+  const uint4* W8 = Wg + 8 * rw;
   const u32* St = S + ((size_t)tile * KP * 8 + g) * (FMT == 5 ? 2 : 1);
   float acc[NT][4];
 #pragma unroll
@@ -122,6 +141,7 @@ mx_fp8mma(const uint4* __restrict__ W, const u32* __restrict__ S, const uint4* _
     u32 s2[UNR];
 #endif
     uint4 xv[UNR][2][NT];
+    u32 xe[UNR][NT][2];  // XEXP: exponent words of x rows n * 8 + 2 t, + 1 (four blocks a word)
 #if PIECES == 3 && MODE == 8
     u32 xl2[UNR][2][NT][2];
 #endif
@@ -129,14 +149,33 @@ mx_fp8mma(const uint4* __restrict__ W, const u32* __restrict__ S, const uint4* _
     for (int u = 0; u < UNR; ++u) {
       const int kp = kp0 + u;
       const bool ok = FULL || kp < KP;
+      if (ROWS && NIB) {
+        if (u % 2 == 0) {  // one 16 B load a row covers this k-pair and the next
+          const uint4 lg = ok ? ldw(Wg + (size_t)(kp / 2) * 4) : make_uint4(0, 0, 0, 0);
+          const uint4 l8 = ok ? ldw(W8 + (size_t)(kp / 2) * 4) : make_uint4(0, 0, 0, 0);
+          w[u][0] = make_uint4(lg.x, l8.x, lg.y, l8.y);
+          if (u + 1 < UNR) w[u + 1][0] = make_uint4(lg.z, l8.z, lg.w, l8.w);
+        }
+      } else if (ROWS) {
+        const uint4 lg = ok ? ldw(Wg + (size_t)kp * 4) : make_uint4(0, 0, 0, 0);
+        const uint4 l8 = ok ? ldw(W8 + (size_t)kp * 4) : make_uint4(0, 0, 0, 0);
+        w[u][0] = make_uint4(lg.x, l8.x, lg.y, l8.y);
+        w[u][KP_W - 1] = make_uint4(lg.z, l8.z, lg.w, l8.w);
+      } else {
 #pragma unroll
-      for (int v = 0; v < KP_W; ++v) w[u][v] = ok ? ldw(Wt + (size_t)kp * 32 * KP_W + v) : make_uint4(0, 0, 0, 0);
+        for (int v = 0; v < KP_W; ++v) w[u][v] = ok ? ldw(Wt + (size_t)kp * 32 * KP_W + v) : make_uint4(0, 0, 0, 0);
+      }
 #if FMT == 5
       const uint2 sv = ok ? *(const uint2*)(St + (size_t)kp * 16) : make_uint2(0, 0);
       s[u] = sv.x; s2[u] = sv.y;
 #else
       s[u] = ok ? St[(size_t)kp * 8] : 0u;
 #endif
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          xe[u][n][c] = XEXP && (c == 0 || COLS2) ? XE[((size_t)(n * 8 + 2 * t + c) * KB + 2 * kp) / 4] : 0u;
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -204,6 +243,15 @@ mx_fp8mma(const uint4* __restrict__ W, const u32* __restrict__ S, const uint4* _
           mma8(d, a0, a1, a2, a3, x.x, x.y);
           mma8(d, a0, a1, a2, a3, x.z, x.w);
 #endif
+          if (XEXP) {  // the x blocks' 1 / p (s_xh_put), as the engine multiplies it
+            const int sh = 8 * ((2 * kp0 + 2 * u + j) & 3);
+            const float x0 = __uint_as_float(((xe[u][n][0] >> sh) & 0xffu) << 23);
+            d[0] *= x0; d[2] *= x0;
+            if (COLS2) {
+              const float x1 = __uint_as_float(((xe[u][n][1] >> sh) & 0xffu) << 23);
+              d[1] *= x1; d[3] *= x1;
+            }
+          }
 #if PIECES == 3 && MODE == 8
           mma8(d, a0, a1, a2, a3, xl2[u][j][n][0], xl2[u][j][n][1]);
 #endif
@@ -294,6 +342,11 @@ def make_weights(N, K, fmt, gen):
         c = codes.view(T, 2, 8, KP, 2, 2, 4, 4).permute(0, 3, 2, 6, 4, 5, 1, 7)  # T KP g t j hf h8 i
         wdev = c.contiguous()
         vals = codes.view(torch.float8_e4m3fn if fmt == 8 else torch.float8_e5m2).to(torch.float64)
+    if os.environ.get("LAYOUT") == "rows":  # the engine's row-major device layout
+        if fmt in (4, 5):  # T KP g t j h8 i -> T h8 g q t kpl j i (lane t's block 2 kpl + j at 4 (4 t + 2 kpl + j))
+            wdev = wdev.view(T, KP // 2, 2, 8, 4, 2, 2, 4).permute(0, 6, 3, 1, 4, 2, 5, 7).contiguous()
+        else:  # T KP g t j hf h8 i -> T h8 g q kpl t j hf i (block 2 kpl + j at 64 kpl + 16 t + 8 j)
+            wdev = wdev.view(T, KP // 2, 2, 8, 4, 2, 2, 2, 4).permute(0, 7, 3, 1, 2, 4, 5, 6, 8).contiguous()
     if fmt == 5:
         s = scales.view(T, 2, 8, KP, 2, 2).permute(0, 3, 2, 4, 1, 5).contiguous()  # T KP g j h8 half
         wref = vals * scales.view(torch.float8_e4m3fn).to(torch.float64).repeat_interleave(16, dim=1)
@@ -340,7 +393,7 @@ def x_f16(x):
     return st, torch.pow(2.0, -r).to(torch.float32), resid
 
 
-def split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt):
+def split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt, xe):
     """ms of `split` launches over consecutive row ranges of N / split rows (tile-major
     layout: a range of tiles is one contiguous piece of W and of S), one CUDA graph."""
     n = N // split
@@ -350,7 +403,7 @@ def split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt):
     def go():
         for i in range(split):
             launch(f, n // 16, defs["WARPS"] * 32,
-                   [("u64", wdev.data_ptr() + i * wt), ("u64", sdev.data_ptr() + i * st), xs, xinv, ys[i], n, K, M])
+                   [("u64", wdev.data_ptr() + i * wt), ("u64", sdev.data_ptr() + i * st), xs, xinv, ys[i], n, K, M, xe])
     go(); torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
@@ -376,7 +429,7 @@ def main():
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(1)
-    out = []
+    out, bad = [], []
     # the in-run read ceiling
     big = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
     mod = compile_({})
@@ -405,7 +458,9 @@ def main():
                 xs, xinv, resid = split_x(x, pieces) if mode == 8 else x_f16(x)
                 variants = [dict(WARPS=4, UNR=4), dict(WARPS=4, UNR=8), dict(WARPS=8, UNR=4)]
                 if mode == 16 and os.environ.get("SHAPES"):
-                    variants = [dict(zip(("WARPS", "UNR", "MINB"), map(int, v.split("x")))) for v in os.environ["SHAPES"].split(",")]
+                    # WxUxMINB[xFULL]: FULL=1 also pads x (XPAD)
+                    variants = [dict(zip(("WARPS", "UNR", "MINB", "FULL", "XPAD"), map(int, (v + "x" + v.split("x")[3]).split("x") if v.count("x") == 3 else v.split("x"))))
+                                for v in os.environ["SHAPES"].split(",")]
                 elif mode == 16 and os.environ.get("F16_ONLY"):
                     variants = [dict(WARPS=w, UNR=u, MINB=b, FULL=f, XPAD=f) for (w, u, b, f) in
                                 ((4, 8, 1, 0), (4, 4, 1, 1), (2, 8, 1, 1), (8, 4, 1, 1), (4, 2, 1, 1), (8, 2, 1, 1),
@@ -416,7 +471,7 @@ def main():
                 if quick:
                     variants = variants[:1]
                 for v in variants:
-                    defs = dict(v, MODE=mode, NT=1 if M <= 8 else 2, PIECES=max(pieces, 2), COLS2=0 if M == 1 else 1, FMT=fmt)
+                    defs = dict(v, ROWS=int(os.environ.get("LAYOUT") == "rows"), XEXP=int(os.environ.get("XEXP", "0")), MODE=mode, NT=1 if M <= 8 else 2, PIECES=max(pieces, 2), COLS2=0 if M == 1 else 1, FMT=fmt)
                     try:
                         m = compile_(defs)
                         f, regs = func(m, "mx_fp8mma")
@@ -424,7 +479,8 @@ def main():
                         print(json.dumps({"defs": defs, "error": str(e)[:2000]}), flush=True)
                         continue
                     y = torch.zeros(M, N, dtype=torch.float32, device="cuda")
-                    args = [wdev, sdev, xs, xinv, y, N, K, M]
+                    xe = torch.full((max(M, 16) * K // 32 + 16,), 127, dtype=torch.uint8, device="cuda")  # 1.0 a block
+                    args = [wdev, sdev, xs, xinv, y, N, K, M, xe]
                     launch(f, N // 16, defs["WARPS"] * 32, args)
                     torch.cuda.synchronize()
                     err = ((y.to(torch.float64) - yref).abs().max() / yref.abs().max()).item()
@@ -444,16 +500,20 @@ def main():
                     if split > 1:
                         # the engine's microbench shape: `split` separate launches of N / split
                         # rows (a layer's dense linears), captured in one CUDA graph
-                        ms_split = split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt)
+                        ms_split = split_launch_ms(f, defs, wdev, sdev, xs, xinv, M, N, K, split, fmt, xe)
                     gbps = wbytes / (ms * 1e-3) / 1e9
-                    rec = {"fmt": {4: "mxfp4", 5: "nvfp4", 8: "mxfp8", 9: "mxfp8-e5m2"}[fmt], "M": M, "mma": "fp8" if mode == 8 else "f16", "pieces": pieces, **v, "regs": regs,
+                    rec = {"fmt": {4: "mxfp4", 5: "nvfp4", 8: "mxfp8", 9: "mxfp8-e5m2"}[fmt], "layout": os.environ.get("LAYOUT", "tile"), "xexp": defs["XEXP"], "M": M, "mma": "fp8" if mode == 8 else "f16", "pieces": pieces, **v, "regs": regs,
                            "ms": round(ms, 4), "ms_split": ms_split and round(ms_split, 4),
                            "pct_split": ms_split and round(100 * wbytes / (ms_split * 1e-3) / 1e9 / ceil, 1), "GBps": round(gbps, 1), "pct_ceiling": round(100 * gbps / ceil, 1),
                            "max_err_rel": f"{err:.2e}", "rel_l2": f"{rl2:.2e}", "x_resid": f"{resid:.1e}"}
                     print(json.dumps(rec), flush=True)
                     out.append(rec)
+                    if mode == 16 and not err <= 1e-5:
+                        bad.append(rec)
         del wdev, sdev, wref
         torch.cuda.empty_cache()
+    if bad:
+        sys.exit(f"{len(bad)} case(s) off the f64 product: {bad}")
 
 
 if __name__ == "__main__":

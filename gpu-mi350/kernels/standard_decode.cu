@@ -486,15 +486,22 @@ template <int F, bool ANY = false> struct SHalf {
   static const u32 U = (S_UNROLL_HALF || S_MMA_MAXBT > 2 || ANY || S_H_LEAN ? 1u : 2u) * S_UNROLL_MUL;
 };
 
+/// Bytes from one chunk of a row's codes to its next: FP8 rows are
+/// contiguous; E2M1 rows are interleaved by 16-row tiles (model/layout.rs),
+/// so a full chunk's 16 pieces of 64 bytes lie between.
+template <int F> struct SChunk { static const u32 STRIDE = SHalf<F>::NIB ? 1024u : 128u; };
+
 /// Lane t's codes (`raw`, words j or 2j, 2j + 1 for block j) and scale bytes
 /// (`sw`: MX byte j = block j; NVFP4 bytes 2j, 2j + 1) of super-chunk q of
-/// one row (`w`, `s` at the row; `ok`: the row exists).
+/// one row (`w` at the row's codes of chunk 0, `s` at its scales; `ok`: the
+/// row exists). E2M1: `w` = the tile's base + 64 ri for row ri of the tile
+/// (its piece of a full chunk; a partial one's is 16 nb ri bytes in).
 template <int F, bool ANY>
-M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, uint4 (&raw)[SHalf<F>::LB / 16u],
-                      u32 (&sw)[2]) {
+M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, u32 ri,
+                      uint4 (&raw)[SHalf<F>::LB / 16u], u32 (&sw)[2]) {
   if (!ANY) {
     // every chunk full (the host takes the `_any` entry unless K % 128 == 0)
-    const u8* c = w + (u64)q * (SHalf<F>::NIB ? 64u : 128u) + 16u * t;
+    const u8* c = w + (u64)q * SChunk<F>::STRIDE + 16u * t;
 #pragma unroll
     for (u32 i = 0; i < SHalf<F>::LB / 16u; ++i)
       raw[i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(c + 64u * i)) : make_uint4(0u, 0u, 0u, 0u);
@@ -514,7 +521,7 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, ui
   for (u32 i = 0; i < nw; ++i) raw[i] = make_uint4(0u, 0u, 0u, 0u);
   sw[0] = sw[1] = 0u;
   if (!ok || nb == 0u) return;
-  const u8* c = w + (u64)b0 * (SHalf<F>::NIB ? 16u : 32u);
+  const u8* c = SHalf<F>::NIB ? w + (u64)q * SChunk<F>::STRIDE - 64u * ri + 16u * nb * ri : w + (u64)b0 * 32u;
   const u32 sbb = F == S_FMT_NVFP4 ? 2u : 1u;  // scale bytes a block
   if (nb == 4u && (K & 127u) == 0u) {
 #pragma unroll
@@ -722,7 +729,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
 /// tile b the lane's x row (`x`, at byte 16 t of the chunk's 256) and the
 /// exponent words of its two output columns 2t, 2t + 1 (`xe`).
 template <int F, int NB> struct SHPos {
-  static const u32 WS = SHalf<F>::NIB ? 64u : 128u;   // code bytes a row and chunk
+  static const u32 WS = SChunk<F>::STRIDE;            // code bytes from a row's chunk to its next
   static const u32 SS = F == S_FMT_NVFP4 ? 8u : 4u;   // scale bytes a row and chunk
   const u8 *wa, *wc, *sa, *sc;
   const u8* x[NB];
@@ -840,8 +847,15 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   u32 sca[SHalf<F, ANY>::U][2][2];
   const u8 *wa = nullptr, *wc = nullptr, *sa = nullptr, *sc = nullptr;
   auto rows_at = [&]() {
-    wa = W + (u64)(oka ? ra : 0u) * rb;
-    wc = W + (u64)(okc ? rc : 0u) * rb;
+    if (SHalf<F>::NIB) {
+      // the tile's rows g, g + 8 (E2M1 matrices are whole tiles: rows past
+      // N are zero padding, never stored)
+      wa = W + (u64)n0 * rb + 64u * g;
+      wc = wa + 512u;
+    } else {
+      wa = W + (u64)(oka ? ra : 0u) * rb;
+      wc = W + (u64)(okc ? rc : 0u) * rb;
+    }
     sa = S ? S + (u64)(oka ? ra : 0u) * sb : nullptr;
     sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
   };
@@ -850,8 +864,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     for (u32 u = 0; u < U; ++u) {
       u32 q;
       const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
-      s_h_fetch<F, ANY>(wa, sa, have && oka, q, K, t, raw[u][0], sca[u][0]);
-      s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, raw[u][1], sca[u][1]);
+      s_h_fetch<F, ANY>(wa, sa, have && oka, q, K, t, g, raw[u][0], sca[u][0]);
+      s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, g + 8u, raw[u][1], sca[u][1]);
     }
   };
   // the fast walk (every chunk full, scales in range, small steps, CUDA)

@@ -28,6 +28,18 @@
 //!   the other load fetched them again: bench/NOTES.md session 19). A
 //!   partial last chunk keeps slot `nb * t + j` at `8 * slot`.
 //!
+//! E2M1 rows are then **interleaved by 16-row tiles** (the kernel's tile):
+//! a matrix is padded to a multiple of 16 rows (zero codes), and inside
+//! tile `T` each chunk's pieces (`16 nb` bytes a row) of its 16 rows sit
+//! side by side: row `i`'s piece of the chunk at value `c0` at byte
+//! `16 T rb + 16 (c0 / 2) + i (16 nb)` (`rb` = bytes a row). A warp's
+//! 16-byte loads of rows `g` (then `g + 8`) of a full chunk are then 512
+//! contiguous bytes each, and one warp's walk along K reads its tile's
+//! quarter as one contiguous run, where row-major E2M1 gave 8 runs of 64
+//! bytes a load: on one tall launch the prototype ran MXFP4 at 1 row 7-9
+//! points of the ceiling faster this way (bench/NOTES.md session 23). FP8
+//! keeps rows contiguous (it read faster row-major there).
+//!
 //! The stored (checkpoint) layout is FORMATS.md's: E2M1 two a byte, low
 //! nibble first; one E4M3 / E5M2 byte a value. bf16 and f32 stay as stored.
 
@@ -37,6 +49,24 @@ use super::WFmt;
 
 /// Values of a row chunk: four 32-value blocks.
 const CHUNK: usize = 128;
+
+/// Rows of a device tile: E2M1 matrices are interleaved and padded by these.
+pub const TILE_ROWS: usize = 16;
+
+/// Whether `fmt`'s rows are interleaved by tiles (E2M1 codes).
+fn tiled(fmt: WFmt) -> bool {
+    matches!(fmt, WFmt::Mxfp4 | WFmt::Nvfp4)
+}
+
+/// Rows a `rows`-row matrix of `fmt` occupies on the device (E2M1: padded
+/// to whole tiles).
+pub fn device_rows(fmt: WFmt, rows: usize) -> usize {
+    if tiled(fmt) {
+        rows.div_ceil(TILE_ROWS) * TILE_ROWS
+    } else {
+        rows
+    }
+}
 
 /// Whether `fmt`'s codes are permuted on the device.
 pub fn permuted(fmt: WFmt) -> bool {
@@ -120,22 +150,75 @@ fn row_map(fmt: WFmt, src: &[u8], dst: &mut [u8], cols: usize, back: bool) {
     }
 }
 
-/// Apply [`row_map`] to every row of `codes` (`cols` values a row), on
-/// every core for large tensors.
-fn map_rows(fmt: WFmt, codes: &[u8], cols: usize, back: bool) -> Vec<u8> {
+/// Byte of a tile's interleaved form where row `i`'s byte `b` (of its
+/// row-major device form, `cols` values a row) sits: chunk by chunk, the
+/// tile's rows side by side.
+fn tile_byte(i: usize, b: usize, cols: usize) -> usize {
+    let c0 = b / (CHUNK / 2) * CHUNK;
+    let piece = ((cols - c0) / 32).min(4) * 16;
+    TILE_ROWS * (c0 / 2) + i * piece + (b - c0 / 2)
+}
+
+/// One tile: its real rows, row-major (`rows`, `rb` bytes a row), into its
+/// interleaved bytes `t`, or back (`back`).
+fn tile_one(t: &mut [u8], rows: &mut [u8], rb: usize, cols: usize, back: bool) {
+    for (i, r) in rows.chunks_exact_mut(rb).enumerate() {
+        for c0 in (0..cols).step_by(CHUNK) {
+            let (b0, b1) = (c0 / 2, (c0 / 2 + CHUNK / 2).min(rb));
+            let o = tile_byte(i, b0, cols);
+            if back {
+                r[b0..b1].copy_from_slice(&t[o..o + b1 - b0]);
+            } else {
+                t[o..o + b1 - b0].copy_from_slice(&r[b0..b1]);
+            }
+        }
+    }
+}
+
+/// E2M1: row-major device rows (`rows`, `rb` bytes a row) interleaved tile
+/// by tile into `tiles` ([`device_rows`] rows; padding rows stay zero), or
+/// back (`back`), a tile a task.
+fn tile_map(tiles: &mut [u8], rows: &mut [u8], rb: usize, cols: usize, back: bool) {
     use rayon::prelude::*;
-    let rb = if matches!(fmt, WFmt::Mxfp4 | WFmt::Nvfp4) {
-        cols / 2
-    } else {
-        cols
-    };
-    let mut out = vec![0u8; codes.len()];
+    let tb = TILE_ROWS * rb;
+    tiles
+        .par_chunks_mut(tb)
+        .zip(rows.par_chunks_mut(tb))
+        .for_each(|(t, r)| tile_one(t, r, rb, cols, back));
+}
+
+/// Apply [`row_map`] to every row of `codes` (`cols` values a row), on
+/// every core for large tensors; E2M1 then interleaved by tiles
+/// ([`tile_map`]). `rows`: the matrix's real rows (`back` only: the device
+/// form holds [`device_rows`]).
+fn map_rows(fmt: WFmt, codes: &[u8], cols: usize, rows: usize, back: bool) -> Vec<u8> {
+    let rb = if tiled(fmt) { cols / 2 } else { cols };
     if rb == 0 || !codes.len().is_multiple_of(rb) || !cols.is_multiple_of(32) {
         // not whole rows of whole blocks (the loader checks shapes first):
         // left as stored
-        out.copy_from_slice(codes);
-        return out;
+        return codes.to_vec();
     }
+    if !tiled(fmt) {
+        return map_rows_plain(fmt, codes, cols, rb, back);
+    }
+    if back {
+        // un-interleave the real rows, then each row to the stored order
+        let mut rowwise = vec![0u8; rows * rb];
+        let mut t = codes.to_vec();
+        tile_map(&mut t, &mut rowwise, rb, cols, true);
+        return map_rows_plain(fmt, &rowwise, cols, rb, true);
+    }
+    let mut rowwise = map_rows_plain(fmt, codes, cols, rb, false);
+    let n = rowwise.len() / rb;
+    let mut t = vec![0u8; device_rows(fmt, n) * rb];
+    tile_map(&mut t, &mut rowwise, rb, cols, false);
+    t
+}
+
+/// [`row_map`] over every row (`rb` bytes a row).
+fn map_rows_plain(fmt: WFmt, codes: &[u8], cols: usize, rb: usize, back: bool) -> Vec<u8> {
+    use rayon::prelude::*;
+    let mut out = vec![0u8; codes.len()];
     // rows per task: about 1 MiB
     let per = (PAR_BYTES / rb).max(1) * rb;
     out.par_chunks_mut(per)
@@ -151,20 +234,22 @@ fn map_rows(fmt: WFmt, codes: &[u8], cols: usize, back: bool) -> Vec<u8> {
 /// Bytes per piece permuted on one thread.
 const PAR_BYTES: usize = 1 << 20;
 
-/// `codes` (stored layout, whole rows of `cols` values) in the device
-/// layout of `fmt`; borrowed when the format is not permuted.
+/// `codes` (stored layout, whole rows of `cols` values: one matrix) in
+/// the device layout of `fmt` ([`device_rows`] rows); borrowed when the
+/// format is not permuted.
 pub fn to_device(fmt: WFmt, codes: &[u8], cols: usize) -> Cow<'_, [u8]> {
     if permuted(fmt) {
-        Cow::Owned(map_rows(fmt, codes, cols, false))
+        Cow::Owned(map_rows(fmt, codes, cols, 0, false))
     } else {
         Cow::Borrowed(codes)
     }
 }
 
-/// The inverse of [`to_device`]: device codes back in the stored layout.
-pub fn from_device(fmt: WFmt, codes: &[u8], cols: usize) -> Cow<'_, [u8]> {
+/// The inverse of [`to_device`]: one matrix's device codes back in the
+/// stored layout, its `rows` real rows.
+pub fn from_device(fmt: WFmt, codes: &[u8], cols: usize, rows: usize) -> Cow<'_, [u8]> {
     if permuted(fmt) {
-        Cow::Owned(map_rows(fmt, codes, cols, true))
+        Cow::Owned(map_rows(fmt, codes, cols, rows, true))
     } else {
         Cow::Borrowed(codes)
     }
@@ -200,21 +285,34 @@ mod tests {
                     3 * cols
                 };
                 let d = to_device(f, &c[..n], cols);
-                assert_eq!(from_device(f, &d, cols).as_ref(), &c[..n], "{f:?} K {cols}");
+                assert_eq!(d.len(), n / 3 * device_rows(f, 3), "{f:?} K {cols}");
+                assert_eq!(
+                    from_device(f, &d, cols, 3).as_ref(),
+                    &c[..n],
+                    "{f:?} K {cols}"
+                );
                 assert_eq!(permuted(f), d.as_ref() != &c[..n], "{f:?} K {cols}");
             }
         }
-        // large tensors go through the parallel path: the same bytes as row by row
+        // large tensors go through the parallel path (a partial last tile)
         let cols = 6144;
         let big = bytes(700 * cols / 2, 5);
-        let rowwise: Vec<u8> = big
-            .chunks(cols / 2)
-            .flat_map(|r| to_device(WFmt::Mxfp4, r, cols).into_owned())
-            .collect();
+        let d = to_device(WFmt::Mxfp4, &big, cols);
+        assert_eq!(d.len(), 704 * cols / 2);
         assert_eq!(
-            to_device(WFmt::Mxfp4, &big, cols).as_ref(),
-            rowwise.as_slice()
+            from_device(WFmt::Mxfp4, &d, cols, 700).as_ref(),
+            big.as_slice()
         );
+    }
+
+    /// Where the kernel (`s_h_fetch` / the fast walk in
+    /// `kernels/standard_decode.cu`) reads lane `t`'s u32 of block `j` of row
+    /// `r`'s chunk `q` in an E2M1 matrix: its tile's base, the chunk's 16
+    /// pieces (1024 bytes when full), the row's piece, the lane's slot.
+    fn kernel_e2m1_word(r: usize, q: usize, j: usize, t: usize, cols: usize) -> usize {
+        let rb = cols / 2;
+        let nb = ((cols - CHUNK * q) / 32).min(4);
+        r / 16 * 16 * rb + q * 1024 + (r % 16) * 16 * nb + 4 * (nb * t + j)
     }
 
     /// The kernel's E2M1 steps (`s_h_e2m1_lo` / `_hi`), emulated: lane t's
@@ -228,36 +326,53 @@ mod tests {
     #[test]
     fn the_kernel_decode_gives_every_e2m1_value_at_its_lane() {
         let e4m3 = |c: u8| f64::from(MxElem::Fp8E4M3.decode(c));
-        for cols in [128usize, 96] {
+        // whole and partial chunks (K = 96: one of 3 blocks), whole and
+        // partial tiles (35 rows: the third holds 3)
+        for (cols, rows) in [(128usize, 16usize), (96, 3), (160, 35)] {
             for a in 0..16u8 {
-                let vals: Vec<u8> = (0..cols)
-                    .map(|n| (n as u8).wrapping_mul(5).wrapping_add(a * 3) & 0xf)
+                let vals: Vec<u8> = (0..rows * cols)
+                    .map(|n| ((n as u8).wrapping_mul(5) ^ (n / 7) as u8).wrapping_add(a * 3) & 0xf)
                     .collect();
-                let mut stored = vec![0u8; cols / 2];
+                let mut stored = vec![0u8; rows * cols / 2];
                 e2m1::pack(&vals, &mut stored);
                 let dev = to_device(WFmt::Mxfp4, &stored, cols);
-                for c0 in (0..cols).step_by(CHUNK) {
-                    let nb = ((cols - c0) / 32).min(4);
-                    for j in 0..nb {
-                        for t in 0..4 {
-                            let o = c0 / 2 + 4 * (nb * t + j);
-                            let q =
-                                u32::from_le_bytes([dev[o], dev[o + 1], dev[o + 2], dev[o + 3]]);
-                            let (lo, hi) = kernel_e2m1(q);
-                            for i in 0..4 {
-                                let v0 = c0 + 32 * j + 4 * t + i;
-                                let want =
-                                    |v: usize| f64::from(e2m1::decode(vals[v])) * 2f64.powi(-6);
-                                assert_eq!(e4m3(lo[i]), want(v0), "K {cols} value {v0}");
-                                assert_eq!(
-                                    e4m3(hi[i]),
-                                    want(v0 + 16),
-                                    "K {cols} value {}",
-                                    v0 + 16
-                                );
-                                // signed zero keeps its sign
-                                assert_eq!(lo[i] & 0x80, (vals[v0] & 8) << 4);
+                assert_eq!(dev.len(), rows.div_ceil(16) * 16 * cols / 2);
+                for r in 0..rows {
+                    for c0 in (0..cols).step_by(CHUNK) {
+                        let nb = ((cols - c0) / 32).min(4);
+                        for j in 0..nb {
+                            for t in 0..4 {
+                                let o = kernel_e2m1_word(r, c0 / CHUNK, j, t, cols);
+                                let q = u32::from_le_bytes([
+                                    dev[o],
+                                    dev[o + 1],
+                                    dev[o + 2],
+                                    dev[o + 3],
+                                ]);
+                                let (lo, hi) = kernel_e2m1(q);
+                                for i in 0..4 {
+                                    let v0 = c0 + 32 * j + 4 * t + i;
+                                    let want = |v: usize| {
+                                        f64::from(e2m1::decode(vals[r * cols + v])) * 2f64.powi(-6)
+                                    };
+                                    let at = format!("K {cols} row {r} value {v0}");
+                                    assert_eq!(e4m3(lo[i]), want(v0), "{at}");
+                                    assert_eq!(e4m3(hi[i]), want(v0 + 16), "{at} + 16");
+                                    // signed zero keeps its sign
+                                    assert_eq!(lo[i] & 0x80, (vals[r * cols + v0] & 8) << 4);
+                                }
                             }
+                        }
+                    }
+                }
+                // the padding rows of a partial tile hold zero codes
+                let real = rows * cols / 2;
+                if dev.len() > real {
+                    let last = dev.len() - 16 * cols / 2;
+                    for r in rows % 16..16 {
+                        for q in 0..cols.div_ceil(CHUNK) {
+                            let o = kernel_e2m1_word(last / (cols / 2) + r, q, 0, 0, cols);
+                            assert_eq!(&dev[o..o + 4], &[0u8; 4], "padding row {r}");
                         }
                     }
                 }

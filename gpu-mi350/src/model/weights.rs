@@ -60,6 +60,12 @@ impl WFmt {
         }
     }
 
+    /// Device code bytes of a `[rows, cols]` matrix: [`Self::code_bytes`]
+    /// of its [`super::layout::device_rows`] (E2M1: whole 16-row tiles).
+    pub fn device_code_bytes(self, rows: usize, cols: usize) -> usize {
+        self.code_bytes(super::layout::device_rows(self, rows), cols)
+    }
+
     /// Scale bytes of a `[rows, cols]` matrix (E8M0 per 32 for MX and for
     /// PTPC's unit block scales, E4M3 per 16 for NVFP4).
     pub fn scale_bytes(self, rows: usize, cols: usize) -> usize {
@@ -203,7 +209,7 @@ impl DevLinear {
                 format!("[{rows}, {cols}] x {count}: in-dimension must be a multiple of 32"),
             ));
         }
-        let codes = DevBuf::new(ctx, fmt.code_bytes(rows, cols) * count)?;
+        let codes = DevBuf::new(ctx, fmt.device_code_bytes(rows, cols) * count)?;
         let sb = fmt.scale_bytes(rows, cols) * count;
         let scales = if sb > 0 {
             Some(DevBuf::new(ctx, sb)?)
@@ -253,7 +259,7 @@ impl DevLinear {
     /// Per-matrix strides (codes, scales) in bytes.
     pub fn strides(&self) -> (u64, u64) {
         (
-            self.fmt.code_bytes(self.rows, self.cols) as u64,
+            self.fmt.device_code_bytes(self.rows, self.cols) as u64,
             self.fmt.scale_bytes(self.rows, self.cols) as u64,
         )
     }
@@ -303,8 +309,9 @@ impl DevLinear {
                 format!("matrix {i} of a stack of {}", self.count),
             ));
         }
-        if codes.len() as u64 != cs {
-            return Err(bad("codes", codes.len(), cs));
+        let stored = self.fmt.code_bytes(self.rows, self.cols) as u64;
+        if codes.len() as u64 != stored {
+            return Err(bad("codes", codes.len(), stored));
         }
         if scales.len() as u64 != ss {
             return Err(bad("scales", scales.len(), ss));

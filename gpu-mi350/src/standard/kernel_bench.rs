@@ -94,7 +94,7 @@ impl HostMatrix {
         let (cs, ss) = w.strides();
         let mut codes = vec![0u8; cs as usize];
         w.codes.read(l.stream(), i * cs as usize, &mut codes)?;
-        let codes = layout::from_device(w.fmt, &codes, w.cols).into_owned();
+        let codes = layout::from_device(w.fmt, &codes, w.cols, w.rows).into_owned();
         let mut scales = vec![0u8; ss as usize];
         if let Some(s) = &w.scales {
             s.read(l.stream(), i * ss as usize, &mut scales)?;

@@ -54,6 +54,13 @@ typedef long long i64;
 // ---- bit casts -----------------------------------------------------------
 M3_DEV float m3_f32(u32 b) { return __uint_as_float(b); }
 M3_DEV u32 m3_bits(float x) { return __float_as_uint(x); }
+/// Byte j (0..3, a compile-time constant at the call) of w, zero-extended:
+/// one byte permute on CUDA (where a shift and a mask are two).
+#if defined(M3_CUDA)
+M3_DEV u32 m3_byte(u32 w, u32 j) { return __byte_perm(w, 0u, 0x4440u | j); }
+#else
+M3_DEV u32 m3_byte(u32 w, u32 j) { return (w >> (8u * j)) & 0xffu; }
+#endif
 M3_DEV double m3_f64(u64 b) { return __longlong_as_double((long long)b); }
 M3_DEV u64 m3_bits64(double x) { return (u64)__double_as_longlong(x); }
 

@@ -143,10 +143,14 @@ struct SSeg1 {
   u32 n, tile0, mode, pad;
 };
 #define S_MAX_SEGS 5
+/// flags: S_SEGS_XROW = x is row-scaled (every block's exponent byte of a
+/// row the same: s_xh_row_pe), so the MX linears' fast walk leaves the x
+/// exponent to the epilogue.
 struct SSegs {
   SSeg1 s[S_MAX_SEGS];
-  u32 nseg, pad;
+  u32 nseg, flags;
 };
+#define S_SEGS_XROW 1u
 
 /// Route record of expert slot s (written by m3s_route): [expert, rows,
 /// pair ids of those rows ascending, ...], S_ROUTE_STRIDE(max_rows) ints.
@@ -252,7 +256,7 @@ M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u3
 /// stored as the segment's mode says.
 M3_DEV void s_lin_store(float (*red)[S_MMA_MAXBT * 8][16], const float (&acc)[S_MMA_MAXBT][4], u32 nbt, u32 warp,
                         u32 nwarp, u32 cnt, u32 n0, const SSeg1& sg, u32 ge, const float* __restrict__ ts,
-                        const u32* xrow, const u32* yrow, float fix) {
+                        const u32* xrow, const u32* yrow, float fix, const u8* xre = nullptr, u64 xs = 0) {
   const u32 lane = threadIdx.x % 32u, g = lane / 4u, t = lane % 4u;
 #pragma unroll
   for (int b = 0; b < S_MMA_MAXBT; ++b) {
@@ -273,6 +277,9 @@ M3_DEV void s_lin_store(float (*red)[S_MMA_MAXBT * 8][16], const float (&acc)[S_
     if (n >= N) continue;
     float v = 0.0f;
     for (u32 w2 = 0; w2 < nwarp; ++w2) v += red[w2][m][r];
+    // a row-scaled x's 1 / p (the walk left it out: the same power of two
+    // every block, so the same bits as multiplying it per block)
+    if (xre) v = v * m3_f32((u32)xre[(u64)xrow[m] * xs] << 23);
     v = v * fix;
     v = v * gsc;
     // PTPC FP8: f32(f32(acc * sw) * sa), the weight row's scale, then the
@@ -411,6 +418,31 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
 /// (s_xh_put), padded to 16.
 M3_DEV u32 s_xh_stride(u32 K) { return 2u * K + ((K / 32u + 15u) & ~15u); }
 
+/// Value l of block `blk` of an x row into the f16 layout with the power
+/// of two p = 2^(pe - 127) (v * p rounded to f16; exponent byte 254 - pe,
+/// so that the MX kernel's factor 2^(byte - 127) = 1 / p undoes it): the
+/// store of s_xh_put, and of producers that choose one p for a whole row
+/// (s_xh_row_pe).
+M3_DEV void s_xh_put_pe(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk, u32 pe) {
+  const u32 kk = l % 32u;
+  const u32 dst = blk * 32u + ((kk % 16u) / 4u) * 8u + (kk / 16u) * 4u + kk % 4u;
+  reinterpret_cast<u16*>(row)[dst] = (u16)m3_f16_from_f32(v * m3_f32(pe << 23));
+  if (kk == 0u) row[2u * K + blk] = (u8)(254u - pe);
+}
+
+/// One p for a whole x row (the row-scaled f16 layout: every block's
+/// exponent byte the same, so the MX linears multiply it once an output,
+/// s_lin_store, not once a block): from `u`, an exponent with every value
+/// of the row at most 2^u, p = 2^(14 - u) puts them at most 2^14 (< f16's
+/// 65504), clamped as s_xh_put's; 127 (p = 1) for a zero row. bf16's 8
+/// significant bits stay exact in f16 for values down to ~2^-30 of the
+/// bound (s_xh_put: of the block's largest).
+M3_DEV u32 s_xh_row_pe(int u, bool zero) {
+  if (zero) return 127u;
+  const int want = 141 - u;
+  return (u32)(want > 253 ? 253 : (want < 2 ? 2 : want));
+}
+
 /// One 32-value block of an x row into the f16 layout, by a 32-lane group
 /// (lane l holds value l of the block, `v` f32 of its bf16): the block's
 /// power of two p = 2^(13 - floor(log2 max|v|)) (1 for a zero block or one
@@ -431,10 +463,7 @@ M3_DEV void s_xh_put(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk) {
     const int want = 267 - (int)(ab >> 23);  // f32-subnormal maxima: the largest p
     pe = (u32)(want > 253 ? 253 : (want < 2 ? 2 : want));
   }
-  const u32 kk = l % 32u;
-  const u32 dst = blk * 32u + ((kk % 16u) / 4u) * 8u + (kk / 16u) * 4u + kk % 4u;
-  reinterpret_cast<u16*>(row)[dst] = (u16)m3_f16_from_f32(v * m3_f32(pe << 23));
-  if (kk == 0u) row[2u * K + blk] = (u8)(254u - pe);
+  s_xh_put_pe(v, l, row, K, blk, pe);
 }
 
 // ---- MX linear on f16 tensor cores ------------------------------------------
@@ -569,7 +598,7 @@ M3_DEV void s_h_fetch(const u8* w, const u8* s, bool ok, u32 q, u32 K, u32 t, u3
 template <int F, bool ANY> M3_DEV void s_h_factor(u32 e, float& f1, float& f2) {
   f2 = 1.0f;
   const u32 add = F == S_FMT_FP4 ? 6u : 0u;
-  if (!ANY) { f1 = m3_f32((e + add) << 23); return; }
+  if (!ANY) { f1 = m3_f32((e << 23) + (add << 23)); return; }
   if (e == 0xffu) { f1 = m3_nan(); return; }
   if (e + add > 254u) { f1 = m3_f32(254u << 23); f2 = m3_f32((e + add - 127u) << 23); return; }
   if (e + add == 0u) { f1 = m3_f32(0x00400000u); return; }  // 2^-127
@@ -581,9 +610,10 @@ template <int F, bool ANY> M3_DEV void s_h_factor(u32 e, float& f1, float& f2) {
 /// j; FP8: words 2j, 2j + 1), `sg` / `s8` their scale words (MX: byte j of
 /// word 0; NVFP4: bytes 2j, 2j + 1 of words 0, 1), `xat(b)` x tile b's
 /// fragment of the block, `xexp(b, c)` the exponent byte of its column 2t +
-/// c (ONE: one x row, whose odd columns are never stored and are left out).
+/// c (ONE: one x row, whose odd columns are never stored and are left out;
+/// XR: x row-scaled, its exponent left to the epilogue and `xexp` unused).
 /// Both walks' body.
-template <int F, bool ANY, int NB, bool ONE, typename XAt, typename XExp>
+template <int F, bool ANY, int NB, bool ONE, bool XR = false, typename XAt, typename XExp>
 M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u32 (&s8)[2], u32 j, const XAt& xat,
                       const XExp& xexp, float (&acc)[S_MMA_MAXBT][4]) {
   u32 a0, a1, a2, a3;
@@ -609,8 +639,8 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
   } else {
-    s_h_factor<F, ANY>((sg[0] >> (8u * j)) & 0xffu, fg0, fgx);
-    s_h_factor<F, ANY>((s8[0] >> (8u * j)) & 0xffu, f80, f8x);
+    s_h_factor<F, ANY>(m3_byte(sg[0], j), fg0, fgx);
+    s_h_factor<F, ANY>(m3_byte(s8[0], j), f80, f8x);
     fg1 = fg0; f81 = f80;
   }
   S_H_UNROLL
@@ -619,28 +649,37 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
     float d0[4];
     m3_mma_f16_16816z(d0, p0, xv.x, xv.y);
     const bool c2 = !ONE || b > 0;
-    // the x blocks' 1 / p of columns 2t, 2t + 1 (s_xh_put)
-    const float x0 = m3_f32(xexp(b, 0u) << 23);
-    const float x1 = c2 ? m3_f32(xexp(b, 1u) << 23) : 0.0f;
     if (F == S_FMT_NVFP4) {
       float d1[4];
       m3_mma_f16_16816z(d1, p1, xv.z, xv.w);
-      acc[b][0] = fmaf(d1[0] * x0, fg1, fmaf(d0[0] * x0, fg0, acc[b][0]));
-      acc[b][2] = fmaf(d1[2] * x0, f81, fmaf(d0[2] * x0, f80, acc[b][2]));
+      if (!XR) {
+        // the x blocks' 1 / p of columns 2t, 2t + 1 (s_xh_put)
+        const float x0 = m3_f32(xexp(b, 0u) << 23);
+        const float x1 = c2 ? m3_f32(xexp(b, 1u) << 23) : 0.0f;
+        d0[0] *= x0; d1[0] *= x0; d0[2] *= x0; d1[2] *= x0;
+        d0[1] *= x1; d1[1] *= x1; d0[3] *= x1; d1[3] *= x1;
+      }
+      acc[b][0] = fmaf(d1[0], fg1, fmaf(d0[0], fg0, acc[b][0]));
+      acc[b][2] = fmaf(d1[2], f81, fmaf(d0[2], f80, acc[b][2]));
       if (c2) {
-        acc[b][1] = fmaf(d1[1] * x1, fg1, fmaf(d0[1] * x1, fg0, acc[b][1]));
-        acc[b][3] = fmaf(d1[3] * x1, f81, fmaf(d0[3] * x1, f80, acc[b][3]));
+        acc[b][1] = fmaf(d1[1], fg1, fmaf(d0[1], fg0, acc[b][1]));
+        acc[b][3] = fmaf(d1[3], f81, fmaf(d0[3], f80, acc[b][3]));
       }
     } else {
       m3_mma_f16_16816(d0, p1, xv.z, xv.w);
       if (ANY) {
         d0[0] *= fgx; d0[1] *= fgx; d0[2] *= f8x; d0[3] *= f8x;
       }
-      acc[b][0] = fmaf(d0[0] * x0, fg0, acc[b][0]);
-      acc[b][2] = fmaf(d0[2] * x0, f80, acc[b][2]);
+      if (!XR) {
+        const float x0 = m3_f32(xexp(b, 0u) << 23);
+        const float x1 = c2 ? m3_f32(xexp(b, 1u) << 23) : 0.0f;
+        d0[0] *= x0; d0[2] *= x0; d0[1] *= x1; d0[3] *= x1;
+      }
+      acc[b][0] = fmaf(d0[0], fg0, acc[b][0]);
+      acc[b][2] = fmaf(d0[2], f80, acc[b][2]);
       if (c2) {
-        acc[b][1] = fmaf(d0[1] * x1, fg0, acc[b][1]);
-        acc[b][3] = fmaf(d0[3] * x1, f80, acc[b][3]);
+        acc[b][1] = fmaf(d0[1], fg0, acc[b][1]);
+        acc[b][3] = fmaf(d0[3], f80, acc[b][3]);
       }
     }
   }
@@ -702,7 +741,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
         const auto xat = [&](int b) {
           return XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg(xp[b] + blk * 4u);
         };
-        const auto xexp = [&](int b, u32 c) { return (xw[u][b][c] >> (8u * j)) & 0xffu; };
+        const auto xexp = [&](int b, u32 c) { return m3_byte(xw[u][b][c], j); };
         s_h_block<F, ANY, NB, ONE>(wg, w8, sca[u][0], sca[u][1], j, xat, xexp, acc);
       }
     }
@@ -745,9 +784,10 @@ template <int F, int NB> M3_DEV void s_h_step(SHPos<F, NB>& p, u32 n) {
 }
 
 /// `UU` super-chunks from `p` into acc (NB x tiles; ONE: one x row, whose
-/// odd columns are never stored and are left out). Loads first (weights,
-/// scales, x exponents, x fragments), then 4 UU blocks of two products each.
-template <int F, int NB, bool ONE, u32 UU>
+/// odd columns are never stored and are left out; XR: x row-scaled, no
+/// exponent loads). Loads first (weights, scales, x exponents, x
+/// fragments), then 4 UU blocks of two products each.
+template <int F, int NB, bool ONE, u32 UU, bool XR>
 M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 LW = SHalf<F>::LB / 16u;
   uint4 wa[UU][LW], wc[UU][LW];
@@ -770,8 +810,8 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      xe[u][b][0] = m3_ldg(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
-      xe[u][b][1] = ONE ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
+      xe[u][b][0] = XR ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
+      xe[u][b][1] = ONE || XR ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
     }
   }
 #pragma unroll
@@ -787,24 +827,24 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #pragma unroll
     for (u32 j = 0; j < 4u; ++j) {
       const auto xat = [&](int b) { return xv[u][j][b]; };
-      const auto xexp = [&](int b, u32 c) { return (xe[u][b][c] >> (8u * j)) & 0xffu; };
-      s_h_block<F, false, NB, ONE>(wg, w8, sa[u], sc[u], j, xat, xexp, acc);
+      const auto xexp = [&](int b, u32 c) { return m3_byte(xe[u][b][c], j); };
+      s_h_block<F, false, NB, ONE, XR>(wg, w8, sa[u], sc[u], j, xat, xexp, acc);
     }
   }
 }
 
 /// The fast walk over a warp's `n` super-chunks from `p`: full batches of
 /// SHalf::U, then the rest one at a time.
-template <int F, int NB, bool ONE>
+template <int F, int NB, bool ONE, bool XR = false>
 M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
   const u32 U = SHalf<F>::U;
   u32 i = 0;
   for (; i + U <= n; i += U) {
-    s_h_batch<F, NB, ONE, U>(p, acc);
+    s_h_batch<F, NB, ONE, U, XR>(p, acc);
     s_h_step(p, U);
   }
   for (; i < n; ++i) {
-    s_h_batch<F, NB, ONE, 1>(p, acc);
+    s_h_batch<F, NB, ONE, 1, XR>(p, acc);
     s_h_step(p, 1u);
   }
 }
@@ -913,6 +953,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
   const u32 nblk = K / 32u;
+  // x row-scaled: the fast walk leaves its exponent to the epilogue
+  const bool xr = (segs.flags & S_SEGS_XROW) != 0u;
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
@@ -928,10 +970,18 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       p.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1] + q0);
     }
     // one walk per row class: the one-row and one-tile entry points hold
-    // only theirs (fewer registers: more CTAs an SM)
-    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
-    else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
-    else s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
+    // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
+    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) {
+      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), nq, acc);
+      else s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
+    } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
+      if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), nq, acc);
+      else s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
+    } else if (xr) {
+      s_h_fast<F, S_MMA_MAXBT, false, true>(p, nq, acc);
+    } else {
+      s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
+    }
   } else if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
     // small steps: one copy of the walk per tile count (and one for one row)
     if (cnt == 1u) s_h_walk<F, ANY, 1, true>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
@@ -942,7 +992,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     s_h_walk<F, ANY, S_MMA_MAXBT, false>(fetch, raw, sca, xc, ec, acc, iters, warp, nwarp, nsc, nblk);
   }
   // NVFP4: undo E2M1's 2^-6 as E4M3 operands (exact)
-  s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f);
+  s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, F == S_FMT_NVFP4 ? 64.0f : 1.0f,
+              FAST && xr ? xb + 2u * K : nullptr, xs);
 }
 
 #define S_MMH_LINEAR_RC(name, F, ANY, RC, MINB)                                                                 \
@@ -1115,16 +1166,29 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
 /// warps' sums in order. So every slice of a row sees the same bits, and
 /// so does the mono build (which runs this body in its persistent CTAs).
 /// The weight is loaded before the dependency wait (no kernel writes it).
+///
+/// `xrow` (with xh): the f16 rows row-scaled (s_xh_row_pe), p from a bound
+/// every CTA of a row computes alike: max |x| / r * max |1 + w| (each CTA
+/// reads the whole weight before the wait, and takes max |x| in the loop
+/// that sums the squares), exponents added so nothing overflows.
 M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
                                                      const float* __restrict__ w, float eps, u32 n,
-                                                     u16* __restrict__ out, u8* __restrict__ xh) {
+                                                     u16* __restrict__ out, u8* __restrict__ xh, u32 xrow) {
   constexpr u32 B = S_NORM_BLOCK, VT = 1024u / S_NORM_BLOCK;
   const u32 i = blockIdx.y * B + threadIdx.x;
   const float wi = i < n ? w[i] : 0.0f;
+  const bool rs = xrow != 0u && xh != nullptr;
+  // max |1 + w| over the row (this thread's share; 0 when not row-scaled)
+  float wm = 0.0f;
+  if (rs)
+    for (u32 k = threadIdx.x; k < n; k += B) wm = fmaxf(wm, fabsf(1.0f + w[k]));
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   S_SMEM_SCOPE; S_SHARED(float, part, [1024 / M3_WARP]);
   S_SHARED(float, total, );
+  S_SHARED(float, pmx, [1024 / M3_WARP]);
+  S_SHARED(float, pmw, [1024 / M3_WARP]);
+  S_SHARED(u32, rpe, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
   // all the loads first (VT x 8 in flight), then the sums in their order
@@ -1136,6 +1200,7 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
       const u32 k = threadIdx.x + a * B + j * 1024u;
       v[a][j] = k < n ? xr[k] : 0.0f;
     }
+  float xm = 0.0f;  // max |x| of this thread's values (row-scaled only)
 #pragma unroll
   for (u32 a = 0; a < VT; ++a) {
     const u32 vt = threadIdx.x + a * B;
@@ -1143,14 +1208,40 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
 #pragma unroll
     for (u32 j = 0; j < 8; ++j) s += v[a][j] * v[a][j];
     for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) s += xr[k] * xr[k];
+    if (rs) {
+#pragma unroll
+      for (u32 j = 0; j < 8; ++j) xm = fmaxf(xm, fabsf(v[a][j]));
+      for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) xm = fmaxf(xm, fabsf(xr[k]));
+    }
     s = m3_warp_sum(s);
     if (vt % M3_WARP == 0) part[vt / M3_WARP] = s;
+  }
+  if (rs) {
+    // the maxima (order-free: every CTA of the row gets the same)
+#pragma unroll
+    for (int m = M3_WARP / 2; m > 0; m >>= 1) {
+      xm = fmaxf(xm, M3_SHFL_XOR(xm, m));
+      wm = fmaxf(wm, M3_SHFL_XOR(wm, m));
+    }
+    if (threadIdx.x % M3_WARP == 0) { pmx[threadIdx.x / M3_WARP] = xm; pmw[threadIdx.x / M3_WARP] = wm; }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     float t = 0.0f;
     for (u32 p = 0; p < 1024u / M3_WARP; ++p) t += part[p];
     total = t;
+    if (rs) {
+      float mx = 0.0f, mw = 0.0f;
+      for (u32 p = 0; p < B / M3_WARP; ++p) { mx = fmaxf(mx, pmx[p]); mw = fmaxf(mw, pmw[p]); }
+      const float r = sqrtf(t / (float)n + eps);
+      // every output |bf16((x / r) (1 + w))| <= 2^u: mx < 2^(ex - 126),
+      // 1 / r <= 2^(127 - er), mw < 2^(ew - 126), and one more binade for
+      // the roundings (biased f32 exponents; a NaN / Inf row: p = 1)
+      const u32 bx = m3_bits(mx), bw = m3_bits(mw), br = m3_bits(r);
+      const bool fin = bx < 0x7f800000u && bw < 0x7f800000u && br < 0x7f800000u && br != 0u;
+      const int u = (int)(bx >> 23) - (int)(br >> 23) + (int)(bw >> 23) - 124;
+      rpe = fin ? s_xh_row_pe(u, bx == 0u || bw == 0u) : 127u;
+    }
   }
   __syncthreads();
   // (n a multiple of 32 when xh is given: a 32-lane group holds one whole
@@ -1159,7 +1250,11 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   const float r = sqrtf(total / (float)n + eps);
   const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + wi));
   out[(u64)blockIdx.x * n + i] = b;
-  if (xh) s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + (u64)blockIdx.x * s_xh_stride(n), n, i / 32u);
+  if (xh) {
+    u8* row = xh + (u64)blockIdx.x * s_xh_stride(n);
+    if (rs) s_xh_put_pe(m3_bf16_to_f32(b), threadIdx.x % 32u, row, n, i / 32u, rpe);
+    else s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, row, n, i / 32u);
+  }
 }
 
 /// Cache element types (`kind` of a cache write, `cache_kind` of the
@@ -1339,8 +1434,11 @@ M3_DEV u64 s_slot(const u32* __restrict__ bt, const u32* __restrict__ bt_off, u3
 }
 
 /// SwiGLU-OAI: a = bf16(((u'+1) g') sigmoid(alpha g')). g, u bf16.
+/// `xpe` (with xh): the f16 rows row-scaled with this one p = 2^(xpe - 127)
+/// for every row (the host's bound from alpha and the clamp limit,
+/// `swiglu_row_pe`); 0: a power of two per block (s_xh_put).
 M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up, float alpha, float limit,
-                          u16* __restrict__ a, u32 n, u8* __restrict__ xh, u32 K) {
+                          u16* __restrict__ a, u32 n, u8* __restrict__ xh, u32 K, u32 xpe) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1356,7 +1454,8 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   if (xh) {
     const u64 r = i / K;
     const u32 c = (u32)(i - r * K);
-    s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + r * s_xh_stride(K), K, c / 32u);
+    if (xpe) s_xh_put_pe(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + r * s_xh_stride(K), K, c / 32u, xpe);
+    else s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, xh + r * s_xh_stride(K), K, c / 32u);
   }
 }
 

@@ -353,6 +353,7 @@ impl GpuDraft {
             c.hidden_size,
             out,
             0,
+            false,
             rows,
         )
     }
@@ -661,6 +662,7 @@ impl GpuDraft {
                 n * m.gate.rows,
                 0,
                 m.gate.rows,
+                false,
             )?;
             self.lin(&[(&m.down, LinOut::AddF32(b.x.ptr()))], b.a.ptr(), n)?;
         }

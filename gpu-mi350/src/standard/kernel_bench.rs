@@ -25,7 +25,8 @@ use m3_core::formats::{bf16, MxElem, MxTensor, Nvfp4Tensor};
 use super::graphs::{GraphKey, Graphs};
 use super::launch::Launcher;
 use super::linear::{
-    linears, x_f16, xh_stride, LinOut, LinX, LinearKernels, MmaVariant, Route, SMALL_STEP_VARIANT,
+    linears, row_scaled_xh, x_f16, xh_stride, LinOut, LinX, LinearKernels, MmaVariant, Route, F16X,
+    SMALL_STEP_VARIANT,
 };
 use super::STANDARD;
 use crate::error::{GpuError, Result};
@@ -304,6 +305,27 @@ pub fn kernel_bench(
         ptpc: None,
         f16: Some(f16),
     };
+    // the same x row-scaled (what RMSNorm and SwiGLU write in a step,
+    // `F16X::row_scaled`): timed beside the per-block form on the builds
+    // with the fast walk (the small-step shape), labelled `x/row`
+    let xr = DevBuf::from_slice(&ctx, &row_scaled_xh(&xh, max_rows, spec.k))?;
+    let lx_row = LinX {
+        f16: Some(F16X {
+            rows: xr.ptr(),
+            row_scaled: true,
+        }),
+        ..lx
+    };
+    let forms = |fmt: WFmt| -> Vec<(usize, LinX, String)> {
+        let mut f = Vec::new();
+        for (v, mv) in kern.mma.iter().enumerate() {
+            f.push((v, lx, mv.label.clone()));
+            if fmt.f16_x() && mv.rows <= 16 {
+                f.push((v, lx_row, format!("{} x/row", mv.label)));
+            }
+        }
+        f
+    };
     let mut out = Vec::new();
     let mut graphs = Graphs::new(usize::MAX);
     let mut key_n = 0usize;
@@ -320,7 +342,7 @@ pub fn kernel_bench(
         let host0 = HostMatrix::download(&l, &mats[0], 0)?;
         let stack_bytes: u64 = mats.iter().map(|m| m.bytes() as u64).sum();
         for &m in &spec.rows {
-            for v in 0..kern.mma.len() {
+            for (v, lx, label) in forms(fmt) {
                 // check: matrix 0 alone, f32 out
                 linears(
                     c.l,
@@ -359,7 +381,7 @@ pub fn kernel_bench(
                     case: format!("{} x [{}, {}] m{m}", mats.len(), spec.n, spec.k),
                     fmt,
                     rows: m,
-                    variant: kern.mma[v].label.clone(),
+                    variant: label,
                     bytes: stack_bytes,
                     samples_ms,
                     checked,
@@ -386,7 +408,7 @@ pub fn kernel_bench(
                 let (table, slots, first) = route(&c, spec.experts, d, m, spec.top_k.max(1))?;
                 let per_expert = gate.matrix_bytes() as u64 * 2;
                 let host_g = HostMatrix::download(&l, &gate, first.0)?;
-                for v in 0..kern.mma.len() {
+                for (v, lx, label) in forms(fmt) {
                     let mats = [(&gate, LinOut::F32(y.ptr())), (&up, LinOut::F32(y2.ptr()))];
                     let r = Some(Route {
                         table: table.ptr(),
@@ -420,7 +442,7 @@ pub fn kernel_bench(
                         ),
                         fmt,
                         rows: m,
-                        variant: kern.mma[v].label.clone(),
+                        variant: label,
                         bytes: per_expert * d as u64,
                         samples_ms,
                         checked,

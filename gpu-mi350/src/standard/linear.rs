@@ -81,8 +81,12 @@ pub(crate) struct MmaSeg {
 pub(crate) struct MmaSegs {
     pub s: [MmaSeg; MAX_SEGS],
     pub nseg: u32,
-    pub pad: u32,
+    /// `SEGS_XROW` or 0.
+    pub flags: u32,
 }
+
+/// `MmaSegs::flags`: x is row-scaled (`S_SEGS_XROW`, [`F16X::row_scaled`]).
+pub(crate) const SEGS_XROW: u32 = 1;
 
 /// The x of a linear launch: bf16 rows; for PTPC FP8 weights the same
 /// rows quantized per token (`m3s_act_ptpc`); for MX weights the rows as
@@ -109,12 +113,64 @@ pub(crate) struct PtpcX {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct F16X {
     pub rows: u64,
+    /// Every block of a row has the same power of two (its producer chose
+    /// one a row: RMSNorm, SwiGLU; `s_xh_row_pe`), so the fast walks
+    /// multiply it once an output instead of once a block.
+    pub row_scaled: bool,
 }
 
 /// Bytes of one x row in the f16 layout (`s_xh_stride`): `k` f16 values,
 /// then `k / 32` exponent bytes padded to 16.
 pub(crate) fn xh_stride(k: usize) -> usize {
     2 * k + (k / 32).next_multiple_of(16)
+}
+
+/// The exponent byte `p = 2^(pe - 127)` of a row-scaled f16 row whose
+/// largest |value| is `max` (`s_xh_row_pe` with the tight bound, which is
+/// `s_xh_put`'s choice for a block with that largest value): the largest
+/// lands in [2^13, 2^14); 127 for a zero or non-finite maximum.
+pub(crate) fn row_pe(max: f32) -> u32 {
+    let b = max.abs().to_bits();
+    if b == 0 || b >= 0x7f80_0000 {
+        return 127;
+    }
+    (267 - (b >> 23) as i32).clamp(2, 253) as u32
+}
+
+/// `rows` bf16 rows of `k` values (`x`, bits) in the MX linears' f16
+/// layout, row-scaled ([`F16X::row_scaled`]): each value times one power of
+/// two a row ([`row_pe`] of the row's largest), rounded to f16 in fragment
+/// order, then every block's exponent byte `254 - pe`. The host's form of
+/// what `m3s_rmsnorm` / `m3s_swiglu` write row-scaled (the kernel
+/// microbench's row-scaled x, and the tests' reference).
+pub(crate) fn row_scaled_xh(x: &[u16], rows: usize, k: usize) -> Vec<u8> {
+    let stride = xh_stride(k);
+    let mut out = vec![0u8; rows * stride];
+    for (xr, o) in x
+        .chunks_exact(k)
+        .zip(out.chunks_exact_mut(stride))
+        .take(rows)
+    {
+        let vals: Vec<f32> = xr
+            .iter()
+            .map(|&b| m3_core::formats::bf16::to_f32(b))
+            .collect();
+        let pe = row_pe(
+            vals.iter()
+                .fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m }),
+        );
+        let p = f32::from_bits(pe << 23);
+        for (i, &v) in vals.iter().enumerate() {
+            let (blk, kk) = (i / 32, i % 32);
+            let dst = blk * 32 + (kk % 16) / 4 * 8 + kk / 16 * 4 + kk % 4;
+            let h = half::f16::from_f32(v * p).to_bits();
+            o[2 * dst..2 * dst + 2].copy_from_slice(&h.to_le_bytes());
+        }
+        for b in 0..k / 32 {
+            o[2 * k + b] = (254 - pe) as u8;
+        }
+    }
+    out
 }
 
 impl From<u64> for LinX {
@@ -162,7 +218,10 @@ pub(crate) fn x_f16(
             Arg::U64(room.ptr()),
         ],
     )?;
-    Ok(F16X { rows: room.ptr() })
+    Ok(F16X {
+        rows: room.ptr(),
+        row_scaled: false,
+    })
 }
 
 /// `x` made ready for `mats` (which share it): its `rows` rows in the f16
@@ -373,17 +432,20 @@ pub(crate) fn linears(
                 format!("a {:?} linear launched without its {what}", w0.fmt),
             )
         };
-        let (xa, ts) = if w0.fmt == WFmt::Ptpc {
+        let (xa, ts, row_scaled) = if w0.fmt == WFmt::Ptpc {
             let p = x.ptpc.ok_or_else(|| missing("quantized input"))?;
             let h = p.f16.ok_or_else(|| missing("f16 input"))?;
-            (h.rows, p.scales)
+            (h.rows, p.scales, h.row_scaled)
         } else if w0.fmt.f16_x() {
             let h = x.f16.ok_or_else(|| missing("f16 input"))?;
-            (h.rows, 0)
+            (h.rows, 0, h.row_scaled)
         } else {
-            (x.x, 0)
+            (x.x, 0, false)
         };
-        let mut segs = MmaSegs::default();
+        let mut segs = MmaSegs {
+            flags: if row_scaled { SEGS_XROW } else { 0 },
+            ..MmaSegs::default()
+        };
         let mut tiles = 0u32;
         for j in i..mats.len() {
             let (w, y) = mats[j];
@@ -941,7 +1003,14 @@ mod gpu_tests {
                 }
                 let wf: Vec<Vec<f32>> = ws.iter().map(dequant).collect();
                 for &m in &[1usize, 2, 7, 16] {
-                    let xs: Vec<u16> = (0..m * kk).map(|_| bf16::from_f32(rng.unit())).collect();
+                    // rows of different magnitude (2^-6 .. 2^6): each its
+                    // own power of two when row-scaled
+                    let xs: Vec<u16> = (0..m * kk)
+                        .map(|i| {
+                            let sc = 2f32.powi(3 * (i / kk % 5) as i32 - 6);
+                            bf16::from_f32(rng.unit() * sc)
+                        })
+                        .collect();
                     let xd = DevBuf::from_slice(ctx, &xs).unwrap();
                     let x = |r: usize, c: usize| f64::from(bf16::to_f32(xs[r * kk + c]));
                     // plain: y[r][o] = x[r] . W0[o]
@@ -980,59 +1049,98 @@ mod gpu_tests {
                             bad
                         };
                     let (lx, _keep) = with_f16(&l, &k, xd.ptr(), None, m, kk);
-                    for (vi, v) in variants.iter().enumerate() {
+                    // the same x row-scaled (F16X::row_scaled), flagged or not
+                    let xrb = DevBuf::from_slice(ctx, &row_scaled_xh(&xs, m, kk)).unwrap();
+                    let lx_row = |on: bool| LinX {
+                        f16: Some(F16X {
+                            rows: xrb.ptr(),
+                            row_scaled: on,
+                        }),
+                        ..lx
+                    };
+                    let plain = |vi: usize, lx: LinX| -> Vec<f32> {
                         let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
                         linears(&l, &k, vi, &[(&dev, LinOut::F32(y.ptr()))], lx, m, None, m)
                             .unwrap();
                         let mut got = vec![0f32; m * n];
                         y.read(l.stream(), 0, &mut got).unwrap();
-                        let bad = count_off(&got, n, &|r| (0, r));
-                        if bad > 0 {
-                            failures.push(format!(
-                                "plain {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
+                        got
+                    };
+                    let xforms: Vec<(LinX, &str)> = if fmt == "bf16" {
+                        vec![(lx, "")]
+                    } else {
+                        vec![(lx, ""), (lx_row(true), " x/row")]
+                    };
+                    for (vi, v) in variants.iter().enumerate() {
+                        for &(lx, xform) in &xforms {
+                            let got = plain(vi, lx);
+                            let bad = count_off(&got, n, &|r| (0, r));
+                            if bad > 0 {
+                                failures.push(format!(
+                                "plain{xform} {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
                                 m * n
                             ));
-                        }
-                        // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
-                        // x row p / 2, output row p
-                        let pairs = m * 2;
-                        let stride = 2 + pairs;
-                        let mut rec = vec![0i32; 2 * stride];
-                        for e in 0..2 {
-                            let rows: Vec<i32> = (0..pairs)
-                                .filter(|&p| (p / 2 + p % 2) % 2 == e)
-                                .map(|p| p as i32)
-                                .collect();
-                            rec[e * stride] = e as i32;
-                            rec[e * stride + 1] = rows.len() as i32;
-                            rec[e * stride + 2..e * stride + 2 + rows.len()].copy_from_slice(&rows);
-                        }
-                        let rt = DevBuf::from_slice(ctx, &rec).unwrap();
-                        let y = DevBuf::zeroed(ctx, pairs * n * 4).unwrap();
-                        linears(
-                            &l,
-                            &k,
-                            vi,
-                            &[(&dev, LinOut::F32(y.ptr()))],
-                            lx,
-                            m,
-                            Some(Route {
-                                table: rt.ptr(),
-                                slots: 2,
-                                xdiv: 2,
-                                x_rows: m,
-                            }),
-                            pairs,
-                        )
-                        .unwrap();
-                        let mut got = vec![0f32; pairs * n];
-                        y.read(l.stream(), 0, &mut got).unwrap();
-                        let bad = count_off(&got, n, &|p| ((p / 2 + p % 2) % 2, p / 2));
-                        if bad > 0 {
-                            failures.push(format!(
-                                "routed {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
+                            }
+                            // the flag moves x's exponent to the epilogue: the
+                            // same bits as multiplying it in every block
+                            if !xform.is_empty() {
+                                let off = plain(vi, lx_row(false));
+                                let differ = got
+                                    .iter()
+                                    .zip(&off)
+                                    .filter(|(a, b)| {
+                                        a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan())
+                                    })
+                                    .count();
+                                if differ > 0 {
+                                    failures.push(format!(
+                                    "plain {fmt} [{n}, {kk}] m {m} variant `{v}`: {differ} outputs differ \
+                                     row-scaled with the flag and without"
+                                ));
+                                }
+                            }
+                            // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
+                            // x row p / 2, output row p
+                            let pairs = m * 2;
+                            let stride = 2 + pairs;
+                            let mut rec = vec![0i32; 2 * stride];
+                            for e in 0..2 {
+                                let rows: Vec<i32> = (0..pairs)
+                                    .filter(|&p| (p / 2 + p % 2) % 2 == e)
+                                    .map(|p| p as i32)
+                                    .collect();
+                                rec[e * stride] = e as i32;
+                                rec[e * stride + 1] = rows.len() as i32;
+                                rec[e * stride + 2..e * stride + 2 + rows.len()]
+                                    .copy_from_slice(&rows);
+                            }
+                            let rt = DevBuf::from_slice(ctx, &rec).unwrap();
+                            let y = DevBuf::zeroed(ctx, pairs * n * 4).unwrap();
+                            linears(
+                                &l,
+                                &k,
+                                vi,
+                                &[(&dev, LinOut::F32(y.ptr()))],
+                                lx,
+                                m,
+                                Some(Route {
+                                    table: rt.ptr(),
+                                    slots: 2,
+                                    xdiv: 2,
+                                    x_rows: m,
+                                }),
+                                pairs,
+                            )
+                            .unwrap();
+                            let mut got = vec![0f32; pairs * n];
+                            y.read(l.stream(), 0, &mut got).unwrap();
+                            let bad = count_off(&got, n, &|p| ((p / 2 + p % 2) % 2, p / 2));
+                            if bad > 0 {
+                                failures.push(format!(
+                                "routed{xform} {fmt} [{n}, {kk}] m {m} variant `{v}`: {bad} of {} outputs off",
                                 pairs * n
                             ));
+                            }
                         }
                     }
                 }

@@ -332,6 +332,16 @@ pub struct PathOptions {
     /// ([`attn::index_grid_x`]: faster at 128k, slower at 4k, bench/NOTES.md
     /// session 18 run 5). The CLI reads `M3_INDEX_GRID_X`.
     pub index_grid_x: usize,
+    /// RMSNorm and SwiGLU (where its clamp bounds it) write the MX linears'
+    /// f16 rows row-scaled: one power of two a row instead of one a block
+    /// (`s_xh_row_pe` in standard_decode.cu), so the small-step fast walks
+    /// multiply x's exponent once an output, not once a block (the
+    /// prototype ran MXFP4 at one row 6-8 points of the ceiling faster
+    /// without the per-block multiply, bench/NOTES.md session 23 run 1).
+    /// The same products where both forms are exact (bf16 values down to
+    /// ~2^-30 of the row's bound); the o projection's input stays
+    /// per-block. The CLI reads `M3_ROW_SCALED_X=0|1` for A/B runs.
+    pub row_scaled_x: bool,
 }
 
 impl Default for PathOptions {
@@ -356,6 +366,7 @@ impl Default for PathOptions {
             o_full_edge: false,
             index_prewait: true,
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
+            row_scaled_x: true,
         }
     }
 }
@@ -376,7 +387,9 @@ impl PathOptions {
     /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
-    /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]).
+    /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),
+    /// `M3_ROW_SCALED_X=0|1` the f16 rows' scale
+    /// ([`PathOptions::row_scaled_x`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = on;
@@ -415,6 +428,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_INDEX_PREWAIT") {
             self.index_prewait = on;
+        }
+        if let Some(on) = env_flag("M3_ROW_SCALED_X") {
+            self.row_scaled_x = on;
         }
         if let Some(n) = env_usize("M3_INDEX_GRID_X") {
             self.index_grid_x = n.min(u32::MAX as usize);
@@ -545,7 +561,7 @@ pub(crate) struct Acts {
     /// merge's (`xh_a`), when the model has MX linears (`xh_fused`).
     /// `last_n` / `last_a`: the bf16 buffer whose rows each holds now and
     /// the f16 copy's address (0, 0: none), so a linear on that buffer
-    /// reads the copy (step.rs).
+    /// reads the copy (step.rs), and whether that copy is row-scaled (1).
     pub xh_n: DevBuf,
     pub xh_a: DevBuf,
     /// The shared expert's SwiGLU rows in the f16 layout: apart from
@@ -553,8 +569,8 @@ pub(crate) struct Acts {
     /// when the shared expert runs beside them.
     pub xh_s: DevBuf,
     pub xh_fused: bool,
-    pub last_n: [AtomicU64; 2],
-    pub last_a: [AtomicU64; 2],
+    pub last_n: [AtomicU64; 3],
+    pub last_a: [AtomicU64; 3],
     pub g: DevBuf,
     pub u: DevBuf,
     pub a: DevBuf,
@@ -862,8 +878,8 @@ impl StandardPath {
                 },
             )?,
             xh_fused,
-            last_n: [AtomicU64::new(0), AtomicU64::new(0)],
-            last_a: [AtomicU64::new(0), AtomicU64::new(0)],
+            last_n: Default::default(),
+            last_a: Default::default(),
             g: z(&ctx, t * wmax * 2)?,
             u: z(&ctx, t * wmax * 2)?,
             a: z(&ctx, t * wmax * 2)?,

@@ -139,7 +139,10 @@ pub(crate) fn embed(
 }
 
 /// RMSNorm (Gemma: `1 + w`) of rows of `x` (f32 `[*, n]`, all rows or
-/// those listed at `rows`) into bf16 `out` (`nrows` rows).
+/// those listed at `rows`) into bf16 `out` (`nrows` rows), and into the MX
+/// linears' f16 layout at `xh` if not 0: row-scaled when `row_scaled`
+/// (one power of two a row, from a bound every CTA computes alike:
+/// [`super::linear::F16X::row_scaled`]), else a power of two a block.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm(
     l: &Launcher,
@@ -151,6 +154,7 @@ pub(crate) fn rmsnorm(
     n: usize,
     out: u64,
     xh: u64,
+    row_scaled: bool,
     nrows: usize,
 ) -> Result<()> {
     l.launch(
@@ -167,6 +171,7 @@ pub(crate) fn rmsnorm(
             Arg::U32(n as u32),
             Arg::U64(out),
             Arg::U64(xh),
+            Arg::U32(u32::from(row_scaled)),
         ],
     )
 }
@@ -191,7 +196,10 @@ pub(crate) fn add_bf16(l: &Launcher, f: &Func, acc: u64, y: u64, n: usize) -> Re
     )
 }
 
-/// SwiGLU-OAI of `n` (gate, up) bf16 pairs into bf16 `out`.
+/// SwiGLU-OAI of `n` (gate, up) bf16 pairs into bf16 `out`, and into the
+/// MX linears' f16 layout at `xh` (rows of `k`) if not 0: row-scaled with
+/// [`swiglu_row_pe`]'s power of two when `row_scaled` and the clamp bounds
+/// the output, else a power of two a block.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swiglu(
     l: &Launcher,
@@ -204,7 +212,13 @@ pub(crate) fn swiglu(
     n: usize,
     xh: u64,
     k: usize,
+    row_scaled: bool,
 ) -> Result<()> {
+    let xpe = if row_scaled {
+        swiglu_row_pe(alpha, limit).unwrap_or(0)
+    } else {
+        0
+    };
     l.launch(
         "swiglu",
         f,
@@ -220,8 +234,31 @@ pub(crate) fn swiglu(
             Arg::U32(n as u32),
             Arg::U64(xh),
             Arg::U32(k as u32),
+            Arg::U32(xpe),
         ],
     )
+}
+
+/// The one power of two SwiGLU-OAI's f16 rows take when row-scaled, as
+/// `m3s_swiglu`'s `xpe` (p = 2^(xpe - 127)), or `None` where the output has
+/// no bound (a limit or alpha that is not finite and positive). With `g'`
+/// at most `limit` and `u'` in `[-limit, limit]`, `|((u' + 1) g')
+/// sigmoid(alpha g')| <= (limit + 1) max(limit, 0.2785 / alpha)` (for
+/// `g' < 0`, `|g'| sigmoid(alpha g') <= max_y y / (1 + e^y) / alpha`, which
+/// is below 0.2785 / alpha); 2% more covers the f32 and bf16 roundings. p
+/// puts that bound at most 2^14 (`s_xh_row_pe`: below f16's 65504).
+pub(crate) fn swiglu_row_pe(alpha: f32, limit: f32) -> Option<u32> {
+    let (a, l) = (f64::from(alpha), f64::from(limit));
+    if !(a.is_finite() && a > 0.0 && l.is_finite() && l >= 0.0) {
+        return None;
+    }
+    let bound = (l + 1.0) * l.max(0.2785 / a) * 1.02;
+    if bound <= 0.0 {
+        return None;
+    }
+    // every value at most 2^u
+    let u = bound.log2().ceil() as i32;
+    Some((141 - u).clamp(2, 253) as u32)
 }
 
 /// Per-head norm + RoPE (at the positions `pos`, `[t]` u32) of up to
@@ -399,6 +436,183 @@ pub(crate) fn cache_write_jobs(jobs: &[CwSpec], kind: KvKind) -> Result<CwJobs> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DevBuf;
+    use crate::runtime::api::Gpu;
+
+    /// SwiGLU-OAI as `m3s_swiglu` computes it (f32, then bf16), in f64.
+    fn swiglu_f32(g: f32, u: f32, alpha: f32, limit: f32) -> f64 {
+        let g = g.min(limit);
+        let u = u.max(-limit).min(limit);
+        let sg = 1.0 / (1.0 + (-(alpha * g)).exp());
+        f64::from(m3_core::formats::bf16::to_f32(
+            m3_core::formats::bf16::from_f32(((u + 1.0) * g) * sg),
+        ))
+    }
+
+    #[test]
+    fn the_swiglu_row_scale_bounds_every_output() {
+        // the M3 family's alpha and limit, and others; scanning g and u over
+        // and past the clamp, every output times p stays at most 2^14 (f16
+        // holds it), and the bound is not loose by more than 4x
+        for (alpha, limit) in [(1.702f32, 7.0f32), (1.0, 10.0), (4.0, 1.0), (0.5, 0.25)] {
+            let pe = swiglu_row_pe(alpha, limit).unwrap();
+            let p = 2f64.powi(pe as i32 - 127);
+            let mut most = 0f64;
+            for i in 0..=4000 {
+                let g = -40.0 + 80.0 * i as f32 / 4000.0;
+                for u in [
+                    -limit - 3.0,
+                    -limit,
+                    -1.0,
+                    0.0,
+                    limit * 0.5,
+                    limit,
+                    limit + 5.0,
+                ] {
+                    most = most.max(swiglu_f32(g, u, alpha, limit).abs());
+                }
+            }
+            assert!(
+                most * p <= 16384.0,
+                "alpha {alpha} limit {limit}: {most} x 2^{}",
+                pe as i32 - 127
+            );
+            assert!(
+                most * p > 4096.0,
+                "alpha {alpha} limit {limit}: {most} x 2^{}",
+                pe as i32 - 127
+            );
+        }
+        // no bound without a finite clamp or a positive alpha
+        assert_eq!(swiglu_row_pe(1.702, f32::INFINITY), None);
+        assert_eq!(swiglu_row_pe(0.0, 7.0), None);
+        assert_eq!(swiglu_row_pe(f32::NAN, 7.0), None);
+    }
+
+    /// Row r of an f16-layout buffer (`super::super::linear::xh_stride`):
+    /// its values decoded (f16 times the block's 2^(byte - 127)) and its
+    /// exponent bytes.
+    fn xh_row(xh: &[u8], r: usize, k: usize) -> (Vec<f64>, Vec<u8>) {
+        let row = &xh[r * super::super::linear::xh_stride(k)..];
+        let bytes = row[2 * k..2 * k + k / 32].to_vec();
+        let vals = (0..k)
+            .map(|i| {
+                let (blk, kk) = (i / 32, i % 32);
+                let d = blk * 32 + (kk % 16) / 4 * 8 + kk / 16 * 4 + kk % 4;
+                let h = half::f16::from_bits(u16::from_le_bytes([row[2 * d], row[2 * d + 1]]));
+                f64::from(h.to_f32()) * 2f64.powi(i32::from(bytes[blk]) - 127)
+            })
+            .collect();
+        (vals, bytes)
+    }
+
+    /// Rows written row-scaled: one exponent byte a row, every value the
+    /// bf16 output exactly, none past f16's range. Count of values off.
+    fn row_scaled_off(xh: &[u8], out: &[u16], rows: usize, k: usize) -> usize {
+        let mut off = 0;
+        for r in 0..rows {
+            let (vals, bytes) = xh_row(xh, r, k);
+            off += bytes.iter().filter(|&&b| b != bytes[0]).count();
+            let p = 2f64.powi(127 - i32::from(bytes[0]));
+            for (i, v) in vals.iter().enumerate() {
+                let want = f64::from(m3_core::formats::bf16::to_f32(out[r * k + i]));
+                if *v != want || (v * p).abs() > 16384.0 {
+                    off += 1;
+                }
+            }
+        }
+        off
+    }
+
+    #[test]
+    fn producers_write_row_scaled_f16_rows() {
+        let Some(gpu) = super::super::test_gpu() else {
+            return;
+        };
+        let st = &super::super::STANDARD;
+        let (fr, fs) = (
+            gpu.kernel(st, "m3s_rmsnorm").unwrap(),
+            gpu.kernel(st, "m3s_swiglu").unwrap(),
+        );
+        let l = Launcher::new(gpu.device(), true).unwrap();
+        let ctx = gpu.device();
+        let mut rng = super::super::TestRng(23);
+        // RMSNorm: rows of very different magnitude, 1 + w over [-0.5, 2.5];
+        // n past 8192 takes the kernel's tail loop
+        for n in [2048usize, 8320] {
+            let rows = 3;
+            let x: Vec<f32> = (0..rows * n)
+                .map(|i| rng.unit() * [1e-3f32, 1.0, 3e3][i / n])
+                .collect();
+            let w: Vec<f32> = (0..n).map(|_| 1.5 * rng.unit()).collect();
+            let (xd, wd) = (
+                DevBuf::from_slice(ctx, &x).unwrap(),
+                DevBuf::from_slice(ctx, &w).unwrap(),
+            );
+            let out = DevBuf::zeroed(ctx, 2 * rows * n).unwrap();
+            let xh = DevBuf::zeroed(ctx, rows * super::super::linear::xh_stride(n)).unwrap();
+            rmsnorm(
+                &l,
+                &fr,
+                xd.ptr(),
+                0,
+                wd.ptr(),
+                1e-6,
+                n,
+                out.ptr(),
+                xh.ptr(),
+                true,
+                rows,
+            )
+            .unwrap();
+            l.sync().unwrap();
+            let mut o = vec![0u16; rows * n];
+            out.read(l.stream(), 0, &mut o).unwrap();
+            let mut h = vec![0u8; rows * super::super::linear::xh_stride(n)];
+            xh.read(l.stream(), 0, &mut h).unwrap();
+            assert_eq!(row_scaled_off(&h, &o, rows, n), 0, "rmsnorm n {n}");
+            // the check sees a planted one-bit error in a value
+            let mut bad = h.clone();
+            bad[2 * 37] ^= 0x04;
+            assert!(row_scaled_off(&bad, &o, rows, n) > 0);
+        }
+        // SwiGLU: g, u over and past the clamp, rows of 1536
+        let (k, rows) = (1536usize, 4usize);
+        let g: Vec<u16> = (0..rows * k)
+            .map(|_| m3_core::formats::bf16::from_f32(12.0 * rng.unit()))
+            .collect();
+        let u: Vec<u16> = (0..rows * k)
+            .map(|_| m3_core::formats::bf16::from_f32(12.0 * rng.unit()))
+            .collect();
+        let (gd, ud) = (
+            DevBuf::from_slice(ctx, &g).unwrap(),
+            DevBuf::from_slice(ctx, &u).unwrap(),
+        );
+        let out = DevBuf::zeroed(ctx, 2 * rows * k).unwrap();
+        let xh = DevBuf::zeroed(ctx, rows * super::super::linear::xh_stride(k)).unwrap();
+        swiglu(
+            &l,
+            &fs,
+            gd.ptr(),
+            ud.ptr(),
+            1.702,
+            7.0,
+            out.ptr(),
+            rows * k,
+            xh.ptr(),
+            k,
+            true,
+        )
+        .unwrap();
+        l.sync().unwrap();
+        let mut o = vec![0u16; rows * k];
+        out.read(l.stream(), 0, &mut o).unwrap();
+        let mut h = vec![0u8; rows * super::super::linear::xh_stride(k)];
+        xh.read(l.stream(), 0, &mut h).unwrap();
+        assert_eq!(row_scaled_off(&h, &o, rows, k), 0, "swiglu");
+        let pe = swiglu_row_pe(1.702, 7.0).unwrap();
+        assert_eq!(u32::from(xh_row(&h, 2, k).1[5]), 254 - pe);
+    }
 
     #[test]
     fn rmsnorm_block_is_the_kernels() {

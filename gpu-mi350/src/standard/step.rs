@@ -160,6 +160,7 @@ impl StandardPath {
         let c = &self.model.config;
         let a = &self.acts;
         let xh = if a.xh_fused { a.xh_n.ptr() } else { 0 };
+        let row_scaled = self.opts.row_scaled_x;
         pw::rmsnorm(
             &self.l,
             &self.kern.rmsnorm,
@@ -170,9 +171,10 @@ impl StandardPath {
             c.hidden_size,
             out,
             xh,
+            row_scaled,
             nrows,
         )?;
-        remember(&a.last_n, out, xh);
+        remember(&a.last_n, out, xh, row_scaled);
         Ok(())
     }
 
@@ -205,7 +207,10 @@ impl StandardPath {
         let a = &self.acts;
         let f16 = [&a.last_n, &a.last_a].iter().find_map(|p| {
             let (src, xh) = (p[0].load(Ordering::Relaxed), p[1].load(Ordering::Relaxed));
-            (src == x && xh != 0).then_some(F16X { rows: xh })
+            (src == x && xh != 0).then_some(F16X {
+                rows: xh,
+                row_scaled: p[2].load(Ordering::Relaxed) != 0,
+            })
         });
         let x = prepare_x(
             &self.l,
@@ -462,7 +467,7 @@ impl StandardPath {
         } else {
             heads()?;
         }
-        remember(&a.last_a, a.o.ptr(), o_xh);
+        remember(&a.last_a, a.o.ptr(), o_xh, false);
         // o projection, added into the residual in its epilogue (or, to tap
         // it, stored and added by a kernel: the same f32 += bf16(y))
         match ex.taps.and_then(|tb| tb.at(&tb.attn_out, li, h)) {
@@ -748,6 +753,9 @@ impl StandardPath {
         } else {
             0
         };
+        // row-scaled only where the clamp bounds the output
+        let row_scaled =
+            self.opts.row_scaled_x && pw::swiglu_row_pe(c.swiglu_alpha, c.swiglu_limit).is_some();
         pw::swiglu(
             &self.l,
             &self.kern.swiglu,
@@ -759,8 +767,9 @@ impl StandardPath {
             n,
             xh,
             k.max(1),
+            row_scaled,
         )?;
-        remember(&a.last_a, out, xh);
+        remember(&a.last_a, out, xh, row_scaled);
         Ok(())
     }
 
@@ -860,9 +869,10 @@ impl StandardPath {
 
 /// Note that bf16 buffer `out` now has its rows in the f16 layout at `xh`
 /// (0: it has none).
-fn remember(slot: &[AtomicU64; 2], out: u64, xh: u64) {
+fn remember(slot: &[AtomicU64; 3], out: u64, xh: u64, row_scaled: bool) {
     slot[0].store(if xh != 0 { out } else { 0 }, Ordering::Relaxed);
     slot[1].store(xh, Ordering::Relaxed);
+    slot[2].store(u64::from(xh != 0 && row_scaled), Ordering::Relaxed);
 }
 
 #[cfg(test)]

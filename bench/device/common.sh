@@ -50,3 +50,12 @@ m3_ab() {
     done
   done
 }
+
+# The figures of record (PERF.md's protocol): the bench model at batch
+# 1-64, 4k and 128k, 3 rounds, into $OUT/table.json and table.log.
+m3_record() {
+  timeout 500 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,2,4,8,16,32,64 \
+    --context 4096 --long-context 131072 --iters 200 --rounds 3 --out $OUT/table.json > $OUT/table.log 2>&1
+  echo "exit $?" >> $OUT/table.log
+  grep -vE "^round " $OUT/table.log | tail -40
+}

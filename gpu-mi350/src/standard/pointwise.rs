@@ -524,6 +524,22 @@ mod tests {
         off
     }
 
+    /// A producer's bf16 rows and their f16-layout copy, after a sync.
+    fn read_back(
+        l: &Launcher,
+        out: &DevBuf,
+        xh: &DevBuf,
+        rows: usize,
+        k: usize,
+    ) -> (Vec<u16>, Vec<u8>) {
+        l.sync().unwrap();
+        let mut o = vec![0u16; rows * k];
+        out.read(l.stream(), 0, &mut o).unwrap();
+        let mut h = vec![0u8; rows * super::super::linear::xh_stride(k)];
+        xh.read(l.stream(), 0, &mut h).unwrap();
+        (o, h)
+    }
+
     #[test]
     fn producers_write_row_scaled_f16_rows() {
         let Some(gpu) = super::super::test_gpu() else {
@@ -565,11 +581,7 @@ mod tests {
                 rows,
             )
             .unwrap();
-            l.sync().unwrap();
-            let mut o = vec![0u16; rows * n];
-            out.read(l.stream(), 0, &mut o).unwrap();
-            let mut h = vec![0u8; rows * super::super::linear::xh_stride(n)];
-            xh.read(l.stream(), 0, &mut h).unwrap();
+            let (o, h) = read_back(&l, &out, &xh, rows, n);
             assert_eq!(row_scaled_off(&h, &o, rows, n), 0, "rmsnorm n {n}");
             // the check sees a planted one-bit error in a value
             let mut bad = h.clone();
@@ -604,11 +616,7 @@ mod tests {
             true,
         )
         .unwrap();
-        l.sync().unwrap();
-        let mut o = vec![0u16; rows * k];
-        out.read(l.stream(), 0, &mut o).unwrap();
-        let mut h = vec![0u8; rows * super::super::linear::xh_stride(k)];
-        xh.read(l.stream(), 0, &mut h).unwrap();
+        let (o, h) = read_back(&l, &out, &xh, rows, k);
         assert_eq!(row_scaled_off(&h, &o, rows, k), 0, "swiglu");
         let pe = swiglu_row_pe(1.702, 7.0).unwrap();
         assert_eq!(u32::from(xh_row(&h, 2, k).1[5]), 254 - pe);

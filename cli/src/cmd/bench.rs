@@ -134,7 +134,10 @@ pub struct Args {
     /// format at --kernel-rows x rows on a stack of 8 [hidden, hidden]
     /// matrices, and the fused expert gate+up at the preset's shapes over
     /// 4..64 distinct experts; each case checked against an f64 reference,
-    /// then timed; GB/s of stored bytes and % of the in-run ceiling).
+    /// then timed; GB/s of stored bytes and % of the in-run ceiling). MX
+    /// formats run twice on the small-step build: x with a power of two per
+    /// 32-value block, and row-scaled (variant `... x/row`: one a row, as
+    /// RMSNorm and SwiGLU write it in a step).
     #[arg(long)]
     pub kernels: bool,
     /// GPU, --kernels: x rows of each case.

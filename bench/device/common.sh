@@ -22,7 +22,7 @@ m3_setup() {
 m3_verify() {
   for t in runner backend_ops; do
     echo "=== test $t, REQUIRE_GPU=1 ($(date +%T))"
-    REQUIRE_GPU=1 timeout 240 /tmp/bin/test-$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |^test result|panicked|bitwise|FAIL" | tail -24
+    REQUIRE_GPU=1 timeout 360 /tmp/bin/test-$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |^test result|panicked|bitwise|FAIL" | tail -24
   done
   echo "=== golden --backend gpu ($(date +%T))"
   REQUIRE_GPU=1 M3_BIN=/tmp/bin/m3 M3_ROOT=$PWD timeout 300 /tmp/bin/xtask golden --backend gpu --no-free-run 2>&1 | grep -E "golden:|FAIL|fail" | tail -8

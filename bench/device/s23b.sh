@@ -4,11 +4,15 @@
 # interleaved by 16-row tiles (model/layout.rs, 00d47d1) and row-scaled x
 # (RMSNorm / SwiGLU write one power of two a row; the fast walks multiply
 # it once an output: PathOptions::row_scaled_x, M3_ROW_SCALED_X=0|1).
+# Also SwiGLU in the gate + up epilogue (PathOptions::fuse_swiglu, off by
+# default, M3_FUSE_SWIGLU=1).
 # 1. the device check: the GPU unit tests of the linears (f64 variants,
-#    K = 160 partial chunks, row-scaled x flagged and not: the same bits)
-#    and of the producers (row-scaled RMSNorm / SwiGLU rows exact), then
-#    m3_verify (runner, backend_ops incl. K = 160 / 224 engine linears,
-#    golden, parity small standard and mono);
+#    K = 160 partial chunks, row-scaled x flagged and not: the same bits;
+#    SwiGLU in the epilogue against gate + up then m3s_swiglu: the same
+#    bits) and of the producers (row-scaled RMSNorm / SwiGLU rows exact),
+#    then m3_verify (runner incl. fused_swiglu_is_bitwise_the_same,
+#    backend_ops incl. K = 160 / 224 engine linears, golden, parity small
+#    standard and mono);
 # The timing A/B is s23c.sh (a call of its own: this one takes ~5 min).
 set -u
 . bench/device/common.sh

@@ -138,10 +138,35 @@ template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
 /// the f32 sum before the store. cs: one f32 scale per output feature and
 /// stacked matrix (PTPC FP8 weights, `cs[e * n + feature]`; 0 = none),
 /// multiplying the sum after gs.
+///
+/// mode 3 (MX f16 kernels only): gate and up with SwiGLU in the epilogue.
+/// `w`, `ws`, `gs` are the gate stack's, `w2`, `ws2`, `gs2` the up stack's
+/// (the same shape and strides); n = features; a CTA takes 8 features, its
+/// tile rows g the gate's and g + 8 the up's of feature tile0-relative
+/// 8 c + g, so one thread of the epilogue holds both halves of a feature.
+/// It stores bf16(SwiGLU-OAI(bf16(gate), bf16(up))) with `alpha`, `limit`
+/// to yb and its row-scaled f16 copy (p = 2^(xpe - 127), s_xh_put_pe) to
+/// the f16-layout rows at yf: the bits of a gate + up launch, then
+/// m3s_swiglu with `xpe`.
 struct SSeg1 {
   u64 w, ws, yb, yf, w_es, ws_es, gs, cs;
-  u32 n, tile0, mode, pad;
+  u32 n, tile0, mode, xpe;
+  u64 w2, ws2, gs2;
+  float alpha, limit;
 };
+#define S_MODE_SWIGLU 3u
+
+/// SwiGLU-OAI of one (gate, up) pair of bf16 values (MODEL.md):
+/// bf16(((u' + 1) g') sigmoid(alpha g')), g' = min(g, limit), u' = u
+/// clamped to [-limit, limit]. One body for m3s_swiglu and the mode-3
+/// epilogue, so both give the same bits.
+M3_DEV u16 s_swiglu_oai(u16 gb, u16 ub, float alpha, float limit) {
+  float g = m3_bf16_to_f32(gb), u = m3_bf16_to_f32(ub);
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  const float sg = 1.0f / (1.0f + expf(-(alpha * g)));
+  return m3_bf16_from_f32(((u + 1.0f) * g) * sg);
+}
 #define S_MAX_SEGS 5
 /// flags: S_SEGS_XROW = x is row-scaled (every block's exponent byte of a
 /// row the same: s_xh_row_pe), so the MX linears' fast walk leaves the x
@@ -249,11 +274,30 @@ M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u3
   return true;
 }
 
+/// Bytes of one x row in the MX linears' f16 layout (s_mmh_linear): K f16
+/// values in fragment order (per 32-value block, lane t's values 4t..4t+3
+/// then 16+4t..16+4t+3: 16 bytes), then one exponent byte a block
+/// (s_xh_put), padded to 16.
+M3_DEV u32 s_xh_stride(u32 K) { return 2u * K + ((K / 32u + 15u) & ~15u); }
+
+/// Value l of block `blk` of an x row into the f16 layout with the power
+/// of two p = 2^(pe - 127) (v * p rounded to f16; exponent byte 254 - pe,
+/// so that the MX kernel's factor 2^(byte - 127) = 1 / p undoes it): the
+/// store of s_xh_put, and of producers that choose one p for a whole row
+/// (s_xh_row_pe).
+M3_DEV void s_xh_put_pe(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk, u32 pe) {
+  const u32 kk = l % 32u;
+  const u32 dst = blk * 32u + ((kk % 16u) / 4u) * 8u + (kk / 16u) * 4u + kk % 4u;
+  reinterpret_cast<u16*>(row)[dst] = (u16)m3_f16_from_f32(v * m3_f32(pe << 23));
+  if (kk == 0u) row[2u * K + blk] = (u8)(254u - pe);
+}
+
 /// A tensor-core linear's epilogue: each warp's split-K partials (`acc`
 /// of its `nbt` x tiles) through shared `red`, summed per output, times
 /// `fix` (an exact power of two undoing the operands' scaling), the
 /// matrix's global scale (NVFP4) and PTPC's feature and x-row scales,
-/// stored as the segment's mode says.
+/// stored as the segment's mode says (mode 3: rows r < 8 the gate's, r + 8
+/// the up's of one feature, through SwiGLU: SSeg1).
 M3_DEV void s_lin_store(float (*red)[S_MMA_MAXBT * 8][16], const float (&acc)[S_MMA_MAXBT][4], u32 nbt, u32 warp,
                         u32 nwarp, u32 cnt, u32 n0, const SSeg1& sg, u32 ge, const float* __restrict__ ts,
                         const u32* xrow, const u32* yrow, float fix, const u8* xre = nullptr, u64 xs = 0) {
@@ -272,6 +316,28 @@ M3_DEV void s_lin_store(float (*red)[S_MMA_MAXBT * 8][16], const float (&acc)[S_
   float* yf = reinterpret_cast<float*>(sg.yf);
   // the matrix's global scale (NVFP4; 1.0 when absent)
   const float gsc = sg.gs ? reinterpret_cast<const float*>(sg.gs)[ge] : 1.0f;
+  if (sg.mode == S_MODE_SWIGLU) {
+    // the up stack's global scale (NVFP4)
+    const float gsu = sg.gs2 ? reinterpret_cast<const float*>(sg.gs2)[ge] : 1.0f;
+    for (u32 i = threadIdx.x; i < cnt * 8u; i += blockDim.x) {
+      const u32 m = i / 8u, r = i % 8u, f = n0 + r;
+      if (f >= N) continue;
+      // each half as a mode-0 store would round it
+      float vg = 0.0f, vu = 0.0f;
+      for (u32 w2 = 0; w2 < nwarp; ++w2) { vg += red[w2][m][r]; vu += red[w2][m][r + 8u]; }
+      if (xre) {
+        const float xf = m3_f32((u32)xre[(u64)xrow[m] * xs] << 23);
+        vg = vg * xf; vu = vu * xf;
+      }
+      vg = vg * fix; vu = vu * fix;
+      vg = vg * gsc; vu = vu * gsu;
+      const u16 b = s_swiglu_oai(m3_bf16_from_f32(vg), m3_bf16_from_f32(vu), sg.alpha, sg.limit);
+      yb[(u64)yrow[m] * N + f] = b;
+      s_xh_put_pe(m3_bf16_to_f32(b), f % 32u, reinterpret_cast<u8*>(sg.yf) + (u64)yrow[m] * s_xh_stride(N), N,
+                  f / 32u, sg.xpe);
+    }
+    return;
+  }
   for (u32 i = threadIdx.x; i < cnt * 16u; i += blockDim.x) {
     const u32 m = i / 16u, r = i % 16u, n = n0 + r;
     if (n >= N) continue;
@@ -410,24 +476,6 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     }
   }
   s_lin_store(red, acc, nbt, warp, nwarp, cnt, n0, sg, ge, ts, xrow, yrow, 1.0f);
-}
-
-/// Bytes of one x row in the MX linears' f16 layout (s_mmh_linear): K f16
-/// values in fragment order (per 32-value block, lane t's values 4t..4t+3
-/// then 16+4t..16+4t+3: 16 bytes), then one exponent byte a block
-/// (s_xh_put), padded to 16.
-M3_DEV u32 s_xh_stride(u32 K) { return 2u * K + ((K / 32u + 15u) & ~15u); }
-
-/// Value l of block `blk` of an x row into the f16 layout with the power
-/// of two p = 2^(pe - 127) (v * p rounded to f16; exponent byte 254 - pe,
-/// so that the MX kernel's factor 2^(byte - 127) = 1 / p undoes it): the
-/// store of s_xh_put, and of producers that choose one p for a whole row
-/// (s_xh_row_pe).
-M3_DEV void s_xh_put_pe(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk, u32 pe) {
-  const u32 kk = l % 32u;
-  const u32 dst = blk * 32u + ((kk % 16u) / 4u) * 8u + (kk / 16u) * 4u + kk % 4u;
-  reinterpret_cast<u16*>(row)[dst] = (u16)m3_f16_from_f32(v * m3_f32(pe << 23));
-  if (kk == 0u) row[2u * K + blk] = (u8)(254u - pe);
 }
 
 /// One p for a whole x row (the row-scaled f16 layout: every block's
@@ -874,38 +922,42 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32 g = lane / 4u, t = lane % 4u;
   const SSeg1 sg = s_lin_seg(segs);
   const u32 N = sg.n;
-  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
+  // mode 3: 8 features a CTA, tile rows g of the gate stack, g + 8 of up
+  const bool pair = sg.mode == S_MODE_SWIGLU;
+  const u32 n0 = (blockIdx.x - sg.tile0) * (pair ? 8u : 16u);
   const u32 U = SHalf<F, ANY>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
   const u32 sb = F == S_FMT_NVFP4 ? K / 16u : K / 32u;  // scale bytes a row
-  const u32 ra = n0 + g, rc = n0 + g + 8u;
+  const u32 ra = n0 + g, rc = pair ? ra : n0 + g + 8u;
   const bool oka = ra < N, okc = rc < N;
   const u8* W = reinterpret_cast<const u8*>(sg.w);
   const u8* S = reinterpret_cast<const u8*>(sg.ws);
+  const u8* Wc = pair ? reinterpret_cast<const u8*>(sg.w2) : W;
+  const u8* Sc = pair ? reinterpret_cast<const u8*>(sg.ws2) : S;
   uint4 raw[SHalf<F, ANY>::U][2][SHalf<F>::LB / 16u];
   u32 sca[SHalf<F, ANY>::U][2][2];
   const u8 *wa = nullptr, *wc = nullptr, *sa = nullptr, *sc = nullptr;
   auto rows_at = [&]() {
     if (SHalf<F>::NIB) {
-      // the tile's rows g, g + 8 (E2M1 matrices are whole tiles: rows past
-      // N are zero padding, never stored)
-      wa = W + (u64)n0 * rb + 64u * g;
-      wc = wa + 512u;
+      // rows ra, rc in their 16-row tiles (E2M1 matrices are whole tiles:
+      // rows past N are zero padding, never stored)
+      wa = W + (u64)(ra / 16u) * 16u * rb + 64u * (ra % 16u);
+      wc = Wc + (u64)(rc / 16u) * 16u * rb + 64u * (rc % 16u);
     } else {
       wa = W + (u64)(oka ? ra : 0u) * rb;
-      wc = W + (u64)(okc ? rc : 0u) * rb;
+      wc = Wc + (u64)(okc ? rc : 0u) * rb;
     }
     sa = S ? S + (u64)(oka ? ra : 0u) * sb : nullptr;
-    sc = S ? S + (u64)(okc ? rc : 0u) * sb : nullptr;
+    sc = Sc ? Sc + (u64)(okc ? rc : 0u) * sb : nullptr;
   };
   auto fetch = [&](u32 it) {
 #pragma unroll
     for (u32 u = 0; u < U; ++u) {
       u32 q;
       const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
-      s_h_fetch<F, ANY>(wa, sa, have && oka, q, K, t, g, raw[u][0], sca[u][0]);
-      s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, g + 8u, raw[u][1], sca[u][1]);
+      s_h_fetch<F, ANY>(wa, sa, have && oka, q, K, t, ra % 16u, raw[u][0], sca[u][0]);
+      s_h_fetch<F, ANY>(wc, sc, have && okc, q, K, t, rc % 16u, raw[u][1], sca[u][1]);
     }
   };
   // the fast walk (every chunk full, scales in range, small steps, CUDA)
@@ -929,7 +981,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
   if (route) {
     W += (u64)ge * sg.w_es;
+    Wc += (u64)ge * sg.w_es;
     if (S) S += (u64)ge * sg.ws_es;
+    if (Sc) Sc += (u64)ge * sg.ws_es;
     rows_at();
     if (!FAST) fetch(0u);
   }
@@ -1443,11 +1497,7 @@ M3_KERNEL void m3s_swiglu(const u16* __restrict__ gt, const u16* __restrict__ up
   M3_PDL_WAIT();
   u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float g = m3_bf16_to_f32(gt[i]), u = m3_bf16_to_f32(up[i]);
-  g = fminf(g, limit);
-  u = fminf(fmaxf(u, -limit), limit);
-  float sg = 1.0f / (1.0f + expf(-(alpha * g)));
-  const u16 b = m3_bf16_from_f32(((u + 1.0f) * g) * sg);
+  const u16 b = s_swiglu_oai(gt[i], up[i], alpha, limit);
   a[i] = b;
   // xh: rows of K values also in the MX linears' f16 layout (n and K
   // multiples of 32: a 32-lane group is one block of one row)

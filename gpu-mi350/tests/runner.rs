@@ -983,6 +983,55 @@ fn shared_expert_beside_is_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// SwiGLU in the gate + up launch's epilogue (`PathOptions::fuse_swiglu`:
+/// one launch fewer an MLP, the routed experts', the shared expert's and a
+/// dense layer's) gives the logits of gate + up, then `m3s_swiglu`, bit for
+/// bit over a 40-row prefill and 4 captured decode steps, in each MX expert
+/// format. The check can fail: the fused run on a model whose shared
+/// experts have gate and up swapped differs.
+#[test]
+fn fused_swiglu_is_bitwise_the_same() {
+    let Some(cuda) = gpu_or_skip("fused_swiglu_is_bitwise_the_same") else {
+        return;
+    };
+    let mut gpu = GpuBackend::new(cuda);
+    let mut failures = Vec::new();
+    for (preset, experts) in [
+        ("tiny", WeightFormat::Mxfp4),
+        ("small", WeightFormat::Mxfp4),
+        ("small", WeightFormat::Nvfp4),
+    ] {
+        let c = ModelConfig::preset(preset).expect("preset");
+        let formats = Formats {
+            experts,
+            dense: WeightFormat::Mxfp8,
+        };
+        let m = Arc::new(synthetic::model(&c, formats, 5).expect("synthetic"));
+        let bad = swap_shared_gate_up(&m);
+        let case = Case {
+            name: "fused swiglu",
+            ..CASES[0]
+        };
+        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, c.vocab_size, |o, on| {
+            o.fuse_swiglu = on
+        });
+        println!(
+            "{preset} {experts:?}: SwiGLU in the gate + up epilogue == separate launch bitwise: {same}; swapped shared gate / up differs: {caught}"
+        );
+        if !same {
+            failures.push(format!(
+                "{preset} {experts:?}: SwiGLU in the epilogue changed the logits"
+            ));
+        }
+        if !caught {
+            failures.push(format!(
+                "{preset} {experts:?}: a perturbed shared expert went unseen"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// K, V and the index key written to their caches by the head-norm launch
 /// (`PathOptions::fuse_cache_writes`, the default) give the logits of the
 /// separate cache-write launch bit for bit, in each cache kind, over a

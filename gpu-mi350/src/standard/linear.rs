@@ -47,6 +47,63 @@ pub(crate) enum LinOut {
     F32(u64),
     /// f32 rows += f32(bf16(y)): MODEL.md's residual add, fused.
     AddF32(u64),
+    /// The matrix is the gate, paired with the up stack in [`SwiGluOut`]:
+    /// SwiGLU-OAI of each feature's two halves stored as bf16 rows and as
+    /// their row-scaled f16 copy (`SSeg1` mode 3; MX weights only).
+    SwiGlu(SwiGluOut),
+}
+
+/// The up half and the outputs of a [`LinOut::SwiGlu`] launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SwiGluOut {
+    /// The up stack's codes, block scales (0: none) and NVFP4 globals (0:
+    /// none): the same format, shape and strides as the gate's.
+    pub up_w: u64,
+    pub up_ws: u64,
+    pub up_gs: u64,
+    /// bf16 rows of the features, and their f16-layout rows.
+    pub a: u64,
+    pub xh: u64,
+    pub alpha: f32,
+    pub limit: f32,
+    /// The rows' one power of two ([`super::pointwise::swiglu_row_pe`]).
+    pub xpe: u32,
+    /// Some up scale needs the any-scale kernel ([`DevLinear::any_scale`]).
+    pub up_any: bool,
+}
+
+impl SwiGluOut {
+    /// `up`'s half of a launch on `gate`, writing `a` and `xh` (rows of
+    /// `gate.rows` features); `None` where the pair cannot run fused: not
+    /// MX weights read as f16 (bf16, PTPC), stacks that differ in format or
+    /// shape, features not whole 32-value blocks of the f16 rows, or a
+    /// clamp that gives no row scale.
+    pub fn new(
+        gate: &DevLinear,
+        up: &DevLinear,
+        a: u64,
+        xh: u64,
+        alpha: f32,
+        limit: f32,
+    ) -> Option<Self> {
+        let same = gate.fmt == up.fmt
+            && (gate.rows, gate.cols, gate.count) == (up.rows, up.cols, up.count)
+            && gate.strides() == up.strides();
+        if !same || !gate.fmt.f16_x() || gate.fmt == WFmt::Ptpc || !gate.rows.is_multiple_of(32) {
+            return None;
+        }
+        Some(SwiGluOut {
+            up_w: up.codes.ptr(),
+            up_ws: up.scales.as_ref().map_or(0, |s| s.ptr()),
+            up_gs: up.globals.as_ref().map_or(0, |g| g.ptr()),
+            a,
+            xh,
+            alpha,
+            limit,
+            xpe: super::pointwise::swiglu_row_pe(alpha, limit)?,
+            up_any: up.any_scale(),
+        })
+    }
 }
 
 /// One matrix of a tensor-core launch (`SSeg1` in standard_decode.cu).
@@ -70,10 +127,22 @@ pub(crate) struct MmaSeg {
     pub n: u32,
     /// First CTA (blockIdx.x) of this matrix.
     pub tile0: u32,
-    /// 0 = bf16 store, 1 = f32 store, 2 = f32 += bf16(y).
+    /// 0 = bf16 store, 1 = f32 store, 2 = f32 += bf16(y), 3 = SwiGLU of
+    /// gate (this matrix) and up (`w2`, ...) to bf16 `yb` and f16 rows `yf`.
     pub mode: u32,
-    pub pad: u32,
+    /// Mode 3: the f16 rows' power of two (p = 2^(xpe - 127)).
+    pub xpe: u32,
+    /// Mode 3: the up stack's codes, block scales, NVFP4 globals.
+    pub w2: u64,
+    pub ws2: u64,
+    pub gs2: u64,
+    /// Mode 3: SwiGLU-OAI's alpha and clamp.
+    pub alpha: f32,
+    pub limit: f32,
 }
+
+/// Features (rows of each stack) one CTA takes in mode 3.
+const SWIGLU_TILE: u32 = 8;
 
 /// The matrices of a tensor-core launch, passed by value (`SSegs`).
 #[repr(C)]
@@ -458,7 +527,8 @@ pub(crate) fn linears(
             done[j] = true;
             // one matrix with a scale outside the fast range (or K not a
             // multiple of 128) takes the whole launch to the any kernel
-            if w.any_scale() || (w.fmt.f16_x() && !w.cols.is_multiple_of(128)) {
+            let up_any = matches!(y, LinOut::SwiGlu(o) if o.up_any);
+            if w.any_scale() || up_any || (w.fmt.f16_x() && !w.cols.is_multiple_of(128)) {
                 name = w.fmt.mma_kernel_any_scale().unwrap_or(name);
             }
             let (w_es, ws_es) = w.strides();
@@ -466,8 +536,9 @@ pub(crate) fn linears(
                 LinOut::Bf16(p) => (p, 0, 0),
                 LinOut::F32(p) => (0, p, 1),
                 LinOut::AddF32(p) => (0, p, 2),
+                LinOut::SwiGlu(o) => (o.a, o.xh, 3),
             };
-            segs.s[segs.nseg as usize] = MmaSeg {
+            let mut seg = MmaSeg {
                 w: w.codes.ptr(),
                 ws: w.scales.as_ref().map_or(0, |s| s.ptr()),
                 yb,
@@ -479,10 +550,26 @@ pub(crate) fn linears(
                 n: w.rows as u32,
                 tile0: tiles,
                 mode,
-                pad: 0,
+                ..MmaSeg::default()
             };
+            let mut per_cta = MMA_N;
+            if let LinOut::SwiGlu(o) = y {
+                if !w.fmt.f16_x() || w.fmt == WFmt::Ptpc {
+                    return Err(GpuError::input(
+                        "standard path",
+                        format!(
+                            "gate + up with SwiGLU fused on {:?} weights (MX only)",
+                            w.fmt
+                        ),
+                    ));
+                }
+                (seg.w2, seg.ws2, seg.gs2) = (o.up_w, o.up_ws, o.up_gs);
+                (seg.alpha, seg.limit, seg.xpe) = (o.alpha, o.limit, o.xpe);
+                per_cta = SWIGLU_TILE;
+            }
+            segs.s[segs.nseg as usize] = seg;
             segs.nseg += 1;
-            tiles += (w.rows as u32).div_ceil(MMA_N);
+            tiles += (w.rows as u32).div_ceil(per_cta);
         }
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
@@ -607,10 +694,17 @@ mod tests {
 
     #[test]
     fn job_tables_have_the_kernel_layout() {
-        // SSeg1: 8 u64 + 4 u32 = 80 bytes; SSegs: 5 of them + 2 u32.
-        assert_eq!(std::mem::size_of::<MmaSeg>(), 80);
-        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 80 + 8);
+        // SSeg1: 8 u64 + 4 u32 + 3 u64 + 2 f32 = 112 bytes; SSegs: 5 of
+        // them + 2 u32; and the kernel's structs have the fields in this order
+        assert_eq!(std::mem::size_of::<MmaSeg>(), 112);
+        assert_eq!(std::mem::size_of::<MmaSegs>(), 5 * 112 + 8);
         assert_eq!(std::mem::align_of::<MmaSegs>(), 8);
+        let body = super::super::STANDARD.body;
+        assert!(body.contains(
+            "struct SSeg1 {\n  u64 w, ws, yb, yf, w_es, ws_es, gs, cs;\n  u32 n, tile0, mode, xpe;\n  u64 w2, ws2, gs2;\n  float alpha, limit;\n};"
+        ));
+        assert!(body.contains("struct SSegs {\n  SSeg1 s[S_MAX_SEGS];\n  u32 nseg, flags;\n};"));
+        assert!(body.contains(&format!("#define S_MAX_SEGS {MAX_SEGS}\n")));
     }
 }
 
@@ -936,6 +1030,171 @@ mod gpu_tests {
         assert_eq!(planted_caught, 4 * 4 * 2, "a planted error went unnoticed");
     }
 
+    /// The route records (`m3s_route`'s form) of `m` x rows over a stack
+    /// of 2: pairs p = r * 2 + c choose expert (r + c) % 2, x row p / 2,
+    /// output row p.
+    fn two_expert_route(m: usize) -> Vec<i32> {
+        let pairs = m * 2;
+        let stride = 2 + pairs;
+        let mut rec = vec![0i32; 2 * stride];
+        for e in 0..2 {
+            let rows: Vec<i32> = (0..pairs)
+                .filter(|&p| (p / 2 + p % 2) % 2 == e)
+                .map(|p| p as i32)
+                .collect();
+            rec[e * stride] = e as i32;
+            rec[e * stride + 1] = rows.len() as i32;
+            rec[e * stride + 2..e * stride + 2 + rows.len()].copy_from_slice(&rows);
+        }
+        rec
+    }
+
+    /// SwiGLU in the gate + up epilogue (`LinOut::SwiGlu`, mode 3) against
+    /// gate + up stored as bf16, then `m3s_swiglu` row-scaled: the same
+    /// bits in the bf16 rows and in the f16 rows, every MX format, x per
+    /// block and row-scaled, plain and routed, 1 / 4 / 16 rows, the
+    /// small-step build (fast walks) and the default one.
+    #[test]
+    fn swiglu_in_the_epilogue_is_gate_up_then_swiglu() {
+        let Some(gpu) = gpu() else { return };
+        let l = Launcher::new(gpu.device(), true).unwrap();
+        let st = &super::super::STANDARD;
+        let k = LinearKernels {
+            mma: ["", SMALL_STEP_VARIANT]
+                .iter()
+                .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
+                .collect(),
+            f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
+            x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
+        };
+        let fsw = gpu.kernel(st, "m3s_swiglu").unwrap();
+        let ctx = gpu.device();
+        let mut rng = TestRng(41);
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        let mut failures = Vec::new();
+        for fmt in ["fp4", "e4m3", "e5m2", "nvfp4", "fp4-big"] {
+            for &(n, kk) in &[(64usize, 256usize), (96, 2048)] {
+                let stack = |rng: &mut TestRng| {
+                    let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, rng)).collect();
+                    DevLinear::upload(ctx, "test", &ws.iter().collect::<Vec<_>>()).unwrap()
+                };
+                let (gate, up) = (stack(&mut rng), stack(&mut rng));
+                for &m in &[1usize, 4, 16] {
+                    // gate and up outputs large enough to meet the clamp
+                    let xs: Vec<u16> = (0..m * kk)
+                        .map(|_| bf16::from_f32(8.0 * rng.unit()))
+                        .collect();
+                    let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+                    let (lx, _keep) = with_f16(&l, &k, xd.ptr(), None, m, kk);
+                    let xrb = DevBuf::from_slice(ctx, &row_scaled_xh(&xs, m, kk)).unwrap();
+                    let lx_row = LinX {
+                        f16: Some(F16X {
+                            rows: xrb.ptr(),
+                            row_scaled: true,
+                        }),
+                        ..lx
+                    };
+                    let pairs = m * 2;
+                    let rt = DevBuf::from_slice(ctx, &two_expert_route(m)).unwrap();
+                    let routed = Route {
+                        table: rt.ptr(),
+                        slots: 2,
+                        xdiv: 2,
+                        x_rows: m,
+                    };
+                    for (vi, lxv, route, rows) in [
+                        (0usize, lx, None, m),
+                        (1, lx, None, m),
+                        (1, lx_row, None, m),
+                        (1, lx_row, Some(routed), pairs),
+                        (0, lx_row, Some(routed), pairs),
+                    ] {
+                        let buf = |b: usize| DevBuf::zeroed(ctx, b).unwrap();
+                        let (g, u, a0, a1) = (
+                            buf(rows * n * 2),
+                            buf(rows * n * 2),
+                            buf(rows * n * 2),
+                            buf(rows * n * 2),
+                        );
+                        let (h0, h1) = (buf(rows * xh_stride(n)), buf(rows * xh_stride(n)));
+                        // reference: gate + up to bf16, then m3s_swiglu row-scaled
+                        linears(
+                            &l,
+                            &k,
+                            vi,
+                            &[(&gate, LinOut::Bf16(g.ptr())), (&up, LinOut::Bf16(u.ptr()))],
+                            lxv,
+                            m,
+                            route,
+                            rows,
+                        )
+                        .unwrap();
+                        super::super::pointwise::swiglu(
+                            &l,
+                            &fsw,
+                            g.ptr(),
+                            u.ptr(),
+                            alpha,
+                            limit,
+                            a0.ptr(),
+                            rows * n,
+                            h0.ptr(),
+                            n,
+                            true,
+                        )
+                        .unwrap();
+                        let o =
+                            SwiGluOut::new(&gate, &up, a1.ptr(), h1.ptr(), alpha, limit).unwrap();
+                        linears(
+                            &l,
+                            &k,
+                            vi,
+                            &[(&gate, LinOut::SwiGlu(o))],
+                            lxv,
+                            m,
+                            route,
+                            rows,
+                        )
+                        .unwrap();
+                        l.sync().unwrap();
+                        let read16 = |b: &DevBuf| {
+                            let mut v = vec![0u16; rows * n];
+                            b.read(l.stream(), 0, &mut v).unwrap();
+                            v
+                        };
+                        let read8 = |b: &DevBuf| {
+                            let mut v = vec![0u8; rows * xh_stride(n)];
+                            b.read(l.stream(), 0, &mut v).unwrap();
+                            v
+                        };
+                        let (want, got) = (read16(&a0), read16(&a1));
+                        let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+                        // not a vacuous comparison: values to compare, and a
+                        // one-bit change in one of them is seen
+                        let nonzero = want.iter().filter(|&&b| b & 0x7fff != 0).count();
+                        let mut planted = got.clone();
+                        planted[rows * n / 2] ^= 1;
+                        let seen = want.iter().zip(&planted).any(|(a, b)| a != b);
+                        let hdiff = read8(&h0)
+                            .iter()
+                            .zip(&read8(&h1))
+                            .filter(|(a, b)| a != b)
+                            .count();
+                        if differ > 0 || hdiff > 0 || nonzero == 0 || !seen {
+                            failures.push(format!(
+                                "{fmt} [{n}, {kk}] m {m} variant {vi} row-scaled {} routed {}: \
+                                 {differ} bf16 values, {hdiff} f16-row bytes differ ({nonzero} nonzero, planted seen {seen})",
+                                lxv.f16.is_some_and(|h| h.row_scaled),
+                                route.is_some()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     #[test]
     fn variants_match_an_f64_reference() {
         let Some(gpu) = gpu() else { return };
@@ -1099,22 +1358,8 @@ mod gpu_tests {
                                 ));
                                 }
                             }
-                            // routed: pairs p = r * 2 + c choose expert (r + c) % 2;
-                            // x row p / 2, output row p
                             let pairs = m * 2;
-                            let stride = 2 + pairs;
-                            let mut rec = vec![0i32; 2 * stride];
-                            for e in 0..2 {
-                                let rows: Vec<i32> = (0..pairs)
-                                    .filter(|&p| (p / 2 + p % 2) % 2 == e)
-                                    .map(|p| p as i32)
-                                    .collect();
-                                rec[e * stride] = e as i32;
-                                rec[e * stride + 1] = rows.len() as i32;
-                                rec[e * stride + 2..e * stride + 2 + rows.len()]
-                                    .copy_from_slice(&rows);
-                            }
-                            let rt = DevBuf::from_slice(ctx, &rec).unwrap();
+                            let rt = DevBuf::from_slice(ctx, &two_expert_route(m)).unwrap();
                             let y = DevBuf::zeroed(ctx, pairs * n * 4).unwrap();
                             linears(
                                 &l,

@@ -342,6 +342,16 @@ pub struct PathOptions {
     /// ~2^-30 of the row's bound); the o projection's input stays
     /// per-block. The CLI reads `M3_ROW_SCALED_X=0|1` for A/B runs.
     pub row_scaled_x: bool,
+    /// Gate and up run with SwiGLU in their launch's epilogue (`SSeg1`
+    /// mode 3: a CTA takes 8 features, its tile rows the gate's and the
+    /// up's, so each epilogue thread holds both halves), which also writes
+    /// the down projection's row-scaled f16 rows: one launch fewer an MLP
+    /// (the routed experts', the shared expert's, a dense layer's). The
+    /// same bits as gate + up, then `m3s_swiglu`. Needs `row_scaled_x`, MX
+    /// weights and a SwiGLU clamp. Off until measured on the device
+    /// (prepared in session 23, not run). The CLI reads
+    /// `M3_FUSE_SWIGLU=0|1`.
+    pub fuse_swiglu: bool,
 }
 
 impl Default for PathOptions {
@@ -367,6 +377,7 @@ impl Default for PathOptions {
             index_prewait: true,
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
             row_scaled_x: true,
+            fuse_swiglu: false,
         }
     }
 }
@@ -389,7 +400,8 @@ impl PathOptions {
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
     /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),
     /// `M3_ROW_SCALED_X=0|1` the f16 rows' scale
-    /// ([`PathOptions::row_scaled_x`]).
+    /// ([`PathOptions::row_scaled_x`]), `M3_FUSE_SWIGLU=0|1` SwiGLU in the
+    /// gate + up epilogue ([`PathOptions::fuse_swiglu`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = on;
@@ -431,6 +443,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_ROW_SCALED_X") {
             self.row_scaled_x = on;
+        }
+        if let Some(on) = env_flag("M3_FUSE_SWIGLU") {
+            self.fuse_swiglu = on;
         }
         if let Some(n) = env_usize("M3_INDEX_GRID_X") {
             self.index_grid_x = n.min(u32::MAX as usize);

@@ -18,7 +18,7 @@ use super::attn::{self, AttnArgs, IndexArgs, KvKind};
 use super::kv::DevCache;
 use super::launch::Arg;
 use super::linear::{
-    linears, prepare_x, LinOut, LinX, PtpcX, Route, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
+    linears, prepare_x, LinOut, LinX, PtpcX, Route, SwiGluOut, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
 };
 use super::pointwise::{self as pw, CwSpec, HnCache, HnCaches, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
@@ -534,18 +534,40 @@ impl StandardPath {
                 let routed = || -> Result<()> {
                     self.router(router, bias, ids_l, t, fold, slots)?;
                     let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
-                    self.l.full_edges(full, || {
-                        self.lin(
-                            &[
-                                (&experts.gate, LinOut::Bf16(a.eg.ptr())),
-                                (&experts.up, LinOut::Bf16(a.eu.ptr())),
-                            ],
-                            x_in,
-                            t,
-                            Some(route(kk)),
-                        )
-                    })?;
-                    self.swiglu(a.eg.ptr(), a.eu.ptr(), a.ea.ptr(), pairs * wi, wi, &a.xh_a)?;
+                    match self.fused_swiglu(experts, a.ea.ptr(), &a.xh_a) {
+                        Some(o) => {
+                            self.l.full_edges(full, || {
+                                self.lin(
+                                    &[(&experts.gate, LinOut::SwiGlu(o))],
+                                    x_in,
+                                    t,
+                                    Some(route(kk)),
+                                )
+                            })?;
+                            remember(&a.last_a, a.ea.ptr(), a.xh_a.ptr(), true);
+                        }
+                        None => {
+                            self.l.full_edges(full, || {
+                                self.lin(
+                                    &[
+                                        (&experts.gate, LinOut::Bf16(a.eg.ptr())),
+                                        (&experts.up, LinOut::Bf16(a.eu.ptr())),
+                                    ],
+                                    x_in,
+                                    t,
+                                    Some(route(kk)),
+                                )
+                            })?;
+                            self.swiglu(
+                                a.eg.ptr(),
+                                a.eu.ptr(),
+                                a.ea.ptr(),
+                                pairs * wi,
+                                wi,
+                                &a.xh_a,
+                            )?;
+                        }
+                    }
                     let a_in = self.expert_input(a.ea.ptr(), pairs, wi, a.xq.ptr())?;
                     self.l.full_edges(full, || {
                         self.lin(
@@ -778,17 +800,50 @@ impl StandardPath {
     fn mlp_dense(&self, m: &DevMlp, x: u64, t: usize, out: LinOut, xh: &DevBuf) -> Result<()> {
         let a = &self.acts;
         let w = m.gate.rows;
-        self.lin(
-            &[
-                (&m.gate, LinOut::Bf16(a.g.ptr())),
-                (&m.up, LinOut::Bf16(a.u.ptr())),
-            ],
-            x,
-            t,
-            None,
-        )?;
-        self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w, w, xh)?;
+        match self.fused_swiglu(m, a.a.ptr(), xh) {
+            Some(o) => {
+                self.lin(&[(&m.gate, LinOut::SwiGlu(o))], x, t, None)?;
+                remember(&a.last_a, a.a.ptr(), xh.ptr(), true);
+            }
+            None => {
+                self.lin(
+                    &[
+                        (&m.gate, LinOut::Bf16(a.g.ptr())),
+                        (&m.up, LinOut::Bf16(a.u.ptr())),
+                    ],
+                    x,
+                    t,
+                    None,
+                )?;
+                self.swiglu(a.g.ptr(), a.u.ptr(), a.a.ptr(), t * w, w, xh)?;
+            }
+        }
         self.lin(&[(&m.down, out)], a.a.ptr(), t, None)
+    }
+
+    /// Gate + up of `m` with SwiGLU in their launch's epilogue, writing
+    /// `out` (bf16) and its row-scaled f16 rows into `xh`
+    /// ([`PathOptions::fuse_swiglu`]), where that runs: the option on, the
+    /// f16 copies fused and row-scaled, no MXFP4 activations (their
+    /// input is quantized by a launch of its own), and a pair that
+    /// [`SwiGluOut::new`] takes. `None`: gate + up, then `m3s_swiglu`.
+    fn fused_swiglu(&self, m: &DevMlp, out: u64, xh: &DevBuf) -> Option<SwiGluOut> {
+        let c = &self.model.config;
+        let on = self.opts.fuse_swiglu
+            && self.opts.row_scaled_x
+            && self.acts.xh_fused
+            && self.cap.act != ActMode::Mxfp4;
+        if !on {
+            return None;
+        }
+        SwiGluOut::new(
+            &m.gate,
+            &m.up,
+            out,
+            xh.ptr(),
+            c.swiglu_alpha,
+            c.swiglu_limit,
+        )
     }
 
     /// Whether the shared expert `m` may run beside the routed experts:

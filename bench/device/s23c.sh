@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # Session 23 (issue 12), prepared: the timing A/B of the E2M1 tile layout
 # and row-scaled x (after s23b.sh's device check passes).
-# 1. the kernel microbench, old (ce71302, .carry/old.tar.xz) and new,
-#    interleaved: MXFP4 / NVFP4 / MXFP8 on the tall launch and
-#    8 x [6144, 6144], 1 and 16 rows, grouped experts 4 and 16; the new
-#    build's rows `x/row` are the row-scaled form;
-# 2. the MoE layer, old / new without row-scaled x / new / new with
-#    SwiGLU in the gate + up epilogue (M3_FUSE_SWIGLU=1), 2 rounds at
-#    batch 1, 4, 16.
+# The kernel microbench, old (ce71302, .carry/old.tar.xz) and new,
+# interleaved, 2 rounds: MXFP4 / NVFP4 / MXFP8 on the tall launch and
+# 8 x [6144, 6144], 1 and 16 rows, grouped experts 4 and 16; the new
+# build's rows `x/row` are the row-scaled form. The MoE layer's A/B is
+# s23e.sh (a call of its own).
 set -u
 . bench/device/common.sh
 m3_setup old
@@ -22,6 +20,3 @@ for r in 1 2; do
   done
 done > $OUT/kernels.log 2>&1
 cat $OUT/kernels.log
-m3_ab 2 "--backend gpu --preset m3.1 --layers 12 --per-layer 6 --iters 40 --rounds 1 --batch 1,4,16" \
-  /tmp/old/m3 "env M3_ROW_SCALED_X=0 /tmp/bin/m3" /tmp/bin/m3 "env M3_FUSE_SWIGLU=1 /tmp/bin/m3" > $OUT/layer.log 2>&1
-cat $OUT/layer.log

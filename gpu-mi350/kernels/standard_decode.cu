@@ -1201,6 +1201,22 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
   for (u32 i = threadIdx.x; i < H; i += blockDim.x) r[(u64)blockIdx.x * H + i] = m3_bf16_to_f32(src[i]);
 }
 
+/// Value i of row t of a MoE layer's output (MODEL.md): its experts'
+/// bf16 rows `ye` (k of them a row, weights `w`, then the folded shared
+/// expert's when `fold`) weighted and summed in their order, plus the
+/// shared expert's bf16 row when given. One body for m3s_moe_combine and
+/// the RMSNorm that takes the combine in (m3s_rmsnorm's `cye`), so both
+/// give the same bits.
+M3_DEV float s_moe_mix(const u16* __restrict__ ye, const float* __restrict__ w, u32 k, u32 fold,
+                       const u16* __restrict__ shared, u32 H, u32 t, u32 i) {
+  const u32 kk = k + fold;
+  float o = 0.0f;
+  for (u32 c = 0; c < k; ++c) o = fmaf(w[t * k + c], m3_bf16_to_f32(ye[((u64)t * kk + c) * H + i]), o);
+  if (fold) o += m3_bf16_to_f32(ye[((u64)t * kk + k) * H + i]);
+  else if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
+  return o;
+}
+
 /// Threads of a m3s_rmsnorm CTA (the host's RMSNORM_BLOCK; a multiple of
 /// 64 dividing 1024: whole wavefronts on either vendor).
 #define S_NORM_BLOCK 256
@@ -1225,9 +1241,18 @@ M3_KERNEL void m3s_embed(const u32* __restrict__ tok, const u16* __restrict__ ta
 /// every CTA of a row computes alike: max |x| / r * max |1 + w| (each CTA
 /// reads the whole weight before the wait, and takes max |x| in the loop
 /// that sums the squares), exponents added so nothing overflows.
+///
+/// `cye` (not null): the previous MoE layer's combine taken in. The row is
+/// x + s_moe_mix(cye, cw, ck, cfold, csh) (what m3s_moe_combine would have
+/// added into x, the same bits), every CTA computing it for the whole row
+/// from x as it was; CTA (i, j) writes its values of the new row to `rout`
+/// (not x: other CTAs of the row still read x). One launch a layer fewer.
 M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
                                                      const float* __restrict__ w, float eps, u32 n,
-                                                     u16* __restrict__ out, u8* __restrict__ xh, u32 xrow) {
+                                                     u16* __restrict__ out, u8* __restrict__ xh, u32 xrow,
+                                                     const u16* __restrict__ cye, const float* __restrict__ cw,
+                                                     u32 ck, u32 cfold, const u16* __restrict__ csh,
+                                                     float* __restrict__ rout) {
   constexpr u32 B = S_NORM_BLOCK, VT = 1024u / S_NORM_BLOCK;
   const u32 i = blockIdx.y * B + threadIdx.x;
   const float wi = i < n ? w[i] : 0.0f;
@@ -1245,6 +1270,11 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   S_SHARED(u32, rpe, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
+  // value k of the row (with the combine taken in, if any)
+  const auto xat = [&](u32 k) -> float {
+    const float v = xr[k];
+    return cye ? v + s_moe_mix(cye, cw, ck, cfold, csh, n, src, k) : v;
+  };
   // all the loads first (VT x 8 in flight), then the sums in their order
   float v[VT][8];
 #pragma unroll
@@ -1252,7 +1282,7 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
 #pragma unroll
     for (u32 j = 0; j < 8; ++j) {
       const u32 k = threadIdx.x + a * B + j * 1024u;
-      v[a][j] = k < n ? xr[k] : 0.0f;
+      v[a][j] = k < n ? xat(k) : 0.0f;
     }
   float xm = 0.0f;  // max |x| of this thread's values (row-scaled only)
 #pragma unroll
@@ -1261,11 +1291,14 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
     float s = 0.0f;
 #pragma unroll
     for (u32 j = 0; j < 8; ++j) s += v[a][j] * v[a][j];
-    for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) s += xr[k] * xr[k];
+    for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) {
+      const float xk = xat(k);
+      s += xk * xk;
+    }
     if (rs) {
 #pragma unroll
       for (u32 j = 0; j < 8; ++j) xm = fmaxf(xm, fabsf(v[a][j]));
-      for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) xm = fmaxf(xm, fabsf(xr[k]));
+      for (u32 k = vt + 8u * 1024u; k < n; k += 1024u) xm = fmaxf(xm, fabsf(xat(k)));
     }
     s = m3_warp_sum(s);
     if (vt % M3_WARP == 0) part[vt / M3_WARP] = s;
@@ -1302,7 +1335,9 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   // block, so the test is group-uniform)
   if (i >= n) return;
   const float r = sqrtf(total / (float)n + eps);
-  const u16 b = m3_bf16_from_f32((xr[i] / r) * (1.0f + wi));
+  const float xi = xat(i);
+  if (cye) rout[(u64)src * n + i] = xi;
+  const u16 b = m3_bf16_from_f32((xi / r) * (1.0f + wi));
   out[(u64)blockIdx.x * n + i] = b;
   if (xh) {
     u8* row = xh + (u64)blockIdx.x * s_xh_stride(n);
@@ -1522,11 +1557,7 @@ M3_KERNEL void m3s_moe_combine(float* __restrict__ r, const u16* __restrict__ ye
   const u32 t = blockIdx.x;
   const u32 i = blockIdx.y * blockDim.x + threadIdx.x;
   if (i >= H) return;
-  const u32 kk = k + fold;
-  float o = 0.0f;
-  for (u32 c = 0; c < k; ++c) o += w[t * k + c] * m3_bf16_to_f32(ye[((u64)t * kk + c) * H + i]);
-  if (fold) o += m3_bf16_to_f32(ye[((u64)t * kk + k) * H + i]);
-  else if (shared) o += m3_bf16_to_f32(shared[(u64)t * H + i]);
+  const float o = s_moe_mix(ye, w, k, fold, shared, H, t, i);
   if (yout) yout[(u64)t * H + i] = o;
   r[(u64)t * H + i] += o;
 }

@@ -355,6 +355,7 @@ impl GpuDraft {
             0,
             false,
             rows,
+            None,
         )
     }
 

@@ -73,14 +73,16 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
     ),
     (
         "m3s_mono",
-        132,
+        156,
         "the mono interpreter (kernels/mono.cu) calls each op body as a function of its own \
          (not inlined: one body's registers at a time), so what lives across a call is \
          spilled to VGPR lanes at the call (128 on gfx950 and gfx942, session 21, its first \
          HIP build); its scratch is the call stack (1120 B); compiled, never run on AMD. \
          Raised to 130 on purpose in session 23: the MX linear's E2M1 tile layout (its \
          partial-chunk fetch takes the row's place in its 16-row tile), and to 132 for \
-         its gate + up pairs (SwiGLU in the epilogue: a second matrix's pointers)",
+         its gate + up pairs (SwiGLU in the epilogue: a second matrix's pointers), and to \
+         156 for RMSNorm's six arguments of a MoE combine taken in (fold_combine); all \
+         spilled to VGPR lanes at the call, its scratch unchanged",
     ),
 ];
 

@@ -352,6 +352,16 @@ pub struct PathOptions {
     /// (prepared in session 23, not run). The CLI reads
     /// `M3_FUSE_SWIGLU=0|1`.
     pub fuse_swiglu: bool,
+    /// A MoE layer's combine (`m3s_moe_combine`: its experts' rows weighted
+    /// and added into the residual) is taken into the next layer's input
+    /// RMSNorm: every CTA of that norm computes it for the whole row (it
+    /// reads the whole row anyway) and writes its slice of the new
+    /// residual to the other residual buffer. One launch a MoE layer
+    /// fewer; the same bits (one device function for both). Steps with
+    /// taps or teacher rows keep the launch. Off until measured on the
+    /// device (prepared in session 23, not run). The CLI reads
+    /// `M3_FOLD_COMBINE=0|1`.
+    pub fold_combine: bool,
 }
 
 impl Default for PathOptions {
@@ -378,6 +388,7 @@ impl Default for PathOptions {
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
             row_scaled_x: true,
             fuse_swiglu: false,
+            fold_combine: false,
         }
     }
 }
@@ -401,7 +412,9 @@ impl PathOptions {
     /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),
     /// `M3_ROW_SCALED_X=0|1` the f16 rows' scale
     /// ([`PathOptions::row_scaled_x`]), `M3_FUSE_SWIGLU=0|1` SwiGLU in the
-    /// gate + up epilogue ([`PathOptions::fuse_swiglu`]).
+    /// gate + up epilogue ([`PathOptions::fuse_swiglu`]),
+    /// `M3_FOLD_COMBINE=0|1` the MoE combine in the next RMSNorm
+    /// ([`PathOptions::fold_combine`]).
     pub fn with_env_overrides(mut self) -> Self {
         if let Some(on) = env_flag("M3_SMALL_STEP_VARIANT") {
             self.small_step_variant = on;
@@ -446,6 +459,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_FUSE_SWIGLU") {
             self.fuse_swiglu = on;
+        }
+        if let Some(on) = env_flag("M3_FOLD_COMBINE") {
+            self.fold_combine = on;
         }
         if let Some(n) = env_usize("M3_INDEX_GRID_X") {
             self.index_grid_x = n.min(u32::MAX as usize);
@@ -544,6 +560,14 @@ impl Kernels {
 /// Activations, sized for `max_rows`.
 pub(crate) struct Acts {
     pub r: DevBuf,
+    /// The residual's second buffer (`PathOptions::fold_combine`: an
+    /// RMSNorm that takes a MoE layer's combine in writes the new rows
+    /// here, or back into `r`, in turn), the buffer holding it now, and
+    /// the combine left to the next RMSNorm (host-side state of one
+    /// enqueue, step.rs).
+    pub r2: DevBuf,
+    pub cur_r: AtomicU64,
+    pub pending_combine: std::sync::Mutex<Option<pointwise::CombineIn>>,
     pub hn: DevBuf,
     pub q0: DevBuf,
     pub k0: DevBuf,
@@ -837,6 +861,9 @@ impl StandardPath {
             .max(nih * di);
         let acts = Acts {
             r: z(&ctx, t * h * 4)?,
+            r2: z(&ctx, t * h * 4)?,
+            cur_r: AtomicU64::new(0),
+            pending_combine: std::sync::Mutex::new(None),
             hn: z(&ctx, t * h * 2)?,
             q0: z(&ctx, t * nh * d * 2)?,
             k0: z(&ctx, t * nkv * d * 2)?,
@@ -1003,6 +1030,7 @@ impl StandardPath {
         let a = &self.acts;
         let acts: usize = [
             &a.r,
+            &a.r2,
             &a.hn,
             &a.q0,
             &a.k0,

@@ -363,6 +363,9 @@ impl StandardPath {
         let ex = super::step::Extras::default();
         let ctx = self.l.device().clone();
         let mut progs = Vec::with_capacity(self.model.layers.len());
+        // the layers in order, the residual buffers as a step's enqueue
+        // passes them (PathOptions::fold_combine)
+        self.reset_residual();
         for li in 0..self.model.layers.len() {
             let rec = self.l.record(|| {
                 self.enqueue_attention(li, t, &ex)?;
@@ -419,6 +422,11 @@ impl StandardPath {
             )?;
         }
         if nl > 0 {
+            // the residual where the recorded layers leave it
+            self.acts.cur_r.store(
+                self.plain_final_residual(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             self.enqueue_head(nl)?;
         }
         Ok(())

@@ -138,11 +138,29 @@ pub(crate) fn embed(
     )
 }
 
+/// A MoE layer's combine (`m3s_moe_combine`'s inputs) left to the next
+/// RMSNorm, which adds it into its rows and writes them to `out`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CombineIn {
+    /// The experts' bf16 rows, `k` (+ `fold`) a row, and their weights.
+    pub ye: u64,
+    pub w: u64,
+    pub k: u32,
+    /// 1: the shared expert is the row's last expert row (folded).
+    pub fold: u32,
+    /// The shared expert's bf16 rows (0: none, or folded).
+    pub shared: u64,
+    /// Where the new residual rows go (f32 `[*, n]`).
+    pub out: u64,
+}
+
 /// RMSNorm (Gemma: `1 + w`) of rows of `x` (f32 `[*, n]`, all rows or
 /// those listed at `rows`) into bf16 `out` (`nrows` rows), and into the MX
 /// linears' f16 layout at `xh` if not 0: row-scaled when `row_scaled`
 /// (one power of two a row, from a bound every CTA computes alike:
 /// [`super::linear::F16X::row_scaled`]), else a power of two a block.
+/// With `combine`, the rows are `x` plus that combine (written to
+/// `combine.out`; the bits `m3s_moe_combine` then this RMSNorm give).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm(
     l: &Launcher,
@@ -156,7 +174,16 @@ pub(crate) fn rmsnorm(
     xh: u64,
     row_scaled: bool,
     nrows: usize,
+    combine: Option<CombineIn>,
 ) -> Result<()> {
+    let c = combine.unwrap_or(CombineIn {
+        ye: 0,
+        w: 0,
+        k: 0,
+        fold: 0,
+        shared: 0,
+        out: 0,
+    });
     l.launch(
         "rmsnorm",
         f,
@@ -172,6 +199,12 @@ pub(crate) fn rmsnorm(
             Arg::U64(out),
             Arg::U64(xh),
             Arg::U32(u32::from(row_scaled)),
+            Arg::U64(c.ye),
+            Arg::U64(c.w),
+            Arg::U32(c.k),
+            Arg::U32(c.fold),
+            Arg::U64(c.shared),
+            Arg::U64(c.out),
         ],
     )
 }
@@ -579,6 +612,7 @@ mod tests {
                 xh.ptr(),
                 true,
                 rows,
+                None,
             )
             .unwrap();
             let (o, h) = read_back(&l, &out, &xh, rows, n);

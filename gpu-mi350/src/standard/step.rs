@@ -20,7 +20,7 @@ use super::launch::Arg;
 use super::linear::{
     linears, prepare_x, LinOut, LinX, PtpcX, Route, SwiGluOut, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
 };
-use super::pointwise::{self as pw, CwSpec, HnCache, HnCaches, HnSpec};
+use super::pointwise::{self as pw, CombineIn, CwSpec, HnCache, HnCaches, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
@@ -106,10 +106,11 @@ impl StandardPath {
     /// Every kernel of a step of `t` rows with `nl` logits rows.
     pub(crate) fn enqueue(&self, t: usize, nl: usize, ex: &Extras<'_>) -> Result<()> {
         let c = &self.model.config;
-        let a = &self.acts;
         let h = c.hidden_size;
         let l = &self.l;
         self.enqueue_embed(t)?;
+        // the residual starts in `r`; a folded combine moves it (fold_combine)
+        self.reset_residual();
         let teacher_at = |layer: usize| -> Option<u64> {
             let (buf, has) = ex.teacher?;
             has.get(layer)
@@ -120,24 +121,68 @@ impl StandardPath {
         for li in 0..self.model.layers.len() {
             if li > 0 {
                 if let Some(src) = teacher_at(li - 1) {
-                    l.copy(a.r.ptr(), src, t * h * 4)?;
+                    l.copy(self.res(), src, t * h * 4)?;
                 }
             }
             self.enqueue_attention(li, t, ex)?;
             self.enqueue_ffn(li, t, ex)?;
             if let Some(tb) = ex.taps {
                 if let Some(dst) = tb.at(&tb.residual, li, h) {
-                    l.copy(dst, a.r.ptr(), t * h * 4)?;
+                    l.copy(dst, self.res(), t * h * 4)?;
                 }
             }
         }
         if let Some(src) = self.model.layers.len().checked_sub(1).and_then(teacher_at) {
-            l.copy(a.r.ptr(), src, t * h * 4)?;
+            l.copy(self.res(), src, t * h * 4)?;
         }
         if nl > 0 {
             self.enqueue_head(nl)?;
         }
         Ok(())
+    }
+
+    /// The residual buffer of the layer being enqueued (`acts.r`, or
+    /// `acts.r2` after a folded combine: `PathOptions::fold_combine`).
+    fn res(&self) -> u64 {
+        self.acts.cur_r.load(Ordering::Relaxed)
+    }
+
+    /// Start an enqueue of the layers: the residual in `acts.r`, no combine
+    /// left over.
+    pub(crate) fn reset_residual(&self) {
+        self.acts.cur_r.store(self.acts.r.ptr(), Ordering::Relaxed);
+        *self.pending_combine() = None;
+    }
+
+    /// Where a plain step's residual ends after every layer: `acts.r`,
+    /// or `acts.r2` after an odd number of folded combines (one after
+    /// each MoE layer but the last: `fold_combine`), as [`Self::enqueue`]
+    /// leaves it (the mono path's head, whose layers were recorded once).
+    pub(crate) fn plain_final_residual(&self) -> u64 {
+        let n = self.model.layers.len();
+        let folds = if self.opts.fold_combine {
+            self.model.layers[..n.saturating_sub(1)]
+                .iter()
+                .filter(|l| matches!(l.ffn, DevFfn::Moe { .. }))
+                .count()
+        } else {
+            0
+        };
+        if folds % 2 == 1 {
+            self.acts.r2.ptr()
+        } else {
+            self.acts.r.ptr()
+        }
+    }
+
+    /// The combine a MoE layer left to the next RMSNorm (`fold_combine`).
+    fn pending_combine(&self) -> std::sync::MutexGuard<'_, Option<CombineIn>> {
+        // a poisoned lock only means a panic elsewhere mid-enqueue: the
+        // value is still this enqueue's
+        self.acts
+            .pending_combine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The residual rows of the step's tokens (`r[t] = embed[token]`).
@@ -156,7 +201,15 @@ impl StandardPath {
     /// RMSNorm of rows of `x` (f32, all rows or those listed at `rows`)
     /// into bf16 `out`, and (models with MX linears) the same rows in the
     /// f16 layout into `acts.xh_n`, where the next linear on `out` reads them.
-    fn rmsnorm(&self, x: u64, rows: u64, w: &DevBuf, out: u64, nrows: usize) -> Result<()> {
+    fn rmsnorm(
+        &self,
+        x: u64,
+        rows: u64,
+        w: &DevBuf,
+        out: u64,
+        nrows: usize,
+        combine: Option<CombineIn>,
+    ) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let xh = if a.xh_fused { a.xh_n.ptr() } else { 0 };
@@ -173,6 +226,7 @@ impl StandardPath {
             xh,
             row_scaled,
             nrows,
+            combine,
         )?;
         remember(&a.last_n, out, xh, row_scaled);
         Ok(())
@@ -306,7 +360,21 @@ impl StandardPath {
         let kb = c.index_topk_blocks;
         let cap_t = self.cap.max_rows;
         let kind = KvKind::of(self.cap.cache_dtype);
-        self.rmsnorm(a.r.ptr(), 0, &lw.input_norm, a.hn.ptr(), t)?;
+        // a MoE layer's combine left here (fold_combine): added in, the new
+        // residual written to the other buffer, which the layer then uses
+        let res = self.res();
+        let combine = self.pending_combine().take().map(|c| CombineIn {
+            out: if res == a.r.ptr() {
+                a.r2.ptr()
+            } else {
+                a.r.ptr()
+            },
+            ..c
+        });
+        self.rmsnorm(res, 0, &lw.input_norm, a.hn.ptr(), t, combine)?;
+        if let Some(c) = combine {
+            a.cur_r.store(c.out, Ordering::Relaxed);
+        }
         // q, k, v (and the indexer's q, k on sparse layers) share x
         let sparse = c.attn_kinds.get(li) == Some(&AttnKind::Sparse);
         let ix = match (sparse, &lw.indexer, &lc.ik) {
@@ -472,12 +540,12 @@ impl StandardPath {
         // it, stored and added by a kernel: the same f32 += bf16(y))
         match ex.taps.and_then(|tb| tb.at(&tb.attn_out, li, h)) {
             None => self.l.full_edges(self.opts.o_full_edge, || {
-                self.lin(&[(&lw.o, LinOut::AddF32(a.r.ptr()))], a.o.ptr(), t, None)
+                self.lin(&[(&lw.o, LinOut::AddF32(self.res()))], a.o.ptr(), t, None)
             }),
             Some(dst) => {
                 self.lin(&[(&lw.o, LinOut::Bf16(a.yd.ptr()))], a.o.ptr(), t, None)?;
                 self.tap_bf16(dst, a.yd.ptr(), t * h)?;
-                self.add_bf16(a.r.ptr(), a.yd.ptr(), t * h)
+                self.add_bf16(self.res(), a.yd.ptr(), t * h)
             }
         }
     }
@@ -490,18 +558,18 @@ impl StandardPath {
         let k = c.num_experts_per_tok;
         let cap_t = self.cap.max_rows;
         let tb = ex.taps;
-        self.rmsnorm(a.r.ptr(), 0, &lw.post_norm, a.h2.ptr(), t)?;
+        self.rmsnorm(self.res(), 0, &lw.post_norm, a.h2.ptr(), t, None)?;
         if let Some(dst) = tb.and_then(|tb| tb.at(&tb.ffn_in, li, h)) {
             self.tap_bf16(dst, a.h2.ptr(), t * h)?;
         }
         let ffn_out = tb.and_then(|tb| tb.at(&tb.ffn_out, li, h));
         match &lw.ffn {
             DevFfn::Dense(m) => match ffn_out {
-                None => self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(a.r.ptr()), &a.xh_a),
+                None => self.mlp_dense(m, a.h2.ptr(), t, LinOut::AddF32(self.res()), &a.xh_a),
                 Some(dst) => {
                     self.mlp_dense(m, a.h2.ptr(), t, LinOut::Bf16(a.yd.ptr()), &a.xh_a)?;
                     self.tap_bf16(dst, a.yd.ptr(), t * h)?;
-                    self.add_bf16(a.r.ptr(), a.yd.ptr(), t * h)
+                    self.add_bf16(self.res(), a.yd.ptr(), t * h)
                 }
             },
             DevFfn::Moe {
@@ -597,6 +665,24 @@ impl StandardPath {
                         0
                     }
                 };
+                // left to the next layer's input RMSNorm (fold_combine):
+                // not under taps or teacher rows, nor after the last layer
+                let fold_c = self.opts.fold_combine
+                    && ex.taps.is_none()
+                    && ex.teacher.is_none()
+                    && ffn_out.is_none()
+                    && li + 1 < self.model.layers.len();
+                if fold_c {
+                    *self.pending_combine() = Some(CombineIn {
+                        ye: a.ye.ptr(),
+                        w: a.wts.ptr(),
+                        k: k as u32,
+                        fold: fold as u32,
+                        shared: sh,
+                        out: 0,
+                    });
+                    return Ok(());
+                }
                 self.l.launch(
                     "moe_combine",
                     &self.kern.moe_combine,
@@ -604,7 +690,7 @@ impl StandardPath {
                     256,
                     0,
                     &[
-                        Arg::U64(a.r.ptr()),
+                        Arg::U64(self.res()),
                         Arg::U64(a.ye.ptr()),
                         Arg::U64(a.wts.ptr()),
                         Arg::U32(k as u32),
@@ -626,11 +712,12 @@ impl StandardPath {
         let a = &self.acts;
         let inp = &self.inputs;
         self.rmsnorm(
-            a.r.ptr(),
+            self.res(),
             inp.lrows(),
             &self.model.final_norm,
             a.xn.ptr(),
             nl,
+            None,
         )?;
         self.lin(
             &[(&self.model.lm_head, LinOut::F32(a.logits.ptr()))],

@@ -103,7 +103,8 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(27, m3s_attn_partial_sparse_nv) \
   X(28, m3s_attn_partial_split_nv) \
   X(29, m3s_x_f16)                \
-  X(30, m3s_mma_nvfp4_any)
+  X(30, m3s_mma_nvfp4_any)        \
+  X(31, m3s_rmsnorm_mix)
 
 /// The barrier of sub-block `sub` (B threads) around a virtual block: the
 /// body's own (m3_mono_sync, mono_prelude.h).
@@ -172,6 +173,7 @@ S_MONO_FN(m3s_attn_partial_nv)
 S_MONO_FN(m3s_attn_partial_sparse_nv)
 S_MONO_FN(m3s_attn_partial_split_nv)
 S_MONO_FN(m3s_x_f16)
+S_MONO_FN(m3s_rmsnorm_mix)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
 // program (not as a 408-byte copy through the generic argument unpacking):

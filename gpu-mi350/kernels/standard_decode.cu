@@ -1247,12 +1247,13 @@ M3_DEV float s_moe_mix(const u16* __restrict__ ye, const float* __restrict__ w, 
 /// added into x, the same bits), every CTA computing it for the whole row
 /// from x as it was; CTA (i, j) writes its values of the new row to `rout`
 /// (not x: other CTAs of the row still read x). One launch a layer fewer.
-M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
-                                                     const float* __restrict__ w, float eps, u32 n,
-                                                     u16* __restrict__ out, u8* __restrict__ xh, u32 xrow,
-                                                     const u16* __restrict__ cye, const float* __restrict__ cw,
-                                                     u32 ck, u32 cfold, const u16* __restrict__ csh,
-                                                     float* __restrict__ rout) {
+/// (m3s_rmsnorm_mix: with a combine; m3s_rmsnorm: without, so the plain
+/// norm keeps its registers.)
+template <bool MIX>
+M3_DEV void s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w,
+                      float eps, u32 n, u16* __restrict__ out, u8* __restrict__ xh, u32 xrow,
+                      const u16* __restrict__ cye, const float* __restrict__ cw, u32 ck, u32 cfold,
+                      const u16* __restrict__ csh, float* __restrict__ rout) {
   constexpr u32 B = S_NORM_BLOCK, VT = 1024u / S_NORM_BLOCK;
   const u32 i = blockIdx.y * B + threadIdx.x;
   const float wi = i < n ? w[i] : 0.0f;
@@ -1273,7 +1274,7 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   // value k of the row (with the combine taken in, if any)
   const auto xat = [&](u32 k) -> float {
     const float v = xr[k];
-    return cye ? v + s_moe_mix(cye, cw, ck, cfold, csh, n, src, k) : v;
+    return MIX ? v + s_moe_mix(cye, cw, ck, cfold, csh, n, src, k) : v;
   };
   // all the loads first (VT x 8 in flight), then the sums in their order
   float v[VT][8];
@@ -1336,7 +1337,7 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
   if (i >= n) return;
   const float r = sqrtf(total / (float)n + eps);
   const float xi = xat(i);
-  if (cye) rout[(u64)src * n + i] = xi;
+  if (MIX) rout[(u64)src * n + i] = xi;
   const u16 b = m3_bf16_from_f32((xi / r) * (1.0f + wi));
   out[(u64)blockIdx.x * n + i] = b;
   if (xh) {
@@ -1344,6 +1345,18 @@ M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ 
     if (rs) s_xh_put_pe(m3_bf16_to_f32(b), threadIdx.x % 32u, row, n, i / 32u, rpe);
     else s_xh_put(m3_bf16_to_f32(b), threadIdx.x % 32u, row, n, i / 32u);
   }
+}
+M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK) m3s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
+                                                     const float* __restrict__ w, float eps, u32 n,
+                                                     u16* __restrict__ out, u8* __restrict__ xh, u32 xrow) {
+  s_rmsnorm<false>(x, rows, w, eps, n, out, xh, xrow, nullptr, nullptr, 0u, 0u, nullptr, nullptr);
+}
+M3_KERNEL void M3_HIP_BLOCK(S_NORM_BLOCK)
+    m3s_rmsnorm_mix(const float* __restrict__ x, const u32* __restrict__ rows, const float* __restrict__ w, float eps,
+                    u32 n, u16* __restrict__ out, u8* __restrict__ xh, u32 xrow, const u16* __restrict__ cye,
+                    const float* __restrict__ cw, u32 ck, u32 cfold, const u16* __restrict__ csh,
+                    float* __restrict__ rout) {
+  s_rmsnorm<true>(x, rows, w, eps, n, out, xh, xrow, cye, cw, ck, cfold, csh, rout);
 }
 
 /// Cache element types (`kind` of a cache write, `cache_kind` of the

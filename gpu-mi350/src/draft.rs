@@ -345,7 +345,10 @@ impl GpuDraft {
         let c = &self.cfg;
         pw::rmsnorm(
             &self.l,
-            &self.kern.rmsnorm,
+            &pw::RmsNormFuncs {
+                plain: &self.kern.rmsnorm,
+                mix: None,
+            },
             x,
             0,
             w.ptr(),

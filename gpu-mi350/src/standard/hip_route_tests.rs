@@ -567,6 +567,55 @@ fn the_shared_experts_of_an_mx_model_run_beside() {
     assert_eq!(side_swiglus(Beside::Off), 0);
 }
 
+/// The two folds of small launches (`PathOptions::fuse_swiglu`,
+/// `PathOptions::fold_combine`) on an MX model: every SwiGLU goes into its
+/// gate + up launch (the dense layer's, each MoE layer's routed and shared
+/// experts'), and every MoE layer's combine but the last one's into the
+/// next layer's RMSNorm (`m3s_rmsnorm_mix`); nothing else changes in the
+/// step's launches. (That the results keep their bits is the GPU runner
+/// tests' part.)
+#[test]
+fn the_folds_take_out_exactly_their_launches() {
+    let mx = Formats {
+        experts: WeightFormat::Mxfp4,
+        dense: WeightFormat::Mxfp8,
+    };
+    let names = |folds: bool| -> Vec<String> {
+        let gpu = stub::gpu();
+        let opts = PathOptions {
+            fuse_swiglu: folds,
+            fold_combine: folds,
+            ..PathOptions::default()
+        };
+        let mut path = build_with(&gpu, opts, mx).expect("an MX path on the stub");
+        let (batch, sampling) = decode_step();
+        let shape = path.prepare(&batch, &sampling).expect("prepare");
+        stub::take_calls();
+        path.launch(shape, false).expect("direct step");
+        let calls = stub::take_calls();
+        launches(&calls).iter().map(|l| l.name.clone()).collect()
+    };
+    let count = |v: &[String], n: &str| v.iter().filter(|x| *x == n).count();
+    let (plain, folded) = (names(false), names(true));
+    // tiny: a dense layer, then 3 MoE layers with a shared expert each
+    assert_eq!(count(&plain, "m3s_swiglu"), 7, "{plain:?}");
+    assert_eq!(count(&plain, "m3s_moe_combine"), 3);
+    assert_eq!(count(&plain, "m3s_rmsnorm_mix"), 0);
+    assert_eq!(count(&folded, "m3s_swiglu"), 0, "{folded:?}");
+    assert_eq!(count(&folded, "m3s_moe_combine"), 1);
+    assert_eq!(count(&folded, "m3s_rmsnorm_mix"), 2);
+    // the rest, in order: the plain step's launches less the folded ones,
+    // with two of its input norms now the combine-taking kind
+    let rest = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .filter(|n| *n != "m3s_swiglu" && *n != "m3s_moe_combine")
+            .map(|n| n.replace("m3s_rmsnorm_mix", "m3s_rmsnorm"))
+            .collect()
+    };
+    assert_eq!(rest(&folded), rest(&plain));
+    assert_eq!(plain.len() - folded.len(), 7 + 2);
+}
+
 #[test]
 fn the_mono_path_is_refused_on_hip() {
     let gpu = stub::gpu();

@@ -107,6 +107,7 @@ pub const STANDARD: KernelSource = KernelSource {
     entries: &[
         "m3s_embed",
         "m3s_rmsnorm",
+        "m3s_rmsnorm_mix",
         "m3s_headnorm_rope",
         "m3s_cache_write",
         "m3s_swiglu",
@@ -510,6 +511,8 @@ pub(crate) struct Kernels {
     pub argmax_final: Func,
     pub embed: Func,
     pub rmsnorm: Func,
+    /// RMSNorm with a MoE combine taken in (`PathOptions::fold_combine`).
+    pub rmsnorm_mix: Func,
     pub headnorm_rope: Func,
     pub cache_write: Func,
     pub swiglu: Func,
@@ -544,6 +547,7 @@ impl Kernels {
             argmax_final: f("m3s_argmax_final")?,
             embed: f("m3s_embed")?,
             rmsnorm: f("m3s_rmsnorm")?,
+            rmsnorm_mix: f("m3s_rmsnorm_mix")?,
             headnorm_rope: f("m3s_headnorm_rope")?,
             cache_write: f("m3s_cache_write")?,
             swiglu: f("m3s_swiglu")?,

@@ -40,7 +40,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 31] = [
+pub(crate) const MONO_OPS: [&str; 32] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -76,6 +76,8 @@ pub(crate) const MONO_OPS: [&str; 31] = [
     "m3s_x_f16",
     // NVFP4 weights whose K is not a multiple of 128
     "m3s_mma_nvfp4_any",
+    // RMSNorm with a MoE layer's combine taken in (fold_combine)
+    "m3s_rmsnorm_mix",
 ];
 
 /// Whether op `name` is a tensor-core linear (its body in the mono build

@@ -164,7 +164,7 @@ pub(crate) struct CombineIn {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm(
     l: &Launcher,
-    f: &Func,
+    f: &RmsNormFuncs<'_>,
     x: u64,
     rows: u64,
     w: u64,
@@ -176,37 +176,48 @@ pub(crate) fn rmsnorm(
     nrows: usize,
     combine: Option<CombineIn>,
 ) -> Result<()> {
-    let c = combine.unwrap_or(CombineIn {
-        ye: 0,
-        w: 0,
-        k: 0,
-        fold: 0,
-        shared: 0,
-        out: 0,
-    });
+    let mut args = vec![
+        Arg::U64(x),
+        Arg::U64(rows),
+        Arg::U64(w),
+        Arg::F32(eps),
+        Arg::U32(n as u32),
+        Arg::U64(out),
+        Arg::U64(xh),
+        Arg::U32(u32::from(row_scaled)),
+    ];
+    let (label, func) = match combine {
+        None => ("rmsnorm", f.plain),
+        Some(c) => {
+            let mix = f.mix.ok_or_else(|| {
+                GpuError::input("rmsnorm", "a MoE combine taken in without m3s_rmsnorm_mix")
+            })?;
+            args.extend([
+                Arg::U64(c.ye),
+                Arg::U64(c.w),
+                Arg::U32(c.k),
+                Arg::U32(c.fold),
+                Arg::U64(c.shared),
+                Arg::U64(c.out),
+            ]);
+            ("rmsnorm_mix", mix)
+        }
+    };
     l.launch(
-        "rmsnorm",
-        f,
+        label,
+        func,
         (nrows as u32, (n as u32).div_ceil(RMSNORM_BLOCK), 1),
         RMSNORM_BLOCK,
         0,
-        &[
-            Arg::U64(x),
-            Arg::U64(rows),
-            Arg::U64(w),
-            Arg::F32(eps),
-            Arg::U32(n as u32),
-            Arg::U64(out),
-            Arg::U64(xh),
-            Arg::U32(u32::from(row_scaled)),
-            Arg::U64(c.ye),
-            Arg::U64(c.w),
-            Arg::U32(c.k),
-            Arg::U32(c.fold),
-            Arg::U64(c.shared),
-            Arg::U64(c.out),
-        ],
+        &args,
     )
+}
+
+/// The RMSNorm entry points: `m3s_rmsnorm`, and `m3s_rmsnorm_mix` (a
+/// combine taken in) where the caller has it.
+pub(crate) struct RmsNormFuncs<'a> {
+    pub plain: &'a Func,
+    pub mix: Option<&'a Func>,
 }
 
 /// Threads of a `m3s_rmsnorm` CTA (`S_NORM_BLOCK`): each CTA writes this
@@ -602,7 +613,10 @@ mod tests {
             let xh = DevBuf::zeroed(ctx, rows * super::super::linear::xh_stride(n)).unwrap();
             rmsnorm(
                 &l,
-                &fr,
+                &RmsNormFuncs {
+                    plain: &fr,
+                    mix: None,
+                },
                 xd.ptr(),
                 0,
                 wd.ptr(),

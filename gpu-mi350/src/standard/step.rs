@@ -216,7 +216,10 @@ impl StandardPath {
         let row_scaled = self.opts.row_scaled_x;
         pw::rmsnorm(
             &self.l,
-            &self.kern.rmsnorm,
+            &pw::RmsNormFuncs {
+                plain: &self.kern.rmsnorm,
+                mix: Some(&self.kern.rmsnorm_mix),
+            },
             x,
             rows,
             w.ptr(),

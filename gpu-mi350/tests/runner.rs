@@ -983,6 +983,39 @@ fn shared_expert_beside_is_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// [`bitwise_ab`] over synthetic models (preset, expert and dense
+/// formats) with `set(options, on, extra)` (`extra` per model): the
+/// failures, named with `what`.
+fn bitwise_over_models(
+    gpu: &mut GpuBackend,
+    what: &str,
+    models: &[(&str, WeightFormat, WeightFormat, bool)],
+    set: impl Fn(&mut m3_gpu::standard::PathOptions, bool, bool),
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for &(preset, experts, dense, extra) in models {
+        let c = ModelConfig::preset(preset).expect("preset");
+        let m = Arc::new(synthetic::model(&c, Formats { experts, dense }, 5).expect("synthetic"));
+        let bad = swap_shared_gate_up(&m);
+        let case = Case {
+            name: "bitwise over models",
+            ..CASES[0]
+        };
+        let (same, caught) = bitwise_ab(gpu, &m, &bad, &case, c.vocab_size, |o, on| {
+            set(o, on, extra)
+        });
+        let at = format!("{preset} {experts:?} / {dense:?} ({extra})");
+        println!("{at}: {what} bitwise: {same}; swapped shared gate / up differs: {caught}");
+        if !same {
+            failures.push(format!("{at}: {what} changed the logits"));
+        }
+        if !caught {
+            failures.push(format!("{at}: a perturbed shared expert went unseen"));
+        }
+    }
+    failures
+}
+
 /// SwiGLU in the gate + up launch's epilogue (`PathOptions::fuse_swiglu`:
 /// one launch fewer an MLP, the routed experts', the shared expert's and a
 /// dense layer's) gives the logits of gate + up, then `m3s_swiglu`, bit for
@@ -995,40 +1028,17 @@ fn fused_swiglu_is_bitwise_the_same() {
         return;
     };
     let mut gpu = GpuBackend::new(cuda);
-    let mut failures = Vec::new();
-    for (preset, experts) in [
-        ("tiny", WeightFormat::Mxfp4),
-        ("small", WeightFormat::Mxfp4),
-        ("small", WeightFormat::Nvfp4),
-    ] {
-        let c = ModelConfig::preset(preset).expect("preset");
-        let formats = Formats {
-            experts,
-            dense: WeightFormat::Mxfp8,
-        };
-        let m = Arc::new(synthetic::model(&c, formats, 5).expect("synthetic"));
-        let bad = swap_shared_gate_up(&m);
-        let case = Case {
-            name: "fused swiglu",
-            ..CASES[0]
-        };
-        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, c.vocab_size, |o, on| {
-            o.fuse_swiglu = on
-        });
-        println!(
-            "{preset} {experts:?}: SwiGLU in the gate + up epilogue == separate launch bitwise: {same}; swapped shared gate / up differs: {caught}"
-        );
-        if !same {
-            failures.push(format!(
-                "{preset} {experts:?}: SwiGLU in the epilogue changed the logits"
-            ));
-        }
-        if !caught {
-            failures.push(format!(
-                "{preset} {experts:?}: a perturbed shared expert went unseen"
-            ));
-        }
-    }
+    let mx8 = WeightFormat::Mxfp8;
+    let failures = bitwise_over_models(
+        &mut gpu,
+        "SwiGLU in the gate + up epilogue == its own launch",
+        &[
+            ("tiny", WeightFormat::Mxfp4, mx8, false),
+            ("small", WeightFormat::Mxfp4, mx8, false),
+            ("small", WeightFormat::Nvfp4, mx8, false),
+        ],
+        |o, on, _| o.fuse_swiglu = on,
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -1036,8 +1046,8 @@ fn fused_swiglu_is_bitwise_the_same() {
 /// (`PathOptions::fold_combine`: one launch a MoE layer fewer, the
 /// residual in two buffers in turn) gives the logits of the separate
 /// combine launch bit for bit over a 40-row prefill and 4 captured decode
-/// steps, with and without SwiGLU in the gate + up epilogue (the mono
-/// path with both: `mono_path_is_bitwise_the_standard_path` under
+/// steps, with and without SwiGLU in the gate + up epilogue (`extra`; the
+/// mono path with both: `mono_path_is_bitwise_the_standard_path` under
 /// `M3_FOLD_COMBINE=1 M3_FUSE_SWIGLU=1`). The check can fail: the folded
 /// run on a model whose shared experts have gate and up swapped differs.
 #[test]
@@ -1046,43 +1056,21 @@ fn folded_combine_is_bitwise_the_same() {
         return;
     };
     let mut gpu = GpuBackend::new(cuda);
-    let mut failures = Vec::new();
-    for (preset, experts, swiglu) in [
-        ("tiny", WeightFormat::Mxfp4, false),
-        ("tiny", WeightFormat::Bf16, false),
-        ("small", WeightFormat::Mxfp4, true),
-        ("small", WeightFormat::Nvfp4, false),
-    ] {
-        let c = ModelConfig::preset(preset).expect("preset");
-        let dense = if experts == WeightFormat::Bf16 {
-            WeightFormat::Bf16
-        } else {
-            WeightFormat::Mxfp8
-        };
-        let m = Arc::new(synthetic::model(&c, Formats { experts, dense }, 5).expect("synthetic"));
-        let bad = swap_shared_gate_up(&m);
-        let case = Case {
-            name: "folded combine",
-            ..CASES[0]
-        };
-        let (same, caught) = bitwise_ab(&mut gpu, &m, &bad, &case, c.vocab_size, |o, on| {
+    let (bf, mx8) = (WeightFormat::Bf16, WeightFormat::Mxfp8);
+    let failures = bitwise_over_models(
+        &mut gpu,
+        "the MoE combine in the next RMSNorm == its own launch",
+        &[
+            ("tiny", WeightFormat::Mxfp4, mx8, false),
+            ("tiny", bf, bf, false),
+            ("small", WeightFormat::Mxfp4, mx8, true),
+            ("small", WeightFormat::Nvfp4, mx8, false),
+        ],
+        |o, on, swiglu| {
             o.fold_combine = on;
             o.fuse_swiglu = swiglu;
-        });
-        println!(
-            "{preset} {experts:?} (SwiGLU fused {swiglu}): combine in the next RMSNorm == its own launch bitwise: {same}; swapped shared gate / up differs: {caught}"
-        );
-        if !same {
-            failures.push(format!(
-                "{preset} {experts:?} (SwiGLU fused {swiglu}): the folded combine changed the logits"
-            ));
-        }
-        if !caught {
-            failures.push(format!(
-                "{preset} {experts:?}: a perturbed shared expert went unseen"
-            ));
-        }
-    }
+        },
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -76,6 +76,18 @@ fn build_rows(
     StandardPath::new(gpu, model, cap, KvBudget::Blocks(6), opts)
 }
 
+/// The stub's calls of one direct [`decode_step`] on a path of a `formats`
+/// model built with `opts`.
+fn decode_calls(opts: PathOptions, formats: Formats) -> Vec<Call> {
+    let gpu = stub::gpu();
+    let mut path = build_with(&gpu, opts, formats).expect("a path on the stub");
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    stub::take_calls();
+    path.launch(shape, false).expect("direct step");
+    stub::take_calls()
+}
+
 /// The kernel launches among `calls`, in order.
 fn launches(calls: &[Call]) -> Vec<&stub::Launch> {
     calls
@@ -544,17 +556,11 @@ fn the_shared_experts_of_an_mx_model_run_beside() {
         dense: WeightFormat::Mxfp8,
     };
     let side_swiglus = |beside: Beside| -> usize {
-        let gpu = stub::gpu();
         let opts = PathOptions {
             beside,
             ..PathOptions::default()
         };
-        let mut path = build_with(&gpu, opts, mx).expect("an MX path on the stub");
-        let (batch, sampling) = decode_step();
-        let shape = path.prepare(&batch, &sampling).expect("prepare");
-        stub::take_calls();
-        path.launch(shape, false).expect("direct step");
-        let calls = stub::take_calls();
+        let calls = decode_calls(opts, mx);
         let launches = launches(&calls);
         let main = launches[0].stream;
         launches
@@ -581,18 +587,12 @@ fn the_folds_take_out_exactly_their_launches() {
         dense: WeightFormat::Mxfp8,
     };
     let names = |folds: bool| -> Vec<String> {
-        let gpu = stub::gpu();
         let opts = PathOptions {
             fuse_swiglu: folds,
             fold_combine: folds,
             ..PathOptions::default()
         };
-        let mut path = build_with(&gpu, opts, mx).expect("an MX path on the stub");
-        let (batch, sampling) = decode_step();
-        let shape = path.prepare(&batch, &sampling).expect("prepare");
-        stub::take_calls();
-        path.launch(shape, false).expect("direct step");
-        let calls = stub::take_calls();
+        let calls = decode_calls(opts, mx);
         launches(&calls).iter().map(|l| l.name.clone()).collect()
     };
     let count = |v: &[String], n: &str| v.iter().filter(|x| *x == n).count();

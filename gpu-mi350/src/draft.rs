@@ -666,7 +666,7 @@ impl GpuDraft {
                 n * m.gate.rows,
                 0,
                 m.gate.rows,
-                false,
+                0,
             )?;
             self.lin(&[(&m.down, LinOut::AddF32(b.x.ptr()))], b.a.ptr(), n)?;
         }

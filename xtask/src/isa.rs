@@ -82,7 +82,7 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
          partial-chunk fetch takes the row's place in its 16-row tile), and to 132 for \
          its gate + up pairs (SwiGLU in the epilogue: a second matrix's pointers), and to \
          178 for the op body of an RMSNorm taking a MoE combine in (fold_combine: a \
-         kernel of its own, m3s_rmsnorm_mix, so CUDA's plain RMSNorm keeps 46 registers, \
+         kernel of its own, m3s_rmsnorm_mix, so CUDA's plain RMSNorm holds 56 registers, \
          not 72); all spilled to VGPR lanes at the calls, its scratch unchanged",
     ),
 ];

@@ -207,8 +207,10 @@ pub(crate) struct Mono {
     /// Function handle (`Func::handle`) of each standard kernel a program may hold ->
     /// its op index.
     ids: HashMap<usize, u32>,
-    /// Programs per step rows, one per layer.
-    programs: HashMap<usize, Vec<Program>>,
+    /// Programs per step rows, one per layer, and the residual buffer
+    /// their layers leave the step in (`PathOptions::fold_combine` moves
+    /// it), where the head reads it.
+    programs: HashMap<usize, (Vec<Program>, u64)>,
 }
 
 impl Mono {
@@ -382,8 +384,9 @@ impl StandardPath {
             })?;
             progs.push(p);
         }
+        let last = self.acts.cur_r.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = self.mono.as_mut() {
-            m.programs.insert(t, progs);
+            m.programs.insert(t, (progs, last));
         }
         Ok(())
     }
@@ -399,7 +402,7 @@ impl StandardPath {
             .mono
             .as_ref()
             .ok_or_else(|| GpuError::input("mono path", "not loaded (PathOptions::mono)"))?;
-        let progs = mono
+        let (progs, last) = mono
             .programs
             .get(&t)
             .ok_or_else(|| GpuError::input("mono path", format!("no programs for {t} rows")))?;
@@ -425,10 +428,9 @@ impl StandardPath {
         }
         if nl > 0 {
             // the residual where the recorded layers leave it
-            self.acts.cur_r.store(
-                self.plain_final_residual(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            self.acts
+                .cur_r
+                .store(*last, std::sync::atomic::Ordering::Relaxed);
             self.enqueue_head(nl)?;
         }
         Ok(())
@@ -456,13 +458,13 @@ impl StandardPath {
             return Err(GpuError::input("mono profile", "not loaded"));
         };
         let g = mono.grid as usize;
-        if let Some(progs) = mono.programs.get_mut(&t) {
+        if let Some((progs, _)) = mono.programs.get_mut(&t) {
             for p in progs.iter_mut().filter(|p| p.prof.is_none()) {
                 p.prof = Some(DevBuf::zeroed(&ctx, p.nops as usize * (g + 1) * 8)?);
             }
         }
         self.enqueue_mono(t, s.logits_rows, true)?;
-        let Some(progs) = self.mono.as_ref().and_then(|m| m.programs.get(&t)) else {
+        let Some((progs, _)) = self.mono.as_ref().and_then(|m| m.programs.get(&t)) else {
             return Err(GpuError::input("mono profile", "no programs"));
         };
         // the most common op sequence (the MoE layers of the bench model)

@@ -242,8 +242,8 @@ pub(crate) fn add_bf16(l: &Launcher, f: &Func, acc: u64, y: u64, n: usize) -> Re
 
 /// SwiGLU-OAI of `n` (gate, up) bf16 pairs into bf16 `out`, and into the
 /// MX linears' f16 layout at `xh` (rows of `k`) if not 0: row-scaled with
-/// [`swiglu_row_pe`]'s power of two when `row_scaled` and the clamp bounds
-/// the output, else a power of two a block.
+/// p = 2^(xpe - 127) ([`swiglu_row_pe`]), or a power of two a block when
+/// `xpe` is 0.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn swiglu(
     l: &Launcher,
@@ -256,13 +256,8 @@ pub(crate) fn swiglu(
     n: usize,
     xh: u64,
     k: usize,
-    row_scaled: bool,
+    xpe: u32,
 ) -> Result<()> {
-    let xpe = if row_scaled {
-        swiglu_row_pe(alpha, limit).unwrap_or(0)
-    } else {
-        0
-    };
     l.launch(
         "swiglu",
         f,
@@ -661,7 +656,7 @@ mod tests {
             rows * k,
             xh.ptr(),
             k,
-            true,
+            swiglu_row_pe(1.702, 7.0).unwrap(),
         )
         .unwrap();
         let (o, h) = read_back(&l, &out, &xh, rows, k);

@@ -154,27 +154,6 @@ impl StandardPath {
         *self.pending_combine() = None;
     }
 
-    /// Where a plain step's residual ends after every layer: `acts.r`,
-    /// or `acts.r2` after an odd number of folded combines (one after
-    /// each MoE layer but the last: `fold_combine`), as [`Self::enqueue`]
-    /// leaves it (the mono path's head, whose layers were recorded once).
-    pub(crate) fn plain_final_residual(&self) -> u64 {
-        let n = self.model.layers.len();
-        let folds = if self.opts.fold_combine {
-            self.model.layers[..n.saturating_sub(1)]
-                .iter()
-                .filter(|l| matches!(l.ffn, DevFfn::Moe { .. }))
-                .count()
-        } else {
-            0
-        };
-        if folds % 2 == 1 {
-            self.acts.r2.ptr()
-        } else {
-            self.acts.r.ptr()
-        }
-    }
-
     /// The combine a MoE layer left to the next RMSNorm (`fold_combine`).
     fn pending_combine(&self) -> std::sync::MutexGuard<'_, Option<CombineIn>> {
         // a poisoned lock only means a panic elsewhere mid-enqueue: the
@@ -866,8 +845,11 @@ impl StandardPath {
             0
         };
         // row-scaled only where the clamp bounds the output
-        let row_scaled =
-            self.opts.row_scaled_x && pw::swiglu_row_pe(c.swiglu_alpha, c.swiglu_limit).is_some();
+        let xpe = if self.opts.row_scaled_x {
+            pw::swiglu_row_pe(c.swiglu_alpha, c.swiglu_limit)
+        } else {
+            None
+        };
         pw::swiglu(
             &self.l,
             &self.kern.swiglu,
@@ -879,9 +861,9 @@ impl StandardPath {
             n,
             xh,
             k.max(1),
-            row_scaled,
+            xpe.unwrap_or(0),
         )?;
-        remember(&a.last_a, out, xh, row_scaled);
+        remember(&a.last_a, out, xh, xpe.is_some());
         Ok(())
     }
 

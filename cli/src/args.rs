@@ -29,6 +29,10 @@ pub enum BackendArg {
     /// The CPU reference.
     Cpu,
     /// The GPU (an error, saying why, when none is usable).
+    /// `M3_GPU_RUNTIME=cuda|hip` picks a vendor; `M3_GPU_RUNTIME=sim` (the
+    /// HIP route) or `sim-cuda` (CUDA's code paths) runs the GPU engine on
+    /// this machine's CPU, its kernels built by the host C++ compiler: slow,
+    /// for checking the route where no such GPU is.
     #[value(alias = "cuda")]
     Gpu,
     /// The GPU's op-parity harness: host weights and cache, every op one

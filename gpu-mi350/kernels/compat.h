@@ -299,7 +299,9 @@ M3_DEV u32 m3_nvfp4_bf16(u32 code, float s) { return m3_bits(__fmul_rn(m3_fp4_fa
 // A[g+8][2t..2t+1], A[g][2t+8..2t+9], A[g+8][2t+8..2t+9]; b0, b1 hold
 // B[2t..2t+1][g], B[2t+8..2t+9][g]; c0..c3 are D[g][2t], D[g][2t+1],
 // D[g+8][2t], D[g+8][2t+1]. Lower column / row index in the low half.
-#if defined(M3_CUDA)
+// (The simulator, runtime/sim.rs, takes the generic twins of every PTX
+// block below in both of its flavours: M3_SIM.)
+#if defined(M3_CUDA) && !defined(M3_SIM)
 M3_DEV void m3_mma_bf16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -326,16 +328,25 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 // is still to be written.
 /// The shuffled tile product for 16-bit operands whose halves `half(w, 0)`
 /// (low) and `half(w, 1)` (high) turn into f32 exactly.
+/// Fragment register k (a0..a3, b0, b1) of a tile product's operands.
+M3_DEV u32 m3_frag_reg(const u32* a, u32 b0, u32 b1, int k) { return k < 4 ? a[k] : (k == 4 ? b0 : b1); }
 template <typename Half> M3_DEV void m3_mma_emul_16816(float* c, const u32* a, u32 b0, u32 b1, Half half) {
   const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;
+#if defined(M3_SIM)
+  // the simulator exchanges the group's fragments once (hip_sim.h)
+  const u32* frag = m3sim::gather32(a, b0, b1);
+#define M3_FRAG(k, lane) frag[(lane) * 6 + (k)]
+#else
+#define M3_FRAG(k, lane) __shfl(m3_frag_reg(a, b0, b1, (k)), (lane), 32)
+#endif
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
 #pragma unroll
     for (int tp = 0; tp < 4; ++tp) {
-      u32 ag = __shfl(hi ? a[2] : a[0], g * 4 + tp, 32);
-      u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);
-      u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);
-      u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);
+      u32 ag = M3_FRAG(hi ? 2 : 0, g * 4 + tp);
+      u32 ag8 = M3_FRAG(hi ? 3 : 1, g * 4 + tp);
+      u32 bn0 = M3_FRAG(hi ? 5 : 4, (2 * t) * 4 + tp);
+      u32 bn1 = M3_FRAG(hi ? 5 : 4, (2 * t + 1) * 4 + tp);
       float al = half(ag, 0), ah = half(ag, 1);
       float a8l = half(ag8, 0), a8h = half(ag8, 1);
       float b0l = half(bn0, 0), b0h = half(bn0, 1);
@@ -346,6 +357,7 @@ template <typename Half> M3_DEV void m3_mma_emul_16816(float* c, const u32* a, u
       c[3] += a8l * b1l + a8h * b1h;
     }
   }
+#undef M3_FRAG
 }
 struct M3Bf16Half {
   __device__ __forceinline__ float operator()(u32 w, int hi) const { return m3_f32(hi ? (w & 0xffff0000u) : (w << 16)); }
@@ -364,9 +376,12 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 // ---- f16: the MX linears' operands -----------------------------------------
 // s_mmh_linear (standard_decode.cu) multiplies f16 operands on the tensor
 // cores: every E2M1 (through E4M3, times 2^-6), E4M3 and E5M2 code is an f16
-// value exactly, and x comes in f16 with a power-of-two row scale (bf16's 8
-// significant bits fit f16's 11 over the 38 binades below the row's largest
-// value), so the products are exact and only the f32 sums round.
+// value exactly, and x comes in f16 with a power-of-two scale a block or a
+// row that puts its largest |value| in [2^13, 2^15): bf16's 8 significant
+// bits fit f16's 11 down to 2^-17, 30 binades below, so the products are
+// exact there and only the f32 sums round. A value smaller still rounds to
+// f16's subnormal grid (2^-24: at most 2^-38 of the largest; SwiGLU's
+// negative tail reaches it under a row scale).
 /// f16 bits -> f32, exact (subnormals, Inf, NaN kept).
 M3_DEV float m3_f16_to_f32(u32 h) {
 #if defined(M3_HIP)
@@ -406,7 +421,7 @@ M3_DEV u32 m3_e4m3_f16(u32 c) {
   const u32 p = m >= 4u ? 2u : (m >= 2u ? 1u : 0u);
   return s | ((p + 6u) << 10) | ((m << (10u - p)) & 0x3ffu);
 }
-#if defined(M3_CUDA)
+#if defined(M3_CUDA) && !defined(M3_SIM)
 /// Four E4M3 codes (bytes 0-3) -> f16x2 of bytes 0, 1 and of bytes 2, 3.
 M3_DEV void m3_e4m3x4_f16(u32 a, u32& lo, u32& hi) {
   asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, h; }"
@@ -464,7 +479,7 @@ M3_DEV u32 m3_e4m3x2_bf16x2(u32 a) {
 }
 /// Ask L2 for the line holding p (no register, no wait; nothing on HIP).
 M3_DEV void m3_prefetch_l2(const void* p) {
-#if defined(M3_CUDA)
+#if defined(M3_CUDA) && !defined(M3_SIM)
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #else
   (void)p;
@@ -482,7 +497,7 @@ template <typename T> M3_DEV T m3_ldg(const T* p) {
 /// A 16-byte global load of streamed weights (read once a step: not kept in
 /// L1; plain on HIP).
 M3_DEV uint4 m3_ldg_stream_u4(const uint4* p) {
-#if defined(M3_CUDA)
+#if defined(M3_CUDA) && !defined(M3_SIM)
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));

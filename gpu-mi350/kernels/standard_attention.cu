@@ -25,7 +25,7 @@
 /// compiler does not hoist their common prefix above the dispatch (that
 /// lengthened live ranges across both bodies and made ptxas spill in the
 /// fp8 one). No code; CUDA only (AMDGPU assembly comments differ).
-#if defined(M3_CUDA)
+#if defined(M3_CUDA) && !defined(M3_SIM)
 #define S_PATH_MARK(text) asm volatile("// " text)
 #else
 #define S_PATH_MARK(text) ((void)0)
@@ -37,7 +37,8 @@
 /// fp8 path's registers and made the batch-1 step 4% slower (split
 /// attention +41%, index scores +26%: bench/NOTES.md session 10 run 5).
 /// They exist on CUDA only (no HIP runner reads an NVFP4 cache yet): on
-/// HIP the entry points trap. S_NV_ONLY(call) is such an entry's body.
+/// HIP the entry points trap, and the standard path refuses an NVFP4 cache
+/// there at load. S_NV_ONLY(call) is such an entry's body.
 #if defined(M3_CUDA)
 #define S_NV_ONLY(call) call
 #else

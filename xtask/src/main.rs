@@ -8,6 +8,7 @@ mod golden;
 mod isa;
 mod kernels;
 mod serve_e2e;
+mod sim;
 mod spec;
 mod venv;
 
@@ -36,6 +37,10 @@ enum Task {
     /// `m3 serve` on the tiny default, driven by the `openai` Python client.
     ServeE2e(serve_e2e::ServeE2eArgs),
     /// Everything CI runs: the README's test command.
+    /// Run the GPU test suites on the HIP simulator (the HIP route on this
+    /// CPU, `M3_GPU_RUNTIME=sim`); `--full` adds the runner suite and the
+    /// golden cases.
+    Sim(sim::SimArgs),
     Ci(ci::CiArgs),
 }
 
@@ -49,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Task::Kernels(a) => kernels::kernels(a),
         Task::Fuzz(a) => fuzz::fuzz(a),
         Task::ServeE2e(a) => serve_e2e::serve_e2e(a),
+        Task::Sim(a) => sim::sim(a),
         Task::Ci(a) => ci::ci(a),
     }
 }

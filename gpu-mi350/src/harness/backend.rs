@@ -111,7 +111,7 @@ pub(crate) fn pick<C, H>(
         Some(f) => {
             return Err(GpuError::input(
                 "M3_GPU_RUNTIME",
-                format!("{f:?} is neither cuda nor hip"),
+                format!("{f:?} is none of cuda, hip, sim, sim-cuda"),
             ))
         }
     }
@@ -197,10 +197,15 @@ fn cache_parts(c: &CacheTensor) -> (&[u8], Option<&[u8]>, CacheKind) {
 
 impl GpuBackend {
     /// Open a GPU: CUDA device 0, or where CUDA finds no device, HIP device
-    /// 0 (see [`pick`]; `M3_GPU_RUNTIME=cuda|hip` opens that one only).
+    /// 0 (see [`pick`]; `M3_GPU_RUNTIME=cuda|hip` opens that one only, and
+    /// `M3_GPU_RUNTIME=sim|sim-cuda` the simulator on this machine's CPU,
+    /// `runtime::sim`).
     /// Any error means "no usable GPU here" and says why, for both vendors.
     pub fn open() -> crate::Result<Self> {
         let force = std::env::var("M3_GPU_RUNTIME").ok();
+        if let Some(sim) = crate::runtime::sim::from_env() {
+            return sim.map(Self::new_hip);
+        }
         Ok(
             match pick(force.as_deref(), || CudaGpu::open(0), HipGpu::open)? {
                 Picked::Cuda(c) => Self::new(c),
@@ -263,7 +268,12 @@ impl GpuBackend {
                 let i = h.gpu.info();
                 format!("CUDA, {}, {}", i.name, i.arch)
             }
-            Opened::Hip(h) => format!("HIP, {}, never run on AMD hardware", h.arch),
+            Opened::Hip(h) => match h.sim_flavour() {
+                Some(f) => {
+                    format!("the kernel simulator on this CPU ({f} flavour; slow, for checking)")
+                }
+                None => format!("HIP, {}, never run on AMD hardware", h.arch),
+            },
         }
     }
 
@@ -1363,5 +1373,24 @@ mod tests {
             !calls.iter().any(|c| matches!(c, stub::Call::Bad(_))),
             "the stub refused a call"
         );
+        drop(runner);
+
+        // an NVFP4 cache is refused at load, by name, not trapped at the
+        // first attention launch (its HIP entry points trap)
+        let w = synthetic::model(&c, Formats::default(), 7).expect("synthetic tiny");
+        let nv = LoadSpec {
+            cache_dtype: CacheDtype::Nvfp4,
+            ..spec
+        };
+        let loaded = be
+            .load(ModelSource::Weights(Arc::new(w)), &nv, &mut |_| {})
+            .map(|_| ());
+        match loaded {
+            Err(e) => assert!(
+                e.to_string().contains("NVFP4 KV cache runs on CUDA only"),
+                "{e}"
+            ),
+            Ok(()) => panic!("the HIP route loaded an NVFP4 cache"),
+        }
     }
 }

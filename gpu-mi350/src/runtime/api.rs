@@ -64,6 +64,29 @@ pub trait Gpu {
     }
 }
 
+/// A boxed device is a device (the tests pick CUDA or the HIP simulator at
+/// run time).
+impl<G: Gpu + ?Sized> Gpu for Box<G> {
+    fn device(&self) -> &Device {
+        (**self).device()
+    }
+    fn kernel(&self, src: &KernelSource, entry: &str) -> Result<Func> {
+        (**self).kernel(src, entry)
+    }
+    fn vendor(&self) -> Vendor {
+        (**self).vendor()
+    }
+    fn pdl(&self) -> bool {
+        (**self).pdl()
+    }
+    fn multiprocessors(&self) -> u32 {
+        (**self).multiprocessors()
+    }
+    fn warp(&self) -> u32 {
+        (**self).warp()
+    }
+}
+
 impl Gpu for CudaGpu {
     fn device(&self) -> &Device {
         self.device_handle()
@@ -90,7 +113,8 @@ impl Gpu for HipGpu {
         HipGpu::kernel(self, src, entry).map(|f| Func(Fun::Hip(HipFunc(f))))
     }
     fn vendor(&self) -> Vendor {
-        Vendor::Hip
+        // HIP, or CUDA on the simulator's CUDA flavour
+        self.device_handle().vendor()
     }
     fn pdl(&self) -> bool {
         false
@@ -122,7 +146,7 @@ impl Device {
     pub fn vendor(&self) -> Vendor {
         match &self.0 {
             Dev::Cuda(_) => Vendor::Cuda,
-            Dev::Hip(_) => Vendor::Hip,
+            Dev::Hip(h) => h.vendor,
         }
     }
 

@@ -25,7 +25,7 @@ use libloading::Library;
 
 use crate::cache::{self, DiskCache};
 use crate::error::{GpuError, Result};
-use crate::kernels::KernelSource;
+use crate::kernels::{KernelSource, Vendor};
 
 #[cfg(test)]
 #[path = "hip_stub.rs"]
@@ -143,6 +143,10 @@ pub(crate) struct Fns {
 pub struct HipApi {
     pub(crate) fns: Fns,
     ordinal: c_int,
+    /// Which compiler's semantics the kernels meet: HIP, except on the
+    /// simulator's CUDA flavour (`runtime::sim`), whose kernels take
+    /// compat.h's CUDA branch and 32-lane warps.
+    pub(crate) vendor: Vendor,
     /// The loaded libraries (`None` for a stub table in tests).
     _hip: Option<Library>,
     _rtc: Option<Library>,
@@ -167,6 +171,8 @@ pub struct HipGpu {
     modules: Mutex<HashMap<String, ModuleH>>,
     /// This device as the runtime line's handle (`api::Gpu::device`).
     device: crate::runtime::api::Device,
+    /// The simulator's table (`runtime::sim`), not a device's.
+    sim: bool,
 }
 
 /// The first of `names` that loads, or why none did.
@@ -267,10 +273,40 @@ impl HipGpu {
         Ok(gpu)
     }
 
+    /// The HIP simulator (`runtime::sim`): the HIP route on this machine's
+    /// CPU, a gfx950 whose kernels the host C++ compiler builds. Fails
+    /// (never panics) where no compiler runs.
+    pub fn sim() -> Result<Self> {
+        let mut g = Self::with_table(super::sim::table(Vendor::Hip), None, None)?;
+        g.sim = true;
+        Ok(g)
+    }
+
+    /// The simulator's CUDA flavour: the kernels take compat.h's CUDA
+    /// branch (32-lane warps; PTX replaced by its generic twins) and the
+    /// engine launches them as it does on CUDA (`Gpu::vendor` is CUDA), so
+    /// the CUDA-only code paths run on this CPU. No PDL, no mono path.
+    pub fn sim_cuda() -> Result<Self> {
+        let mut g = Self::with_table_as(super::sim::table(Vendor::Cuda), None, None, Vendor::Cuda)?;
+        g.sim = true;
+        Ok(g)
+    }
+
     /// A device over the function table `fns` (the real libraries, or a
     /// stub's table in tests): device 0, its arch and hiprtc's version
     /// read through the table, no disk cache.
     pub(crate) fn with_table(fns: Fns, hip: Option<Library>, rtc: Option<Library>) -> Result<Self> {
+        Self::with_table_as(fns, hip, rtc, Vendor::Hip)
+    }
+
+    /// [`with_table`](Self::with_table) whose kernels meet `vendor`'s
+    /// compiler semantics (CUDA only for the simulator's CUDA flavour).
+    fn with_table_as(
+        fns: Fns,
+        hip: Option<Library>,
+        rtc: Option<Library>,
+        vendor: Vendor,
+    ) -> Result<Self> {
         let arch = Self::arch_name(&fns)?;
         let (mut ma, mut mi) = (0, 0);
         // SAFETY: two valid out-pointers.
@@ -281,6 +317,7 @@ impl HipGpu {
         let api = Arc::new(HipApi {
             fns,
             ordinal: 0,
+            vendor,
             _hip: hip,
             _rtc: rtc,
         });
@@ -291,6 +328,7 @@ impl HipGpu {
             rtc: (ma, mi),
             disk: None,
             modules: Mutex::new(HashMap::new()),
+            sim: false,
         })
     }
 
@@ -319,6 +357,15 @@ impl HipGpu {
     /// Use `dir` as the disk cache of code objects (`None`: memory only).
     pub fn set_disk_cache(&mut self, dir: Option<std::path::PathBuf>) {
         self.disk = dir.map(|d| DiskCache::new(d, "hsaco"));
+    }
+
+    /// Whether this is the simulator (`runtime::sim`), and which flavour:
+    /// `Some("HIP")` / `Some("CUDA")`, `None` for a real device or a stub.
+    pub fn sim_flavour(&self) -> Option<&'static str> {
+        self.sim.then(|| match self.api.vendor {
+            Vendor::Hip => "HIP",
+            Vendor::Cuda => "CUDA",
+        })
     }
 
     /// This device as the runtime line's handle.

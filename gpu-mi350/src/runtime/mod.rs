@@ -9,6 +9,9 @@
 //!   CUBIN for the device's own `sm_XX`;
 //! - [`hip`]: a run-time-loaded HIP + hiprtc binding for MI350 (gfx950),
 //!   compiled in CI, **not yet run on hardware**;
+//! - [`sim`]: the HIP simulator, a HIP function table that builds the
+//!   kernels with the host C++ compiler and runs them on the CPU
+//!   (`M3_GPU_RUNTIME=sim`): the HIP route, run where no AMD GPU is;
 //! - [`cache`]: compiled modules on disk, keyed by source, arch, flags and
 //!   compiler version.
 
@@ -16,3 +19,4 @@ pub mod api;
 pub mod cache;
 pub mod cuda;
 pub mod hip;
+pub mod sim;

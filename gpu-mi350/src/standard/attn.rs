@@ -1018,7 +1018,6 @@ mod tests {
 mod gpu_tests {
     use super::*;
     use crate::model::DevBuf;
-    use crate::CudaGpu;
     use m3_core::formats::{bf16, fp8::e4m3};
 
     use super::super::test_gpu as gpu;
@@ -1080,7 +1079,7 @@ mod gpu_tests {
         out
     }
 
-    fn run(gpu: &CudaGpu, c: &Case, seed: u64) -> Outcome {
+    fn run(gpu: &dyn Gpu, c: &Case, seed: u64) -> Outcome {
         let ctx = gpu.device();
         let l = Launcher::new(ctx, true).unwrap();
         let k = AttnKernels::load(gpu).unwrap();

@@ -4,7 +4,7 @@
 //! `REQUIRE_GPU=1`, where it fails (the H200 runs set it).
 #![allow(dead_code)]
 
-use m3_gpu::CudaGpu;
+use m3_gpu::{CudaGpu, GpuBackend};
 
 /// Whether the environment demands a GPU.
 pub fn require_gpu() -> bool {
@@ -25,6 +25,27 @@ pub fn gpu_or_skip(test: &str) -> Option<CudaGpu> {
             None
         }
     }
+}
+
+/// Whether the tests run on the simulator (`M3_GPU_RUNTIME=sim`, the HIP
+/// route, or `sim-cuda`, its CUDA flavour) on this machine's CPU.
+pub fn on_sim() -> bool {
+    std::env::var("M3_GPU_RUNTIME").is_ok_and(|v| {
+        let v = v.trim();
+        v.eq_ignore_ascii_case("sim") || v.eq_ignore_ascii_case("sim-cuda")
+    })
+}
+
+/// The engine on the GPU (or, with `M3_GPU_RUNTIME=sim|sim-cuda`, on the
+/// simulator), or `None` after printing why the test is skipped.
+pub fn backend_or_skip(test: &str) -> Option<GpuBackend> {
+    if on_sim() {
+        return match GpuBackend::open() {
+            Ok(b) => Some(b),
+            Err(e) => panic!("{test}: M3_GPU_RUNTIME=sim but the simulator does not open: {e}"),
+        };
+    }
+    gpu_or_skip(test).map(GpuBackend::new)
 }
 
 /// A small deterministic RNG (SplitMix64) so failures reproduce from the seed.

@@ -48,6 +48,15 @@ m3sim_start:
   .size m3sim_start, .-m3sim_start
 )");
 
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer (runtime/sim.rs, M3_SIM_ASAN=1) is told of every stack
+// switch, so the fibers' frames are checked and never mistaken for overflows.
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+extern "C" void __asan_unpoison_memory_region(void const volatile* addr, size_t size);
+#define M3SIM_ASAN 1
+#endif
+
 namespace m3sim {
 
 Dim3 g_tid, g_bid, g_bdim, g_gdim;
@@ -88,6 +97,9 @@ struct Block {
   void (*body)(void*) = nullptr;
   void* arg = nullptr;
   const char* failed = nullptr;
+  /// The scheduler's stack (told to AddressSanitizer on a switch back).
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
 };
 
 Block* g_blk = nullptr;
@@ -96,7 +108,26 @@ std::vector<char*> g_stacks;
 
 inline void yield_to_scheduler() {
   Block& b = *g_blk;
+#if defined(M3SIM_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(b.st[b.cur] == kDone ? nullptr : &fake, b.sched_bottom, b.sched_size);
+#endif
   m3sim_swap(&b.sp[b.cur], b.sched);
+#if defined(M3SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake, &b.sched_bottom, &b.sched_size);
+#endif
+}
+
+/// Run fiber i until it waits or ends.
+inline void switch_to(Block& b, unsigned i) {
+#if defined(M3SIM_ASAN)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, g_stacks[i], kStack);
+#endif
+  m3sim_swap(&b.sched, b.sp[i]);
+#if defined(M3SIM_ASAN)
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
 }
 
 inline void release(State which, unsigned lo, unsigned hi) {
@@ -183,6 +214,9 @@ const unsigned int* gather32(const unsigned int* a, unsigned int b0, unsigned in
 /// A fiber's life: the kernel body, then leave every barrier's count.
 void fiber_main(void*) {
   Block& b = *g_blk;
+#if defined(M3SIM_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &b.sched_bottom, &b.sched_size);
+#endif
   b.body(b.arg);
   Block& c = *g_blk;
   const unsigned i = c.cur, w = i / kWave, h = i / kHalf;
@@ -239,6 +273,10 @@ inline bool run_block(Block& b, const char* kernel, char* err) {
   for (unsigned i = 0; i < b.n; ++i) {
     b.st[i] = kRun;
     b.par_full[i] = b.par_half[i] = b.par_mma[i] = 0;
+#if defined(M3SIM_ASAN)
+    // a fiber left at a barrier by a failed block leaves poisoned frames
+    __asan_unpoison_memory_region(g_stacks[i], kStack);
+#endif
     void** top = (void**)(g_stacks[i] + kStack);
     top[-1] = (void*)&m3sim_start;    // "returned" into by the first switch
     top[-2] = nullptr;                // rbp
@@ -257,7 +295,7 @@ inline bool run_block(Block& b, const char* kernel, char* err) {
       ran = true;
       b.cur = i;
       g_tid = {i, 0u, 0u};
-      m3sim_swap(&b.sched, b.sp[i]);
+      switch_to(b, i);
     }
     if (!ran) {
       unsigned at_b = 0, at_w = 0;

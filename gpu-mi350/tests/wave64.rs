@@ -332,10 +332,13 @@ fn models_follow_the_sources() {
     for line in [
         "#define M3_WARP 64",
         "const int l = (int)(threadIdx.x % 32u), g = l / 4, t = l % 4;",
-        "u32 ag = __shfl(hi ? a[2] : a[0], g * 4 + tp, 32);",
-        "u32 ag8 = __shfl(hi ? a[3] : a[1], g * 4 + tp, 32);",
-        "u32 bn0 = __shfl(hi ? b1 : b0, (2 * t) * 4 + tp, 32);",
-        "u32 bn1 = __shfl(hi ? b1 : b0, (2 * t + 1) * 4 + tp, 32);",
+        // register k of the fragments (a0..a3, b0, b1) from lane `lane`
+        "M3_DEV u32 m3_frag_reg(const u32* a, u32 b0, u32 b1, int k) { return k < 4 ? a[k] : (k == 4 ? b0 : b1); }",
+        "#define M3_FRAG(k, lane) __shfl(m3_frag_reg(a, b0, b1, (k)), (lane), 32)",
+        "u32 ag = M3_FRAG(hi ? 2 : 0, g * 4 + tp);",
+        "u32 ag8 = M3_FRAG(hi ? 3 : 1, g * 4 + tp);",
+        "u32 bn0 = M3_FRAG(hi ? 5 : 4, (2 * t) * 4 + tp);",
+        "u32 bn1 = M3_FRAG(hi ? 5 : 4, (2 * t + 1) * 4 + tp);",
         "c[0] += al * b0l + ah * b0h;",
         "c[3] += a8l * b1l + a8h * b1h;",
         "for (int m = M3_WARP / 2; m > 0; m >>= 1) v += M3_SHFL_XOR(v, m);",

@@ -69,7 +69,7 @@ pub fn ci(args: CiArgs) -> Result<()> {
         // gfx942 (clang 22, no ROCm; no VGPR spill in any kernel, SGPR spills
         // within isa::SGPR_SPILL_CEILINGS) and gfx940 (hipcc).
         cargo(&["xtask", "kernels"])?;
-        cargo(&["xtask", "sim"])?;
+        cargo(&["xtask", "sim", "--poison"])?;
         // The safetensors header / index parser under fuzzing, briefly.
         cargo(&["xtask", "fuzz", "--seconds", "20"])?;
     }

@@ -5,9 +5,10 @@
 //! on this machine's CPU, the host C++ compiler building the kernels. No
 //! GPU, no ROCm.
 //!
-//! The default is CI's selection: every GPU unit test of the engine's
-//! kernels (linears of every format and row class, producers, attention
-//! and the indexer, cache writes) against its reference, in each flavour.
+//! The default is CI's selection (CI adds `--poison`): every GPU unit test
+//! of the engine's kernels (linears of every format and row class,
+//! producers, attention and the indexer, cache writes) against its
+//! reference, in each flavour.
 //! `--full` adds the runner suite (the GPU runner against the CPU runner,
 //! and the bitwise A/B tests of every fold and fusion) and the golden
 //! cases through `m3 forward --backend gpu`: tens of minutes.
@@ -24,15 +25,62 @@ pub struct SimArgs {
     /// Also the runner suite and the golden cases (slow).
     #[arg(long)]
     pub full: bool,
+    /// Build the kernels with AddressSanitizer (the test binaries run with
+    /// its runtime preloaded): any kernel load or store outside the
+    /// allocation it aims at stops the run with the kernel's stack. The
+    /// golden cases run without it.
+    #[arg(long)]
+    pub asan: bool,
+    /// Fill new device memory with 0xff (NaN in every float format) rather
+    /// than zeros, so results that read memory nothing wrote go wrong.
+    #[arg(long)]
+    pub poison: bool,
+}
+
+/// Environment for the test runs: the flavour, and the checks asked for.
+fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    if args.poison {
+        env.push(("M3_SIM_POISON".to_string(), "1".to_string()));
+    }
+    if args.asan {
+        let cxx = ["M3_SIM_CXX", "CXX"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()))
+            .unwrap_or_else(|| "c++".to_string());
+        let out = Command::new(&cxx)
+            .arg("-print-file-name=libasan.so")
+            .output()
+            .with_context(|| format!("{cxx} -print-file-name=libasan.so"))?;
+        let lib = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !std::path::Path::new(&lib).is_file() {
+            bail!("--asan: {cxx} has no libasan.so ({lib:?})");
+        }
+        env.push(("M3_SIM_ASAN".into(), "1".into()));
+        env.push(("ASAN_OPTIONS".into(), "detect_leaks=0".into()));
+        // the runtime preloaded into the test binaries only (not cargo,
+        // not rustc)
+        env.push((
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER".into(),
+            format!("env LD_PRELOAD={lib}"),
+        ));
+    }
+    Ok(env)
 }
 
 /// Run `cargo args` with `M3_GPU_RUNTIME=flavour`, its output into `log`.
-fn spawn(flavour: &str, args: &[&str], log: &std::path::Path) -> Result<std::process::Child> {
+fn spawn(
+    flavour: &str,
+    env: &[(String, String)],
+    args: &[&str],
+    log: &std::path::Path,
+) -> Result<std::process::Child> {
     let out = std::fs::File::create(log).with_context(|| format!("{}", log.display()))?;
     let err = out.try_clone()?;
     Command::new(env!("CARGO"))
         .args(args)
         .env("M3_GPU_RUNTIME", flavour)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(workspace_root())
         .stdout(out)
         .stderr(err)
@@ -43,7 +91,7 @@ fn spawn(flavour: &str, args: &[&str], log: &std::path::Path) -> Result<std::pro
 /// One step in both flavours at once (the simulator runs one launch at a
 /// time a process, so two processes use two cores); each log is printed
 /// when it ends, the whole of it on a failure, else its summary lines.
-fn both(tag: &str, what: &str, args: &[&str]) -> Result<()> {
+fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Result<()> {
     let dir = workspace_root().join("target").join("sim-logs");
     std::fs::create_dir_all(&dir)?;
     eprintln!(
@@ -54,7 +102,7 @@ fn both(tag: &str, what: &str, args: &[&str]) -> Result<()> {
     let mut runs = Vec::new();
     for flavour in ["sim-cuda", "sim"] {
         let log = dir.join(format!("{tag}-{flavour}.log"));
-        runs.push((flavour, spawn(flavour, args, &log)?, log));
+        runs.push((flavour, spawn(flavour, env, args, &log)?, log));
     }
     let mut failed = Vec::new();
     for (flavour, mut child, log) in runs {
@@ -90,15 +138,18 @@ pub fn sim(args: SimArgs) -> Result<()> {
     if !status.success() {
         bail!("cargo test -p m3-gpu --no-run failed");
     }
+    let env = check_env(&args)?;
     both(
         "unit",
         "the engine's GPU unit tests",
+        &env,
         &["test", "-p", "m3-gpu", "--lib"],
     )?;
     if args.full {
         both(
             "runner",
             "the runner suite",
+            &env,
             &["test", "-p", "m3-gpu", "--test", "runner"],
         )?;
         // one flavour at a time: the golden runs share their work directory
@@ -107,7 +158,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
                 .join("target")
                 .join("sim-logs")
                 .join(format!("golden-{flavour}.log"));
-            let ok = spawn(flavour, &["xtask", "golden", "--backend", "gpu"], &log)?
+            let ok = spawn(flavour, &[], &["xtask", "golden", "--backend", "gpu"], &log)?
                 .wait()?
                 .success();
             let text = std::fs::read_to_string(&log).unwrap_or_default();

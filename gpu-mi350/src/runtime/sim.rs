@@ -25,7 +25,9 @@
 //!   the work of streams that join it through an event, and a graph replay
 //!   runs the record in order.
 //!
-//! `M3_SIM_TRACE=1` prints every launch (kernel, grid, block).
+//! `M3_SIM_TRACE=1` prints every launch (kernel, grid, block);
+//! `M3_SIM_POISON=1` fills new device memory with 0xff (NaN in every float
+//! format here) instead of zeros, so reads of memory nothing wrote show.
 //!
 //! What it does not model: timing (events measure the simulator), memory
 //! bounds inside a kernel, and concurrency between blocks (a kernel whose
@@ -76,6 +78,23 @@ const KERNEL_MARK: &str = "__m3sim_kernel__";
 const DEFAULT_MEM_GIB: usize = 16;
 /// Allocation alignment (hipMalloc gives at least 256 bytes).
 const ALIGN: usize = 256;
+
+/// Whether new allocations are filled with 0xff (`M3_SIM_POISON=1`).
+fn poison() -> bool {
+    static P: OnceLock<bool> = OnceLock::new();
+    *P.get_or_init(|| std::env::var("M3_SIM_POISON").is_ok_and(|v| v == "1"))
+}
+
+/// Whether kernels are built with AddressSanitizer (`M3_SIM_ASAN=1`): every
+/// load and store of a kernel checked against the allocation it falls in
+/// (device buffers are host allocations, so a read past one's end is
+/// reported with the kernel's stack). The process must start with the ASan
+/// runtime: `LD_PRELOAD=$(c++ -print-file-name=libasan.so)` and
+/// `ASAN_OPTIONS=detect_leaks=0`.
+fn asan() -> bool {
+    static A: OnceLock<bool> = OnceLock::new();
+    *A.get_or_init(|| std::env::var("M3_SIM_ASAN").is_ok_and(|v| v == "1"))
+}
 
 /// Whether every launch is printed (`M3_SIM_TRACE=1`).
 fn trace() -> bool {
@@ -250,10 +269,19 @@ unsafe extern "C" fn malloc(out: *mut *mut c_void, bytes: usize) -> HipError {
     let Ok(layout) = Layout::from_size_align(n, ALIGN) else {
         return INVALID_VALUE;
     };
-    // zeroed: untouched pages of a large allocation cost nothing
-    let p = std::alloc::alloc_zeroed(layout);
+    // zeroed: untouched pages of a large allocation cost nothing;
+    // M3_SIM_POISON=1 fills it with 0xff instead (NaN as f32, bf16 and f16),
+    // so a kernel that reads memory nothing wrote shows it
+    let p = if poison() {
+        std::alloc::alloc(layout)
+    } else {
+        std::alloc::alloc_zeroed(layout)
+    };
     if p.is_null() {
         return refuse(OUT_OF_MEMORY, "hipMalloc", format!("{bytes} bytes"));
+    }
+    if poison() {
+        std::ptr::write_bytes(p, 0xff, n);
     }
     s.live.insert(p as usize, n);
     s.allocated += n;
@@ -936,18 +964,7 @@ fn build(src: &str, defines: &[String]) -> Result<PathBuf, String> {
     for n in &names {
         text.push_str(&format!("M3SIM_EXPORT({n})\n"));
     }
-    let key = cache::key(&text, "host-sim", defines, &format!("{cxx} {version}"));
-    let dir = cache_dir();
-    let path = dir.join(format!("{key}.so"));
-    if path.is_file() {
-        return Ok(path);
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // a unique temporary name, renamed into place: a reader never sees half
-    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!("{key}.{}.{seq}.tmp", std::process::id()));
-    let mut args: Vec<String> = [
+    let mut flags: Vec<String> = [
         "-std=c++17",
         "-O1",
         "-fPIC",
@@ -961,9 +978,29 @@ fn build(src: &str, defines: &[String]) -> Result<PathBuf, String> {
     .collect();
     if std::arch::is_x86_feature_detected!("f16c") {
         // f16 conversions as one instruction, not a libgcc call
-        args.push("-mf16c".into());
+        flags.push("-mf16c".into());
     }
-    args.extend(defines.iter().cloned());
+    if asan() {
+        // every kernel access checked against the allocation it falls in
+        // (the process must have the ASan runtime: see `asan`)
+        flags.extend([
+            "-fsanitize=address".into(),
+            "-fno-omit-frame-pointer".into(),
+        ]);
+    }
+    flags.extend(defines.iter().cloned());
+    let key = cache::key(&text, "host-sim", &flags, &format!("{cxx} {version}"));
+    let dir = cache_dir();
+    let path = dir.join(format!("{key}.so"));
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // a unique temporary name, renamed into place: a reader never sees half
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{key}.{}.{seq}.tmp", std::process::id()));
+    let mut args = flags;
     args.extend([
         "-x".into(),
         "c++".into(),

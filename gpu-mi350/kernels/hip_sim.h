@@ -72,7 +72,7 @@
 #define __constant__ static const
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 
 // ---- the scheduler (defined once, in the runtime's launcher section) -------
 namespace m3sim {
@@ -97,6 +97,9 @@ unsigned long long* wave_slots(int width, int* lane, int* base);
 /// lane's 32-lane group, after a barrier of the group: lane j's at 6 j.
 const unsigned int* gather32(const unsigned int* a, unsigned int b0, unsigned int b1);
 [[noreturn]] void trap(const char* why);
+/// PTX's `bar.sync id, count`: wait until `count` threads of the block have
+/// arrived at barrier `id` (the mono kernel's sub-block barriers).
+void named_barrier(unsigned id, unsigned count);
 }  // namespace m3sim
 
 #define threadIdx (m3sim::g_tid)
@@ -116,6 +119,11 @@ struct alignas(16) float4 {
 struct uint3 {
   unsigned int x, y, z;
 };
+struct dim3 {
+  unsigned int x, y, z;
+  dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
+};
+static inline void __trap() { m3sim::trap("__trap"); }
 static inline uint2 make_uint2(unsigned int x, unsigned int y) { return {x, y}; }
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }

@@ -71,7 +71,10 @@ struct Launch {
   char err[512];
 };
 
-enum State : unsigned char { kRun, kAtBlock, kAtWave, kAtHalf, kDone };
+enum State : unsigned char { kRun, kAtBlock, kAtWave, kAtHalf, kAtNamed, kDone };
+
+/// Named barriers (`bar.sync id, count`) a block may use.
+constexpr unsigned kNamed = 16;
 
 /// Lanes of the narrower collective group (a half wavefront).
 constexpr unsigned kHalf = 32;
@@ -91,6 +94,9 @@ struct Block {
   unsigned char par_full[kMaxThreads], par_half[kMaxThreads], par_mma[kMaxThreads];
   unsigned wave_alive[kMaxThreads / kWave], wave_at[kMaxThreads / kWave];
   unsigned half_alive[kMaxThreads / kHalf], half_at[kMaxThreads / kHalf];
+  /// Arrivals at each named barrier, and which one a waiting thread is at.
+  unsigned named_at[kNamed];
+  unsigned char named_id[kMaxThreads];
   unsigned long long full[kMaxThreads / kWave][2][kWave];
   unsigned long long half[kMaxThreads / kHalf][2][kHalf];
   unsigned int mma[kMaxThreads / kHalf][2][kHalf * 6];
@@ -171,6 +177,21 @@ void wave_barrier(int width) {
     const unsigned h = b.cur / kHalf;
     group_arrive(b.half_at[h], b.half_alive[h], kAtHalf, h * kHalf, h * kHalf + kHalf);
   }
+}
+
+void named_barrier(unsigned id, unsigned count) {
+  Block& b = *g_blk;
+  if (id >= kNamed) trap("bar.sync: barrier id past the simulator's 16");
+  if (b.named_at[id] + 1 >= count) {
+    b.named_at[id] = 0;
+    for (unsigned j = 0; j < b.n; ++j)
+      if (b.st[j] == kAtNamed && b.named_id[j] == id) b.st[j] = kRun;
+    return;
+  }
+  ++b.named_at[id];
+  b.named_id[b.cur] = (unsigned char)id;
+  b.st[b.cur] = kAtNamed;
+  yield_to_scheduler();
 }
 
 unsigned long long* wave_slots(int width, int* lane, int* base) {
@@ -259,6 +280,7 @@ inline bool ensure_stacks(unsigned n, char* err) {
 inline bool run_block(Block& b, const char* kernel, char* err) {
   b.alive = b.n;
   b.at_block = 0;
+  for (unsigned k = 0; k < kNamed; ++k) b.named_at[k] = 0;
   const unsigned waves = (b.n + kWave - 1) / kWave;
   for (unsigned w = 0; w < waves; ++w) {
     b.wave_at[w] = 0;
@@ -301,11 +323,11 @@ inline bool run_block(Block& b, const char* kernel, char* err) {
       unsigned at_b = 0, at_w = 0;
       for (unsigned i = 0; i < b.n; ++i) {
         at_b += b.st[i] == kAtBlock;
-        at_w += b.st[i] == kAtWave || b.st[i] == kAtHalf;
+        at_w += b.st[i] == kAtWave || b.st[i] == kAtHalf || b.st[i] == kAtNamed;
       }
       std::snprintf(err, 512,
                     "%s: deadlock in block (%u,%u,%u) of %u threads: %u at __syncthreads, %u at a wavefront "
-                    "collective, %u returned",
+                    "collective or named barrier, %u returned",
                     kernel, g_bid.x, g_bid.y, g_bid.z, b.n, at_b, at_w, b.n - b.alive);
       return false;
     }

@@ -20,6 +20,13 @@
 #define blockDim (m3h_block_dim())
 #define gridDim (m3h_grid_dim())
 #endif
+#if defined(M3_SIM)
+// the simulator's built-ins again (runtime/sim.rs, hip_sim.h)
+#define threadIdx (m3sim::g_tid)
+#define blockIdx (m3sim::g_bid)
+#define blockDim (m3sim::g_bdim)
+#define gridDim (m3sim::g_gdim)
+#endif
 #if !defined(M3_HIP)
 // the CUDA headers' definition (the prelude emptied it for the op bodies)
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
@@ -28,7 +35,7 @@
 #define __noinline__ __attribute__((noinline))
 #endif
 /// The CTA-wide barrier of the interpreter (all S_MONO_THREADS).
-#if defined(M3_HIP)
+#if defined(M3_HIP) || defined(M3_SIM)
 #define S_MONO_CTA_SYNC() __syncthreads()
 #else
 #define S_MONO_CTA_SYNC() asm volatile("bar.sync 0;" ::: "memory")
@@ -113,6 +120,8 @@ M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
   (void)sub;
   (void)B;
   m3_mono_sync();
+#elif defined(M3_SIM)
+  m3sim::named_barrier(1u + sub, B);
 #else
   asm volatile("bar.sync %0, %1;" ::"r"(1u + sub), "r"(B) : "memory");
 #endif
@@ -279,6 +288,17 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
   }
   __syncthreads();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent");
+#elif defined(M3_SIM)
+  // the simulator runs a launch's CTAs one after another: a barrier that
+  // would wait for another CTA can never end (the host gives it one CTA)
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long n = gridDim.x;
+    const unsigned long long old = __atomic_fetch_add(bar, 1ull, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(bar, __ATOMIC_SEQ_CST) < (old / n + 1ull) * n)
+      m3sim::trap("a grid barrier with another CTA to wait for (the simulator runs one at a time)");
+  }
+  __syncthreads();
 #else
   if (threadIdx.x == 0) {
     const unsigned long long n = gridDim.x;
@@ -308,7 +328,9 @@ M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u3
 /// HIP: the device's constant-rate real-time counter (`s_memrealtime`,
 /// 100 MHz on CDNA3 / CDNA4: ticks x 10 ns), comparable across CUs too.
 M3_DEV unsigned long long s_mono_now() {
-#if defined(M3_HIP)
+#if defined(M3_SIM)
+  return 0ull;  // the simulator keeps no time
+#elif defined(M3_HIP)
   return __builtin_amdgcn_s_memrealtime() * 10ull;
 #else
   unsigned long long t;

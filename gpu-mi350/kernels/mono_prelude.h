@@ -112,7 +112,11 @@ M3_DEV void m3_mono_sync() {
 /// __syncthreads of a sub-block: barrier 1 + sub, its B threads (barrier 0
 /// is the interpreter's, all S_MONO_THREADS).
 M3_DEV void m3_mono_sync() {
+#if defined(M3_SIM)
+  m3sim::named_barrier(1u + m3_mono_sub(), m3_mono_bsz());
+#else
   asm volatile("bar.sync %0, %1;" ::"r"(1u + m3_mono_sub()), "r"(m3_mono_bsz()) : "memory");
+#endif
 }
 #endif
 /// The next `bytes` of the calling sub-block's share of the pool (16-byte

@@ -110,7 +110,8 @@ impl Gpu for HipGpu {
         self.device_handle()
     }
     fn kernel(&self, src: &KernelSource, entry: &str) -> Result<Func> {
-        HipGpu::kernel(self, src, entry).map(|f| Func(Fun::Hip(HipFunc(f))))
+        let sim = self.sim_flavour().is_some();
+        HipGpu::kernel(self, src, entry).map(|f| Func(Fun::Hip(HipFunc(f), sim)))
     }
     fn vendor(&self) -> Vendor {
         // HIP, or CUDA on the simulator's CUDA flavour
@@ -287,7 +288,9 @@ pub struct Func(Fun);
 #[derive(Clone)]
 enum Fun {
     Cuda(CudaFunction),
-    Hip(HipFunc),
+    /// A HIP function; `true` on the simulator (`runtime::sim`), which
+    /// answers the mono path's queries for the one CTA it runs at a time.
+    Hip(HipFunc, bool),
 }
 
 impl Func {
@@ -297,14 +300,14 @@ impl Func {
     pub fn handle(&self) -> usize {
         match &self.0 {
             Fun::Cuda(f) => f.cu_function() as usize,
-            Fun::Hip(f) => f.0 as usize,
+            Fun::Hip(f, _) => f.0 as usize,
         }
     }
 
     fn cuda_only(&self, what: &str) -> Result<&CudaFunction> {
         match &self.0 {
             Fun::Cuda(f) => Ok(f),
-            Fun::Hip(_) => Err(GpuError::input(
+            Fun::Hip(..) => Err(GpuError::input(
                 "mono path",
                 format!("{what} is queried on CUDA only (the mono path does not run on HIP)"),
             )),
@@ -315,6 +318,9 @@ impl Func {
     /// kernel: the occupancy reported is then the one a launch gets).
     pub fn prefer_max_shared_carveout(&self) -> Result<()> {
         use sys::CUfunction_attribute_enum as A;
+        if self.on_sim() {
+            return Ok(());
+        }
         self.cuda_only("the shared-memory carve-out")?
             .set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
             .map_err(|e| GpuError::driver("cuFuncSetAttribute", e))
@@ -324,7 +330,7 @@ impl Func {
     pub fn registers(&self) -> i32 {
         match &self.0 {
             Fun::Cuda(f) => f.num_regs().unwrap_or(0),
-            Fun::Hip(_) => 0,
+            Fun::Hip(..) => 0,
         }
     }
 
@@ -332,13 +338,23 @@ impl Func {
     pub fn local_bytes(&self) -> i32 {
         match &self.0 {
             Fun::Cuda(f) => f.local_size_bytes().unwrap_or(0),
-            Fun::Hip(_) => 0,
+            Fun::Hip(..) => 0,
         }
+    }
+
+    /// Whether this is a function of the simulator.
+    fn on_sim(&self) -> bool {
+        matches!(self.0, Fun::Hip(_, true))
     }
 
     /// Blocks of `threads` threads and `smem` bytes of dynamic shared
     /// memory that fit on one multiprocessor at once.
+    /// The simulator: one (it runs a launch's CTAs one after another, and
+    /// reports one multiprocessor, so an all-resident grid is one CTA).
     pub fn max_blocks_per_multiprocessor(&self, threads: u32, smem: usize) -> Result<u32> {
+        if self.on_sim() {
+            return Ok(1);
+        }
         self.cuda_only("occupancy")?
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| GpuError::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
@@ -468,7 +484,7 @@ impl Stream {
                 .result()
                 .map_err(|e| GpuError::driver("cuLaunchKernelEx", format!("{label}: {e}")))
             }
-            (Str::Hip(s), Fun::Hip(f)) => s
+            (Str::Hip(s), Fun::Hip(f, _)) => s
                 .launch(f.0, cfg.grid, cfg.block, cfg.smem, params)
                 .map_err(|e| GpuError::driver("hipModuleLaunchKernel", format!("{label}: {e}"))),
             _ => Err(GpuError::input(

@@ -375,7 +375,13 @@ impl HipGpu {
 
     /// Compute units assumed for this device (see [`ASSUMED_CUS`]).
     pub(crate) fn compute_units(&self) -> u32 {
-        ASSUMED_CUS
+        // the simulator runs one CTA at a time: one "unit" makes the mono
+        // path's all-resident grid a single CTA
+        if self.sim {
+            1
+        } else {
+            ASSUMED_CUS
+        }
     }
 
     /// hiprtc's options for `src` on this device (hiprtc takes no `-O`).

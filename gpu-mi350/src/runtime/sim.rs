@@ -168,6 +168,9 @@ struct State {
     execs: HashMap<usize, Arc<Vec<Op>>>,
     libs: HashMap<usize, Library>,
     funcs: HashMap<usize, Arc<SimFunc>>,
+    /// (module, name) -> function handle: two lookups of one entry point
+    /// give one handle, as HIP's do (`Func::handle`).
+    by_name: HashMap<(usize, String), usize>,
 }
 
 // SAFETY: the raw addresses in `Op` are plain integers of host memory the
@@ -667,6 +670,10 @@ unsafe extern "C" fn get_function(
 ) -> HipError {
     let name = cstr(name);
     let mut s = state();
+    if let Some(&h) = s.by_name.get(&(m as usize, name.clone())) {
+        *out = h as HipFunction;
+        return OK;
+    }
     let Some(lib) = s.libs.get(&(m as usize)) else {
         return refuse(
             INVALID_HANDLE,
@@ -700,6 +707,7 @@ unsafe extern "C" fn get_function(
         sig: sizes[..n].iter().map(|&b| b as usize).collect(),
     });
     let h = s.handle();
+    s.by_name.insert((m as usize, f.name.clone()), h);
     s.funcs.insert(h, f);
     *out = h as HipFunction;
     OK
@@ -923,9 +931,28 @@ fn kernel_names(cxx: &str, src: &str, defines: &[String]) -> Result<Vec<String>,
     let mut names = Vec::new();
     for (at, _) in text.match_indices(KERNEL_MARK) {
         let rest = text[at + KERNEL_MARK.len()..].trim_start();
-        let Some(rest) = rest.strip_prefix("void") else {
+        let Some(mut rest) = rest.strip_prefix("void") else {
             continue;
         };
+        // attributes between the return type and the name (launch bounds)
+        while let Some(attr) = rest.trim_start().strip_prefix("__attribute__") {
+            let mut depth = 0usize;
+            let mut end = attr.len();
+            for (i, c) in attr.char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            end = i + 1;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            rest = &attr[end..];
+        }
         let name: String = rest
             .trim_start()
             .chars()

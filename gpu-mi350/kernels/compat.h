@@ -384,7 +384,7 @@ M3_DEV u32 m3_mul_bf16x2(u32 a, u32 b) {
 // negative tail reaches it under a row scale).
 /// f16 bits -> f32, exact (subnormals, Inf, NaN kept).
 M3_DEV float m3_f16_to_f32(u32 h) {
-#if defined(M3_HIP)
+#if defined(M3_HIP) || defined(M3_SIM)
   return (float)__builtin_bit_cast(_Float16, (u16)h);
 #else
   const u32 s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;

@@ -1150,7 +1150,9 @@ fn mono_path_is_bitwise_the_standard_path() {
     };
     let dev = be.gpu();
     if dev.vendor() != Vendor::Cuda {
-        println!("skipped: mono_path_is_bitwise_the_standard_path: the mono path runs on CUDA only");
+        println!(
+            "skipped: mono_path_is_bitwise_the_standard_path: the mono path runs on CUDA only"
+        );
         return;
     }
     let mut failures = Vec::new();

@@ -10,7 +10,9 @@
 // reaches a point where it must wait for others:
 // - `__syncthreads()`: every thread of the block that has not returned;
 // - a wavefront collective (`__shfl`, `__shfl_xor`, the wave barrier): every
-//   lane of its 64-lane wavefront that has not returned (of its 32-lane half
+//   lane of its 64-lane wavefront that has not returned and is not waiting
+//   at `__syncthreads` (such a lane is inactive there, as a lane outside
+//   the EXEC mask is on hardware) (of its 32-lane half
 //   for a collective of width 32 or less, which touches no other lane on
 //   hardware either, so a half-wave branch may run it alone). Lanes run one
 //   after another, not in lockstep, so code that relies on lockstep without
@@ -97,6 +99,9 @@ unsigned long long* wave_slots(int width, int* lane, int* base);
 /// lane's 32-lane group, after a barrier of the group: lane j's at 6 j.
 const unsigned int* gather32(const unsigned int* a, unsigned int b0, unsigned int b1);
 [[noreturn]] void trap(const char* why);
+/// A spinning thread's pause (`__builtin_amdgcn_s_sleep`): let the block's
+/// other threads run; a block that only spins for long traps.
+void spin_yield();
 /// PTX's `bar.sync id, count`: wait until `count` threads of the block have
 /// arrived at barrier `id` (the mono kernel's sub-block barriers).
 void named_barrier(unsigned id, unsigned count);
@@ -258,7 +263,7 @@ template <typename T> static inline T atomicExch(T* p, T v) { return __atomic_ex
 #define __builtin_amdgcn_fence(order, scope) __atomic_thread_fence(order)
 #define __builtin_amdgcn_wave_barrier() m3sim::wave_barrier()
 #define __builtin_amdgcn_s_barrier() m3sim::block_barrier()
-#define __builtin_amdgcn_s_sleep(n) ((void)0)
+#define __builtin_amdgcn_s_sleep(n) m3sim::spin_yield()
 #define __builtin_amdgcn_s_memrealtime() 0ull
 #define __builtin_trap() m3sim::trap("__builtin_trap")
 

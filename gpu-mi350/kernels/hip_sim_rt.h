@@ -94,6 +94,11 @@ struct Block {
   unsigned char par_full[kMaxThreads], par_half[kMaxThreads], par_mma[kMaxThreads];
   unsigned wave_alive[kMaxThreads / kWave], wave_at[kMaxThreads / kWave];
   unsigned half_alive[kMaxThreads / kHalf], half_at[kMaxThreads / kHalf];
+  /// Lanes of each wavefront / half waiting at __syncthreads: inactive for
+  /// the group's collectives (they count as arrived).
+  unsigned wave_blk[kMaxThreads / kWave], half_blk[kMaxThreads / kHalf];
+  /// Pauses of spinning threads since the block started.
+  unsigned long long spins = 0;
   /// Arrivals at each named barrier, and which one a waiting thread is at.
   unsigned named_at[kNamed];
   unsigned char named_id[kMaxThreads];
@@ -142,23 +147,32 @@ inline void release(State which, unsigned lo, unsigned hi) {
     if (b.st[j] == which) b.st[j] = kRun;
 }
 
+void group_check(unsigned i);
+
 void block_barrier() {
   Block& b = *g_blk;
   if (b.at_block + 1 == b.alive) {
     b.at_block = 0;
+    for (unsigned w = 0; w < (b.n + kWave - 1) / kWave; ++w) b.wave_blk[w] = 0;
+    for (unsigned h = 0; h < (b.n + kHalf - 1) / kHalf; ++h) b.half_blk[h] = 0;
     release(kAtBlock, 0, b.n);
     return;
   }
   ++b.at_block;
+  ++b.wave_blk[b.cur / kWave];
+  ++b.half_blk[b.cur / kHalf];
   b.st[b.cur] = kAtBlock;
+  // the lanes of its groups waiting at a collective may now all be there
+  group_check(b.cur);
   yield_to_scheduler();
 }
 
-/// Arrive at the barrier of a group of lanes; the last to arrive releases
-/// the others and goes on.
-inline void group_arrive(unsigned& at, unsigned alive, State st, unsigned lo, unsigned hi) {
+/// Arrive at the barrier of a group of lanes (`blk` of its live lanes wait
+/// at __syncthreads: inactive here); the last to arrive releases the
+/// others and goes on.
+inline void group_arrive(unsigned& at, unsigned alive, unsigned blk, State st, unsigned lo, unsigned hi) {
   Block& b = *g_blk;
-  if (at + 1 == alive) {
+  if (at + 1 + blk >= alive) {
     at = 0;
     release(st, lo, hi);
     return;
@@ -168,15 +182,36 @@ inline void group_arrive(unsigned& at, unsigned alive, State st, unsigned lo, un
   yield_to_scheduler();
 }
 
+/// Release lane i's wavefront and half if every live lane of them is at
+/// their collective or at __syncthreads.
+void group_check(unsigned i) {
+  Block& b = *g_blk;
+  const unsigned w = i / kWave, h = i / kHalf;
+  if (b.wave_at[w] > 0 && b.wave_at[w] + b.wave_blk[w] >= b.wave_alive[w]) {
+    b.wave_at[w] = 0;
+    release(kAtWave, w * kWave, w * kWave + kWave);
+  }
+  if (b.half_at[h] > 0 && b.half_at[h] + b.half_blk[h] >= b.half_alive[h]) {
+    b.half_at[h] = 0;
+    release(kAtHalf, h * kHalf, h * kHalf + kHalf);
+  }
+}
+
 void wave_barrier(int width) {
   Block& b = *g_blk;
   if (width > (int)kHalf) {
     const unsigned w = b.cur / kWave;
-    group_arrive(b.wave_at[w], b.wave_alive[w], kAtWave, w * kWave, w * kWave + kWave);
+    group_arrive(b.wave_at[w], b.wave_alive[w], b.wave_blk[w], kAtWave, w * kWave, w * kWave + kWave);
   } else {
     const unsigned h = b.cur / kHalf;
-    group_arrive(b.half_at[h], b.half_alive[h], kAtHalf, h * kHalf, h * kHalf + kHalf);
+    group_arrive(b.half_at[h], b.half_alive[h], b.half_blk[h], kAtHalf, h * kHalf, h * kHalf + kHalf);
   }
+}
+
+void spin_yield() {
+  Block& b = *g_blk;
+  if (++b.spins > (1ull << 26)) trap("a spin-wait that never ended (2^26 pauses)");
+  yield_to_scheduler();
 }
 
 void named_barrier(unsigned id, unsigned count) {
@@ -245,18 +280,15 @@ void fiber_main(void*) {
   --c.alive;
   --c.wave_alive[w];
   --c.half_alive[h];
-  if (c.half_at[h] > 0 && c.half_at[h] == c.half_alive[h]) {
-    c.half_at[h] = 0;
-    release(kAtHalf, h * kHalf, h * kHalf + kHalf);
-  }
+
   if (c.at_block > 0 && c.at_block == c.alive) {
     c.at_block = 0;
+    for (unsigned v = 0; v < (c.n + kWave - 1) / kWave; ++v) c.wave_blk[v] = 0;
+    for (unsigned g = 0; g < (c.n + kHalf - 1) / kHalf; ++g) c.half_blk[g] = 0;
     release(kAtBlock, 0, c.n);
   }
-  if (c.wave_at[w] > 0 && c.wave_at[w] == c.wave_alive[w]) {
-    c.wave_at[w] = 0;
-    release(kAtWave, w * kWave, w * kWave + kWave);
-  }
+  (void)h;
+  group_check(i);
   yield_to_scheduler();
   __builtin_unreachable();
 }
@@ -280,15 +312,18 @@ inline bool ensure_stacks(unsigned n, char* err) {
 inline bool run_block(Block& b, const char* kernel, char* err) {
   b.alive = b.n;
   b.at_block = 0;
+  b.spins = 0;
   for (unsigned k = 0; k < kNamed; ++k) b.named_at[k] = 0;
   const unsigned waves = (b.n + kWave - 1) / kWave;
   for (unsigned w = 0; w < waves; ++w) {
     b.wave_at[w] = 0;
+    b.wave_blk[w] = 0;
     const unsigned lo = w * kWave, hi = lo + kWave < b.n ? lo + kWave : b.n;
     b.wave_alive[w] = hi - lo;
   }
   for (unsigned h = 0; h < (b.n + kHalf - 1) / kHalf; ++h) {
     b.half_at[h] = 0;
+    b.half_blk[h] = 0;
     const unsigned lo = h * kHalf, hi = lo + kHalf < b.n ? lo + kHalf : b.n;
     b.half_alive[h] = hi - lo;
   }

@@ -62,6 +62,11 @@ pub trait Gpu {
     fn warp(&self) -> u32 {
         self.vendor().warp()
     }
+    /// Whether this is the CPU simulator (`runtime::sim`), which runs the
+    /// mono path on either flavour (one persistent CTA).
+    fn simulated(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed device is a device (the tests pick CUDA or the HIP simulator at
@@ -84,6 +89,9 @@ impl<G: Gpu + ?Sized> Gpu for Box<G> {
     }
     fn warp(&self) -> u32 {
         (**self).warp()
+    }
+    fn simulated(&self) -> bool {
+        (**self).simulated()
     }
 }
 
@@ -122,6 +130,9 @@ impl Gpu for HipGpu {
     }
     fn multiprocessors(&self) -> u32 {
         self.compute_units()
+    }
+    fn simulated(&self) -> bool {
+        self.sim_flavour().is_some()
     }
 }
 

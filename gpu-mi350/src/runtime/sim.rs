@@ -1146,11 +1146,18 @@ M3_KERNEL void p_reverse(const u32* x, u32* y) {
 }
 // y[i] += 1 (a graph replays it)
 M3_KERNEL void p_bump(u32* y) { y[threadIdx.x] += 1u; }
-// half of wavefront 0 waits at the block barrier, the other half at a
-// wavefront barrier: no thread can go on
-M3_KERNEL void p_deadlock(u32* y) {
+// half of wavefront 0 waits at the block barrier, the other half meets at
+// a wavefront barrier: lanes at __syncthreads are inactive for the
+// wavefront (as outside the EXEC mask on hardware), so both go on
+M3_KERNEL void p_divergent(u32* y) {
   if (threadIdx.x < 32u) __syncthreads();
   else M3_SYNC_WARP();
+  y[threadIdx.x] = 1u;
+}
+// 32 threads at a named barrier of 64 (the simulator's bar.sync): no
+// thread can go on
+M3_KERNEL void p_deadlock(u32* y) {
+  if (threadIdx.x < 32u) m3sim::named_barrier(1u, 64u);
   y[threadIdx.x] = 1u;
 }
 // threads that return early do not hold a barrier (as on hardware)
@@ -1273,6 +1280,10 @@ M3_KERNEL void p_trap(u32* y) {
     fn deadlocks_traps_and_stray_copies_are_errors() {
         let (g, l) = sim();
         let y = DevBuf::zeroed(g.device(), 4 * 128).unwrap();
+        let f = Gpu::kernel(&g, &PROBE, "p_divergent").unwrap();
+        l.launch("p_divergent", &f, (1, 1, 1), 128, 0, &[Arg::U64(y.ptr())])
+            .unwrap();
+        assert!(read_u32(&l, &y, 128).iter().all(|&v| v == 1));
         for k in ["p_deadlock", "p_trap"] {
             let f = Gpu::kernel(&g, &PROBE, k).unwrap();
             let r = l.launch(k, &f, (1, 1, 1), 128, 0, &[Arg::U64(y.ptr())]);

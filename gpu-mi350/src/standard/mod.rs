@@ -783,7 +783,7 @@ impl StandardPath {
         }
         let kern = Kernels::load(gpu, &opts)?;
         let mono = if opts.mono {
-            if gpu.vendor() != crate::kernels::Vendor::Cuda {
+            if gpu.vendor() != crate::kernels::Vendor::Cuda && !gpu.simulated() {
                 return Err(bad(
                     "--path mono runs on CUDA only: its kernel compiles for HIP, but this binding does not size its all-resident grid there (compute units and occupancy are not queried); use --path standard"
                         .into(),

@@ -247,8 +247,9 @@ impl Mono {
             ids.insert(h.handle(), i as u32);
         }
         // the small-step build's one-row and one-tile linears run as their
-        // format's op (its body picks the same walk per CTA)
-        if small_src.row_entries {
+        // format's op (its body picks the same walk per CTA); CUDA's build
+        // only has them (as `LinearKernels::load` knows)
+        if small_src.row_entries && gpu.vendor() == crate::kernels::Vendor::Cuda {
             for fm in WFmt::MMA {
                 let Some(op) = fm
                     .mma_kernel()

@@ -29,6 +29,12 @@
 //! `M3_SIM_POISON=1` fills new device memory with 0xff (NaN in every float
 //! format here) instead of zeros, so reads of memory nothing wrote show.
 //!
+//! Safety: every `extern "C"` entry point below is reached through [`Fns`]
+//! by `hip.rs`, under the HIP C API's contract (out-pointers valid, handles
+//! ones this table gave out, `kernelParams` matching the kernel); handles
+//! it did not give out are refused, and device ranges of copies are
+//! checked, as a real runtime would.
+//!
 //! What it does not model: timing (events measure the simulator), memory
 //! bounds inside a kernel, and concurrency between blocks (a kernel whose
 //! blocks wait for each other deadlocks here, and fails).

@@ -149,13 +149,19 @@ inline void release(State which, unsigned lo, unsigned hi) {
 
 void group_check(unsigned i);
 
+/// Every thread at __syncthreads goes on (active again in its groups).
+inline void release_block() {
+  Block& b = *g_blk;
+  b.at_block = 0;
+  for (unsigned w = 0; w < (b.n + kWave - 1) / kWave; ++w) b.wave_blk[w] = 0;
+  for (unsigned h = 0; h < (b.n + kHalf - 1) / kHalf; ++h) b.half_blk[h] = 0;
+  release(kAtBlock, 0, b.n);
+}
+
 void block_barrier() {
   Block& b = *g_blk;
   if (b.at_block + 1 == b.alive) {
-    b.at_block = 0;
-    for (unsigned w = 0; w < (b.n + kWave - 1) / kWave; ++w) b.wave_blk[w] = 0;
-    for (unsigned h = 0; h < (b.n + kHalf - 1) / kHalf; ++h) b.half_blk[h] = 0;
-    release(kAtBlock, 0, b.n);
+    release_block();
     return;
   }
   ++b.at_block;
@@ -274,20 +280,13 @@ void fiber_main(void*) {
   __sanitizer_finish_switch_fiber(nullptr, &b.sched_bottom, &b.sched_size);
 #endif
   b.body(b.arg);
-  Block& c = *g_blk;
-  const unsigned i = c.cur, w = i / kWave, h = i / kHalf;
-  c.st[i] = kDone;
-  --c.alive;
-  --c.wave_alive[w];
-  --c.half_alive[h];
-
-  if (c.at_block > 0 && c.at_block == c.alive) {
-    c.at_block = 0;
-    for (unsigned v = 0; v < (c.n + kWave - 1) / kWave; ++v) c.wave_blk[v] = 0;
-    for (unsigned g = 0; g < (c.n + kHalf - 1) / kHalf; ++g) c.half_blk[g] = 0;
-    release(kAtBlock, 0, c.n);
-  }
-  (void)h;
+  const unsigned i = b.cur;
+  b.st[i] = kDone;
+  --b.alive;
+  --b.wave_alive[i / kWave];
+  --b.half_alive[i / kHalf];
+  // the barriers it no longer holds up
+  if (b.at_block > 0 && b.at_block == b.alive) release_block();
   group_check(i);
   yield_to_scheduler();
   __builtin_unreachable();

@@ -986,17 +986,6 @@ fn cache_dir() -> PathBuf {
 fn build(src: &str, defines: &[String]) -> Result<PathBuf, String> {
     let cxx = compiler();
     let version = compiler_version(&cxx)?;
-    let names = kernel_names(&cxx, src, defines)?;
-    let mut text =
-        String::with_capacity(SIM_PRELUDE.len() + src.len() + SIM_RUNTIME.len() + 64 * names.len());
-    text.push_str(SIM_PRELUDE);
-    text.push('\n');
-    text.push_str(src);
-    text.push_str("\n#line 1 \"hip_sim_rt.h\"\n");
-    text.push_str(SIM_RUNTIME);
-    for n in &names {
-        text.push_str(&format!("M3SIM_EXPORT({n})\n"));
-    }
     let mut flags: Vec<String> = [
         "-std=c++17",
         "-O1",
@@ -1022,13 +1011,31 @@ fn build(src: &str, defines: &[String]) -> Result<PathBuf, String> {
         ]);
     }
     flags.extend(defines.iter().cloned());
-    let key = cache::key(&text, "host-sim", &flags, &format!("{cxx} {version}"));
+    // the key from what the library is made of (the launchers appended
+    // follow from it), so a built one is found without the scan pass
+    let key = cache::key(
+        &format!("{SIM_PRELUDE}\n{src}\n{SIM_RUNTIME}"),
+        "host-sim",
+        &flags,
+        &format!("{cxx} {version}"),
+    );
     let dir = cache_dir();
     let path = dir.join(format!("{key}.so"));
     if path.is_file() {
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let names = kernel_names(&cxx, src, defines)?;
+    let mut text =
+        String::with_capacity(SIM_PRELUDE.len() + src.len() + SIM_RUNTIME.len() + 64 * names.len());
+    text.push_str(SIM_PRELUDE);
+    text.push('\n');
+    text.push_str(src);
+    text.push_str("\n#line 1 \"hip_sim_rt.h\"\n");
+    text.push_str(SIM_RUNTIME);
+    for n in &names {
+        text.push_str(&format!("M3SIM_EXPORT({n})\n"));
+    }
     // a unique temporary name, renamed into place: a reader never sees half
     static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

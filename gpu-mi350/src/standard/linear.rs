@@ -193,6 +193,13 @@ pub(crate) fn xh_stride(k: usize) -> usize {
     2 * k + (k / 32).next_multiple_of(16)
 }
 
+/// Where value `i` of a row sits among the row's f16 values in the f16
+/// layout (`s_xh_put_pe`: each 32-value block in m16n8k16 fragment order).
+pub(crate) fn xh_slot(i: usize) -> usize {
+    let (blk, kk) = (i / 32, i % 32);
+    blk * 32 + (kk % 16) / 4 * 8 + kk / 16 * 4 + kk % 4
+}
+
 /// The exponent byte `p = 2^(pe - 127)` of a row-scaled f16 row whose
 /// largest |value| is `max` (`s_xh_row_pe` with the tight bound, which is
 /// `s_xh_put`'s choice for a block with that largest value): the largest
@@ -229,8 +236,7 @@ pub(crate) fn row_scaled_xh(x: &[u16], rows: usize, k: usize) -> Vec<u8> {
         );
         let p = f32::from_bits(pe << 23);
         for (i, &v) in vals.iter().enumerate() {
-            let (blk, kk) = (i / 32, i % 32);
-            let dst = blk * 32 + (kk % 16) / 4 * 8 + kk / 16 * 4 + kk % 4;
+            let dst = xh_slot(i);
             let h = half::f16::from_f32(v * p).to_bits();
             o[2 * dst..2 * dst + 2].copy_from_slice(&h.to_le_bytes());
         }
@@ -340,9 +346,19 @@ pub(crate) struct VariantSource {
     pub warps: u32,
     /// 8-row x tiles per CTA.
     pub maxbt: usize,
-    /// Whether the build has the one-row and one-tile entry points
-    /// ([`WFmt::mma_kernel_rows`]: the small-step shape with the fast walk).
-    pub row_entries: bool,
+    /// The small-step shape with the fast walk, whose CUDA build has the
+    /// one-row and one-tile entry points ([`VariantSource::row_entries`]).
+    pub small_fast: bool,
+}
+
+impl VariantSource {
+    /// Whether the build for `vendor` has the one-row and one-tile entry
+    /// points ([`WFmt::mma_kernel_rows`]): the small-step fast shape on
+    /// CUDA only (standard_decode.cu builds them `!defined(M3_HIP)`: the
+    /// fast walk they hold is CUDA's).
+    pub fn row_entries(&self, vendor: Vendor) -> bool {
+        self.small_fast && vendor == Vendor::Cuda
+    }
 }
 
 /// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
@@ -389,7 +405,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         src,
         warps,
         maxbt,
-        row_entries: maxbt == 2 && fast,
+        small_fast: maxbt == 2 && fast,
     })
 }
 
@@ -397,17 +413,14 @@ impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
     /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
     pub fn load(gpu: &dyn Gpu, base: &KernelSource, defines: &str) -> Result<Self> {
+        let vs = variant_source(base, defines)?;
+        let row_entries = vs.row_entries(gpu.vendor());
         let VariantSource {
-            src,
-            warps,
-            maxbt,
-            row_entries,
-        } = variant_source(base, defines)?;
+            src, warps, maxbt, ..
+        } = vs;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
-            // the row-class entry points exist in the small-step CUDA build
-            // only (the fast walk they hold is CUDA's)
-            let rows = if row_entries && gpu.vendor() == Vendor::Cuda {
+            let rows = if row_entries {
                 [fm.mma_kernel_rows(1), fm.mma_kernel_rows(8)]
             } else {
                 [None, None]

@@ -247,9 +247,8 @@ impl Mono {
             ids.insert(h.handle(), i as u32);
         }
         // the small-step build's one-row and one-tile linears run as their
-        // format's op (its body picks the same walk per CTA); CUDA's build
-        // only has them (as `LinearKernels::load` knows)
-        if small_src.row_entries && gpu.vendor() == crate::kernels::Vendor::Cuda {
+        // format's op (its body picks the same walk per CTA)
+        if small_src.row_entries(gpu.vendor()) {
             for fm in WFmt::MMA {
                 let Some(op) = fm
                     .mma_kernel()

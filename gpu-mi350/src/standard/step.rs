@@ -652,7 +652,6 @@ impl StandardPath {
                 let fold_c = self.opts.fold_combine
                     && ex.taps.is_none()
                     && ex.teacher.is_none()
-                    && ffn_out.is_none()
                     && li + 1 < self.model.layers.len();
                 if fold_c {
                     *self.pending_combine() = Some(CombineIn {

@@ -433,6 +433,26 @@ M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
       " cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
       : "=f"(f0), "=f"(f1) : "r"(a));
 }
+/// Two E4M3 codes (bits 0-7, 8-15 of a) as f16x2, bits 0-7's value in the
+/// low half (exact; NaN codes NaN).
+M3_DEV u32 m3_e4m3x2_f16x2(u32 a) {
+  u32 r;
+  asm("{ .reg .b16 p; cvt.u16.u32 p, %1; cvt.rn.f16x2.e4m3x2 %0, p; }" : "=r"(r) : "r"(a));
+  return r;
+}
+/// f16x2 a times the f16 in half `hi` of s (0: low), lane by lane (round
+/// to nearest even; f16 arithmetic keeps subnormals). One HMUL2 with a
+/// broadcast operand.
+M3_DEV u32 m3_mul_f16x2_by(u32 a, u32 s, int hi) {
+  u32 r;
+  if (hi)
+    asm("{ .reg .b16 l, h; .reg .b32 b; mov.b32 {l, h}, %2; mov.b32 b, {h, h}; mul.rn.f16x2 %0, %1, b; }"
+        : "=r"(r) : "r"(a), "r"(s));
+  else
+    asm("{ .reg .b16 l, h; .reg .b32 b; mov.b32 {l, h}, %2; mov.b32 b, {l, l}; mul.rn.f16x2 %0, %1, b; }"
+        : "=r"(r) : "r"(a), "r"(s));
+  return r;
+}
 /// The m16n8k16 tile product on f16 operands (layout as the bf16 one).
 M3_DEV void m3_mma_f16_16816(float* c, const u32* a, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -453,6 +473,12 @@ M3_DEV void m3_e4m3x4_f16(u32 a, u32& lo, u32& hi) {
 M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
   f0 = m3_e4m3_fast(a & 0xffu);
   f1 = m3_e4m3_fast((a >> 8) & 0xffu);
+}
+M3_DEV u32 m3_e4m3x2_f16x2(u32 a) { return m3_e4m3_f16(a & 0xffu) | (m3_e4m3_f16((a >> 8) & 0xffu) << 16); }
+M3_DEV u32 m3_mul_f16x2_by(u32 a, u32 s, int hi) {
+  // an f16 product is exact in f32; one rounding to f16
+  const float f = m3_f16_to_f32(hi ? s >> 16 : s & 0xffffu);
+  return m3_f16_from_f32(m3_f16_to_f32(a & 0xffffu) * f) | (m3_f16_from_f32(m3_f16_to_f32(a >> 16) * f) << 16);
 }
 // HIP: lane shuffles within each 32-thread group, as the bf16 one.
 struct M3F16Half {

@@ -71,6 +71,17 @@
 #define S_UNROLL_HALF 0
 #endif
 
+// 1: NVFP4's E4M3 block scales multiplied into the f16 weight operands
+// (exact) where the walk takes more than one x row, so a block costs what an
+// MXFP4 one does past its decode: eight f16x2 multiplies a block against
+// two f32 conversions and two FMAs a block and x tile (SASS, NVRTC 13.5:
+// the one-tile loop 323 -> 283 instructions, the prefill-shape one 214 ->
+// 166; the one-row walk gains nothing, 285 -> 288, and keeps per-half f32
+// factors). Bits differ from 0's in the sums' roundings only.
+#ifndef S_NV_FOLD
+#define S_NV_FOLD 1
+#endif
+
 // 1: tile 0's x loads software-pipelined one super-chunk ahead (issued
 // before the current super-chunk's decode instead of after it): a bench
 // variant for the x-load cost bench/NOTES.md session 6 run 4 measured
@@ -680,10 +691,26 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
     m3_e4m3x4_f16(a0, h[0], h[1]); m3_e4m3x4_f16(a1, h[2], h[3]);
     m3_e4m3x4_f16(a2, h[4], h[5]); m3_e4m3x4_f16(a3, h[6], h[7]);
   }
+  // NVFP4 with its scales in the weights (S_NV_FOLD, not one x row): each
+  // half block's f16 operands times its E4M3 scale, exactly (an E2M1 value
+  // times 2^-6 times an E4M3 value has at most 6 significant bits, between
+  // 2^-16 and 42: f16 holds it), so the pair of products is summed as an
+  // MX block's with factor 1
+  constexpr bool NVF = F == S_FMT_NVFP4 && S_NV_FOLD && !ONE;
+  if (NVF) {
+    const u32 sgh = m3_e4m3x2_f16x2(sg[j / 2u] >> (16u * (j % 2u)));
+    const u32 s8h = m3_e4m3x2_f16x2(s8[j / 2u] >> (16u * (j % 2u)));
+    h[0] = m3_mul_f16x2_by(h[0], sgh, 0); h[1] = m3_mul_f16x2_by(h[1], sgh, 0);
+    h[2] = m3_mul_f16x2_by(h[2], s8h, 0); h[3] = m3_mul_f16x2_by(h[3], s8h, 0);
+    h[4] = m3_mul_f16x2_by(h[4], sgh, 1); h[5] = m3_mul_f16x2_by(h[5], sgh, 1);
+    h[6] = m3_mul_f16x2_by(h[6], s8h, 1); h[7] = m3_mul_f16x2_by(h[7], s8h, 1);
+  }
   const u32 p0[4] = {h[0], h[2], h[1], h[3]}, p1[4] = {h[4], h[6], h[5], h[7]};
   // the block's factors for rows g, g + 8 (NVFP4: per half block)
   float fg0, fg1, f80, f81, fgx = 1.0f, f8x = 1.0f;
-  if (F == S_FMT_NVFP4) {
+  if (NVF) {
+    fg0 = fg1 = f80 = f81 = 1.0f;
+  } else if (F == S_FMT_NVFP4) {
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
   } else {
@@ -694,10 +721,17 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
   S_H_UNROLL
   for (int b = 0; b < NB; ++b) {
     const uint4 xv = xat(b);
+    if (NVF && XR) {
+      // scales in the weights, x's exponent in the epilogue: the block adds
+      // to the accumulators inside the tile products
+      m3_mma_f16_16816(acc[b], p0, xv.x, xv.y);
+      m3_mma_f16_16816(acc[b], p1, xv.z, xv.w);
+      continue;
+    }
     float d0[4];
     m3_mma_f16_16816z(d0, p0, xv.x, xv.y);
     const bool c2 = !ONE || b > 0;
-    if (F == S_FMT_NVFP4) {
+    if (F == S_FMT_NVFP4 && !NVF) {
       float d1[4];
       m3_mma_f16_16816z(d1, p1, xv.z, xv.w);
       if (!XR) {

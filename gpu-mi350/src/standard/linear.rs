@@ -390,6 +390,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_H_FAST" if n <= 1 => fast = n == 1,
             "S_FORCE_ANY" if n <= 1 => {}
             "S_X_AHEAD" if n <= 1 => {}
+            "S_NV_FOLD" if n <= 1 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
         }
         prefix.push_str(&format!("#define {k} {n}\n"));
@@ -784,6 +785,26 @@ mod gpu_tests {
                 MxTensor::from_parts(MxElem::Fp8E4M3, rows, cols, codes, t.scales().to_vec())
                     .unwrap(),
             );
+        }
+        // "nvfp4-wide": row r 2^-(r % 19) the size of row 0, so the E4M3
+        // block scales of rows 15-18 are subnormals (each output is held to
+        // its own row's sum): the scale folded into the f16 operands
+        // (S_NV_FOLD) must stay exact there too
+        if fmt == "nvfp4-wide" {
+            let v: Vec<f32> = (0..rows * cols)
+                .map(|i| rng.unit() * 2f32.powi(-((i / cols % 19) as i32)))
+                .collect();
+            let t = Nvfp4Tensor::quantize(&v, rows, cols).unwrap();
+            let subnormal = t
+                .scales()
+                .iter()
+                .filter(|&&b| b != 0 && b & 0x78 == 0)
+                .count();
+            assert!(
+                subnormal > 0,
+                "nvfp4-wide [{rows}, {cols}]: no subnormal block scale"
+            );
+            return LinearWeight::Nvfp4(t);
         }
         // "-big": magnitudes with large block scales (MXFP4 scale bytes
         // ~134, E4M3 ~136, E5M2 ~161), inside the f16 kernels' fast ranges
@@ -1241,6 +1262,7 @@ mod gpu_tests {
             "fp4",
             "e5m2",
             "nvfp4",
+            "nvfp4-wide",
             "fp4-big",
             "e4m3-big",
             "e5m2-big",
@@ -1353,8 +1375,10 @@ mod gpu_tests {
                             ));
                             }
                             // the flag moves x's exponent to the epilogue: the
-                            // same bits as multiplying it in every block
-                            if !xform.is_empty() {
+                            // same bits as multiplying it in every block (but
+                            // NVFP4's walks of several x rows, whose row-scaled
+                            // form adds inside the tile products: S_NV_FOLD)
+                            if !xform.is_empty() && !(fmt.starts_with("nvfp4") && m > 1) {
                                 let off = plain(vi, lx_row(false));
                                 let differ = got
                                     .iter()

@@ -1041,8 +1041,12 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   for (int b = 0; b < S_MMA_MAXBT; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.0f;
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
   const u32 nblk = K / 32u;
-  // x row-scaled: the fast walk leaves its exponent to the epilogue
-  const bool xr = (segs.flags & S_SEGS_XROW) != 0u;
+  // x row-scaled: the fast walk leaves its exponent to the epilogue; but
+  // MXFP8's one-row walk, which measured no faster for it and slower for
+  // the second walk's registers (bench/NOTES.md session 25): it reads the
+  // row-scaled x's block bytes as any x's
+  const bool one = RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u);
+  const bool xr = (segs.flags & S_SEGS_XROW) != 0u && (SHalf<F>::NIB || !one);
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
@@ -1059,7 +1063,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     }
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
-    if (RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u)) {
+    if (one) {
       if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), nq, acc);
       else s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
     } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {

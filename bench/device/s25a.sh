@@ -9,8 +9,8 @@
 #    variant, nvfp4-wide's subnormal block scales, row-scaled x flag on
 #    and off) and of the producers, REQUIRE_GPU=1; the mono path bitwise
 #    the standard one with both folds on;
-# 2. kernels.log: the kernel microbench, old and new, one round (s25c.sh's
-#    cases: the new build with the NVFP4 fold off as a variant);
+# 2. kernels.log: the kernel microbench, old and new, one round (s23c.sh's
+#    cases; the new build with the NVFP4 fold off as a variant beside it);
 # 3. layer.log: the MoE layer at b1 / b4 / b16, one round: old; new with
 #    M3_ROW_SCALED_X=0; new; new with both folds.
 # The rest of the plan (m3_verify, the figures of record) is s25b.sh.

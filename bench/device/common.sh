@@ -13,6 +13,19 @@ m3_setup() {
   [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 }
 
+# The engine's GPU unit tests under REQUIRE_GPU=1: m3_unit SECONDS FILTER...
+# runs test-m3_gpu once a filter (each within SECONDS: a cold kernel cache
+# compiles every linear variant first) and prints each test's verdict.
+m3_unit() {
+  local secs=$1
+  shift
+  for f in "$@"; do
+    echo "=== test m3_gpu $f, REQUIRE_GPU=1 ($(date +%T))"
+    REQUIRE_GPU=1 timeout "$secs" /tmp/bin/test-m3_gpu "$f" --test-threads=1 --nocapture 2>&1 \
+      | grep -E "^test .*(ok|FAILED)$|^test result|panicked|failure|off|differ" | tail -30
+  done
+}
+
 # The device check under REQUIRE_GPU=1: every runner test (mono bitwise
 # the standard path, the GPU runner against the CPU), backend_ops, golden
 # through the GPU, parity small (MXFP4 experts, MXFP8 dense) on the

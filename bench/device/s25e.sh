@@ -9,11 +9,7 @@ set -u
 . bench/device/common.sh
 m3_setup
 {
-  for f in linear pointwise; do
-    echo "=== test m3_gpu $f, REQUIRE_GPU=1 ($(date +%T))"
-    REQUIRE_GPU=1 timeout 480 /tmp/bin/test-m3_gpu $f --test-threads=1 --nocapture 2>&1 \
-      | grep -E "^test .*(ok|FAILED)$|^test result|panicked|failure|off|differ" | tail -30
-  done
+  m3_unit 480 linear pointwise
   echo "=== end ($(date +%T))"
 } > $OUT/check.log 2>&1
 cat $OUT/check.log

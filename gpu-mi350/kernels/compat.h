@@ -476,9 +476,11 @@ M3_DEV void m3_e4m3x2_f32(u32 a, float& f0, float& f1) {
 }
 M3_DEV u32 m3_e4m3x2_f16x2(u32 a) { return m3_e4m3_f16(a & 0xffu) | (m3_e4m3_f16((a >> 8) & 0xffu) << 16); }
 M3_DEV u32 m3_mul_f16x2_by(u32 a, u32 s, int hi) {
-  // an f16 product is exact in f32; one rounding to f16
+  // an f16 product is exact in f32; one rounding to f16 (the hardware's
+  // conversion on HIP, F16C on the simulator's host)
   const float f = m3_f16_to_f32(hi ? s >> 16 : s & 0xffffu);
-  return m3_f16_from_f32(m3_f16_to_f32(a & 0xffffu) * f) | (m3_f16_from_f32(m3_f16_to_f32(a >> 16) * f) << 16);
+  const _Float16 lo = (_Float16)(m3_f16_to_f32(a & 0xffffu) * f), up = (_Float16)(m3_f16_to_f32(a >> 16) * f);
+  return (u32)__builtin_bit_cast(u16, lo) | ((u32)__builtin_bit_cast(u16, up) << 16);
 }
 // HIP: lane shuffles within each 32-thread group, as the bf16 one.
 struct M3F16Half {

@@ -72,12 +72,14 @@
 #endif
 
 // 1: NVFP4's E4M3 block scales multiplied into the f16 weight operands
-// (exact) where the walk takes more than one x row, so a block costs what an
-// MXFP4 one does past its decode: eight f16x2 multiplies a block against
-// two f32 conversions and two FMAs a block and x tile (SASS, NVRTC 13.5:
-// the one-tile loop 323 -> 283 instructions, the prefill-shape one 214 ->
-// 166; the one-row walk gains nothing, 285 -> 288, and keeps per-half f32
-// factors). Bits differ from 0's in the sums' roundings only.
+// (exact) where the walk takes more than one x row: eight f16x2 multiplies
+// a block in place of the per-half f32 factors (two scale conversions, four
+// f16 -> f32) and their FMAs a block and x tile. SASS, NVRTC 13.5: the
+// one-tile loop 323 -> 289 instructions, the general walk 214 -> 166; the
+// one-row walk would gain nothing (285 -> 288) and keeps the factors. H200
+// (bench/NOTES.md session 25, one round): +1.8 to +3.3 points of the
+// ceiling in five of six 16-row cases, -2.2 in the one-tile walk with a
+// row-scaled x. Bits differ from 0's in the sums' roundings only.
 #ifndef S_NV_FOLD
 #define S_NV_FOLD 1
 #endif
@@ -1042,9 +1044,10 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32 iters = (((nsc + nwarp - 1u) / nwarp) + U - 1u) / U;
   const u32 nblk = K / 32u;
   // x row-scaled: the fast walk leaves its exponent to the epilogue; but
-  // MXFP8's one-row walk, which measured no faster for it and slower for
-  // the second walk's registers (bench/NOTES.md session 25): it reads the
-  // row-scaled x's block bytes as any x's
+  // not MXFP8's one-row walk, which ran no faster row-scaled on the H200
+  // while the second walk raised its entry's registers 116 -> 126
+  // (bench/NOTES.md session 25): it reads the row-scaled x's block bytes as
+  // any x's
   const bool one = RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u);
   const bool xr = (segs.flags & S_SEGS_XROW) != 0u && (SHalf<F>::NIB || !one);
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;

@@ -51,9 +51,15 @@
 #endif
 // Which super-chunks a warp walks: 0 = a contiguous range of K per warp (a
 // row is then read in runs of U super-chunks: 256 B of MXFP4 per lane quad
-// and load), 1 = interleaved across the CTA's warps (runs of one).
+// and load), 1 = interleaved across the CTA's warps (the general walk: runs
+// of one; the MX fast walk: batches of its U dealt to the warps in turn, so
+// a CTA's warps read one contiguous stretch together), 2 = the fast walk's
+// MXFP8 walks of several x rows interleaved, the rest contiguous. H200
+// (bench/NOTES.md session 26, one round): interleaved, MXFP8 at 16 rows
+// +4 to +6 points of the ceiling (tall launch 64.7 -> 70.5%, experts 85.7
+// -> 88.7%), one row +-0.3; E2M1 within +-1.
 #ifndef S_MMA_INTERLEAVE
-#define S_MMA_INTERLEAVE 0
+#define S_MMA_INTERLEAVE 2
 #endif
 // 1: double-buffered weight loads (next iteration's loads issued before this
 // iteration's decode). Measured slower on the H200 (bench/NOTES.md session 2
@@ -79,9 +85,18 @@
 // one-row walk would gain nothing (285 -> 288) and keeps the factors. H200
 // (bench/NOTES.md session 25, one round): +1.8 to +3.3 points of the
 // ceiling in five of six 16-row cases, -2.2 in the one-tile walk with a
-// row-scaled x. Bits differ from 0's in the sums' roundings only.
+// row-scaled x (its chained form; S_NV_SPLIT below). Bits differ from 0's
+// in the sums' roundings only.
 #ifndef S_NV_FOLD
 #define S_NV_FOLD 1
+#endif
+// S_NV_FOLD with a row-scaled x: 1 = a block's two tile products summed
+// apart, then added to the accumulators (the MX form with factor 1); 0 =
+// added straight into them, a chain of 16 MMAs a loop through them (bench
+// variant). H200 (bench/NOTES.md session 26, one round, grouped experts 16
+// of 128 at 16 rows): 0 -> 1 65.1 -> 68.3% of the ceiling.
+#ifndef S_NV_SPLIT
+#define S_NV_SPLIT 1
 #endif
 
 // 1: tile 0's x loads software-pipelined one super-chunk ahead (issued
@@ -95,7 +110,7 @@
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
 M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
-#if S_MMA_INTERLEAVE
+#if S_MMA_INTERLEAVE == 1
   q = warp + nwarp * i;
   return q < nsc;
 #else
@@ -723,7 +738,7 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
   S_H_UNROLL
   for (int b = 0; b < NB; ++b) {
     const uint4 xv = xat(b);
-    if (NVF && XR) {
+    if (NVF && XR && !S_NV_SPLIT) {
       // scales in the weights, x's exponent in the epilogue: the block adds
       // to the accumulators inside the tile products
       m3_mma_f16_16816(acc[b], p0, xv.x, xv.y);
@@ -917,17 +932,43 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
   }
 }
 
-/// The fast walk over a warp's `n` super-chunks from `p`: full batches of
-/// SHalf::U, then the rest one at a time.
+// Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
+// weights, in units of SHalf::U (bench variant; 1 = the other walks'
+// batch). H200 (bench/NOTES.md session 26, one round, grouped experts 16
+// of 128 at 16 rows, row-scaled x): 2 gives MXFP4 69.6 -> 72.2%, NVFP4
+// 65.1 -> 68.4% of the ceiling; the one-row and two-tile walks lose with
+// it (MXFP4 one row 76.7 -> 63.5%), so they keep SHalf::U.
+#ifndef S_H_TILE_UMUL
+#define S_H_TILE_UMUL 2
+#endif
+
+/// A fast walk's shape: super-chunks a load batch, and whether the CTA's
+/// warps take batches in turn (S_MMA_INTERLEAVE) or contiguous runs.
+template <int F, int NB, bool ONE> struct SHWalk {
+  static const u32 U = (SHalf<F>::NIB && NB == 1 && !ONE ? S_H_TILE_UMUL : 1u) * SHalf<F>::U;
+  static const bool ILV = S_MMA_INTERLEAVE == 1 || (S_MMA_INTERLEAVE == 2 && SFmt<F>::FP8 && !ONE);
+};
+
+/// The fast walk over warp `warp`'s share of a row's `nsc` super-chunks
+/// (`p` at the row's first): a contiguous run of them, or (SHWalk::ILV)
+/// batches of U dealt to the warps in turn; full batches, then the rest
+/// one at a time.
 template <int F, int NB, bool ONE, bool XR = false>
-M3_DEV void s_h_fast(SHPos<F, NB> p, u32 n, float (&acc)[S_MMA_MAXBT][4]) {
-  const u32 U = SHalf<F>::U;
-  u32 i = 0;
-  for (; i + U <= n; i += U) {
+M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[S_MMA_MAXBT][4]) {
+  using W = SHWalk<F, NB, ONE>;
+  const u32 U = W::U, per = (nsc + nwarp - 1u) / nwarp;
+  const u32 q0 = W::ILV ? min(warp * U, nsc) : min(warp * per, nsc);
+  // n: super-chunks from the walk's position to its share's end; gap: those
+  // of the other warps after each batch
+  u32 n = W::ILV ? nsc - q0 : min(per, nsc - q0);
+  const u32 gap = W::ILV ? (nwarp - 1u) * U : 0u;
+  s_h_step(p, q0);
+  while (n >= U) {
     s_h_batch<F, NB, ONE, U, XR>(p, acc);
-    s_h_step(p, U);
+    s_h_step(p, U + gap);
+    n = n > U + gap ? n - U - gap : 0u;
   }
-  for (; i < n; ++i) {
+  for (u32 i = 0; i < n; ++i) {
     s_h_batch<F, NB, ONE, 1, XR>(p, acc);
     s_h_step(p, 1u);
   }
@@ -998,14 +1039,18 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   };
   // the fast walk (every chunk full, scales in range, small steps, CUDA)
   constexpr bool FAST = S_H_FAST && !ANY && S_MMA_MAXBT == 2 && !S_H_LEAN;
-  // the warp's contiguous run of super-chunks (s_chunk without interleave)
-  const u32 per = (nsc + nwarp - 1u) / nwarp, q0 = min(warp * per, nsc), nq = min(per, nsc - q0);
+  // the first super-chunks of the warp's fast walk (s_h_fast; the one-row
+  // walk's share where the row class is not known yet: a hint)
+  using W1 = SHWalk<F, 1, RC != S_RC_TILE>;
+  const u32 per = (nsc + nwarp - 1u) / nwarp;
+  const u32 q0 = W1::ILV ? min(warp * W1::U, nsc) : min(warp * per, nsc);
+  const u32 nq = W1::ILV ? nsc - q0 : min(per, nsc - q0);
   u32 cnt, ge = 0u;
   if (!route) {
     rows_at();
     if (FAST) {
       // the first batch's codes into L2 while the previous kernel drains
-      for (u32 i = 0; i < min(nq, SHalf<F>::U); ++i) {
+      for (u32 i = 0; i < min(nq, W1::U); ++i) {
         m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
         m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
       }
@@ -1054,28 +1099,28 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
   if (FAST) {
     SHPos<F, S_MMA_MAXBT> p;
-    p.wa = wa + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
-    p.wc = wc + (u64)q0 * SHPos<F, 1>::WS + 16u * t;
-    p.sa = sa + (u64)q0 * SHPos<F, 1>::SS;
-    p.sc = sc + (u64)q0 * SHPos<F, 1>::SS;
+    p.wa = wa + 16u * t;
+    p.wc = wc + 16u * t;
+    p.sa = sa;
+    p.sc = sc;
 #pragma unroll
     for (int b = 0; b < S_MMA_MAXBT; ++b) {
-      p.x[b] = reinterpret_cast<const u8*>(xp[b] + q0 * 16u);
-      p.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0] + q0);
-      p.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1] + q0);
+      p.x[b] = reinterpret_cast<const u8*>(xp[b]);
+      p.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0]);
+      p.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1]);
     }
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
     if (one) {
-      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), nq, acc);
-      else s_h_fast<F, 1, true>(s_h_pos1(p), nq, acc);
+      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
+      else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
     } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
-      if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), nq, acc);
-      else s_h_fast<F, 1, false>(s_h_pos1(p), nq, acc);
+      if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
+      else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);
     } else if (xr) {
-      s_h_fast<F, S_MMA_MAXBT, false, true>(p, nq, acc);
+      s_h_fast<F, S_MMA_MAXBT, false, true>(p, warp, nwarp, nsc, acc);
     } else {
-      s_h_fast<F, S_MMA_MAXBT, false>(p, nq, acc);
+      s_h_fast<F, S_MMA_MAXBT, false>(p, warp, nwarp, nsc, acc);
     }
   } else if (S_MMA_MAXBT <= 2 && !S_H_LEAN) {
     // small steps: one copy of the walk per tile count (and one for one row)
@@ -1278,10 +1323,13 @@ M3_DEV float s_moe_mix(const u16* __restrict__ ye, const float* __restrict__ w, 
 /// so does the mono build (which runs this body in its persistent CTAs).
 /// The weight is loaded before the dependency wait (no kernel writes it).
 ///
-/// `xrow` (with xh): the f16 rows row-scaled (s_xh_row_pe), p from a bound
-/// every CTA of a row computes alike: max |x| / r * max |1 + w| (each CTA
-/// reads the whole weight before the wait, and takes max |x| in the loop
-/// that sums the squares), exponents added so nothing overflows.
+/// `xrow` (with xh): 0 = the f16 rows scaled a block at a time (s_xh_put);
+/// else they are row-scaled (s_xh_row_pe) and `xrow` holds the f32 bits of
+/// max |1 + w| over the weight (a constant of the weights, computed at load:
+/// the host's DevNorm), p from a bound every CTA of a row computes alike:
+/// max |x| / r * max |1 + w| (max |x| taken in the loop that sums the
+/// squares), exponents added so nothing overflows. (Session 23's kernel
+/// read the whole weight for that maximum in every CTA.)
 ///
 /// `cye` (not null): the previous MoE layer's combine taken in. The row is
 /// x + s_moe_mix(cye, cw, ck, cfold, csh) (what m3s_moe_combine would have
@@ -1299,16 +1347,11 @@ M3_DEV void s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
   const u32 i = blockIdx.y * B + threadIdx.x;
   const float wi = i < n ? w[i] : 0.0f;
   const bool rs = xrow != 0u && xh != nullptr;
-  // max |1 + w| over the row (this thread's share; 0 when not row-scaled)
-  float wm = 0.0f;
-  if (rs)
-    for (u32 k = threadIdx.x; k < n; k += B) wm = fmaxf(wm, fabsf(1.0f + w[k]));
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   S_SMEM_SCOPE; S_SHARED(float, part, [1024 / M3_WARP]);
   S_SHARED(float, total, );
   S_SHARED(float, pmx, [1024 / M3_WARP]);
-  S_SHARED(float, pmw, [1024 / M3_WARP]);
   S_SHARED(u32, rpe, );
   const u32 src = rows ? rows[blockIdx.x] : blockIdx.x;
   const float* xr = x + (u64)src * n;
@@ -1348,11 +1391,8 @@ M3_DEV void s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
   if (rs) {
     // the maxima (order-free: every CTA of the row gets the same)
 #pragma unroll
-    for (int m = M3_WARP / 2; m > 0; m >>= 1) {
-      xm = fmaxf(xm, M3_SHFL_XOR(xm, m));
-      wm = fmaxf(wm, M3_SHFL_XOR(wm, m));
-    }
-    if (threadIdx.x % M3_WARP == 0) { pmx[threadIdx.x / M3_WARP] = xm; pmw[threadIdx.x / M3_WARP] = wm; }
+    for (int m = M3_WARP / 2; m > 0; m >>= 1) xm = fmaxf(xm, M3_SHFL_XOR(xm, m));
+    if (threadIdx.x % M3_WARP == 0) pmx[threadIdx.x / M3_WARP] = xm;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -1360,13 +1400,14 @@ M3_DEV void s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
     for (u32 p = 0; p < 1024u / M3_WARP; ++p) t += part[p];
     total = t;
     if (rs) {
-      float mx = 0.0f, mw = 0.0f;
-      for (u32 p = 0; p < B / M3_WARP; ++p) { mx = fmaxf(mx, pmx[p]); mw = fmaxf(mw, pmw[p]); }
+      float mx = 0.0f;
+      for (u32 p = 0; p < B / M3_WARP; ++p) mx = fmaxf(mx, pmx[p]);
       const float r = sqrtf(t / (float)n + eps);
       // every output |bf16((x / r) (1 + w))| <= 2^u: mx < 2^(ex - 126),
-      // 1 / r <= 2^(127 - er), mw < 2^(ew - 126), and one more binade for
-      // the roundings (biased f32 exponents; a NaN / Inf row: p = 1)
-      const u32 bx = m3_bits(mx), bw = m3_bits(mw), br = m3_bits(r);
+      // 1 / r <= 2^(127 - er), max |1 + w| < 2^(ew - 126), and one more
+      // binade for the roundings (biased f32 exponents; a NaN / Inf row or
+      // weight: p = 1)
+      const u32 bx = m3_bits(mx), bw = xrow, br = m3_bits(r);
       const bool fin = bx < 0x7f800000u && bw < 0x7f800000u && br < 0x7f800000u && br != 0u;
       const int u = (int)(bx >> 23) - (int)(br >> 23) + (int)(bw >> 23) - 124;
       rpe = fin ? s_xh_row_pe(u, bx == 0u || bw == 0u) : 127u;

@@ -356,7 +356,7 @@ impl GpuDraft {
             c.hidden_size,
             out,
             0,
-            false,
+            0,
             rows,
             None,
         )

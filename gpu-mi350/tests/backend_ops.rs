@@ -977,6 +977,7 @@ fn engine_linears_take_k_past_whole_chunks() {
             top_k: 2,
             distinct: vec![2],
             iters: 1,
+            reps: 2,
             variants: vec![],
         };
         let rows =

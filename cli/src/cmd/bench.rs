@@ -93,8 +93,8 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// GPU: tensor-core linear variants to time against the defaults,
-    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1, S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
-    /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere; S_NV_FOLD=0|1: NVFP4 block scales in the f16 weights past one x row (default 1);
+    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1|2 (1: also the MX fast walk's batches dealt to the warps in turn; 2, the default: its MXFP8 walks past one row), S_H_TILE_UMUL=1|2: the E2M1 one-tile walk's batch in SHalf::U (default 2), S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
+    /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere; S_NV_FOLD=0|1: NVFP4 block scales in the f16 weights past one x row (default 1); S_NV_SPLIT=0|1: with them and a row-scaled x, a block's two products summed apart (default 1);
     /// S_H_FAST=0|1: the MX small-step fast walk and its one-row / one-tile entry points;
     /// S_R1_MINB / S_R8_MINB=1..16: those entry points' CTAs an SM, every format
     /// (S_R1_MINB_FP8 / _FP4 / _NV: one format's one-row entry points);
@@ -157,6 +157,13 @@ pub struct Args {
     /// none).
     #[arg(long, default_value = "4,16,64")]
     pub kernel_experts: String,
+    /// GPU, --kernels: launches of each case per graph replay, timed as
+    /// one and divided (1: one launch between two events, its launch
+    /// latency and ramp included; more: spread as in a step of many
+    /// launches). Each rep reads the same weights, so keep the cases far
+    /// past L2 (e.g. `--kernel-stack 1x49152`).
+    #[arg(long, default_value_t = 1)]
+    pub kernel_reps: usize,
     /// Prompt length of the prefill step.
     #[arg(long, default_value_t = 256)]
     pub prompt_len: usize,

@@ -285,6 +285,7 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
         top_k: cfg.num_experts_per_tok,
         distinct: list("--kernel-experts", &args.kernel_experts)?,
         iters: args.iters,
+        reps: args.kernel_reps,
         variants: args
             .variants
             .split(';')
@@ -338,6 +339,7 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
         "device": {"name": info.name, "arch": info.arch, "sm_count": info.sm_count},
         "clocks_before": smi_before, "clocks_after": smi_after,
         "ceiling": {"copy_gb_per_s": c.copy_gbs, "read_gb_per_s": c.read_gbs, "quoted_gb_per_s": c.quoted},
+        "reps": spec.reps,
         "shapes": {"n": spec.n, "k": spec.k, "stack": spec.stack, "experts": spec.experts,
                     "expert_n": spec.expert_n, "top_k": spec.top_k},
         "cases": cases,

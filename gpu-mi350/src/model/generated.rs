@@ -19,7 +19,7 @@ use std::sync::Arc;
 use m3_core::config::{AttnKind, MlpKind, ModelConfig};
 
 use super::devmem::DevBuf;
-use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
+use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, DevNorm, WFmt};
 use crate::error::{GpuError, Result};
 use crate::runtime::api::{Device, Func, Gpu};
 use crate::standard::launch::{Arg, Launcher};
@@ -120,6 +120,13 @@ impl Gen {
 
     pub fn sync(&self) -> Result<()> {
         self.l.sync()
+    }
+
+    /// The f32 values of `b` on the host (waits for the generation so far).
+    pub fn read_f32(&self, b: &DevBuf) -> Result<Vec<f32>> {
+        let mut v = vec![0.0f32; b.bytes() / 4];
+        b.read(self.l.stream(), 0, &mut v)?;
+        Ok(v)
     }
 
     pub fn context(&self) -> &Device {
@@ -231,6 +238,12 @@ pub fn generate(
         g.f32(&b, seed, *tid, 0.2)?;
         Ok(b)
     };
+    // an RMSNorm weight: generated, then read back for its bound
+    let rms = |n: usize, tid: &mut u32| -> Result<DevNorm> {
+        let b = norm(n, tid)?;
+        let w = g.read_f32(&b)?;
+        Ok(DevNorm::resident(b, &w))
+    };
     let mlp = |fmt: WFmt, width: usize, count: usize, tid: &mut u32| -> Result<DevMlp> {
         Ok(DevMlp {
             gate: gen_linear(&g, fmt, width, h, count, seed, tid)?,
@@ -288,8 +301,8 @@ pub fn generate(
             }
         };
         layers.push(DevLayer {
-            input_norm: norm(h, &mut tid)?,
-            post_norm: norm(h, &mut tid)?,
+            input_norm: rms(h, &mut tid)?,
+            post_norm: rms(h, &mut tid)?,
             q: gen_linear(&g, af, nh * d, h, 1, seed, &mut tid)?,
             k: gen_linear(&g, af, nkv * d, h, 1, seed, &mut tid)?,
             v: gen_linear(&g, af, nkv * d, h, 1, seed, &mut tid)?,
@@ -302,7 +315,7 @@ pub fn generate(
             ffn,
         });
     }
-    let final_norm = norm(h, &mut tid)?;
+    let final_norm = rms(h, &mut tid)?;
     let lm_head = gen_linear(&g, WFmt::Bf16, c.vocab_size, h, 1, seed, &mut tid)?;
     g.sync()?;
     Ok(DevModel {

@@ -16,7 +16,7 @@ use m3_core::config::{AttnKind, MlpKind, ModelConfig};
 use m3_core::weights::{FfnWeights, LinearWeight, MlpWeights, ModelWeights};
 
 use super::devmem::DevBuf;
-use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
+use super::weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, DevNorm, WFmt};
 use crate::error::{GpuError, Result};
 use crate::runtime::api::Device;
 
@@ -471,7 +471,8 @@ impl Loader<'_, '_> {
         })
     }
 
-    fn vector(&mut self, v: Vector, len: usize) -> Result<DevBuf> {
+    /// Vector `v`'s `len` values on the host (an error names it otherwise).
+    fn host_vector(&self, v: Vector, len: usize) -> Result<Vec<f32>> {
         let x = self.src.vector(v)?;
         if x.len() != len {
             return Err(GpuError::input(
@@ -479,7 +480,18 @@ impl Loader<'_, '_> {
                 format!("{v:?} has {} values, expected {len}", x.len()),
             ));
         }
-        let b = DevBuf::from_slice(&self.ctx, &x)?;
+        Ok(x)
+    }
+
+    fn vector(&mut self, v: Vector, len: usize) -> Result<DevBuf> {
+        let b = DevBuf::from_slice(&self.ctx, &self.host_vector(v, len)?)?;
+        self.tick(4 * len);
+        Ok(b)
+    }
+
+    /// An RMSNorm weight of `len` values, with its bound.
+    fn norm(&mut self, v: Vector, len: usize) -> Result<DevNorm> {
+        let b = DevNorm::new(&self.ctx, &self.host_vector(v, len)?)?;
         self.tick(4 * len);
         Ok(b)
     }
@@ -597,8 +609,8 @@ impl DevModel {
                 }
             };
             layers.push(DevLayer {
-                input_norm: ld.vector(Vector::InputNorm(l), h)?,
-                post_norm: ld.vector(Vector::PostNorm(l), h)?,
+                input_norm: ld.norm(Vector::InputNorm(l), h)?,
+                post_norm: ld.norm(Vector::PostNorm(l), h)?,
                 q: ld.one(Lin::Q(l), qd, h)?,
                 k: ld.one(Lin::K(l), kvd, h)?,
                 v: ld.one(Lin::V(l), kvd, h)?,
@@ -611,7 +623,7 @@ impl DevModel {
                 ffn,
             });
         }
-        let final_norm = ld.vector(Vector::FinalNorm, h)?;
+        let final_norm = ld.norm(Vector::FinalNorm, h)?;
         let lm_head = ld.one(Lin::LmHead, c.vocab_size, h)?;
         Ok(DevModel {
             config: c,

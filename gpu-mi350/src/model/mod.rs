@@ -11,4 +11,4 @@ pub mod load;
 pub mod weights;
 
 pub use devmem::DevBuf;
-pub use weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, WFmt};
+pub use weights::{DevFfn, DevIndexer, DevLayer, DevLinear, DevMlp, DevModel, DevNorm, WFmt};

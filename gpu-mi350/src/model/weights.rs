@@ -385,6 +385,69 @@ impl DevMlp {
     }
 }
 
+/// An RMSNorm weight on the device (f32 `[n]`) and the constant its
+/// kernel takes for a row-scaled f16 output (`m3s_rmsnorm`'s `xrow`):
+/// max |1 + w| over the weight as f32 bits, computed once here (session
+/// 23's kernel read the whole weight for it in every CTA of every launch).
+pub struct DevNorm {
+    pub w: DevBuf,
+    /// [`norm_bound`] of the weight.
+    pub bound: u32,
+}
+
+impl DevNorm {
+    /// Upload `w` and compute its bound.
+    pub fn new(ctx: &Device, w: &[f32]) -> Result<Self> {
+        Ok(DevNorm {
+            w: DevBuf::from_slice(ctx, w)?,
+            bound: norm_bound(w),
+        })
+    }
+
+    /// A weight already on the device whose values the host holds in `w`.
+    pub fn resident(dev: DevBuf, w: &[f32]) -> Self {
+        DevNorm {
+            w: dev,
+            bound: norm_bound(w),
+        }
+    }
+
+    /// The kernel's `xrow` argument: the bound when the f16 rows are
+    /// row-scaled, 0 when they are scaled a block at a time.
+    pub fn xrow_arg(&self, row_scaled: bool) -> u32 {
+        if row_scaled {
+            self.bound
+        } else {
+            0
+        }
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.w.ptr()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.w.bytes()
+    }
+}
+
+/// max |1 + w| over `w` as f32 bits, as the kernel would compute it
+/// (`fabsf(1.0f + w)` rounds alike on both sides): NaN's bits when a value
+/// is NaN (the kernel then takes p = 1), and never 0, which the kernel's
+/// argument reserves for "a block at a time" (an all-zero bound becomes
+/// the smallest subnormal: still a bound).
+pub fn norm_bound(w: &[f32]) -> u32 {
+    let mut m = 0.0f32;
+    for &v in w {
+        let a = (1.0f32 + v).abs();
+        if a.is_nan() {
+            return f32::NAN.to_bits();
+        }
+        m = m.max(a);
+    }
+    m.to_bits().max(1)
+}
+
 pub struct DevIndexer {
     pub q: DevLinear,
     pub k: DevLinear,
@@ -415,8 +478,8 @@ pub enum DevFfn {
 }
 
 pub struct DevLayer {
-    pub input_norm: DevBuf,
-    pub post_norm: DevBuf,
+    pub input_norm: DevNorm,
+    pub post_norm: DevNorm,
     pub q: DevLinear,
     pub k: DevLinear,
     pub v: DevLinear,
@@ -435,7 +498,7 @@ pub struct DevModel {
     /// `[vocab, H]` bf16 (shared with a DSpark draft on the device).
     pub embed: Arc<DevBuf>,
     pub layers: Vec<DevLayer>,
-    pub final_norm: DevBuf,
+    pub final_norm: DevNorm,
     /// Shared with a DSpark draft on the device.
     pub lm_head: Arc<DevLinear>,
 }
@@ -449,7 +512,23 @@ impl DevModel {
 
 #[cfg(test)]
 mod tests {
-    use super::WFmt;
+    use super::{norm_bound, WFmt};
+
+    /// The RMSNorm bound: max |1 + w| exactly, NaN's bits for a NaN weight
+    /// (the kernel's "no bound"), and never 0 (the kernel's "per block").
+    #[test]
+    fn norm_bound_is_max_abs_one_plus_w() {
+        assert_eq!(norm_bound(&[0.25, -2.5, 0.5]), 1.5f32.to_bits());
+        assert_eq!(norm_bound(&[-0.125, 0.0]), 1.0f32.to_bits());
+        // 1 + w rounds in f32 as the kernel's fabsf(1.0f + w) does
+        let w = 1e-8f32;
+        assert_eq!(norm_bound(&[w]), (1.0f32 + w).to_bits());
+        assert!(f32::from_bits(norm_bound(&[0.5, f32::NAN, 3.0])).is_nan());
+        assert!(f32::from_bits(norm_bound(&[f32::NAN])).is_nan());
+        assert_eq!(norm_bound(&[f32::INFINITY]), f32::INFINITY.to_bits());
+        assert_eq!(norm_bound(&[-1.0, -1.0]), 1);
+        assert_eq!(norm_bound(&[]), 1);
+    }
 
     /// Which stacks the launches send to the `_any` entry points: scale
     /// bytes outside each format's fast range; codes never.

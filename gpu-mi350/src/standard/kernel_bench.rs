@@ -14,6 +14,14 @@
 //! Bytes are the stored bytes the launch must read (codes + scales of every
 //! matrix it touches); x and the outputs are not counted.
 //!
+//! `reps` > 1 captures each case that many times back to back in its graph
+//! and reports a replay's time divided by it: the launch's own latency
+//! (graph launch, the first CTAs' ramp, the last wave's tail) is then
+//! spread as it is in a step of many launches, where PDL overlaps each
+//! launch's start with the one before. With `reps` 1 a sample is one
+//! launch between two events, latency included. Cases must stay far past
+//! L2 for that to measure memory: each rep reads the same weights.
+//!
 //! Every case is checked before it is timed: sampled outputs (f32 stores)
 //! against an f64 sum of the same exactly dequantized weights (downloaded
 //! and put back in the stored layout) times the same bf16 x, within
@@ -60,6 +68,8 @@ pub struct KernelBenchSpec {
     pub top_k: usize,
     pub distinct: Vec<usize>,
     pub iters: usize,
+    /// Launches of a case per graph replay (module doc); 1 = one.
+    pub reps: usize,
     /// Extra compiled variants of the tensor-core kernels
     /// (`NAME=VALUE ...`), timed beside the defaults.
     pub variants: Vec<String>,
@@ -74,7 +84,7 @@ pub struct KernelRow {
     pub variant: String,
     /// Stored weight bytes one replay reads.
     pub bytes: u64,
-    /// Per replay.
+    /// Per launch of the case (a replay's time / `reps`).
     pub samples_ms: Vec<f64>,
     /// Outputs checked and the worst `|y - ref| / sum |w x|`.
     pub checked: usize,
@@ -228,19 +238,27 @@ struct Ctx<'a> {
     ctx: Device,
 }
 
-/// Time `iters` replays of `enqueue` captured as one graph (after a
-/// capture and three warm-up replays).
+/// Time `iters` replays of `enqueue` `reps` times over, captured as one
+/// graph (after a capture and three warm-up replays): ms a replay / reps.
 fn time(
     c: &Ctx<'_>,
     graphs: &mut Graphs,
     key: GraphKey,
     iters: usize,
+    reps: usize,
     enqueue: &dyn Fn() -> Result<()>,
 ) -> Result<Vec<f64>> {
+    let all = || -> Result<()> {
+        for _ in 0..reps {
+            enqueue()?;
+        }
+        Ok(())
+    };
     for _ in 0..4 {
-        graphs.run(c.l, key, enqueue)?;
+        graphs.run(c.l, key, &all)?;
     }
-    c.l.time_each(iters, || graphs.run(c.l, key, enqueue))
+    let v = c.l.time_each(iters, || graphs.run(c.l, key, &all))?;
+    Ok(v.into_iter().map(|ms| ms / reps as f64).collect())
 }
 
 /// Run the microbench; `report` sees each row as it is measured.
@@ -257,8 +275,8 @@ pub fn kernel_bench(
         )));
     }
     let max_rows = spec.rows.iter().copied().max().unwrap_or(0);
-    if max_rows == 0 || spec.rows.contains(&0) || spec.iters == 0 {
-        return Err(bad("rows and iters must be positive".into()));
+    if max_rows == 0 || spec.rows.contains(&0) || spec.iters == 0 || spec.reps == 0 {
+        return Err(bad("rows, iters and reps must be positive".into()));
     }
     if spec.distinct.iter().any(|&d| d == 0 || d > spec.experts) {
         return Err(bad(format!(
@@ -376,7 +394,7 @@ pub fn kernel_bench(
                     variant: v,
                     mono: false,
                 };
-                let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
+                let samples_ms = time(&c, &mut graphs, key, spec.iters, spec.reps, &enqueue)?;
                 let row = KernelRow {
                     case: format!("{} x [{}, {}] m{m}", mats.len(), spec.n, spec.k),
                     fmt,
@@ -434,7 +452,7 @@ pub fn kernel_bench(
                         variant: v,
                         mono: false,
                     };
-                    let samples_ms = time(&c, &mut graphs, key, spec.iters, &enqueue)?;
+                    let samples_ms = time(&c, &mut graphs, key, spec.iters, spec.reps, &enqueue)?;
                     let row = KernelRow {
                         case: format!(
                             "experts gate+up {d} of {} x 2 x [{}, {}] m{m}",

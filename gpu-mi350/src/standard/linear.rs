@@ -380,7 +380,8 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
             "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
-            "S_MMA_INTERLEAVE" if n <= 1 => {}
+            "S_MMA_INTERLEAVE" if n <= 2 => {}
+            "S_H_TILE_UMUL" if (1..=2).contains(&n) => {}
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
@@ -391,6 +392,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_FORCE_ANY" if n <= 1 => {}
             "S_X_AHEAD" if n <= 1 => {}
             "S_NV_FOLD" if n <= 1 => {}
+            "S_NV_SPLIT" if n <= 1 => {}
             _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
         }
         prefix.push_str(&format!("#define {k} {n}\n"));

@@ -156,9 +156,11 @@ pub(crate) struct CombineIn {
 
 /// RMSNorm (Gemma: `1 + w`) of rows of `x` (f32 `[*, n]`, all rows or
 /// those listed at `rows`) into bf16 `out` (`nrows` rows), and into the MX
-/// linears' f16 layout at `xh` if not 0: row-scaled when `row_scaled`
+/// linears' f16 layout at `xh` if not 0: row-scaled when `xrow` is not 0
 /// (one power of two a row, from a bound every CTA computes alike:
-/// [`super::linear::F16X::row_scaled`]), else a power of two a block.
+/// [`super::linear::F16X::row_scaled`]; `xrow` is then the weight's
+/// max |1 + w|, [`crate::model::DevNorm::xrow_arg`]), else a power of two a
+/// block.
 /// With `combine`, the rows are `x` plus that combine (written to
 /// `combine.out`; the bits `m3s_moe_combine` then this RMSNorm give).
 #[allow(clippy::too_many_arguments)]
@@ -172,7 +174,7 @@ pub(crate) fn rmsnorm(
     n: usize,
     out: u64,
     xh: u64,
-    row_scaled: bool,
+    xrow: u32,
     nrows: usize,
     combine: Option<CombineIn>,
 ) -> Result<()> {
@@ -184,7 +186,7 @@ pub(crate) fn rmsnorm(
         Arg::U32(n as u32),
         Arg::U64(out),
         Arg::U64(xh),
-        Arg::U32(u32::from(row_scaled)),
+        Arg::U32(xrow),
     ];
     let (label, func) = match combine {
         None => ("rmsnorm", f.plain),
@@ -475,7 +477,7 @@ pub(crate) fn cache_write_jobs(jobs: &[CwSpec], kind: KvKind) -> Result<CwJobs> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::DevBuf;
+    use crate::model::{DevBuf, DevNorm};
     use crate::runtime::api::Gpu;
 
     /// SwiGLU-OAI as `m3s_swiglu` computes it (f32, then bf16), in f64.
@@ -605,7 +607,7 @@ mod tests {
             let w: Vec<f32> = (0..n).map(|_| 1.5 * rng.unit()).collect();
             let (xd, wd) = (
                 DevBuf::from_slice(ctx, &x).unwrap(),
-                DevBuf::from_slice(ctx, &w).unwrap(),
+                DevNorm::new(ctx, &w).unwrap(),
             );
             let out = DevBuf::zeroed(ctx, 2 * rows * n).unwrap();
             let xh = DevBuf::zeroed(ctx, rows * super::super::linear::xh_stride(n)).unwrap();
@@ -622,7 +624,7 @@ mod tests {
                 n,
                 out.ptr(),
                 xh.ptr(),
-                true,
+                wd.xrow_arg(true),
                 rows,
                 None,
             )

@@ -23,7 +23,7 @@ use super::linear::{
 use super::pointwise::{self as pw, CombineIn, CwSpec, HnCache, HnCaches, HnSpec};
 use super::{StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
-use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, WFmt};
+use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, DevNorm, WFmt};
 
 /// Steps of at most this many rows run the router as one launch
 /// (`m3s_router_small`: its last CTA takes every row's top-k, a warp a row).
@@ -184,7 +184,7 @@ impl StandardPath {
         &self,
         x: u64,
         rows: u64,
-        w: &DevBuf,
+        w: &DevNorm,
         out: u64,
         nrows: usize,
         combine: Option<CombineIn>,
@@ -206,7 +206,7 @@ impl StandardPath {
             c.hidden_size,
             out,
             xh,
-            row_scaled,
+            w.xrow_arg(row_scaled && xh != 0),
             nrows,
             combine,
         )?;

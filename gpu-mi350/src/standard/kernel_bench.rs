@@ -255,9 +255,9 @@ fn time(
         Ok(())
     };
     for _ in 0..4 {
-        graphs.run(c.l, key, &all)?;
+        graphs.run(c.l, key, all)?;
     }
-    let v = c.l.time_each(iters, || graphs.run(c.l, key, &all))?;
+    let v = c.l.time_each(iters, || graphs.run(c.l, key, all))?;
     Ok(v.into_iter().map(|ms| ms / reps as f64).collect())
 }
 

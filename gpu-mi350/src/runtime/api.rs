@@ -28,8 +28,10 @@
 //! `M3_PDL_WAIT` is empty); a host-to-device async copy returns once the
 //! host bytes are consumed on both (CUDA stages pageable memory, the HIP
 //! arm waits); HIP has no graph upload (the first replay uploads). The
-//! mono path's function queries (occupancy, registers) are CUDA only and
-//! refuse on HIP, as the mono path itself does.
+//! mono path's occupancy is queried through the device on HIP
+//! ([`Gpu::occupancy`]: hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,
+//! with the compute units from hipDeviceGetAttribute, checked), its
+//! registers and local memory are reported on CUDA only.
 //!
 //! The HIP arms are exercised in CI by a whole standard-path step on a stub
 //! function table backed by host memory (`standard::hip_route_tests`); none
@@ -67,6 +69,16 @@ pub trait Gpu {
     fn simulated(&self) -> bool {
         false
     }
+    /// Why the mono path cannot size its all-resident grid on this device
+    /// (`None`: it can).
+    fn mono_unsupported(&self) -> Option<String> {
+        None
+    }
+    /// Blocks of `threads` threads and `smem` bytes of dynamic shared
+    /// memory of `f` that fit on one multiprocessor (compute unit) at once.
+    fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
+        f.max_blocks_per_multiprocessor(threads, smem)
+    }
 }
 
 /// A boxed device is a device (the tests pick CUDA or the HIP simulator at
@@ -92,6 +104,12 @@ impl<G: Gpu + ?Sized> Gpu for Box<G> {
     }
     fn simulated(&self) -> bool {
         (**self).simulated()
+    }
+    fn mono_unsupported(&self) -> Option<String> {
+        (**self).mono_unsupported()
+    }
+    fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
+        (**self).occupancy(f, threads, smem)
     }
 }
 
@@ -133,6 +151,15 @@ impl Gpu for HipGpu {
     }
     fn simulated(&self) -> bool {
         self.sim_flavour().is_some()
+    }
+    fn mono_unsupported(&self) -> Option<String> {
+        HipGpu::mono_unsupported(self)
+    }
+    fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
+        match &f.0 {
+            Fun::Hip(h, false) => HipGpu::occupancy(self, h.0, threads, smem),
+            _ => f.max_blocks_per_multiprocessor(threads, smem),
+        }
     }
 }
 
@@ -320,7 +347,7 @@ impl Func {
             Fun::Cuda(f) => Ok(f),
             Fun::Hip(..) => Err(GpuError::input(
                 "mono path",
-                format!("{what} is queried on CUDA only (the mono path does not run on HIP)"),
+                format!("{what} of a HIP function is asked of its device (Gpu::occupancy)"),
             )),
         }
     }
@@ -329,7 +356,8 @@ impl Func {
     /// kernel: the occupancy reported is then the one a launch gets).
     pub fn prefer_max_shared_carveout(&self) -> Result<()> {
         use sys::CUfunction_attribute_enum as A;
-        if self.on_sim() {
+        // HIP: a compute unit's LDS is its own (no carve-out to choose)
+        if matches!(self.0, Fun::Hip(..)) {
             return Ok(());
         }
         self.cuda_only("the shared-memory carve-out")?
@@ -362,6 +390,8 @@ impl Func {
     /// memory that fit on one multiprocessor at once.
     /// The simulator: one (it runs a launch's CTAs one after another, and
     /// reports one multiprocessor, so an all-resident grid is one CTA).
+    /// HIP devices answer through [`Gpu::occupancy`] (the query needs the
+    /// device's function table).
     pub fn max_blocks_per_multiprocessor(&self, threads: u32, smem: usize) -> Result<u32> {
         if self.on_sim() {
             return Ok(1);

@@ -4,7 +4,9 @@
 //! **Untested on hardware**: no AMD GPU has been available to this project.
 //! The binding compiles and its discovery path fails cleanly where ROCm is
 //! absent; kernels are checked to compile with hipcc in `cargo xtask kernels`.
-//! Bound: init, device count and arch name, hiprtc compile to a code
+//! Bound: init, device count and arch name, the compute units and a
+//! function's occupancy (optional symbols: the mono path's grid), hiprtc
+//! compile to a code
 //! object (cached in memory and on disk like NVRTC's CUBINs), module load,
 //! launch (3-D grid, dynamic shared memory, on a stream), malloc, memset,
 //! memcpy (and async copies / memset on a stream), free, memory info;
@@ -58,13 +60,79 @@ pub(crate) const HIP_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// `hipGetDeviceProperties` writes into this generous buffer and the
 /// `gcnArchName` string is searched for (see `arch_name`).
 const PROPS_BYTES: usize = 4096;
-/// Compute units reported for every device: `hipDeviceProp_t`'s
-/// `multiProcessorCount` moves between ROCm versions (see `PROPS_BYTES`)
-/// and `hipDeviceAttribute_t`'s numbering changed in ROCm 6, so it is not
-/// queried. 256 is MI350X's / MI355X's count; the standard path only sizes
-/// grid-stride generation launches by it (the mono path, whose kernel
-/// compiles for HIP, needs the true count and is refused here for that).
+/// Compute units assumed where the query below fails (see
+/// [`CuQuery`]): 256 is MI350X's / MI355X's count; the standard path only
+/// sizes grid-stride generation launches by it. The mono path needs the
+/// true count (its grid is all resident) and is refused without it.
 const ASSUMED_CUS: u32 = 256;
+
+/// `hipDeviceAttribute_t` values of ROCm 6 and later (the numbering was
+/// reordered in ROCm 6, so they are used only when the runtime reports
+/// 6 or later, and checked against two attributes whose values are known
+/// before the compute units are believed).
+const ATTR_MAX_THREADS_PER_BLOCK: c_int = 56;
+const ATTR_MULTIPROCESSOR_COUNT: c_int = 63;
+const ATTR_WARP_SIZE: c_int = 87;
+
+/// Optional entry points: the device queries that size the mono path's
+/// all-resident grid. A runtime without one still opens (the standard
+/// path does not need them); the mono path is then refused, saying why.
+#[derive(Default)]
+pub(crate) struct Queries {
+    /// hipRuntimeGetVersion: HIP_VERSION, major * 10^7 + minor * 10^5 + patch.
+    pub runtime_version: Option<unsafe extern "C" fn(*mut c_int) -> HipError>,
+    /// hipDeviceGetAttribute(value, attribute, device).
+    pub device_attribute: Option<unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipError>,
+    /// hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f,
+    /// block size, dynamic shared memory bytes).
+    pub occupancy: Option<unsafe extern "C" fn(*mut c_int, HipFunction, c_int, usize) -> HipError>,
+}
+
+/// The compute units of device 0 (`hipDeviceAttributeMultiprocessorCount`),
+/// or why they could not be trusted.
+pub(crate) type CuQuery = std::result::Result<u32, String>;
+
+/// Query device 0's compute units through `q` (see [`Queries`]).
+fn query_cus(q: &Queries) -> CuQuery {
+    let (Some(version), Some(attr)) = (q.runtime_version, q.device_attribute) else {
+        return Err("hipRuntimeGetVersion / hipDeviceGetAttribute are not in this runtime".into());
+    };
+    let mut v = 0;
+    // SAFETY: a valid out-pointer.
+    let rc = unsafe { version(&mut v) };
+    if rc != 0 {
+        return Err(format!("hipRuntimeGetVersion failed (error code {rc})"));
+    }
+    if v / 10_000_000 < 6 {
+        return Err(format!(
+            "HIP runtime {v}: before ROCm 6 the device attributes are numbered otherwise"
+        ));
+    }
+    let get = |a: c_int, name: &str| -> CuQuery {
+        let mut x = 0;
+        // SAFETY: a valid out-pointer; device 0 exists (checked at open).
+        let rc = unsafe { attr(&mut x, a, 0) };
+        if rc != 0 {
+            return Err(format!(
+                "hipDeviceGetAttribute({name}) failed (error code {rc})"
+            ));
+        }
+        u32::try_from(x).map_err(|_| format!("hipDeviceGetAttribute({name}) gave {x}"))
+    };
+    let (tpb, warp) = (
+        get(ATTR_MAX_THREADS_PER_BLOCK, "MaxThreadsPerBlock")?,
+        get(ATTR_WARP_SIZE, "WarpSize")?,
+    );
+    if tpb != 1024 || !(warp == 32 || warp == 64) {
+        return Err(format!(
+            "HIP runtime {v}: the attribute numbering check failed (threads a block {tpb}, warp size {warp})"
+        ));
+    }
+    match get(ATTR_MULTIPROCESSOR_COUNT, "MultiprocessorCount")? {
+        0 => Err("hipDeviceGetAttribute(MultiprocessorCount) gave 0".into()),
+        n => Ok(n),
+    }
+}
 
 /// The HIP and hiprtc entry points the binding calls (one field a symbol,
 /// the C signature as declared by HIP's headers).
@@ -135,6 +203,7 @@ pub(crate) struct Fns {
     pub rtc_code_size: unsafe extern "C" fn(HiprtcProgram, *mut usize) -> HiprtcResult,
     pub rtc_code: unsafe extern "C" fn(HiprtcProgram, *mut c_char) -> HiprtcResult,
     pub rtc_destroy: unsafe extern "C" fn(*mut HiprtcProgram) -> HiprtcResult,
+    pub queries: Queries,
 }
 
 /// The loaded libraries, their function table and the device ordinal: what
@@ -173,6 +242,8 @@ pub struct HipGpu {
     device: crate::runtime::api::Device,
     /// The simulator's table (`runtime::sim`), not a device's.
     sim: bool,
+    /// Device 0's compute units, or why they are not known.
+    cus: CuQuery,
 }
 
 /// The first of `names` that loads, or why none did.
@@ -196,6 +267,13 @@ macro_rules! sym {
         *unsafe { $lib.get($name.as_bytes()) }
             .map_err(|e| GpuError::NoDriver(format!("symbol {} missing: {e}", $name)))?
     };
+}
+
+/// An optional symbol of `lib` (`None` where this runtime lacks it).
+fn opt_sym<T: Copy>(lib: &Library, name: &str) -> Option<T> {
+    // SAFETY: the caller's `T` is the symbol's signature as HIP declares it
+    // (the fields of `Queries`).
+    unsafe { lib.get::<T>(name.as_bytes()) }.ok().map(|s| *s)
 }
 
 fn check(call: &'static str, rc: c_int) -> Result<()> {
@@ -257,6 +335,11 @@ impl HipGpu {
             rtc_code_size: sym!(rtc, "hiprtcGetCodeSize"),
             rtc_code: sym!(rtc, "hiprtcGetCode"),
             rtc_destroy: sym!(rtc, "hiprtcDestroyProgram"),
+            queries: Queries {
+                runtime_version: opt_sym(&hip, "hipRuntimeGetVersion"),
+                device_attribute: opt_sym(&hip, "hipDeviceGetAttribute"),
+                occupancy: opt_sym(&hip, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor"),
+            },
         };
         // SAFETY: plain C calls with valid out-pointers.
         unsafe {
@@ -314,6 +397,7 @@ impl HipGpu {
             (fns.rtc_version)(&mut ma, &mut mi)
         })
         .map_err(|e| GpuError::NoCompiler(e.to_string()))?;
+        let cus = query_cus(&fns.queries);
         let api = Arc::new(HipApi {
             fns,
             ordinal: 0,
@@ -329,6 +413,7 @@ impl HipGpu {
             disk: None,
             modules: Mutex::new(HashMap::new()),
             sim: false,
+            cus,
         })
     }
 
@@ -373,15 +458,39 @@ impl HipGpu {
         &self.device
     }
 
-    /// Compute units assumed for this device (see [`ASSUMED_CUS`]).
+    /// Compute units of this device: queried, else [`ASSUMED_CUS`].
     pub(crate) fn compute_units(&self) -> u32 {
         // the simulator runs one CTA at a time: one "unit" makes the mono
         // path's all-resident grid a single CTA
         if self.sim {
             1
         } else {
-            ASSUMED_CUS
+            *self.cus.as_ref().unwrap_or(&ASSUMED_CUS)
         }
+    }
+
+    /// Why the mono path cannot size its all-resident grid here (`None`:
+    /// it can: the compute units were queried and the occupancy query is
+    /// bound; always on the simulator).
+    pub(crate) fn mono_unsupported(&self) -> Option<String> {
+        if self.sim {
+            return None;
+        }
+        if let Err(why) = &self.cus {
+            return Some(format!("the compute units are not known: {why}"));
+        }
+        if self.api.fns.queries.occupancy.is_none() {
+            return Some(
+                "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor is not in this runtime".into(),
+            );
+        }
+        None
+    }
+
+    /// Blocks of `threads` threads and `smem` bytes of dynamic shared
+    /// memory of `f` that fit on one compute unit at once.
+    pub(crate) fn occupancy(&self, f: HipFunction, threads: u32, smem: usize) -> Result<u32> {
+        self.api.occupancy(f, threads, smem)
     }
 
     /// hiprtc's options for `src` on this device (hiprtc takes no `-O`).
@@ -596,6 +705,27 @@ impl HipGpu {
 }
 
 impl HipApi {
+    /// hipModuleOccupancyMaxActiveBlocksPerMultiprocessor for `f`.
+    pub(crate) fn occupancy(&self, f: HipFunction, threads: u32, smem: usize) -> Result<u32> {
+        let q = self.fns.queries.occupancy.ok_or_else(|| {
+            GpuError::driver(
+                "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
+                "not in this runtime",
+            )
+        })?;
+        let threads = c_int::try_from(threads)
+            .map_err(|_| GpuError::input("occupancy", format!("{threads} threads a block")))?;
+        self.set_device()?;
+        let mut n = 0;
+        // SAFETY: a valid out-pointer and a function handle of a loaded
+        // module (never unloaded).
+        check(
+            "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor",
+            unsafe { q(&mut n, f, threads, smem) },
+        )?;
+        Ok(n.max(0) as u32)
+    }
+
     /// Make this device current on the calling thread (hipSetDevice: HIP's
     /// current device is per thread, like a CUDA context).
     pub(crate) fn set_device(&self) -> Result<()> {
@@ -1223,6 +1353,7 @@ mod tests {
                 rtc_code_size: rtc_size,
                 rtc_code: rtc_buf,
                 rtc_destroy,
+                queries: Queries::default(),
             },
             None,
             None,

@@ -128,8 +128,33 @@ pub(crate) enum Plant {
     DropWaits,
 }
 
+/// What the stub's device queries answer (`hipRuntimeGetVersion`,
+/// `hipDeviceGetAttribute` by ROCm 6's numbering, the occupancy query);
+/// the defaults are an MI355X's on ROCm 6.4.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Answers {
+    pub version: c_int,
+    pub threads_per_block: c_int,
+    pub warp: c_int,
+    pub cus: c_int,
+    pub occupancy: c_int,
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Answers {
+            version: 60_443_483,
+            threads_per_block: 1024,
+            warp: 64,
+            cus: 256,
+            occupancy: 2,
+        }
+    }
+}
+
 struct State {
     calls: Vec<Call>,
+    answers: Answers,
     /// Live allocations: base address -> bytes (the storage is a leaked
     /// `Box<[u64]>` of at least that many bytes, reclaimed by hipFree).
     live: BTreeMap<u64, usize>,
@@ -147,6 +172,7 @@ struct State {
 thread_local! {
     static ST: RefCell<State> = RefCell::new(State {
         calls: Vec::new(),
+        answers: Answers::default(),
         live: BTreeMap::new(),
         names: HashMap::new(),
         by_name: HashMap::new(),
@@ -564,9 +590,42 @@ unsafe extern "C" fn rtc_destroy(_: *mut HiprtcProgram) -> HiprtcResult {
     push(Call::Rtc("destroy"))
 }
 
+unsafe extern "C" fn runtime_version(v: *mut c_int) -> HipError {
+    *v = with(|s| s.answers.version);
+    0
+}
+unsafe extern "C" fn device_attribute(v: *mut c_int, attr: c_int, dev: c_int) -> HipError {
+    let a = with(|s| s.answers);
+    *v = match (attr, dev) {
+        (56, 0) => a.threads_per_block,
+        (63, 0) => a.cus,
+        (87, 0) => a.warp,
+        _ => return bad(format!("hipDeviceGetAttribute({attr}, device {dev})")),
+    };
+    0
+}
+unsafe extern "C" fn occupancy(
+    n: *mut c_int,
+    f: HipFunction,
+    threads: c_int,
+    _: usize,
+) -> HipError {
+    if name_of(f as u64).is_none() || threads <= 0 {
+        return bad(format!("occupancy of {f:?} at {threads} threads"));
+    }
+    *n = with(|s| s.answers.occupancy);
+    0
+}
+
 /// A [`HipGpu`] on the stub table (a gfx950 with no disk cache), with this
 /// thread's log cleared and no plant.
 pub(crate) fn gpu() -> HipGpu {
+    gpu_answering(Answers::default())
+}
+
+/// [`gpu`] whose device queries answer `a`.
+pub(crate) fn gpu_answering(a: Answers) -> HipGpu {
+    with(|s| s.answers = a);
     let g = HipGpu::with_table(
         Fns {
             init,
@@ -606,6 +665,11 @@ pub(crate) fn gpu() -> HipGpu {
             rtc_code_size,
             rtc_code,
             rtc_destroy,
+            queries: Queries {
+                runtime_version: Some(runtime_version),
+                device_attribute: Some(device_attribute),
+                occupancy: Some(occupancy),
+            },
         },
         None,
         None,

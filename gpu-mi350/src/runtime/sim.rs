@@ -1122,6 +1122,7 @@ pub(crate) fn table(vendor: Vendor) -> Fns {
         rtc_code_size,
         rtc_code,
         rtc_destroy,
+        queries: Default::default(),
     }
 }
 

@@ -616,15 +616,84 @@ fn the_folds_take_out_exactly_their_launches() {
     assert_eq!(plain.len() - folded.len(), 7 + 2);
 }
 
+/// The mono path on HIP sizes its all-resident grid from the device's
+/// answers: compute units (hipDeviceGetAttribute, by ROCm 6's numbering
+/// once two known attributes check out) times the occupancy query's blocks
+/// a unit; a decode step then launches `m3s_mono` on exactly that grid.
 #[test]
-fn the_mono_path_is_refused_on_hip() {
-    let gpu = stub::gpu();
+fn the_mono_path_sizes_its_grid_from_the_hip_queries() {
     let opts = PathOptions {
         mono: true,
         ..PathOptions::default()
     };
-    let e = build(&gpu, opts).err().expect("mono on HIP is refused");
-    assert!(e.to_string().contains("CUDA only"), "{e}");
+    let gpu = stub::gpu_answering(stub::Answers {
+        cus: 304,
+        occupancy: 3,
+        ..stub::Answers::default()
+    });
+    assert_eq!(gpu.multiprocessors(), 304);
+    assert_eq!(gpu.mono_unsupported(), None);
+    let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+    let about = path.mono_about().expect("the path has its mono kernel");
+    assert!(
+        about.starts_with("912 persistent CTAs (3 an SM)"),
+        "{about}"
+    );
+    path.set_mono(true).expect("mono on");
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    stub::take_calls();
+    path.launch(shape, false).expect("a mono step");
+    let calls = stub::take_calls();
+    let mono: Vec<_> = launches(&calls)
+        .into_iter()
+        .filter(|l| l.name == "m3s_mono")
+        .collect();
+    assert!(!mono.is_empty(), "no m3s_mono launch");
+    assert!(
+        mono.iter().all(|l| l.grid == (912, 1, 1)),
+        "{:?}",
+        mono[0].grid
+    );
+}
+
+/// Where the device's answers cannot be trusted, the mono path is refused
+/// with the reason (and the standard path still opens).
+#[test]
+fn the_mono_path_is_refused_where_the_hip_queries_fail() {
+    let opts = PathOptions {
+        mono: true,
+        ..PathOptions::default()
+    };
+    for (a, why) in [
+        (
+            stub::Answers {
+                version: 50_731_921,
+                ..stub::Answers::default()
+            },
+            "before ROCm 6",
+        ),
+        (
+            stub::Answers {
+                warp: 0,
+                ..stub::Answers::default()
+            },
+            "numbering check failed",
+        ),
+        (
+            stub::Answers {
+                cus: 0,
+                ..stub::Answers::default()
+            },
+            "MultiprocessorCount) gave 0",
+        ),
+    ] {
+        let gpu = stub::gpu_answering(a);
+        assert_eq!(gpu.multiprocessors(), 256, "{a:?}: the assumed count");
+        let e = build(&gpu, opts).err().expect("mono refused");
+        assert!(e.to_string().contains(why), "{a:?}: {e}");
+        build(&gpu, PathOptions::default()).expect("the standard path opens");
+    }
 }
 
 /// The launcher itself takes its warp width from the device's vendor.

@@ -783,11 +783,10 @@ impl StandardPath {
         }
         let kern = Kernels::load(gpu, &opts)?;
         let mono = if opts.mono {
-            if gpu.vendor() != crate::kernels::Vendor::Cuda && !gpu.simulated() {
-                return Err(bad(
-                    "--path mono runs on CUDA only: its kernel compiles for HIP, but this binding does not size its all-resident grid there (compute units and occupancy are not queried); use --path standard"
-                        .into(),
-                ));
+            if let Some(why) = gpu.mono_unsupported() {
+                return Err(bad(format!(
+                    "--path mono needs its all-resident grid sized on this device, and {why}; use --path standard"
+                )));
             }
             if !opts.small_step_variant {
                 return Err(bad(

@@ -226,7 +226,7 @@ impl Mono {
         f.prefer_max_shared_carveout()?;
         let regs = f.registers();
         let local = f.local_bytes();
-        let per_sm = f.max_blocks_per_multiprocessor(MONO_THREADS, 0)?;
+        let per_sm = gpu.occupancy(&f, MONO_THREADS, 0)?;
         if per_sm == 0 {
             return Err(GpuError::input(
                 "mono path",

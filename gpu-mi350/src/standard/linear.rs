@@ -1249,6 +1249,10 @@ mod gpu_tests {
             "S_MMA_MAXBT=2",
             // bench variant, not a default (standard_decode.cu, S_X_AHEAD)
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_X_AHEAD=1 S_UNROLL_HALF=1",
+            // the fast walk's other shapes (bench variants): every walk
+            // interleaved over the warps, the one-tile walk's single batch,
+            // NVFP4's chained sum
+            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_INTERLEAVE=1 S_H_TILE_UMUL=1 S_NV_SPLIT=0",
         ];
         for v in variants {
             k.mma
@@ -1272,13 +1276,15 @@ mod gpu_tests {
             "fp4-nanscale",
             "e4m3-nanscale",
         ] {
-            // K = 160: the last super-chunk partly past K
+            // K = 160: the last super-chunk partly past K; K = 1408: 11
+            // super-chunks, so the fast walks' shares end in part batches
             for &(n, kk) in &[
                 (48usize, 128usize),
                 (64, 1024),
                 (40, 2048),
                 (16, 512),
                 (24, 160),
+                (32, 1408),
             ] {
                 // 2 stacked matrices: plain mode uses the first, routed both
                 let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut rng)).collect();

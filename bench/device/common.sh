@@ -59,7 +59,7 @@ m3_ab() {
     for m in "$@"; do
       echo "=== $m round $r ($(date +%T))"
       # shellcheck disable=SC2086
-      timeout 150 $m bench $args 2>&1 | grep -E "^\| (decode|verify).*/|rror"
+      timeout 150 $m bench $args 2>&1 | grep -E "^\| (decode|verify).*/|^ceiling|rror"
     done
   done
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Session 26 (issue 12), the device time left after refused starts: one
 # call, most telling first, each part into its own $OUT log.
-# 1. layer.log: the MoE layer at b1 / b4 / b16, 2 rounds interleaved,
+# 1. layer.log: the MoE layer at b1 / b4 / b16, 2 rounds interleaved (and
+#    each run's ceiling line: this build measures it through the runtime
+#    line, f067e34 through cudarc; they should agree),
 #    f067e34 (.carry/f06.tar.xz) against this build (run 3's walks as
 #    defaults, RMSNorm's bound computed at load);
 # 2. reps.log: the tall launch at one row, one launch a replay against 10

@@ -15,6 +15,8 @@ struct Cli {
     command: Command,
 }
 
+// parsed once a process: the variants' sizes do not matter
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Quantize a 2-D F32 tensor `x` (safetensors) to MXFP4 / MXFP8 / NVFP4.

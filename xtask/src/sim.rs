@@ -8,7 +8,9 @@
 //! The default is CI's selection (CI adds `--poison`): every GPU unit test
 //! of the engine's kernels (linears of every format and row class,
 //! producers, attention and the indexer, cache writes) against its
-//! reference, in each flavour.
+//! reference, in each flavour; then `m3 bench --backend gpu` on `tiny`,
+//! standard and mono paths, end to end (it must run; its times are the
+//! simulator's).
 //! `--full` adds the runner suite (the GPU runner against the CPU runner,
 //! and the bitwise A/B tests of every fold and fusion) and the golden
 //! cases through `m3 forward --backend gpu`: tens of minutes.
@@ -102,7 +104,13 @@ fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Resul
     let mut runs = Vec::new();
     for flavour in ["sim-cuda", "sim"] {
         let log = dir.join(format!("{tag}-{flavour}.log"));
-        runs.push((flavour, spawn(flavour, env, args, &log)?, log));
+        // `{flavour}` in an argument: this run's flavour (output paths)
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.replace("{flavour}", flavour))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        runs.push((flavour, spawn(flavour, env, &args, &log)?, log));
     }
     let mut failed = Vec::new();
     for (flavour, mut child, log) in runs {
@@ -131,12 +139,17 @@ fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Resul
 
 pub fn sim(args: SimArgs) -> Result<()> {
     // build once before the two runs share the target directory
-    let status = Command::new(env!("CARGO"))
-        .args(["test", "-p", "m3-gpu", "--no-run"])
-        .current_dir(workspace_root())
-        .status()?;
-    if !status.success() {
-        bail!("cargo test -p m3-gpu --no-run failed");
+    for build in [
+        &["test", "-p", "m3-gpu", "--no-run"][..],
+        &["build", "-p", "m3-cli"],
+    ] {
+        let status = Command::new(env!("CARGO"))
+            .args(build)
+            .current_dir(workspace_root())
+            .status()?;
+        if !status.success() {
+            bail!("cargo {} failed", build.join(" "));
+        }
     }
     let env = check_env(&args)?;
     both(
@@ -144,6 +157,40 @@ pub fn sim(args: SimArgs) -> Result<()> {
         "the engine's GPU unit tests",
         &env,
         &["test", "-p", "m3-gpu", "--lib"],
+    )?;
+    // `m3 bench --backend gpu` end to end on the device line (the HIP
+    // route in the `sim` flavour): ceiling probes, the bench model, graph
+    // capture and replays, standard and mono paths; times are not speeds
+    both(
+        "bench",
+        "m3 bench --backend gpu (tiny, both paths)",
+        &env,
+        &[
+            "run",
+            "-q",
+            "-p",
+            "m3-cli",
+            "--",
+            "bench",
+            "--backend",
+            "gpu",
+            "--preset",
+            "tiny",
+            "--batch",
+            "1,2",
+            "--iters",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "1",
+            "--ceiling-mib",
+            "4",
+            "--path",
+            "both",
+            "--out",
+            "target/sim-logs/bench-{flavour}.json",
+        ],
     )?;
     if args.full {
         both(

@@ -164,6 +164,11 @@ pub struct Args {
     /// past L2 (e.g. `--kernel-stack 1x49152`).
     #[arg(long, default_value_t = 1)]
     pub kernel_reps: usize,
+    /// GPU: MiB of the in-run ceiling's streaming-read probe (the copy
+    /// probe moves half as many); far past L2 for a ceiling (PERF.md),
+    /// small only to try the bench on the simulator.
+    #[arg(long, default_value_t = 4096)]
+    pub ceiling_mib: usize,
     /// Prompt length of the prefill step.
     #[arg(long, default_value_t = 256)]
     pub prompt_len: usize,

@@ -28,26 +28,44 @@ use m3_core::config::ModelConfig;
 use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
 use m3_gpu::benchmodel::{self, BenchWeights, SharedGen};
+use m3_gpu::standard::bench::{probe_copy, probe_read};
 use m3_gpu::standard::{Capacity, PathOptions, StandardPath};
 
 use super::BenchPath;
-use m3_gpu::CudaGpu;
+use m3_gpu::Gpu;
 use serde_json::json;
 
 use super::Args;
 
-/// CUDA device 0 for the bench (its kernels, timings and report read
-/// `CudaGpu` directly). Where CUDA is absent but a HIP device opens, the
-/// error says the bench is CUDA only, rather than "no GPU".
-fn open_cuda() -> Result<CudaGpu> {
-    CudaGpu::open(0).map_err(|e| match m3_gpu::HipGpu::open() {
-        Ok(h) => anyhow!(
-            "bench: CUDA only so far (this machine has a HIP device, {}; `m3 generate \
-             --backend gpu` runs on it); CUDA: {e}",
-            h.arch
-        ),
-        Err(_) => anyhow!("--backend gpu: {e}"),
-    })
+/// The bench's device: CUDA device 0, or where CUDA finds none, HIP
+/// device 0 (`M3_GPU_RUNTIME=cuda|hip` forces one, `sim|sim-cuda` the
+/// simulator on this machine's CPU: figures from it are not speeds).
+fn open_gpu() -> Result<m3_gpu::GpuBackend> {
+    m3_gpu::GpuBackend::open().map_err(|e| anyhow!("--backend gpu: {e}"))
+}
+
+/// The device line of the report, and its JSON.
+fn describe(gpu: &dyn Gpu) -> (String, serde_json::Value) {
+    let d = gpu.describe();
+    let line = format!(
+        "device: {} ({}, {} multiprocessors, {:.1} GiB, {} {}.{}){}",
+        d.name,
+        d.arch,
+        d.units,
+        d.total_mem_bytes as f64 / (1u64 << 30) as f64,
+        d.compiler.0,
+        d.compiler.1,
+        d.compiler.2,
+        if gpu.simulated() {
+            ": the simulator, so no time below is a speed"
+        } else {
+            ""
+        }
+    );
+    let json = json!({"name": d.name, "arch": d.arch, "sm_count": d.units,
+        "total_mem_bytes": d.total_mem_bytes, d.compiler.0: [d.compiler.1, d.compiler.2],
+        "simulated": gpu.simulated()});
+    (line, json)
 }
 
 fn nvidia_smi() -> String {
@@ -204,16 +222,20 @@ struct Ceiling {
     tr: m3_gpu::Timing,
 }
 
-fn measure_ceiling(gpu: &CudaGpu) -> Result<Ceiling> {
-    let copy_bytes = 2usize << 30;
-    let read_bytes = 4usize << 30;
-    let tc = gpu.probe_copy(copy_bytes, 20).context("copy probe")?;
-    let tr = gpu.probe_read(read_bytes, 20).context("read probe")?;
+fn measure_ceiling(gpu: &dyn Gpu, read_mib: usize) -> Result<Ceiling> {
+    if read_mib < 2 {
+        bail!("--ceiling-mib must be at least 2");
+    }
+    let read_bytes = read_mib << 20;
+    let copy_bytes = read_bytes / 2;
+    let tc = probe_copy(gpu, copy_bytes, 20).context("copy probe")?;
+    let tr = probe_read(gpu, read_bytes, 20).context("read probe")?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (tc.median_ms * 1e-3) / 1e9;
     let read_gbs = read_bytes as f64 / (tr.median_ms * 1e-3) / 1e9;
     let quoted = copy_gbs.max(read_gbs);
     println!(
-        "ceiling: copy {copy_gbs:.0} GB/s (read+write of 2 GiB), stream read {read_gbs:.0} GB/s (4 GiB) -> {quoted:.0} GB/s"
+        "ceiling: copy {copy_gbs:.0} GB/s (read+write of {} MiB), stream read {read_gbs:.0} GB/s ({read_mib} MiB) -> {quoted:.0} GB/s",
+        read_mib / 2
     );
     Ok(Ceiling {
         copy_gbs,
@@ -296,13 +318,11 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
     };
     let smi_before = nvidia_smi();
     println!("clocks before: {smi_before}");
-    let gpu = open_cuda()?;
-    let info = gpu.info().clone();
-    println!(
-        "device: {} ({}, {} SMs)",
-        info.name, info.arch, info.sm_count
-    );
-    let c = measure_ceiling(&gpu)?;
+    let dev = open_gpu()?;
+    let gpu = dev.gpu();
+    let (line, device_json) = describe(gpu);
+    println!("{line}");
+    let c = measure_ceiling(gpu, args.ceiling_mib)?;
     println!("| format | case | variant | median ms | p10 ms | MB | GB/s | % of ceiling | checked (worst rel err) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let show = |r: &KernelRow| {
@@ -319,7 +339,7 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
             r.worst
         );
     };
-    let rows = kernel_bench(&gpu, &spec, &mut |r| show(r)).context("kernel microbench")?;
+    let rows = kernel_bench(gpu, &spec, &mut |r| show(r)).context("kernel microbench")?;
     let smi_after = nvidia_smi();
     println!("clocks after: {smi_after}");
     let cases: Vec<serde_json::Value> = rows
@@ -336,7 +356,7 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
     let doc = json!({
         "what": "m3 bench --backend gpu --kernels: tensor-core linear microbench",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "device": {"name": info.name, "arch": info.arch, "sm_count": info.sm_count},
+        "device": device_json,
         "clocks_before": smi_before, "clocks_after": smi_after,
         "ceiling": {"copy_gb_per_s": c.copy_gbs, "read_gb_per_s": c.read_gbs, "quoted_gb_per_s": c.quoted},
         "reps": spec.reps,
@@ -440,7 +460,7 @@ fn shared_gen(a: super::SharedArg) -> SharedGen {
 /// (and variant), time them in interleaved rounds and print the table.
 fn bench_model(
     args: &Args,
-    gpu: &CudaGpu,
+    gpu: &dyn Gpu,
     cfg: &ModelConfig,
     kind: BenchWeights,
     batches: &[usize],
@@ -786,15 +806,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let smi_before = nvidia_smi();
     println!("clocks before: {smi_before}");
-    let gpu = open_cuda()?;
-    let info = gpu.info().clone();
-    println!(
-        "device: {} ({}, {} SMs, {:.1} GiB)",
-        info.name,
-        info.arch,
-        info.sm_count,
-        info.total_mem_bytes as f64 / (1u64 << 30) as f64
-    );
+    let dev = open_gpu()?;
+    let gpu = dev.gpu();
+    let (line, device_json) = describe(gpu);
+    println!("{line}");
 
     // 2. ceiling
     let Ceiling {
@@ -803,7 +818,7 @@ pub fn run(args: &Args) -> Result<()> {
         quoted: ceiling,
         tc,
         tr,
-    } = measure_ceiling(&gpu)?;
+    } = measure_ceiling(gpu, args.ceiling_mib)?;
 
     // one whole bench per cache dtype (`--kv-cache-dtype fp8_e4m3,nvfp4`),
     // in the order given, on the same device in the same call
@@ -813,7 +828,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let mut runs = vec![bench_model(
         args,
-        &gpu,
+        gpu,
         &cfg,
         kind,
         &batches,
@@ -828,7 +843,7 @@ pub fn run(args: &Args) -> Result<()> {
             .map_err(|e| anyhow!("--per-layer: {e}"))?;
         runs.push(bench_model(
             args,
-            &gpu,
+            gpu,
             &cfg2,
             kind,
             &batches,
@@ -839,7 +854,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let mut more_caches = Vec::new();
     for &c in &caches[1..] {
-        more_caches.push(bench_model(args, &gpu, &cfg, kind, &batches, ceiling, c)?);
+        more_caches.push(bench_model(args, gpu, &cfg, kind, &batches, ceiling, c)?);
     }
     if !more_caches.is_empty() {
         print_cache_comparison(&runs[0], &more_caches);
@@ -861,8 +876,7 @@ pub fn run(args: &Args) -> Result<()> {
     let doc = json!({
         "what": "m3 bench --backend gpu: graph-captured standard path, pure decode",
         "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "device": {"name": info.name, "arch": info.arch, "sm_count": info.sm_count,
-                    "total_mem_bytes": info.total_mem_bytes, "nvrtc": [info.nvrtc.0, info.nvrtc.1]},
+        "device": device_json,
         "clocks_before": smi_before, "clocks_after": smi_after,
         "ceiling": {"copy_gb_per_s": copy_gbs, "read_gb_per_s": read_gbs, "quoted_gb_per_s": ceiling,
                      "copy_samples_ms": [tc.median_ms, tc.p10_ms, tc.p90_ms],

@@ -74,11 +74,26 @@ pub trait Gpu {
     fn mono_unsupported(&self) -> Option<String> {
         None
     }
+    /// What a report says about this device.
+    fn describe(&self) -> DeviceDesc;
     /// Blocks of `threads` threads and `smem` bytes of dynamic shared
     /// memory of `f` that fit on one multiprocessor (compute unit) at once.
     fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
         f.max_blocks_per_multiprocessor(threads, smem)
     }
+}
+
+/// A device as reports name it (`m3 bench`'s header and JSON).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceDesc {
+    pub name: String,
+    /// The compile target, e.g. `sm_90`, `gfx950`.
+    pub arch: String,
+    /// Multiprocessors (compute units).
+    pub units: u32,
+    pub total_mem_bytes: usize,
+    /// The run-time compiler and its (major, minor) version.
+    pub compiler: (&'static str, i32, i32),
 }
 
 /// A boxed device is a device (the tests pick CUDA or the HIP simulator at
@@ -108,6 +123,9 @@ impl<G: Gpu + ?Sized> Gpu for Box<G> {
     fn mono_unsupported(&self) -> Option<String> {
         (**self).mono_unsupported()
     }
+    fn describe(&self) -> DeviceDesc {
+        (**self).describe()
+    }
     fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
         (**self).occupancy(f, threads, smem)
     }
@@ -128,6 +146,16 @@ impl Gpu for CudaGpu {
     }
     fn multiprocessors(&self) -> u32 {
         self.info().sm_count.max(1) as u32
+    }
+    fn describe(&self) -> DeviceDesc {
+        let i = self.info();
+        DeviceDesc {
+            name: i.name.clone(),
+            arch: i.arch.clone(),
+            units: self.multiprocessors(),
+            total_mem_bytes: i.total_mem_bytes,
+            compiler: ("nvrtc", i.nvrtc.0, i.nvrtc.1),
+        }
     }
 }
 
@@ -154,6 +182,9 @@ impl Gpu for HipGpu {
     }
     fn mono_unsupported(&self) -> Option<String> {
         HipGpu::mono_unsupported(self)
+    }
+    fn describe(&self) -> DeviceDesc {
+        HipGpu::describe(self)
     }
     fn occupancy(&self, f: &Func, threads: u32, smem: usize) -> Result<u32> {
         match &f.0 {

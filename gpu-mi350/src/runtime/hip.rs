@@ -368,7 +368,7 @@ impl HipGpu {
     /// The simulator's CUDA flavour: the kernels take compat.h's CUDA
     /// branch (32-lane warps; PTX replaced by its generic twins) and the
     /// engine launches them as it does on CUDA (`Gpu::vendor` is CUDA), so
-    /// the CUDA-only code paths run on this CPU. No PDL, no mono path.
+    /// the CUDA-only code paths run on this CPU. No PDL.
     pub fn sim_cuda() -> Result<Self> {
         let mut g = Self::with_table_as(super::sim::table(Vendor::Cuda), None, None, Vendor::Cuda)?;
         g.sim = true;
@@ -485,6 +485,33 @@ impl HipGpu {
             );
         }
         None
+    }
+
+    /// This device for reports: its name (the first field of
+    /// hipDeviceProp_t in every ROCm layout), arch, compute units, memory
+    /// and hiprtc's version.
+    pub(crate) fn describe(&self) -> crate::runtime::api::DeviceDesc {
+        let mut buf = vec![0u8; PROPS_BYTES];
+        // SAFETY: the buffer is larger than any hipDeviceProp_t.
+        let ok = unsafe { (self.api.fns.get_device_properties)(buf.as_mut_ptr().cast(), 0) } == 0;
+        let name = if ok && !self.sim {
+            let end = buf[..256].iter().position(|&b| b == 0).unwrap_or(256);
+            String::from_utf8_lossy(&buf[..end]).trim().to_string()
+        } else {
+            String::new()
+        };
+        let name = match (name.is_empty(), self.sim_flavour()) {
+            (_, Some(f)) => format!("simulator ({f} flavour, this machine's CPU)"),
+            (true, None) => format!("AMD {}", self.arch),
+            (false, None) => name,
+        };
+        crate::runtime::api::DeviceDesc {
+            name,
+            arch: self.arch.clone(),
+            units: self.compute_units(),
+            total_mem_bytes: self.api.mem_info().map_or(0, |(_, t)| t),
+            compiler: ("hiprtc", self.rtc.0, self.rtc.1),
+        }
     }
 
     /// Blocks of `threads` threads and `smem` bytes of dynamic shared

@@ -133,3 +133,63 @@ impl StandardPath {
         self.graphs.len()
     }
 }
+
+/// The in-run bandwidth ceiling's two probes (PERF.md, step 2) on either
+/// vendor, through the runtime line: a device-to-device copy of `bytes`
+/// (GB/s counts read + write, 2 x bytes) and a streaming read of `bytes`
+/// (a multiple of 16) by `m3_stream_read`, 8 CTAs of 256 threads a
+/// multiprocessor. Three untimed runs, then `iters` each between its own
+/// event pair.
+pub fn probe_copy(gpu: &dyn Gpu, bytes: usize, iters: usize) -> Result<crate::Timing> {
+    let l = super::launch::Launcher::new(gpu.device(), false)?;
+    let src = crate::model::DevBuf::zeroed(gpu.device(), bytes)?;
+    let dst = crate::model::DevBuf::zeroed(gpu.device(), bytes)?;
+    // SAFETY: both ranges lie inside their allocations, which outlive the
+    // timed copies (time_each synchronizes before returning).
+    let copy = || unsafe { l.stream().dtod(dst.ptr(), src.ptr(), bytes) };
+    timed(&l, iters, copy)
+}
+
+/// See [`probe_copy`].
+pub fn probe_read(gpu: &dyn Gpu, bytes: usize, iters: usize) -> Result<crate::Timing> {
+    if bytes == 0 || !bytes.is_multiple_of(16) {
+        return Err(GpuError::input(
+            "read probe",
+            format!("{bytes} bytes: a positive multiple of 16"),
+        ));
+    }
+    let l = super::launch::Launcher::new(gpu.device(), false)?;
+    let buf = crate::model::DevBuf::new(gpu.device(), bytes)?;
+    // 0x5a bytes, written 64 MiB at a time (no 4 GiB host copy)
+    let chunk = vec![0x5au8; (64usize << 20).min(bytes)];
+    let mut off = 0;
+    while off < bytes {
+        let n = chunk.len().min(bytes - off);
+        buf.write_sync(off, &chunk[..n])?;
+        off += n;
+    }
+    let sink = crate::model::DevBuf::zeroed(gpu.device(), 4)?;
+    let f = gpu.kernel(&crate::kernels::BENCH, "m3_stream_read")?;
+    let grid = gpu.multiprocessors().max(1) * 8;
+    let args = [
+        super::launch::Arg::U64(buf.ptr()),
+        super::launch::Arg::U64((bytes / 16) as u64),
+        super::launch::Arg::U64(sink.ptr()),
+    ];
+    timed(&l, iters, || {
+        l.launch("stream_read", &f, (grid, 1, 1), 256, 0, &args)
+    })
+}
+
+/// Three untimed runs of `f`, then `iters` timed ones.
+fn timed(
+    l: &super::launch::Launcher,
+    iters: usize,
+    f: impl Fn() -> Result<()>,
+) -> Result<crate::Timing> {
+    for _ in 0..3 {
+        f()?;
+    }
+    l.sync()?;
+    Ok(crate::Timing::from_samples(l.time_each(iters, &f)?))
+}

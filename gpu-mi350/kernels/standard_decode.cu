@@ -935,9 +935,11 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 // Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
 // weights, in units of SHalf::U (bench variant; 1 = the other walks'
 // batch). H200 (bench/NOTES.md session 26, one round, grouped experts 16
-// of 128 at 16 rows, row-scaled x): 2 gives MXFP4 69.6 -> 72.2%, NVFP4
-// 65.1 -> 68.4% of the ceiling; the one-row and two-tile walks lose with
-// it (MXFP4 one row 76.7 -> 63.5%), so they keep SHalf::U.
+// of 128 at 16 rows, row-scaled x; measured as S_UNROLL_MUL=2, which
+// doubles every walk's batch: the one-tile entries' code is this one's,
+// with NVFP4's chained sum): 2 gives MXFP4 69.6 -> 72.2%, NVFP4 65.1 ->
+// 68.4% of the ceiling; the one-row and two-tile walks lose with it
+// (MXFP4 one row 76.7 -> 63.5%), so they keep SHalf::U.
 #ifndef S_H_TILE_UMUL
 #define S_H_TILE_UMUL 2
 #endif
@@ -1039,18 +1041,23 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   };
   // the fast walk (every chunk full, scales in range, small steps, CUDA)
   constexpr bool FAST = S_H_FAST && !ANY && S_MMA_MAXBT == 2 && !S_H_LEAN;
-  // the first super-chunks of the warp's fast walk (s_h_fast; the one-row
-  // walk's share where the row class is not known yet: a hint)
-  using W1 = SHWalk<F, 1, RC != S_RC_TILE>;
-  const u32 per = (nsc + nwarp - 1u) / nwarp;
-  const u32 q0 = W1::ILV ? min(warp * W1::U, nsc) : min(warp * per, nsc);
-  const u32 nq = W1::ILV ? nsc - q0 : min(per, nsc - q0);
   u32 cnt, ge = 0u;
   if (!route) {
     rows_at();
     if (FAST) {
-      // the first batch's codes into L2 while the previous kernel drains
-      for (u32 i = 0; i < min(nq, W1::U); ++i) {
+      // the first batch of the warp's fast walk (s_h_fast) into L2 while
+      // the previous kernel drains; a plain launch's row count, so its
+      // walk, is known before the wait (s_lin_rows)
+      const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u, c0 = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+      const bool one0 = RC == S_RC_ONE || (RC == S_RC_ANY && c0 == 1u);
+      const bool tile0 = RC == S_RC_TILE || (RC == S_RC_ANY && c0 <= 8u);
+      const u32 u0 = one0 ? SHWalk<F, 1, true>::U : tile0 ? SHWalk<F, 1, false>::U : SHWalk<F, 2, false>::U;
+      const bool il0 =
+          one0 ? SHWalk<F, 1, true>::ILV : tile0 ? SHWalk<F, 1, false>::ILV : SHWalk<F, 2, false>::ILV;
+      const u32 per = (nsc + nwarp - 1u) / nwarp;
+      const u32 q0 = il0 ? min(warp * u0, nsc) : min(warp * per, nsc);
+      const u32 nq = il0 ? nsc - q0 : min(per, nsc - q0);
+      for (u32 i = 0; i < min(nq, u0); ++i) {
         m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
         m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
       }
@@ -1326,7 +1333,8 @@ M3_DEV float s_moe_mix(const u16* __restrict__ ye, const float* __restrict__ w, 
 /// `xrow` (with xh): 0 = the f16 rows scaled a block at a time (s_xh_put);
 /// else they are row-scaled (s_xh_row_pe) and `xrow` holds the f32 bits of
 /// max |1 + w| over the weight (a constant of the weights, computed at load:
-/// the host's DevNorm), p from a bound every CTA of a row computes alike:
+/// the host's norm_bound; NaN weights left out as fmaxf leaves them, -0.0's
+/// bits for a zero bound), p from a bound every CTA of a row computes alike:
 /// max |x| / r * max |1 + w| (max |x| taken in the loop that sums the
 /// squares), exponents added so nothing overflows. (Session 23's kernel
 /// read the whole weight for that maximum in every CTA.)
@@ -1407,7 +1415,7 @@ M3_DEV void s_rmsnorm(const float* __restrict__ x, const u32* __restrict__ rows,
       // 1 / r <= 2^(127 - er), max |1 + w| < 2^(ew - 126), and one more
       // binade for the roundings (biased f32 exponents; a NaN / Inf row or
       // weight: p = 1)
-      const u32 bx = m3_bits(mx), bw = xrow, br = m3_bits(r);
+      const u32 bx = m3_bits(mx), bw = xrow & 0x7fffffffu, br = m3_bits(r);  // -0: a zero bound
       const bool fin = bx < 0x7f800000u && bw < 0x7f800000u && br < 0x7f800000u && br != 0u;
       const int u = (int)(bx >> 23) - (int)(br >> 23) + (int)(bw >> 23) - 124;
       rpe = fin ? s_xh_row_pe(u, bx == 0u || bw == 0u) : 127u;

@@ -223,10 +223,12 @@ struct Ceiling {
 }
 
 fn measure_ceiling(gpu: &dyn Gpu, read_mib: usize) -> Result<Ceiling> {
-    if read_mib < 2 {
-        bail!("--ceiling-mib must be at least 2");
-    }
-    let read_bytes = read_mib << 20;
+    let read_bytes = read_mib
+        .checked_mul(1 << 20)
+        .filter(|_| read_mib >= 2)
+        .ok_or_else(|| {
+            anyhow!("--ceiling-mib {read_mib}: at least 2, and a size this machine can address")
+        })?;
     let copy_bytes = read_bytes / 2;
     let tc = probe_copy(gpu, copy_bytes, 20).context("copy probe")?;
     let tr = probe_read(gpu, read_bytes, 20).context("read probe")?;
@@ -235,7 +237,7 @@ fn measure_ceiling(gpu: &dyn Gpu, read_mib: usize) -> Result<Ceiling> {
     let quoted = copy_gbs.max(read_gbs);
     println!(
         "ceiling: copy {copy_gbs:.0} GB/s (read+write of {} MiB), stream read {read_gbs:.0} GB/s ({read_mib} MiB) -> {quoted:.0} GB/s",
-        read_mib / 2
+        copy_bytes as f64 / (1 << 20) as f64
     );
     Ok(Ceiling {
         copy_gbs,

@@ -431,21 +431,23 @@ impl DevNorm {
     }
 }
 
-/// max |1 + w| over `w` as f32 bits, as the kernel would compute it
-/// (`fabsf(1.0f + w)` rounds alike on both sides): NaN's bits when a value
-/// is NaN (the kernel then takes p = 1), and never 0, which the kernel's
-/// argument reserves for "a block at a time" (an all-zero bound becomes
-/// the smallest subnormal: still a bound).
+/// max |1 + w| over `w` as f32 bits, as session 23's kernel computed it in
+/// every CTA (`fmaxf(m, fabsf(1.0f + w))`: the same roundings; NaN values
+/// left out as fmaxf leaves them; an infinite value gives Inf's bits, which
+/// the kernel takes as "no bound": p = 1). Never 0, which the kernel's
+/// argument reserves for "a block at a time": a zero bound (every w = -1,
+/// or none) is -0.0's bits, which the kernel reads as 0.
 pub fn norm_bound(w: &[f32]) -> u32 {
-    let mut m = 0.0f32;
-    for &v in w {
-        let a = (1.0f32 + v).abs();
-        if a.is_nan() {
-            return f32::NAN.to_bits();
-        }
-        m = m.max(a);
+    let m = w
+        .iter()
+        .map(|&v| (1.0f32 + v).abs())
+        .filter(|a| !a.is_nan())
+        .fold(0.0f32, f32::max);
+    if m == 0.0 {
+        (-0.0f32).to_bits()
+    } else {
+        m.to_bits()
     }
-    m.to_bits().max(1)
 }
 
 pub struct DevIndexer {
@@ -514,20 +516,21 @@ impl DevModel {
 mod tests {
     use super::{norm_bound, WFmt};
 
-    /// The RMSNorm bound: max |1 + w| exactly, NaN's bits for a NaN weight
-    /// (the kernel's "no bound"), and never 0 (the kernel's "per block").
+    /// The RMSNorm bound: max |1 + w| as the kernel's fmaxf took it (NaN
+    /// left out, Inf kept: the kernel's "no bound"), and never 0 (the
+    /// kernel's "per block"): -0.0 for a zero bound.
     #[test]
     fn norm_bound_is_max_abs_one_plus_w() {
         assert_eq!(norm_bound(&[0.25, -2.5, 0.5]), 1.5f32.to_bits());
         assert_eq!(norm_bound(&[-0.125, 0.0]), 1.0f32.to_bits());
-        // 1 + w rounds in f32 as the kernel's fabsf(1.0f + w) does
-        let w = 1e-8f32;
-        assert_eq!(norm_bound(&[w]), (1.0f32 + w).to_bits());
-        assert!(f32::from_bits(norm_bound(&[0.5, f32::NAN, 3.0])).is_nan());
-        assert!(f32::from_bits(norm_bound(&[f32::NAN])).is_nan());
-        assert_eq!(norm_bound(&[f32::INFINITY]), f32::INFINITY.to_bits());
-        assert_eq!(norm_bound(&[-1.0, -1.0]), 1);
-        assert_eq!(norm_bound(&[]), 1);
+        // 1 + w rounds in f32 as the kernel's 1.0f + w does: 1 + 2^-25 and 1 - 2^-26 are 1
+        assert_eq!(norm_bound(&[2f32.powi(-25)]), 1.0f32.to_bits());
+        assert_eq!(norm_bound(&[-2f32.powi(-26), -0.5]), 1.0f32.to_bits());
+        assert_eq!(norm_bound(&[0.5, f32::NAN, 3.0]), 4.0f32.to_bits());
+        assert_eq!(norm_bound(&[f32::INFINITY, 1.0]), f32::INFINITY.to_bits());
+        assert_eq!(norm_bound(&[-1.0, -1.0]), 0x8000_0000);
+        assert_eq!(norm_bound(&[f32::NAN]), 0x8000_0000);
+        assert_eq!(norm_bound(&[]), 0x8000_0000);
     }
 
     /// Which stacks the launches send to the `_any` entry points: scale

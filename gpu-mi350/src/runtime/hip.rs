@@ -70,6 +70,7 @@ const ASSUMED_CUS: u32 = 256;
 /// reordered in ROCm 6, so they are used only when the runtime reports
 /// 6 or later, and checked against two attributes whose values are known
 /// before the compute units are believed).
+const ATTR_COOPERATIVE_LAUNCH: c_int = 10;
 const ATTR_MAX_THREADS_PER_BLOCK: c_int = 56;
 const ATTR_MULTIPROCESSOR_COUNT: c_int = 63;
 const ATTR_WARP_SIZE: c_int = 87;
@@ -127,6 +128,12 @@ fn query_cus(q: &Queries) -> CuQuery {
         return Err(format!(
             "HIP runtime {v}: the attribute numbering check failed (threads a block {tpb}, warp size {warp})"
         ));
+    }
+    // the mono kernel is launched like any (as on CUDA), its grid sized to
+    // be all resident; a device that cannot launch cooperatively gives no
+    // promise of co-residency to lean on, so mono is not offered there
+    if get(ATTR_COOPERATIVE_LAUNCH, "CooperativeLaunch")? == 0 {
+        return Err("the device does not support cooperative launches (hipDeviceAttributeCooperativeLaunch 0)".into());
     }
     match get(ATTR_MULTIPROCESSOR_COUNT, "MultiprocessorCount")? {
         0 => Err("hipDeviceGetAttribute(MultiprocessorCount) gave 0".into()),
@@ -504,6 +511,10 @@ impl HipGpu {
             (_, Some(f)) => format!("simulator ({f} flavour, this machine's CPU)"),
             (true, None) => format!("AMD {}", self.arch),
             (false, None) => name,
+        };
+        let name = match (&self.cus, self.sim) {
+            (Err(why), false) => format!("{name} [{ASSUMED_CUS} compute units assumed: {why}]"),
+            _ => name,
         };
         crate::runtime::api::DeviceDesc {
             name,

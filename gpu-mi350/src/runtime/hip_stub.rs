@@ -94,6 +94,13 @@ pub(crate) enum Call {
     Launch(Launch),
     /// hiprtc calls (program create / compile / code / destroy).
     Rtc(&'static str),
+    /// hipModuleOccupancyMaxActiveBlocksPerMultiprocessor: the kernel, its
+    /// block size and dynamic shared memory.
+    Occupancy {
+        name: String,
+        threads: c_int,
+        smem: usize,
+    },
     /// A call the stub refused, and why.
     Bad(String),
 }
@@ -134,6 +141,7 @@ pub(crate) enum Plant {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Answers {
     pub version: c_int,
+    pub cooperative: c_int,
     pub threads_per_block: c_int,
     pub warp: c_int,
     pub cus: c_int,
@@ -144,6 +152,7 @@ impl Default for Answers {
     fn default() -> Self {
         Answers {
             version: 60_443_483,
+            cooperative: 1,
             threads_per_block: 1024,
             warp: 64,
             cus: 256,
@@ -597,6 +606,7 @@ unsafe extern "C" fn runtime_version(v: *mut c_int) -> HipError {
 unsafe extern "C" fn device_attribute(v: *mut c_int, attr: c_int, dev: c_int) -> HipError {
     let a = with(|s| s.answers);
     *v = match (attr, dev) {
+        (10, 0) => a.cooperative,
         (56, 0) => a.threads_per_block,
         (63, 0) => a.cus,
         (87, 0) => a.warp,
@@ -608,13 +618,17 @@ unsafe extern "C" fn occupancy(
     n: *mut c_int,
     f: HipFunction,
     threads: c_int,
-    _: usize,
+    smem: usize,
 ) -> HipError {
-    if name_of(f as u64).is_none() || threads <= 0 {
+    let Some(name) = name_of(f as u64).filter(|_| threads > 0) else {
         return bad(format!("occupancy of {f:?} at {threads} threads"));
-    }
+    };
     *n = with(|s| s.answers.occupancy);
-    0
+    push(Call::Occupancy {
+        name,
+        threads,
+        smem,
+    })
 }
 
 /// A [`HipGpu`] on the stub table (a gfx950 with no disk cache), with this

@@ -634,6 +634,22 @@ fn the_mono_path_sizes_its_grid_from_the_hip_queries() {
     assert_eq!(gpu.multiprocessors(), 304);
     assert_eq!(gpu.mono_unsupported(), None);
     let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+    // the occupancy asked of m3s_mono's blocks, as they are launched
+    let asked: Vec<_> = stub::take_calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Occupancy {
+                name,
+                threads,
+                smem,
+            } => Some((name, threads, smem)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        asked,
+        [("m3s_mono".to_string(), super::mono::MONO_THREADS as i32, 0)]
+    );
     let about = path.mono_about().expect("the path has its mono kernel");
     assert!(
         about.starts_with("912 persistent CTAs (3 an SM)"),
@@ -665,28 +681,29 @@ fn the_mono_path_is_refused_where_the_hip_queries_fail() {
         mono: true,
         ..PathOptions::default()
     };
+    // 304 compute units answered where the count is asked for: 256 can
+    // then only be the fallback
+    let a = stub::Answers {
+        cus: 304,
+        ..stub::Answers::default()
+    };
     for (a, why) in [
         (
             stub::Answers {
                 version: 50_731_921,
-                ..stub::Answers::default()
+                ..a
             },
             "before ROCm 6",
         ),
+        (stub::Answers { warp: 0, ..a }, "numbering check failed"),
         (
             stub::Answers {
-                warp: 0,
-                ..stub::Answers::default()
+                cooperative: 0,
+                ..a
             },
-            "numbering check failed",
+            "cooperative launches",
         ),
-        (
-            stub::Answers {
-                cus: 0,
-                ..stub::Answers::default()
-            },
-            "MultiprocessorCount) gave 0",
-        ),
+        (stub::Answers { cus: 0, ..a }, "MultiprocessorCount) gave 0"),
     ] {
         let gpu = stub::gpu_answering(a);
         assert_eq!(gpu.multiprocessors(), 256, "{a:?}: the assumed count");

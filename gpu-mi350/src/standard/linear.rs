@@ -1276,8 +1276,10 @@ mod gpu_tests {
             "fp4-nanscale",
             "e4m3-nanscale",
         ] {
-            // K = 160: the last super-chunk partly past K; K = 1408: 11
-            // super-chunks, so the fast walks' shares end in part batches
+            // K = 160: the last super-chunk partly past K; K = 1408 and
+            // 2688: 11 and 21 super-chunks, so the fast walks' shares end in
+            // part batches (2688: the one-tile walk's contiguous share of 6
+            // is a batch of 4 and two single super-chunks)
             for &(n, kk) in &[
                 (48usize, 128usize),
                 (64, 1024),
@@ -1285,6 +1287,7 @@ mod gpu_tests {
                 (16, 512),
                 (24, 160),
                 (32, 1408),
+                (16, 2688),
             ] {
                 // 2 stacked matrices: plain mode uses the first, routed both
                 let ws: Vec<LinearWeight> = (0..2).map(|_| weight(fmt, n, kk, &mut rng)).collect();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared pieces of the device scripts (source it from the repository root
 # on the device machine). Earlier scripts carry their own copies: they are
-# the record of what ran.
+# the record of what ran (s23b.sh's and s25a.sh's unit-test loops, the same
+# commands as m3_unit, now call it).
 
 # Unpack .carry/bin.tar.xz into /tmp/bin (and each NAME of "$@" from
 # .carry/NAME.tar.xz into /tmp/NAME); the kernel cache and the path the

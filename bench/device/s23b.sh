@@ -20,11 +20,7 @@ set -u
 . bench/device/common.sh
 m3_setup
 {
-  for f in linear pointwise; do
-    echo "=== test m3_gpu $f, REQUIRE_GPU=1 ($(date +%T))"
-    REQUIRE_GPU=1 timeout 300 /tmp/bin/test-m3_gpu $f --test-threads=1 --nocapture 2>&1 \
-      | grep -E "^test .*(ok|FAILED)$|^test result|panicked|failure|off|differ" | tail -30
-  done
+  m3_unit 300 linear pointwise
   echo "=== test runner mono_path_is_bitwise_the_standard_path, both folds on ($(date +%T))"
   M3_FOLD_COMBINE=1 M3_FUSE_SWIGLU=1 REQUIRE_GPU=1 timeout 240 /tmp/bin/test-runner mono_path_is_bitwise \
     --test-threads=1 --nocapture 2>&1 | grep -E "^test |^test result|panicked|bitwise|FAIL" | tail -12

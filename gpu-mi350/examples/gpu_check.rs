@@ -70,8 +70,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ceiling: D2D copy (read + write counted) and streaming read, 4 GiB
     let bytes = 4usize << 30;
-    let copy = gpu.probe_copy(bytes / 2, 20)?;
-    let read = gpu.probe_read(bytes, 20)?;
+    let copy = m3_gpu::standard::bench::probe_copy(&gpu, bytes / 2, 20)?;
+    let read = m3_gpu::standard::bench::probe_read(&gpu, bytes, 20)?;
     let copy_gbps = copy.gbps(bytes);
     let read_gbps = read.gbps(bytes);
     let ceiling = copy_gbps.max(read_gbps);

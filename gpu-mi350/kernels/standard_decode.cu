@@ -55,9 +55,9 @@
 // of one; the MX fast walk: batches of its U dealt to the warps in turn, so
 // a CTA's warps read one contiguous stretch together), 2 = the fast walk's
 // MXFP8 walks of several x rows interleaved, the rest contiguous. H200
-// (bench/NOTES.md session 26, one round): interleaved, MXFP8 at 16 rows
-// +4 to +6 points of the ceiling (tall launch 64.7 -> 70.5%, experts 85.7
-// -> 88.7%), one row +-0.3; E2M1 within +-1.
+// (bench/NOTES.md session 26, one round, row-scaled x): interleaved, MXFP8
+// at 16 rows +4 to +6 points of the ceiling (tall launch 64.7 -> 70.5%,
+// experts 84.8 -> 88.6%), one row +-0.1; E2M1 within +-1.
 #ifndef S_MMA_INTERLEAVE
 #define S_MMA_INTERLEAVE 2
 #endif

@@ -1,10 +1,10 @@
-//! Bandwidth probes and event timing (PERF.md protocol, step 2).
+//! Event timing of the op harness (`CudaGpu::time`) and its summary
+//! (`Timing`); the bandwidth probes are `standard::bench::probe_copy` /
+//! `probe_read`, on either vendor.
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::error::{GpuError, Result};
-use crate::kernels::BENCH;
 use crate::CudaGpu;
 
 /// Median, p10 and p90 of timing samples (ms).
@@ -74,43 +74,5 @@ impl CudaGpu {
             );
         }
         Ok(Timing::from_samples(samples))
-    }
-
-    /// Device-to-device copy of `bytes`: returns the timing; GB/s counts
-    /// bytes read + written (2 x bytes).
-    pub fn probe_copy(&self, bytes: usize, iters: usize) -> Result<Timing> {
-        let src = self.zeros::<u8>(bytes)?;
-        let mut dst = self.zeros::<u8>(bytes)?;
-        self.time(3, iters, || {
-            self.stream()
-                .memcpy_dtod(&src, &mut dst)
-                .map_err(|e| GpuError::driver("cuMemcpyDtoD", e))
-        })
-    }
-
-    /// Streaming read of `bytes` (multiple of 16) with `m3_stream_read`.
-    pub fn probe_read(&self, bytes: usize, iters: usize) -> Result<Timing> {
-        let n16 = (bytes / 16) as u64;
-        let buf: CudaSlice<u8> = self.upload(&vec![0x5au8; bytes])?;
-        let mut sink = self.zeros::<u32>(1)?;
-        let f = self.function(&BENCH, "m3_stream_read")?;
-        let sms = self.info().sm_count.max(1) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (sms * 8, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.time(3, iters, || {
-            unsafe {
-                self.stream()
-                    .launch_builder(&f)
-                    .arg(&buf)
-                    .arg(&n16)
-                    .arg(&mut sink)
-                    .launch(cfg)
-            }
-            .map(|_| ())
-            .map_err(|e| GpuError::driver("cuLaunchKernel m3_stream_read", e))
-        })
     }
 }

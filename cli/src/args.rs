@@ -282,12 +282,15 @@ pub struct EngineArgs {
     /// expert inputs (not --act mxfp4). No effect on the CPU reference.
     #[arg(long)]
     pub fold_shared_expert: bool,
-    /// GPU: the path of the planner's mono steps (pure decode, at most 16
-    /// rows): `mono` loads the mono kernel (each layer one persistent
-    /// launch running the standard kernels' bodies, bit-identical results)
-    /// and runs those steps on it; `standard` and `auto` run every step on
-    /// the standard path (auto picks standard while mono measures slower:
-    /// 2.2x a layer on the H200, bench/NOTES.md session 8).
+    /// GPU: the path of pure decode steps (decode and verify rows only, at
+    /// most 64 rows): `mono` loads the mono kernel (each layer one
+    /// persistent launch running the standard kernels' bodies,
+    /// bit-identical results) and runs every such step on it; `auto` loads
+    /// it too, times both paths at load on steps of 1-64 rows (a few
+    /// seconds), and runs mono up to where it stops being faster (it says
+    /// what it measured; where the mono kernel cannot load or run, the
+    /// standard path, with a warning); `standard` runs every step on the
+    /// standard path.
     #[arg(long, value_enum, default_value = "auto")]
     pub path: DecodePathArg,
 }
@@ -328,7 +331,7 @@ impl EngineArgs {
             self.backend,
             self.enforce_eager,
             self.fold_shared_expert,
-            self.path == DecodePathArg::Mono,
+            self.path,
         )
     }
 
@@ -440,13 +443,17 @@ impl SchedArgs {
 /// and why. `eager`: a GPU runs every step with direct launches (no CUDA
 /// graphs; `--enforce-eager`); `fold`: a GPU loads shared experts into the
 /// expert tables (`--fold-shared-expert`).
-/// `mono`: the GPU loads its mono kernel (`--path mono`).
+/// `path`: the GPU loads its mono kernel for `--path mono` (every decode
+/// step up to 64 rows) and `--path auto` (up to the crossover it measures
+/// at load); the other backends refuse `mono` and run `auto` as their one
+/// path.
 pub fn open_backend(
     choice: BackendArg,
     eager: bool,
     fold: bool,
-    mono: bool,
+    path: DecodePathArg,
 ) -> Result<Box<dyn Backend + Sync>> {
+    let mono = path == DecodePathArg::Mono;
     let cpu = || -> Box<dyn Backend + Sync> { Box::new(m3_cpu_ref::CpuBackend::new()) };
     let gpu = |mut g: m3_gpu::GpuBackend| -> Box<dyn Backend + Sync> {
         g.path_options = g.path_options.with_env_overrides();
@@ -454,7 +461,11 @@ pub fn open_backend(
             g.path_options.graph_max_rows = 0;
         }
         g.path_options.fold_shared_expert = fold;
-        g.path_options.mono = mono;
+        g.path_options.mono = path != DecodePathArg::Standard;
+        g.path_options.mono_rows = match path {
+            DecodePathArg::Auto => m3_gpu::standard::MonoRows::Measured,
+            _ => m3_gpu::standard::MonoRows::UpTo(m3_gpu::standard::MONO_MAX_ROWS),
+        };
         Box::new(g)
     };
     const MONO_CPU: &str =
@@ -678,15 +689,15 @@ mod tests {
     #[test]
     fn cpu_and_auto_always_give_a_backend() {
         assert_eq!(
-            open_backend(BackendArg::Cpu, false, false, false)
+            open_backend(BackendArg::Cpu, false, false, DecodePathArg::Standard)
                 .map(|b| b.name().to_string())
                 .ok()
                 .as_deref(),
             Some("cpu")
         );
         // auto: gpu where a device opens, else cpu; never an error
-        let name =
-            open_backend(BackendArg::Auto, false, false, false).map(|b| b.name().to_string());
+        let name = open_backend(BackendArg::Auto, false, false, DecodePathArg::Standard)
+            .map(|b| b.name().to_string());
         assert!(matches!(name.as_deref(), Ok("cpu") | Ok("gpu")));
     }
 
@@ -695,7 +706,7 @@ mod tests {
         if m3_gpu::GpuBackend::open().is_ok() {
             return; // a device is present: nothing to check here
         }
-        let e = open_backend(BackendArg::Gpu, false, false, false)
+        let e = open_backend(BackendArg::Gpu, false, false, DecodePathArg::Standard)
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("--backend gpu: no usable GPU")));
@@ -705,7 +716,7 @@ mod tests {
     /// (the CPU reference; the op harness), before anything loads.
     #[test]
     fn mono_path_is_refused_off_the_gpu_runner() {
-        let e = open_backend(BackendArg::Cpu, false, false, true)
+        let e = open_backend(BackendArg::Cpu, false, false, DecodePathArg::Mono)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -713,9 +724,9 @@ mod tests {
             e.contains("--path mono") && e.contains("--backend gpu"),
             "{e}"
         );
-        assert!(open_backend(BackendArg::Cpu, false, false, false).is_ok());
+        assert!(open_backend(BackendArg::Cpu, false, false, DecodePathArg::Standard).is_ok());
         if m3_gpu::GpuBackend::open().is_err() {
-            let e = open_backend(BackendArg::Auto, false, false, true)
+            let e = open_backend(BackendArg::Auto, false, false, DecodePathArg::Mono)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();

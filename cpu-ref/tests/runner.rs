@@ -197,3 +197,104 @@ fn runner_step_reads_back_what_was_asked_and_copies_blocks() {
     assert!(runner.copy_blocks(&[(0, PAGES as u32)]).is_err());
     runner.copy_blocks(&[(bt[0], 0)]).expect("copy");
 }
+
+/// A runner that reports a mono path up to `max` rows (the CPU runs every
+/// step one way) and records each step's rows and path.
+struct MonoUpTo<'a> {
+    inner: &'a mut dyn m3_core::backend::ModelRunner,
+    max: usize,
+    seen: Vec<(usize, Path)>,
+}
+
+impl m3_core::backend::ModelRunner for MonoUpTo<'_> {
+    fn backend_name(&self) -> &str {
+        self.inner.backend_name()
+    }
+    fn config(&self) -> &m3_core::config::ModelConfig {
+        self.inner.config()
+    }
+    fn kv_layout(&self) -> m3_core::kv::KvLayout {
+        self.inner.kv_layout()
+    }
+    fn mono_max_rows(&self) -> usize {
+        self.max
+    }
+    fn step(
+        &mut self,
+        input: &StepInput<'_>,
+    ) -> Result<m3_core::backend::StepOutput, m3_core::backend::BackendError> {
+        self.seen.push((input.batch.rows(), input.path));
+        self.inner.step(input)
+    }
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), m3_core::backend::BackendError> {
+        self.inner.copy_blocks(pairs)
+    }
+}
+
+/// The planner marks Mono exactly the pure decode steps up to the runner's
+/// own threshold (`ModelRunner::mono_max_rows`, the GPU's measured
+/// crossover), not the configured 16: with 6 requests decoding together
+/// and a threshold of 3, the 6-row decode steps go standard and the last
+/// ones (3 rows or fewer) mono; a runner with no mono path is sent none.
+#[test]
+fn the_planner_takes_the_runners_mono_threshold() {
+    let m = Arc::new(model(&tiny(), Formats::default()));
+    for max in [0usize, 3, 64] {
+        let mut cpu = CpuBackend
+            .load(ModelSource::Weights(m.clone()), &spec(24), &mut |_| {})
+            .expect("load");
+        let mut r = MonoUpTo {
+            inner: &mut *cpu,
+            max,
+            seen: Vec::new(),
+        };
+        let planned;
+        {
+            let cfg = SchedulerConfig {
+                max_batch_tokens: 64,
+                ..SchedulerConfig::default()
+            };
+            let mut sr = SchedRunner::new(&mut r, cfg).expect("runner");
+            for i in 0..6u64 {
+                sr.sched
+                    .add_request(request(
+                        i,
+                        tokens(5 + i as usize, i as u32),
+                        2 + i as usize,
+                        SampleParams::GREEDY,
+                    ))
+                    .expect("add");
+            }
+            sr.run(|_, _| {}).expect("run");
+            planned = sr.sched.counters().steps_mono;
+        }
+        let mono: Vec<usize> = r
+            .seen
+            .iter()
+            .filter(|(_, p)| *p == Path::Mono)
+            .map(|(n, _)| *n)
+            .collect();
+        let decode_rows: Vec<usize> = r.seen.iter().map(|(n, _)| *n).collect();
+        // the planner marked exactly the steps that ran mono (with no mono
+        // path it still marks the small ones; they run standard)
+        if max > 0 {
+            assert_eq!(planned, mono.len() as u64, "planned vs run: {:?}", r.seen);
+        }
+        match max {
+            0 => assert!(mono.is_empty(), "{:?}", r.seen),
+            _ => {
+                assert!(!mono.is_empty(), "no mono step up to {max}: {:?}", r.seen);
+                assert!(mono.iter().all(|&n| n <= max), "{:?}", r.seen);
+            }
+        }
+        if max == 3 {
+            // the 6-row decode steps exist and went standard
+            assert!(
+                r.seen
+                    .iter()
+                    .any(|&(n, p)| n > 3 && n <= 6 && p == Path::Standard),
+                "{decode_rows:?}"
+            );
+        }
+    }
+}

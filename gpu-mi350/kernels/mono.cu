@@ -42,11 +42,15 @@
 #endif
 
 /// One recorded launch: which body (S_MONO_OPS index), its block size (a
-/// power of two <= S_MONO_THREADS, as log2), grid, and where its arguments
-/// start in the program's argument bytes.
+/// power of two <= S_MONO_THREADS, as log2), grid, where its arguments
+/// start in the program's argument bytes, flags (S_MONO_SHARES_PHASE: no
+/// grid barrier after it, the next op is independent of it) and the CTAs
+/// its virtual blocks are rotated by (a phase's second op starts on the
+/// CTAs its first leaves idle). src/standard/mono.rs `OpRecord`.
 struct SMonoOp {
-  u32 fn, lg, gx, gy, gz, arg, pad0, pad1;
+  u32 fn, lg, gx, gy, gz, arg, flags, rot;
 };
+#define S_MONO_SHARES_PHASE 1u
 
 // Argument bytes, as src/standard/mono.rs writes them: each argument in
 // order, one of at most 4 bytes at a 4-byte boundary, one of 8 or more (a
@@ -139,7 +143,8 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   const u32 lg = s_mono_lg, B = 1u << lg, subs = S_MONO_THREADS >> lg, sub = threadIdx.x >> lg;
   const uint3 gd = s_mono_gdim;
   const u32 n = gd.x * gd.y * gd.z;
-  for (u32 v = blockIdx.x * subs + sub; v < n; v += gridDim.x * subs) {
+  // s_mono_cta: this CTA's place in the op's order (blockIdx.x rotated)
+  for (u32 v = s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
     s_mono_sub_sync(sub, B);
     run();
@@ -370,13 +375,20 @@ extern "C" __global__ void S_MONO_BOUNDS
       const SMonoOp o = ops[i];
       s_mono_op = o;
       s_mono_lg = o.lg;
+      const u32 rot = o.rot < gridDim.x ? o.rot : 0u;
+      s_mono_cta = blockIdx.x >= rot ? blockIdx.x - rot : blockIdx.x + gridDim.x - rot;
       s_mono_gdim = make_uint3(o.gx, o.gy, o.gz);
       if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }
     S_MONO_CTA_SYNC();
     s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
+    // (read before the barrier: past it, with no grid barrier to follow,
+    // thread 0 may already be writing the next op; read after the call,
+    // so nothing is held across it)
+    const u32 flags = s_mono_vol(s_mono_op.flags);
     S_MONO_CTA_SYNC();  // the CTA's share is done; s_mono_op is free
     if (prof != nullptr && threadIdx.x == 0) prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
-    if (i + 1u < nops) s_mono_grid_sync(bar);  // none after the last op
+    // none after the last op, nor between the two ops of a phase
+    if (i + 1u < nops && (flags & S_MONO_SHARES_PHASE) == 0u) s_mono_grid_sync(bar);
   }
 }

@@ -60,6 +60,9 @@ struct dim3 {
 __shared__ uint3 s_mono_bid[S_MONO_MAX_SUBS];
 __shared__ uint3 s_mono_gdim;
 __shared__ u32 s_mono_lg;
+// this CTA's place in the op's order: blockIdx.x rotated by the op's
+// SMonoOp::rot (mono.cu s_mono_blocks)
+__shared__ u32 s_mono_cta;
 __shared__ __align__(16) unsigned char s_mono_pool[S_MONO_POOL];
 
 /// Stop the kernel (a broken invariant: the host never records such a

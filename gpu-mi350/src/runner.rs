@@ -30,7 +30,7 @@ use m3_core::backend::runner::LoadProgress;
 use crate::model::load::WeightSource;
 use crate::model::DevModel;
 use crate::runtime::api::Gpu;
-use crate::standard::{Capacity, PathOptions, StandardPath};
+use crate::standard::{Capacity, MonoCrossover, MonoRows, PathOptions, StandardPath};
 
 /// A GPU error as a backend error, naming what failed.
 pub(crate) fn be_err(what: &str, e: GpuError) -> BackendError {
@@ -48,6 +48,37 @@ pub(crate) fn be_err(what: &str, e: GpuError) -> BackendError {
     }
 }
 
+/// Context (positions) of the steps the load-time crossover times.
+const CROSSOVER_CONTEXT: usize = 2048;
+/// Timed replays a path and candidate.
+const CROSSOVER_ITERS: usize = 10;
+
+/// `--path auto`: time the mono path against the standard one at load and
+/// let it take the steps up to where it stops being faster
+/// ([`StandardPath::measure_mono_crossover`]), saying what was measured. A
+/// failure leaves the standard path running every step, with a warning.
+/// On the simulator, whose times are not speeds, only the two smallest
+/// candidates run once (the code path, not a measurement).
+fn measure_crossover(gpu: &dyn Gpu, path: &mut StandardPath) -> Option<MonoCrossover> {
+    let (cands, iters): (&[usize], usize) = if gpu.simulated() {
+        (&StandardPath::MONO_CANDIDATES[..2], 1)
+    } else {
+        (&StandardPath::MONO_CANDIDATES, CROSSOVER_ITERS)
+    };
+    match path.measure_mono_crossover(cands, CROSSOVER_CONTEXT, iters) {
+        Ok(x) => {
+            tracing::info!("--path auto: {}", x.summary());
+            Some(x)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "--path auto: measuring the mono path failed, the standard path runs every step: {e}"
+            );
+            None
+        }
+    }
+}
+
 /// The loaded model on one GPU.
 pub struct GpuRunner<'g> {
     gpu: &'g dyn Gpu,
@@ -55,6 +86,8 @@ pub struct GpuRunner<'g> {
     config: ModelConfig,
     /// Steps run (graph replays or direct).
     pub steps: u64,
+    /// What `--path auto` measured at load (`PathOptions::mono_rows`).
+    crossover: Option<MonoCrossover>,
 }
 
 impl<'g> GpuRunner<'g> {
@@ -102,21 +135,33 @@ impl<'g> GpuRunner<'g> {
             cache_dtype: spec.cache_dtype,
             act: spec.act,
         };
-        let path =
+        let mut path =
             StandardPath::new(gpu, model, cap, spec.kv, opts).map_err(|e| BackendError::Load {
                 what: e.to_string(),
             })?;
+        let crossover = if opts.mono_rows == MonoRows::Measured && path.has_mono() {
+            measure_crossover(gpu, &mut path)
+        } else {
+            None
+        };
         Ok(GpuRunner {
             gpu,
             path,
             config,
             steps: 0,
+            crossover,
         })
     }
 
     /// The standard path (bench and tests look inside).
     pub fn path(&mut self) -> &mut StandardPath {
         &mut self.path
+    }
+
+    /// The mono crossover measured at load (`MonoRows::Measured` with the
+    /// mono kernel loaded, and the measurement ran).
+    pub fn mono_crossover(&self) -> Option<&MonoCrossover> {
+        self.crossover.as_ref()
     }
 
     /// The device.
@@ -133,10 +178,11 @@ impl ModelRunner for GpuRunner<'_> {
         }
     }
 
-    /// True when the path was loaded with its mono kernel
-    /// (`PathOptions::mono`, `--path mono`).
-    fn supports_mono(&self) -> bool {
-        self.path.has_mono()
+    /// The path's mono threshold: every decode step up to 64 rows with
+    /// `--path mono`, up to the crossover measured at load with `--path
+    /// auto`, 0 without the mono kernel (`supports_mono` is then false).
+    fn mono_max_rows(&self) -> usize {
+        self.path.mono_max_rows()
     }
 
     fn config(&self) -> &ModelConfig {

@@ -1134,9 +1134,10 @@ fn fused_cache_writes_are_bitwise_the_same() {
 
 /// The mono path (one persistent launch a layer running the standard
 /// kernels' bodies as a recorded program, standard/mono.rs) gives the
-/// standard path's logits bit for bit: every `Path::Mono` step of at most
-/// 16 rows after a 40-row prefill (decode rows, 4- and 16-row verify-shaped
-/// steps), captured graphs as a runner runs them; the runner reports
+/// standard path's logits bit for bit: every `Path::Mono` step after a
+/// 40-row prefill (decode rows, 4- and 16-row verify-shaped steps, and a
+/// 24-row one of the wide mode), captured graphs as a runner runs them;
+/// the runner reports
 /// `supports_mono` exactly when it has the mono kernel. The mono runner must really have taken
 /// the mono path for those steps, and the check can fail: the mono path on
 /// a model with its last layer's K and V projections swapped differs.
@@ -1204,14 +1205,15 @@ fn mono_path_is_bitwise_the_standard_path() {
             let p = prompt(vocab);
             let mut outs = Vec::new();
             let mut pos = 0usize;
-            // prefill 40 rows (Path::Standard), then steps of 1, 1, 4, 1, 16
-            // and 1 rows marked decode-only (a verify step's shape) and
-            // sent as the planner sends its mono steps: Path::Mono, which a
-            // runner without the mono kernel runs on the standard path
-            for n in [40usize, 1, 1, 4, 1, 16, 1] {
+            // prefill 40 rows (Path::Standard), then steps of 1, 1, 4, 1, 16,
+            // 1 and 24 rows (the wide mode) marked decode-only (a verify
+            // step's shape) and sent as the planner sends its mono steps:
+            // Path::Mono, which a runner without the mono kernel runs on
+            // the standard path
+            for n in [40usize, 1, 1, 4, 1, 16, 1, 24] {
                 let toks = &p[pos..pos + n];
                 let mut st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
-                let path = if n <= 16 {
+                let path = if n <= 24 {
                     st.decode_only = true;
                     Path::Mono
                 } else {
@@ -1264,11 +1266,11 @@ fn mono_path_is_bitwise_the_standard_path() {
             Err(_) => false,
         };
         println!(
-            "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (standard runner {std_n}); mono == standard bitwise over 7 steps: {same} (first differing step {first_diff:?}); a perturbed model differs: {caught}"
+            "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (standard runner {std_n}); mono == standard bitwise over 8 steps: {same} (first differing step {first_diff:?}); a perturbed model differs: {caught}"
         );
-        if std_n != 0 || mono_n != 6 {
+        if std_n != 0 || mono_n != 7 {
             failures.push(format!(
-                "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (want 6), standard runner {std_n} (want 0)"
+                "{preset} {fmt:?} {cache:?}: mono steps {mono_n} (want 7), standard runner {std_n} (want 0)"
             ));
         }
         if !same {
@@ -1284,4 +1286,126 @@ fn mono_path_is_bitwise_the_standard_path() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// `--path auto` (`MonoRows::Measured`): the runner times both paths at
+/// load and takes the mono path exactly up to the crossover it measured
+/// (`mono_max_rows`, `supports_mono`); the timing steps write into cache
+/// pages nobody holds, so the steps that follow give the standard
+/// runner's logits bit for bit (whichever path they take), and the planted
+/// model shows the comparison can fail.
+#[test]
+fn auto_path_measures_its_crossover_and_changes_no_result() {
+    use m3_core::backend::ModelRunner;
+    use m3_gpu::standard::{MonoRows, PathOptions};
+    use m3_gpu::GpuRunner;
+    let Some(be) = backend_or_skip("auto_path_measures_its_crossover_and_changes_no_result") else {
+        return;
+    };
+    let dev = be.gpu();
+    if dev.vendor() != Vendor::Cuda && !dev.simulated() {
+        println!("skipped: auto_path_measures_its_crossover: the mono path runs on CUDA here");
+        return;
+    }
+    let c = ModelConfig::preset("tiny").expect("preset");
+    let formats = Formats {
+        experts: WeightFormat::Mxfp4,
+        dense: WeightFormat::Mxfp4,
+    };
+    let m = Arc::new(synthetic::model(&c, formats, 7).expect("synthetic"));
+    let mut bad = (*m).clone();
+    let a = &mut bad.layers[0].attn;
+    std::mem::swap(&mut a.k, &mut a.v);
+    let bad = Arc::new(bad);
+    let vocab = c.vocab_size;
+    let sp = spec(&CASES[0]);
+    let run = |m: &Arc<ModelWeights>,
+               opts: PathOptions|
+     -> (
+        Vec<Vec<f32>>,
+        u64,
+        usize,
+        Option<m3_gpu::standard::MonoCrossover>,
+    ) {
+        let mut r = GpuRunner::load(dev, ModelSource::Weights(m.clone()), &sp, opts, &mut |_| {})
+            .expect("load");
+        let crossover = r.mono_crossover().cloned();
+        let max = r.mono_max_rows();
+        let table: Vec<u32> = (0..12).collect();
+        let p = prompt(vocab);
+        let mut outs = Vec::new();
+        let mut pos = 0usize;
+        for n in [40usize, 1, 1, 2, 1] {
+            let mut st = StepBatch::contiguous(0, &p[pos..pos + n], pos as u32, &table, PAGE, true);
+            let path = if n < 40 {
+                st.decode_only = true;
+                Path::Mono
+            } else {
+                Path::Standard
+            };
+            let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
+            let o = r
+                .step(&StepInput {
+                    batch: &st,
+                    path,
+                    sampling: &sampling,
+                    read: &ReadBack {
+                        logits: (0..st.logits_rows.len() as u32).collect(),
+                        taps: TapRequest::NONE,
+                    },
+                    teacher: None,
+                })
+                .expect("step");
+            outs.push(o.logits);
+            pos += n;
+        }
+        (outs, r.path().mono_steps(), max, crossover)
+    };
+    let standard = PathOptions::default();
+    let auto = PathOptions {
+        mono: true,
+        mono_rows: MonoRows::Measured,
+        ..PathOptions::default()
+    };
+    let (want, _, std_max, none) = run(&m, standard);
+    assert_eq!((std_max, none.is_none()), (0, true), "standard runner");
+    let (got, mono_n, max, x) = run(&m, auto);
+    let x = x.expect("--path auto measured no crossover");
+    println!("{}", x.summary());
+    let rows: Vec<usize> = x.times.iter().map(|t| t.0).collect();
+    let want_rows: Vec<usize> = if dev.simulated() {
+        vec![1, 2]
+    } else {
+        m3_gpu::standard::StandardPath::MONO_CANDIDATES.to_vec()
+    };
+    assert_eq!(rows, want_rows, "timed candidates");
+    let first_loss = x
+        .times
+        .iter()
+        .position(|(_, s, m)| m.partial_cmp(s) != Some(std::cmp::Ordering::Less));
+    let expect_max = match first_loss {
+        Some(0) => 0,
+        Some(i) => x.times[i - 1].0,
+        None => x.times.last().map_or(0, |t| t.0),
+    };
+    assert_eq!(
+        (x.max_rows, max),
+        (expect_max, expect_max),
+        "crossover and mono_max_rows"
+    );
+    // the decode steps of 1 and 2 rows took mono exactly where it won
+    let want_mono = [1usize, 1, 2, 1].iter().filter(|&&n| n <= max).count() as u64;
+    assert_eq!(mono_n, want_mono, "mono steps");
+    let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            })
+    };
+    assert!(bits(&want, &got), "--path auto changed the logits");
+    let (planted, _, _, _) = run(&bad, auto);
+    assert!(
+        !bits(&want, &planted),
+        "a perturbed model gave the same logits"
+    );
 }

@@ -73,7 +73,7 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
     ),
     (
         "m3s_mono",
-        172,
+        174,
         "the mono interpreter (kernels/mono.cu) calls each op body as a function of its own \
          (not inlined: one body's registers at a time), so what lives across a call is \
          spilled to VGPR lanes at the call (128 on gfx950 and gfx942, session 21, its first \
@@ -86,8 +86,10 @@ pub const SGPR_SPILL_CEILINGS: &[(&str, u32, &str)] = &[
          not 72); and to 184 in session 25 for NVFP4's block scales folded into the f16 \
          weights (S_NV_FOLD: a second form of the walk's block body); lowered to 172 in \
          session 26 (RMSNorm's weight bound now an argument computed at load, not a scan \
-         of the weight in the op body); all spilled to VGPR lanes at the calls, its \
-         scratch unchanged",
+         of the weight in the op body); raised to 174 in session 27 (each op's virtual \
+         blocks start at a rotated CTA index read from LDS, not at blockIdx.x: a phase's \
+         second op starts on the CTAs its first leaves idle); all spilled to VGPR lanes \
+         at the calls, its scratch unchanged",
     ),
 ];
 

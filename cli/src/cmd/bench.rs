@@ -367,7 +367,12 @@ pub fn run(args: Args) -> Result<()> {
     if args.path != BenchPath::Standard {
         bail!("--path {:?}: the mono path is the GPU's (--backend gpu); the CPU reference has one path", args.path);
     }
-    let be = args::open_backend(args::BackendArg::Cpu, false, false, false)?;
+    let be = args::open_backend(
+        args::BackendArg::Cpu,
+        false,
+        false,
+        args::DecodePathArg::Standard,
+    )?;
     let mut cfg = ModelConfig::preset(&args.preset).map_err(|e| anyhow!("--preset: {e}"))?;
     if let Some(l) = args.layers {
         cfg = cfg.with_layers(l).map_err(|e| anyhow!("--layers: {e}"))?;

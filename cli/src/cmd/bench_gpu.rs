@@ -121,12 +121,14 @@ fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
         sum(|o| o.barrier_us)
     );
     println!(
-        "  {:>3} {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9}",
+        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9}",
         "op", "label", "body", "grid", "block", "work us", "straggle", "barrier"
     );
     for (i, o) in ops.iter().enumerate() {
+        // ("+": the next op runs in this one's phase, no barrier between)
         println!(
-            "  {i:>3} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1}",
+            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1}",
+            if o.shares_phase { "+" } else { " " },
             o.label,
             o.body,
             format!("{}x{}x{}", o.grid.0, o.grid.1, o.grid.2),
@@ -737,6 +739,10 @@ fn bench_model(
             "samples_ms_per_round": samples[i],
         }));
     }
+    if args.path == BenchPath::Both {
+        let k = cases.len();
+        print_mono_vs_standard(&cases, &samples[..k], &samples[k..2 * k]);
+    }
     Ok(ModelRun {
         layers: cfg.num_hidden_layers,
         cache,
@@ -746,6 +752,44 @@ fn bench_model(
         profiles,
         medians,
     })
+}
+
+/// `--path both`: each case's standard and mono medians from the same
+/// rounds, the ratio per round, and the crossover the runner's `--path
+/// auto` rule gives over the cases at the first case's context (the
+/// largest rows up to which mono is faster at every case).
+fn print_mono_vs_standard(cases: &[Case], std: &[Vec<Vec<f64>>], mono: &[Vec<Vec<f64>>]) {
+    println!("\nmono against standard (same rounds; ratio = standard / mono, > 1: mono faster):");
+    println!("| case | rows | standard ms | mono ms | ratio per round |");
+    println!("|---|---|---|---|---|");
+    let mut times = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let med = |v: &[Vec<f64>]| stats(&v.iter().flatten().copied().collect::<Vec<_>>()).0;
+        let (s, m) = (med(&std[i]), med(&mono[i]));
+        let per: Vec<String> = std[i]
+            .iter()
+            .zip(&mono[i])
+            .map(|(a, b)| format!("{:.2}", stats(a).0 / stats(b).0.max(1e-12)))
+            .collect();
+        println!(
+            "| {} | {} | {s:.3} | {m:.3} | {} |",
+            c.label,
+            c.step.rows(),
+            per.join(" / ")
+        );
+        // (past MONO_MAX_ROWS both runs are the standard path's)
+        if c.context == cases[0].context && c.step.rows() <= m3_gpu::standard::MONO_MAX_ROWS {
+            times.push((c.step.rows(), s, m));
+        }
+    }
+    times.sort_by_key(|t| t.0);
+    times.dedup_by_key(|t| t.0);
+    let x = m3_gpu::standard::MonoCrossover::from_times(times);
+    println!(
+        "crossover at context {} (the --path auto rule): {}",
+        cases.first().map_or(0, |c| c.context),
+        x.summary()
+    );
 }
 
 /// Each later cache dtype's medians against the first's, case by case

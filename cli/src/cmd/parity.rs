@@ -665,8 +665,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.prompts == Some(0) {
         bail!("--prompts must be at least 1");
     }
-    let reference =
-        args::open_backend(args.reference, false, false, false).context("--reference")?;
+    let reference = args::open_backend(args.reference, false, false, args::DecodePathArg::Standard)
+        .context("--reference")?;
     let ck = args.model.open()?;
     let vocab = ck.config().vocab_size;
     let prompts: Vec<Vec<u32>> = match (args.prompts, &args.tokens, &args.prompt) {

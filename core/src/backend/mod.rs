@@ -35,8 +35,11 @@ pub use taps::{TapData, TapRequest, TapTensor, Taps};
 
 use crate::formats::FormatError;
 
-/// Most rows a `Path::Mono` step may have.
-pub const MONO_MAX_ROWS: usize = 16;
+/// Most rows a `Path::Mono` step may have: mono decode proper takes steps
+/// of 1-16 rows, its wide mode 17-64 (issue 13). A backend runs mono only
+/// up to its own [`ModelRunner::mono_max_rows`](crate::backend::ModelRunner::mono_max_rows)
+/// (the GPU's measured crossover), and the planner marks no larger step.
+pub const MONO_MAX_ROWS: usize = 64;
 
 /// Which execution path a step takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

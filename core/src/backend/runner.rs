@@ -203,7 +203,16 @@ pub trait ModelRunner {
 
     /// Whether `Path::Mono` runs on its own kernel (else as `Standard`).
     fn supports_mono(&self) -> bool {
-        false
+        self.mono_max_rows() > 0
+    }
+
+    /// The largest pure-decode step (rows, at most
+    /// [`MONO_MAX_ROWS`](crate::backend::MONO_MAX_ROWS)) this runner runs on
+    /// its mono kernel, every smaller one too; 0: none. The scheduler's
+    /// runner plans its Mono steps up to it ([`crate::sched::SchedRunner::new`]):
+    /// on the GPU it is the crossover measured at load (`--path auto`).
+    fn mono_max_rows(&self) -> usize {
+        0
     }
 
     /// Run one step: write the rows' K/V (and index keys) into the caches,

@@ -334,8 +334,10 @@ mod tests {
         assert!(Path::Mono.allows(&one) && Path::Standard.allows(&one));
         let two_rows_one_seq = StepBatch::contiguous(1, &[5, 6], 9, &[0, 1, 2], 4, true);
         assert!(!Path::Mono.allows(&two_rows_one_seq));
+        // 1 + MONO_MAX_ROWS one-row sequences: past the widest mono step
+        let n = crate::backend::MONO_MAX_ROWS as u32 + 1;
         let mut wide = StepBatch::default();
-        for i in 0..17u32 {
+        for i in 0..n {
             wide.tokens.push(1);
             wide.positions.push(0);
             wide.slot_mapping.push(i * 4);
@@ -347,7 +349,15 @@ mod tests {
             });
         }
         assert!(wide.is_pure_decode() && !Path::Mono.allows(&wide));
-        wide.validate(4, 17, 2).unwrap();
+        wide.validate(4, n as usize, 2).unwrap();
+        // one row fewer: the widest mono step
+        let mut widest = wide.clone();
+        widest.tokens.pop();
+        widest.positions.pop();
+        widest.slot_mapping.pop();
+        widest.row_seq.pop();
+        widest.seqs.pop();
+        assert!(widest.is_pure_decode() && Path::Mono.allows(&widest));
     }
 
     #[test]
@@ -368,9 +378,10 @@ mod tests {
         let mut hole = v.clone();
         hole.positions[2] += 1;
         assert!(!Path::Mono.allows(&hole));
-        // Marked, 17 rows (more than MONO_MAX_ROWS): Standard only.
-        let toks: Vec<u32> = (0..17).collect();
-        let mut big = StepBatch::contiguous(1, &toks, 0, &[0, 1, 2, 3, 4], 4, true);
+        // Marked, MONO_MAX_ROWS + 1 rows: Standard only.
+        let toks: Vec<u32> = (0..crate::backend::MONO_MAX_ROWS as u32 + 1).collect();
+        let table: Vec<u32> = (0..toks.len().div_ceil(4) as u32).collect();
+        let mut big = StepBatch::contiguous(1, &toks, 0, &table, 4, true);
         big.decode_only = true;
         assert!(big.is_pure_decode() && !Path::Mono.allows(&big));
     }

@@ -232,7 +232,9 @@ pub struct SchedRunner<'a> {
 impl<'a> SchedRunner<'a> {
     /// A scheduler over `runner`'s KV pool: `cfg.block_size` and
     /// `cfg.num_blocks` are taken from the runner (the blocks it allocated),
-    /// the rest of `cfg` as given.
+    /// and so is `cfg.mono_max_rows` where the runner has a mono path (its
+    /// [`ModelRunner::mono_max_rows`]: the planner marks Mono exactly the
+    /// steps it runs on it); the rest of `cfg` as given.
     pub fn new(
         runner: &'a mut dyn ModelRunner,
         mut cfg: SchedulerConfig,
@@ -240,6 +242,9 @@ impl<'a> SchedRunner<'a> {
         let layout = runner.kv_layout();
         cfg.block_size = layout.page_size;
         cfg.num_blocks = layout.num_pages;
+        if runner.supports_mono() {
+            cfg.mono_max_rows = runner.mono_max_rows().min(crate::backend::MONO_MAX_ROWS);
+        }
         let sched = Scheduler::new(cfg)?;
         Ok(Self {
             runner,
@@ -291,7 +296,11 @@ impl<'a> SchedRunner<'a> {
         }
         let batch = to_step_batch(&step);
         let path = match step.path {
-            StepPath::Mono if self.runner.supports_mono() && Path::Mono.allows(&batch) => {
+            StepPath::Mono
+                if self.runner.supports_mono()
+                    && batch.rows() <= self.runner.mono_max_rows()
+                    && Path::Mono.allows(&batch) =>
+            {
                 Path::Mono
             }
             _ => Path::Standard,

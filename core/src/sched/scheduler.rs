@@ -43,7 +43,9 @@ pub struct SchedulerConfig {
     pub max_batch_tokens: usize,
     /// Most sequences in one step.
     pub max_seqs: usize,
-    /// Largest pure-decode step that takes the mono path.
+    /// Largest pure-decode step the planner marks for the mono path (16 by
+    /// default; `SchedRunner::new` sets the runner's own figure where it
+    /// has a mono path, `ModelRunner::mono_max_rows`).
     pub mono_max_rows: usize,
     /// Reuse cached full blocks across requests.
     pub enable_prefix_cache: bool,

@@ -94,7 +94,7 @@ impl StandardPath {
         Ok(())
     }
 
-    /// Run later steps of at most `mono::MONO_MAX_ROWS` rows on the mono
+    /// Run later decode steps up to the mono threshold (`mono_max_rows`) on the mono
     /// path (`true`, it must have been loaded: `PathOptions::mono`) or the
     /// standard one.
     pub fn set_mono(&mut self, on: bool) -> Result<()> {

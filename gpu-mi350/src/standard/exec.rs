@@ -64,7 +64,7 @@ impl StandardPath {
 
     /// Launch the uploaded step: a graph replay (captured on first use)
     /// when `graph` and its shape allows, else direct launches.
-    /// A step of at most `mono::MONO_MAX_ROWS` rows runs on the mono path
+    /// A decode step up to the mono threshold (`mono_max_rows`) runs on the mono path
     /// when the path has it and it is on (its own graphs: `GraphKey::mono`).
     pub fn launch(&mut self, s: Shape, graph: bool) -> Result<()> {
         let mono = self.mono_for(s.rows);

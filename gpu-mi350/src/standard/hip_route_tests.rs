@@ -749,3 +749,64 @@ fn skipped_launches_are_exactly_the_named_ones() {
     let want: Vec<String> = all.iter().filter(|n| !gone(n)).cloned().collect();
     assert_eq!(skipped, want);
 }
+
+/// A mono program runs each MoE layer's shared expert (the side chain of
+/// its `beside` call) in phases with the router and routed experts: with
+/// pairing on, the same ops as without, each chain in its own order, some
+/// op sharing its phase with the next, and that next op's blocks rotated
+/// past the CTAs the first fills (CUs x occupancy = 912 here); with it
+/// off, no shared phase and no rotation.
+#[test]
+fn mono_programs_pair_the_shared_expert_with_the_routed_chain() {
+    let programs = |pair: bool| {
+        let gpu = stub::gpu_answering(stub::Answers {
+            cus: 304,
+            occupancy: 3,
+            ..stub::Answers::default()
+        });
+        let opts = PathOptions {
+            mono: true,
+            mono_pair_beside: pair,
+            ..PathOptions::default()
+        };
+        let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+        path.mono_prepare(2).expect("programs of 2 rows");
+        assert_eq!(path.mono_grid(), Some(912));
+        path.mono_programs(2).expect("programs")
+    };
+    let on = programs(true);
+    let off = programs(false);
+
+    assert_eq!(on.len(), off.len());
+    let mut paired = 0;
+    for (li, (a, b)) in on.iter().zip(&off).enumerate() {
+        let labels = |p: &[super::mono::OpAbout]| {
+            let mut v: Vec<_> = p.iter().map(|o| (o.label, o.grid)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(labels(a), labels(b), "layer {li}: the same ops");
+        assert!(
+            b.iter().all(|o| !o.shares_phase && o.rot == 0),
+            "layer {li} unpaired"
+        );
+        assert!(
+            !a.last().is_some_and(|o| o.shares_phase),
+            "layer {li}: last op"
+        );
+        for (i, o) in a.iter().enumerate().filter(|(_, o)| o.shares_phase) {
+            paired += 1;
+            let blocks = o.grid.0 * o.grid.1 * o.grid.2;
+            let ctas = blocks.div_ceil(super::mono::MONO_THREADS / o.block);
+            assert_eq!(a[i + 1].rot, ctas % 912, "layer {li} op {i} ({})", o.label);
+            assert!(!a[i + 1].shares_phase, "layer {li}: a phase holds two ops");
+        }
+    }
+    assert!(
+        paired > 0,
+        "no op shares a phase: {:?}",
+        on.iter()
+            .map(|p| p.iter().map(|o| o.label).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    );
+}

@@ -101,6 +101,11 @@ pub(crate) struct Recorded {
     /// test reads back the values a launch passed.
     #[cfg_attr(not(test), allow(dead_code))]
     pub sizes: Vec<usize>,
+    /// Inside [`Launcher::beside`]: which call (numbered from 0 in the
+    /// recording) and whether on its side chain. The two chains of one
+    /// call are independent by `beside`'s contract, which the mono
+    /// program uses to run them in shared phases.
+    pub beside: Option<(u32, bool)>,
 }
 
 /// The second stream of [`Launcher::beside`] and its two events.
@@ -135,6 +140,11 @@ pub struct Launcher {
     prof: RefCell<Option<Vec<(&'static str, Event)>>>,
     /// Launches taken down while [`Launcher::record`] runs.
     rec: RefCell<Option<Vec<Recorded>>>,
+    /// While recording inside [`Launcher::beside`]: the call's number and
+    /// whether its side chain runs ([`Recorded::beside`]); and the next
+    /// call's number.
+    rec_beside: Cell<Option<(u32, bool)>>,
+    rec_calls: Cell<u32>,
     /// Labels whose launches are left out ([`PathOptions::skip_launches`]:
     /// a timing ablation; the step's results are then wrong).
     skip: Vec<&'static str>,
@@ -172,6 +182,8 @@ impl Launcher {
             pdl,
             prof: RefCell::new(None),
             rec: RefCell::new(None),
+            rec_beside: Cell::new(None),
+            rec_calls: Cell::new(0),
             skip: Vec::new(),
             no_pdl: Vec::new(),
             full_edge: Cell::new(false),
@@ -237,6 +249,21 @@ impl Launcher {
         side: impl FnOnce() -> Result<()>,
         main: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        if self.rec.borrow().is_some() {
+            // recording: both chains in order, each launch tagged with its
+            // chain (a mono program's shared phases)
+            if self.rec_beside.get().is_some() {
+                return Err(GpuError::input("launcher", "beside() inside beside()"));
+            }
+            let call = self.rec_calls.get();
+            self.rec_calls.set(call + 1);
+            self.rec_beside.set(Some((call, true)));
+            let r = side();
+            self.rec_beside.set(Some((call, false)));
+            let r = r.and_then(|()| main());
+            self.rec_beside.set(None);
+            return r;
+        }
         let Some(s) = self.side.as_ref().filter(|_| self.concurrent()) else {
             side()?;
             return main();
@@ -302,6 +329,7 @@ impl Launcher {
                 smem,
                 args: bytes,
                 sizes: args.iter().map(Arg::size).collect(),
+                beside: self.rec_beside.get(),
             });
             return Ok(());
         }
@@ -328,6 +356,7 @@ impl Launcher {
     /// error: a program holds kernels only.
     pub(crate) fn record(&self, enqueue: impl FnOnce() -> Result<()>) -> Result<Vec<Recorded>> {
         *self.rec.borrow_mut() = Some(Vec::new());
+        self.rec_calls.set(0);
         let r = enqueue();
         let rec = self.rec.borrow_mut().take().unwrap_or_default();
         r.map(|()| rec)

@@ -18,7 +18,8 @@
 //! ([`crate::runtime::api`]): this code is the same for CUDA and HIP. The
 //! HIP route is exercised without hardware by `hip_route_tests` (a decode
 //! step on a recording stub of the HIP runtime) and has never run on an
-//! AMD GPU; the mono path is CUDA only (refused on HIP).
+//! AMD GPU (nor has the mono path, which sizes its grid there from the
+//! runtime's compute units and occupancy).
 //!
 //! Limits: head dims multiples of 32 up to 256; at most 1024 routed
 //! experts, top-16 experts and top-64 blocks.
@@ -90,7 +91,7 @@ use m3_core::kv::CacheDtype;
 
 pub use kv::DevKv;
 pub use launch::{Beside, Launcher};
-pub use mono::OpTime;
+pub use mono::{MonoCrossover, MonoRows, OpTime, MONO_MAX_ROWS};
 
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
@@ -260,12 +261,29 @@ pub struct PathOptions {
     /// a prefill's, so with it on a decode row is not bit-identical to the
     /// same row in a larger step (as with `small_step_variant`).
     pub small_step_attn_split: bool,
-    /// Decode steps of at most `mono::MONO_MAX_ROWS` rows run on the mono
-    /// path (`--path mono`): each layer one persistent launch running the
-    /// standard kernels' bodies as a recorded program, bit-identical to the
-    /// standard step (standard/mono.rs). Off by default until it measures
-    /// faster (bench/NOTES.md session 8).
+    /// Load the mono path: decode steps of up to [`PathOptions::mono_rows`]
+    /// rows (at most `MONO_MAX_ROWS`, 64) then run each layer as one
+    /// persistent launch running the standard kernels' bodies as a
+    /// recorded program, bit-identical to the standard step
+    /// (standard/mono.rs). Off by default; `--path mono` and `--path auto`
+    /// turn it on.
     pub mono: bool,
+    /// Which decode steps the loaded mono path takes: every one up to a
+    /// number of rows (`--path mono`: all up to 64), or those up to the
+    /// crossover the runner measures at load (`--path auto`,
+    /// [`StandardPath::measure_mono_crossover`]; where loading or
+    /// measuring fails there, the standard path runs every step, with a
+    /// warning).
+    pub mono_rows: MonoRows,
+    /// In a mono program, run the two chains of each
+    /// [`Launcher::beside`] call (the shared expert beside the router and
+    /// the routed experts) in shared phases: each shared-expert op with a
+    /// routed one, no grid barrier between the two, the second's blocks
+    /// starting on the CTAs the first leaves idle (standard/mono.rs
+    /// `phases`). Fewer barriers a layer and fuller phases; the same
+    /// results bit for bit (each op computes what it computed). Unmeasured
+    /// on a device (session 27); the CLI reads `M3_MONO_PAIR=0|1`.
+    pub mono_pair_beside: bool,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
@@ -384,6 +402,8 @@ impl Default for PathOptions {
             fold_shared_expert: false,
             small_step_attn_split: true,
             mono: false,
+            mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
+            mono_pair_beside: true,
             mono_defines: "",
             beside: Beside::On,
             l2_prefetch_mib: 16,
@@ -408,6 +428,7 @@ impl PathOptions {
     /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
     /// `M3_SMALL_STEP_MAX_ROWS` sets the rows it takes,
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
+    /// `M3_MONO_PAIR=0|1` its beside phases ([`PathOptions::mono_pair_beside`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
     /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
@@ -432,6 +453,9 @@ impl PathOptions {
         }
         if let Some(d) = env_text("M3_MONO_DEFINES") {
             self.mono_defines = d;
+        }
+        if let Some(on) = env_flag("M3_MONO_PAIR") {
+            self.mono_pair_beside = on;
         }
         if let Some(n) = env_usize("M3_SMALL_STEP_MAX_ROWS") {
             self.small_step_max_rows = n.max(1);
@@ -678,6 +702,10 @@ pub struct StandardPath {
     pub(crate) mono_on: bool,
     /// Steps launched on the mono path so far (tests check it was taken).
     pub(crate) mono_steps: u64,
+    /// The largest decode step (rows) the mono path takes, every smaller
+    /// one too ([`PathOptions::mono_rows`]; 0 until measured, or without
+    /// the mono kernel).
+    pub(crate) mono_limit: usize,
 }
 
 fn z(ctx: &Device, n: usize) -> Result<DevBuf> {
@@ -782,26 +810,6 @@ impl StandardPath {
             opts.l2_prefetch_mib = 0;
         }
         let kern = Kernels::load(gpu, &opts)?;
-        let mono = if opts.mono {
-            if let Some(why) = gpu.mono_unsupported() {
-                return Err(bad(format!(
-                    "--path mono needs its all-resident grid sized on this device, and {why}; use --path standard"
-                )));
-            }
-            if !opts.small_step_variant {
-                return Err(bad(
-                    "--path mono runs the small-step linears: it needs the small-step variant on"
-                        .into(),
-                ));
-            }
-            Some(mono::Mono::load(
-                gpu,
-                opts.small_step_defines,
-                opts.mono_defines,
-            )?)
-        } else {
-            None
-        };
         let t = cap.max_rows;
         let h = c.hidden_size;
         let (nh, nkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -848,11 +856,19 @@ impl StandardPath {
             .map(|w| w.cols)
             .max()
             .unwrap_or(0);
-        if mono.is_some() && ptpc_k > 0 {
-            return Err(bad(
-                "--path mono with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
-            ));
-        }
+        let mono = if opts.mono {
+            match mono::Mono::load_for(gpu, &opts, ptpc_k > 0) {
+                Ok(m) => Some(m),
+                // --path auto: the standard path, saying why
+                Err(e) if opts.mono_rows == MonoRows::Measured => {
+                    tracing::warn!("--path auto runs the standard path only: {e}");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
         // the f16 x of the MX linears: rows up to the expert pairs, values up
         // to the widest linear input; the norms and SwiGLU write it
         // themselves where the model has MX linears
@@ -1018,6 +1034,10 @@ impl StandardPath {
             sparse_chunks,
             forced_variant: None,
             mono_on: mono.is_some(),
+            mono_limit: match opts.mono_rows {
+                MonoRows::UpTo(n) if mono.is_some() => n.min(MONO_MAX_ROWS),
+                _ => 0,
+            },
             mono,
             mono_steps: 0,
         })

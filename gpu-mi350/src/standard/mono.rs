@@ -23,6 +23,8 @@
 
 use std::collections::HashMap;
 
+use m3_core::backend::{StepBatch, StepSeq};
+
 use super::launch::{Arg, Recorded};
 use super::linear::variant_source;
 use super::{StandardPath, STANDARD};
@@ -31,9 +33,70 @@ use crate::kernels::KernelSource;
 use crate::model::{DevBuf, WFmt};
 use crate::runtime::api::{Device, Func, Gpu};
 
-/// Most rows a mono step takes (the small-step variant's rows: its linears
-/// are the ones the mono build carries).
-pub const MONO_MAX_ROWS: usize = super::linear::SMALL_STEP_ROWS;
+/// Most rows a mono step takes: 1-16 (mono decode proper) and 17-64 (its
+/// wide mode, the same programs: the small-step variant's linears, which
+/// the mono build carries, take any rows in row tiles of 16, and the
+/// routed experts are grouped by id as on the standard path). core's
+/// `Path::Mono` allows no more.
+pub const MONO_MAX_ROWS: usize = m3_core::backend::MONO_MAX_ROWS;
+
+/// Which decode steps a loaded mono path takes ([`super::PathOptions::mono_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MonoRows {
+    /// Every decode step of at most this many rows (capped at
+    /// [`MONO_MAX_ROWS`]): `--path mono`.
+    UpTo(usize),
+    /// Those up to the crossover measured at load
+    /// ([`StandardPath::measure_mono_crossover`]): `--path auto`. None
+    /// until measured.
+    Measured,
+}
+
+/// What [`StandardPath::measure_mono_crossover`] measured: per candidate
+/// step (rows), the median ms of a step on each path, and the crossover
+/// it set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MonoCrossover {
+    /// (rows, standard ms, mono ms) per candidate, ascending rows.
+    pub times: Vec<(usize, f64, f64)>,
+    /// The largest candidate at and below which mono was faster at every
+    /// candidate (0: at none); the mono path now takes steps up to it.
+    pub max_rows: usize,
+}
+
+impl MonoCrossover {
+    /// The crossover of `times` ((rows, standard ms, mono ms), rows
+    /// ascending): the largest rows up to which mono was faster at every
+    /// candidate, 0 if it lost (or tied) at the first.
+    pub fn from_times(times: Vec<(usize, f64, f64)>) -> Self {
+        let max_rows = crossover(&times);
+        MonoCrossover { times, max_rows }
+    }
+
+    /// One line for logs: each candidate's two medians and the result.
+    pub fn summary(&self) -> String {
+        let per: Vec<String> = self
+            .times
+            .iter()
+            .map(|(t, s, m)| format!("{t} rows {s:.3}/{m:.3}"))
+            .collect();
+        let verdict = match self.max_rows {
+            0 => "the standard path runs every step".to_string(),
+            n => format!("decode steps of at most {n} rows run on the mono path"),
+        };
+        format!("standard/mono ms a step: {}; {verdict}", per.join(", "))
+    }
+}
+
+/// The crossover of `times` (rows ascending): the largest rows up to which
+/// mono was faster at every candidate, 0 if it lost at the first.
+fn crossover(times: &[(usize, f64, f64)]) -> usize {
+    times
+        .iter()
+        .take_while(|(_, s, m)| m < s)
+        .last()
+        .map_or(0, |(t, _, _)| *t)
+}
 
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
 pub(crate) const MONO_THREADS: u32 = 256;
@@ -148,7 +211,55 @@ struct OpRecord {
     gy: u32,
     gz: u32,
     arg: u32,
-    pad: [u32; 2],
+    /// Bit 0: no grid barrier after this op (the next op shares its phase:
+    /// the two are independent, [`phases`]).
+    flags: u32,
+    /// CTAs the op's virtual blocks are rotated by (its phase's first op
+    /// fills the CTAs from 0; the second starts where that one ends).
+    rot: u32,
+}
+
+/// `OpRecord::flags`: the next op runs in this op's phase.
+const OP_SHARES_PHASE: u32 = 1;
+
+/// The order a layer's recorded launches run in as a program, and per op
+/// whether the next one shares its phase (no grid barrier between them).
+/// Launches outside a [`Launcher::beside`](super::Launcher) call keep their
+/// order, a barrier after each. A call's side chain S and main chain M
+/// (independent by `beside`'s contract, as the standard path's two streams
+/// already rely on) run in phases: S0 with M0, then S1 with M1, ..., each
+/// chain's own order kept (a barrier after each phase), the longer chain's
+/// rest alone; the op after the call waits for both. `pair` off: the
+/// recorded order with a barrier after every op.
+fn phases(tags: &[Option<(u32, bool)>], pair: bool) -> Vec<(usize, bool)> {
+    let mut out = Vec::with_capacity(tags.len());
+    let mut i = 0;
+    while i < tags.len() {
+        let Some((call, true)) = tags[i].filter(|_| pair) else {
+            out.push((i, false));
+            i += 1;
+            continue;
+        };
+        let run = |from: usize, side: bool| {
+            (from..tags.len())
+                .take_while(|&j| tags[j] == Some((call, side)))
+                .count()
+        };
+        let ns = run(i, true);
+        let nm = run(i + ns, false);
+        for k in 0..ns.max(nm) {
+            match (k < ns, k < nm) {
+                (true, true) => {
+                    out.push((i + k, true));
+                    out.push((i + ns + k, false));
+                }
+                (true, false) => out.push((i + k, false)),
+                _ => out.push((i + ns + k, false)),
+            }
+        }
+        i += ns + nm;
+    }
+    out
 }
 
 /// A layer's program on the device.
@@ -166,11 +277,15 @@ struct Program {
 
 /// What one op of a program is, for reports.
 #[derive(Clone, Debug, PartialEq)]
-struct OpAbout {
-    label: &'static str,
-    body: &'static str,
-    grid: (u32, u32, u32),
-    block: u32,
+pub(crate) struct OpAbout {
+    pub(crate) label: &'static str,
+    pub(crate) body: &'static str,
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) block: u32,
+    /// No grid barrier after it: the next op runs in its phase.
+    pub(crate) shares_phase: bool,
+    /// CTAs its virtual blocks are rotated by.
+    pub(crate) rot: u32,
 }
 
 /// One op's times in a profiled mono step, summed over the layers whose
@@ -184,6 +299,10 @@ pub struct OpTime {
     /// The virtual launch: grid and threads a block.
     pub grid: (u32, u32, u32),
     pub block: u32,
+    /// Whether the next op runs in its phase (no grid barrier between:
+    /// `PathOptions::mono_pair_beside`); its `barrier_us` is then the gap
+    /// to the next op's start, with no barrier in it.
+    pub shares_phase: bool,
     /// Microseconds from the op's start (CTA 0 past the barrier before it)
     /// to the last CTA's finish.
     pub work_us: f64,
@@ -207,6 +326,9 @@ pub(crate) struct Mono {
     /// Function handle (`Func::handle`) of each standard kernel a program may hold ->
     /// its op index.
     ids: HashMap<usize, u32>,
+    /// Run the two chains of a `beside` call in shared phases
+    /// ([`phases`]; `PathOptions::mono_pair_beside`).
+    pair_beside: bool,
     /// Programs per step rows, one per layer, and the residual buffer
     /// their layers leave the step in (`PathOptions::fold_combine` moves
     /// it), where the head reads it.
@@ -214,6 +336,31 @@ pub(crate) struct Mono {
 }
 
 impl Mono {
+    /// The mono path for a standard path built with `opts`, or why it
+    /// cannot run (`ptpc`: the model has a per-token FP8 linear).
+    pub(crate) fn load_for(gpu: &dyn Gpu, opts: &super::PathOptions, ptpc: bool) -> Result<Self> {
+        let bad = |why: String| GpuError::input("standard path", why);
+        if let Some(why) = gpu.mono_unsupported() {
+            return Err(bad(format!(
+                "the mono path needs its all-resident grid sized on this device, and {why}; use --path standard"
+            )));
+        }
+        if !opts.small_step_variant {
+            return Err(bad(
+                "the mono path runs the small-step linears: it needs the small-step variant on"
+                    .into(),
+            ));
+        }
+        if ptpc {
+            return Err(bad(
+                "the mono path with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
+            ));
+        }
+        let mut m = Mono::load(gpu, opts.small_step_defines, opts.mono_defines)?;
+        m.pair_beside = opts.mono_pair_beside;
+        Ok(m)
+    }
+
     /// Compile the mono kernel (the small-step defines `small`, the ones
     /// the path's decode linears use; mono.cu's tunables `extra`) and size
     /// its grid.
@@ -273,6 +420,7 @@ impl Mono {
             grid: per_sm as u32 * sms,
             bar: DevBuf::zeroed(gpu.device(), 8)?,
             ids,
+            pair_beside: true,
             programs: HashMap::new(),
         })
     }
@@ -285,10 +433,14 @@ impl Mono {
     /// Turn one layer's recorded launches into a program (checking each).
     fn program(&self, ctx: &Device, rec: &[Recorded]) -> Result<Program> {
         let bad = |why: String| GpuError::input("mono program", why);
-        let mut ops = Vec::with_capacity(rec.len());
+        let mut ops: Vec<OpRecord> = Vec::with_capacity(rec.len());
         let mut args: Vec<u8> = Vec::new();
         let mut about = Vec::with_capacity(rec.len());
-        for r in rec {
+        let tags: Vec<Option<(u32, bool)>> = rec.iter().map(|r| r.beside).collect();
+        // CTAs the previous op fills when it shares its phase with this one
+        let mut after = 0u32;
+        for (ri, shares) in phases(&tags, self.pair_beside) {
+            let r = &rec[ri];
             let Some(&id) = self.ids.get(&r.func) else {
                 return Err(bad(format!(
                     "launch `{}` is not a mono op (an 8-warp linear, or a kernel the mono build lacks)",
@@ -323,14 +475,24 @@ impl Mono {
                 gy: r.grid.1,
                 gz: r.grid.2,
                 arg: args.len() as u32,
-                pad: [0; 2],
+                flags: if shares { OP_SHARES_PHASE } else { 0 },
+                rot: after,
             });
+            // (a CTA runs MONO_THREADS / block of the op's blocks at once)
+            after = if shares {
+                let ctas = n.div_ceil(u64::from(MONO_THREADS / block));
+                (ctas % u64::from(self.grid.max(1))) as u32
+            } else {
+                0
+            };
             args.extend_from_slice(&r.args);
             about.push(OpAbout {
                 label: r.label,
                 body: MONO_OPS[id as usize],
                 grid: r.grid,
                 block,
+                shares_phase: shares,
+                rot: ops.last().map_or(0, |o| o.rot),
             });
         }
         if ops.is_empty() {
@@ -350,7 +512,125 @@ impl Mono {
 impl StandardPath {
     /// Whether a plain step of `t` rows runs on the mono path.
     pub(crate) fn mono_for(&self, t: usize) -> bool {
-        self.mono_on && self.mono.is_some() && t <= MONO_MAX_ROWS && self.variant_for(t) == 1
+        self.mono_on && self.mono.is_some() && t <= self.mono_limit && self.variant_for(t) == 1
+    }
+
+    /// The largest decode step (rows) this path runs on its mono kernel,
+    /// every smaller one too (0: none): the runner's
+    /// `ModelRunner::mono_max_rows`, the planner's threshold.
+    pub fn mono_max_rows(&self) -> usize {
+        if self.mono.is_none() {
+            return 0;
+        }
+        // (the mono build's linears are the small-step variant's)
+        let small = if self.opts.small_step_variant && self.kern.lin.mma.len() > 1 {
+            self.opts.small_step_max_rows
+        } else {
+            0
+        };
+        self.mono_limit.min(small).min(self.cap.max_rows)
+    }
+
+    /// Rows of the candidate steps [`Self::measure_mono_crossover`] times
+    /// by default: mono decode's 1-16 and the wide mode's 24-64.
+    pub const MONO_CANDIDATES: [usize; 9] = [1, 2, 4, 8, 16, 24, 32, 48, 64];
+
+    /// Measure where the mono path stops being faster (`--path auto`): for
+    /// each of `candidates` (rows, ascending; those past the capacity are
+    /// left out) a decode step of that many rows, one per sequence while
+    /// sequences last (then verify rows), at context `context` (less where
+    /// the pool or the longest context is smaller), timed `iters` replays
+    /// on each path (graphs where the path captures them, as steps run).
+    /// The mono path then takes every step up to the crossover
+    /// ([`MonoCrossover::max_rows`]).
+    ///
+    /// It writes the candidate steps' K, V and index keys into cache pages:
+    /// call it before any sequence holds pages (a runner's load).
+    pub fn measure_mono_crossover(
+        &mut self,
+        candidates: &[usize],
+        context: usize,
+        iters: usize,
+    ) -> Result<MonoCrossover> {
+        if self.mono.is_none() {
+            return Err(GpuError::input(
+                "mono crossover",
+                "the mono path is not loaded",
+            ));
+        }
+        let was_on = self.mono_on;
+        let mut times = Vec::new();
+        let mut run = || -> Result<()> {
+            let mut last = 0;
+            for &t in candidates {
+                if t == 0 || t <= last || t > self.cap.max_rows.min(MONO_MAX_ROWS) {
+                    continue;
+                }
+                last = t;
+                let step = self.crossover_step(t, context);
+                let sampling = vec![m3_core::sample::SampleParams::GREEDY; step.logits_rows.len()];
+                let shape = self.prepare(&step, &sampling)?;
+                // (the limit and the switch decide mono_for: each path in turn)
+                self.mono_limit = MONO_MAX_ROWS;
+                self.mono_on = false;
+                let s = crate::Timing::from_samples(self.time_replays(shape, iters)?).median_ms;
+                self.mono_on = true;
+                if !self.mono_for(t) {
+                    // the small-step variant ends before t: mono cannot take it
+                    break;
+                }
+                let m = crate::Timing::from_samples(self.time_replays(shape, iters)?).median_ms;
+                times.push((t, s, m));
+            }
+            Ok(())
+        };
+        let r = run();
+        self.mono_on = was_on;
+        self.mono_steps = 0;
+        let x = MonoCrossover::from_times(times);
+        self.mono_limit = if r.is_ok() { x.max_rows } else { 0 };
+        r?;
+        Ok(x)
+    }
+
+    /// The decode step of `t` rows [`Self::measure_mono_crossover`] times:
+    /// `min(t, max_seqs)` sequences, the rows dealt out one each in turn
+    /// (a sequence of several is a verify's shape: rows at consecutive
+    /// positions ending its context), each sequence's rows after `context`
+    /// positions, its pages its own while the pool lasts (then shared:
+    /// the cache writes of the timing steps land anywhere, which is fine
+    /// for pages nobody holds).
+    fn crossover_step(&self, t: usize, context: usize) -> StepBatch {
+        let page = self.cap.page_size;
+        let nseq = t.min(self.cap.max_seqs).max(1);
+        let most = t.div_ceil(nseq);
+        let ctx = context.min(self.cap.max_context.saturating_sub(most));
+        let pps = (ctx + most).div_ceil(page);
+        let vocab = self.model.config.vocab_size.max(1);
+        let mut s = StepBatch {
+            decode_only: true,
+            ..StepBatch::default()
+        };
+        let pages = self.kv.num_pages.max(1);
+        for b in 0..nseq {
+            let rows = t / nseq + usize::from(b < t % nseq);
+            let table: Vec<u32> = (0..pps).map(|i| ((b * pps + i) % pages) as u32).collect();
+            for r in 0..rows {
+                let p = ctx + r;
+                s.tokens.push(((b * 7919 + r * 31 + 13) % vocab) as u32);
+                s.positions.push(p as u32);
+                s.slot_mapping
+                    .push(table[p / page] * page as u32 + (p % page) as u32);
+                s.row_seq.push(b as u32);
+                s.logits_rows.push(s.logits_rows.len() as u32);
+            }
+            s.seqs.push(StepSeq {
+                request_id: b as u64,
+                block_table: table,
+                context_len: (ctx + rows) as u32,
+            });
+        }
+        s
     }
 
     /// Record the per-layer programs of steps of `t` rows (once per `t`).
@@ -389,6 +669,20 @@ impl StandardPath {
             m.programs.insert(t, (progs, last));
         }
         Ok(())
+    }
+
+    /// The ops of each layer's program for steps of `t` rows
+    /// ([`Self::mono_prepare`] first), for tests.
+    #[cfg(test)]
+    pub(crate) fn mono_programs(&self, t: usize) -> Option<Vec<Vec<OpAbout>>> {
+        let (progs, _) = self.mono.as_ref()?.programs.get(&t)?;
+        Some(progs.iter().map(|p| p.about.clone()).collect())
+    }
+
+    /// The mono grid (CTAs of every `m3s_mono` launch), for tests.
+    #[cfg(test)]
+    pub(crate) fn mono_grid(&self) -> Option<u32> {
+        self.mono.as_ref().map(|m| m.grid)
     }
 
     /// Every kernel of a mono step of `t` rows with `nl` logits rows: the
@@ -485,6 +779,7 @@ impl StandardPath {
                 body: a.body,
                 grid: a.grid,
                 block: a.block,
+                shares_phase: a.shares_phase,
                 work_us: 0.0,
                 straggle_us: 0.0,
                 barrier_us: 0.0,
@@ -527,6 +822,93 @@ fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Phases: outside a beside call the recorded order, a barrier after
+    /// each op; a call's side and main chains pair up in order (the
+    /// longer one's rest alone), each chain's order kept, every op exactly
+    /// once; two calls in a row stay apart; off: the recorded order.
+    #[test]
+    fn beside_chains_pair_up_in_phases() {
+        let s = |c| Some((c, true));
+        let m = |c| Some((c, false));
+        // a, [S0 S1 S2 | M0 M1 M2 M3 M4], b, [S | M], c
+        let tags = [
+            None,
+            s(0),
+            s(0),
+            s(0),
+            m(0),
+            m(0),
+            m(0),
+            m(0),
+            m(0),
+            None,
+            s(1),
+            m(1),
+            None,
+        ];
+        let got = phases(&tags, true);
+        let want = vec![
+            (0, false),
+            (1, true),
+            (4, false),
+            (2, true),
+            (5, false),
+            (3, true),
+            (6, false),
+            (7, false),
+            (8, false),
+            (9, false),
+            (10, true),
+            (11, false),
+            (12, false),
+        ];
+        assert_eq!(got, want);
+        let mut seen: Vec<usize> = got.iter().map(|p| p.0).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..tags.len()).collect::<Vec<_>>());
+        // a longer side chain; a main chain alone (no side ops) stays apart
+        let tags = [s(0), s(0), m(0), m(1), None];
+        assert_eq!(
+            phases(&tags, true),
+            vec![(0, true), (2, false), (1, false), (3, false), (4, false)]
+        );
+        // off: the recorded order, barriers everywhere
+        let off = phases(&[s(0), m(0)], false);
+        assert_eq!(off, vec![(0, false), (1, false)]);
+        // the last op never shares its phase with nothing
+        for t in [&[s(0)][..], &[None, s(3)]] {
+            assert!(!phases(t, true).last().is_some_and(|p| p.1), "{t:?}");
+        }
+    }
+
+    /// The crossover is the last candidate of the run of mono wins from the
+    /// smallest: a later win after a loss does not count, a tie is a loss,
+    /// a first loss gives 0.
+    #[test]
+    fn crossover_is_the_end_of_the_first_run_of_wins() {
+        let t = |v: &[(usize, f64, f64)]| crossover(v);
+        assert_eq!(t(&[]), 0);
+        assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 1.9), (16, 3.0, 2.0)]), 16);
+        assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 2.5), (16, 3.0, 2.0)]), 1);
+        assert_eq!(t(&[(1, 1.0, 1.0), (4, 2.0, 1.0)]), 0);
+        assert_eq!(t(&[(1, 1.0, 1.5), (4, 2.0, 1.0)]), 0);
+        assert_eq!(t(&[(1, 1.0, f64::NAN)]), 0);
+        let x = MonoCrossover {
+            times: vec![(1, 1.0, 0.5), (24, 2.0, 2.5)],
+            max_rows: 1,
+        };
+        let line = x.summary();
+        assert!(
+            line.contains("1 rows 1.000/0.500") && line.contains("at most 1 rows"),
+            "{line}"
+        );
+        let none = MonoCrossover {
+            times: vec![],
+            max_rows: 0,
+        };
+        assert!(none.summary().contains("standard path runs every step"));
+    }
 
     /// Where `list` and the `X(i, name)` entries of `src` (mono.cu's
     /// `S_MONO_OPS`) disagree, if they do.

@@ -1132,6 +1132,52 @@ fn fused_cache_writes_are_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// One sequence on pages 0-11: a prefill of `steps[0]` rows
+/// (`Path::Standard`), then each later count of rows as a step marked
+/// decode-only (a verify step's shape) and sent as the planner sends its
+/// mono steps (`Path::Mono`, which a runner runs on the standard path
+/// where it has no mono path or the step is past its threshold). Every
+/// step's logits, in order.
+fn prefill_then_mono(
+    r: &mut m3_gpu::GpuRunner<'_>,
+    prompt: &[u32],
+    steps: &[usize],
+) -> Result<Vec<Vec<f32>>, String> {
+    use m3_core::backend::ModelRunner;
+    let table: Vec<u32> = (0..12).collect();
+    let mut outs = Vec::new();
+    let mut pos = 0usize;
+    for (i, &n) in steps.iter().enumerate() {
+        let toks = &prompt[pos..pos + n];
+        let mut st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
+        let path = if i == 0 {
+            Path::Standard
+        } else {
+            st.decode_only = true;
+            Path::Mono
+        };
+        if !path.allows(&st) {
+            return Err(format!("{n}-row step not allowed on {path:?}"));
+        }
+        let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
+        let o = r
+            .step(&StepInput {
+                batch: &st,
+                path,
+                sampling: &sampling,
+                read: &ReadBack {
+                    logits: (0..st.logits_rows.len() as u32).collect(),
+                    taps: TapRequest::NONE,
+                },
+                teacher: None,
+            })
+            .map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
+        outs.push(o.logits);
+        pos += n;
+    }
+    Ok(outs)
+}
+
 /// The mono path (one persistent launch a layer running the standard
 /// kernels' bodies as a recorded program, standard/mono.rs) gives the
 /// standard path's logits bit for bit: every `Path::Mono` step after a
@@ -1201,41 +1247,13 @@ fn mono_path_is_bitwise_the_standard_path() {
                 &mut |_| {},
             )
             .map_err(|e| format!("load: {e}"))?;
-            let table: Vec<u32> = (0..12).collect();
             let p = prompt(vocab);
-            let mut outs = Vec::new();
-            let mut pos = 0usize;
             // prefill 40 rows (Path::Standard), then steps of 1, 1, 4, 1, 16,
             // 1 and 24 rows (the wide mode) marked decode-only (a verify
             // step's shape) and sent as the planner sends its mono steps:
             // Path::Mono, which a runner without the mono kernel runs on
             // the standard path
-            for n in [40usize, 1, 1, 4, 1, 16, 1, 24] {
-                let toks = &p[pos..pos + n];
-                let mut st = StepBatch::contiguous(0, toks, pos as u32, &table, PAGE, true);
-                let path = if n <= 24 {
-                    st.decode_only = true;
-                    Path::Mono
-                } else {
-                    Path::Standard
-                };
-                assert!(path.allows(&st), "{n}-row step not allowed on {path:?}");
-                let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
-                let o = r
-                    .step(&StepInput {
-                        batch: &st,
-                        path,
-                        sampling: &sampling,
-                        read: &ReadBack {
-                            logits: (0..st.logits_rows.len() as u32).collect(),
-                            taps: TapRequest::NONE,
-                        },
-                        teacher: None,
-                    })
-                    .map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
-                outs.push(o.logits);
-                pos += n;
-            }
+            let outs = prefill_then_mono(&mut r, &p, &[40, 1, 1, 4, 1, 16, 1, 24])?;
             if r.supports_mono() != mono {
                 return Err(format!(
                     "supports_mono {} with PathOptions::mono {mono}",
@@ -1331,34 +1349,7 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
             .expect("load");
         let crossover = r.mono_crossover().cloned();
         let max = r.mono_max_rows();
-        let table: Vec<u32> = (0..12).collect();
-        let p = prompt(vocab);
-        let mut outs = Vec::new();
-        let mut pos = 0usize;
-        for n in [40usize, 1, 1, 2, 1] {
-            let mut st = StepBatch::contiguous(0, &p[pos..pos + n], pos as u32, &table, PAGE, true);
-            let path = if n < 40 {
-                st.decode_only = true;
-                Path::Mono
-            } else {
-                Path::Standard
-            };
-            let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
-            let o = r
-                .step(&StepInput {
-                    batch: &st,
-                    path,
-                    sampling: &sampling,
-                    read: &ReadBack {
-                        logits: (0..st.logits_rows.len() as u32).collect(),
-                        taps: TapRequest::NONE,
-                    },
-                    teacher: None,
-                })
-                .expect("step");
-            outs.push(o.logits);
-            pos += n;
-        }
+        let outs = prefill_then_mono(&mut r, &prompt(vocab), &[40, 1, 1, 2, 1]).expect("steps");
         (outs, r.path().mono_steps(), max, crossover)
     };
     let standard = PathOptions::default();

@@ -22,8 +22,8 @@ use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
+use m3_core::backend::StepBatch;
 use m3_core::backend::{ActMode, KvBudget};
-use m3_core::backend::{StepBatch, StepSeq};
 use m3_core::config::ModelConfig;
 use m3_core::kv::CacheDtype;
 use m3_core::sample::SampleParams;
@@ -188,29 +188,11 @@ fn case_step(
     vocab: usize,
 ) -> (StepBatch, usize) {
     let pps = (ctx + rows).div_ceil(page);
-    let mut s = StepBatch {
-        decode_only: true,
-        ..StepBatch::default()
-    };
-    for b in 0..batch {
-        let table: Vec<u32> = (0..pps)
+    let s = m3_gpu::standard::bench::timing_step(&vec![rows; batch], ctx, page, vocab, |b| {
+        (0..pps)
             .map(|i| (first_page + b * pps + i) as u32)
-            .collect();
-        for r in 0..rows {
-            let p = ctx + r;
-            s.tokens.push(((b * 7919 + r * 31 + 13) % vocab) as u32);
-            s.positions.push(p as u32);
-            s.slot_mapping
-                .push(table[p / page] * page as u32 + (p % page) as u32);
-            s.row_seq.push(b as u32);
-            s.logits_rows.push(s.logits_rows.len() as u32);
-        }
-        s.seqs.push(StepSeq {
-            request_id: b as u64,
-            block_table: table,
-            context_len: (ctx + rows) as u32,
-        });
-    }
+            .collect()
+    });
     (s, batch * pps)
 }
 

@@ -2,6 +2,8 @@
 //! cache filled with generated codes instead of a prefill, timed graph
 //! replays, the per-launch profile, and tensor-core kernel variants.
 
+use m3_core::backend::{StepBatch, StepSeq};
+
 use super::exec::Shape;
 use super::linear::MmaVariant;
 use super::step::Extras;
@@ -192,4 +194,43 @@ fn timed(
     }
     l.sync()?;
     Ok(crate::Timing::from_samples(l.time_each(iters, &f)?))
+}
+
+/// A decode step to time (the bench's cases, the load-time mono
+/// crossover): sequence `b` has `rows[b]` rows at positions `ctx..ctx +
+/// rows[b]` (one: a decode row; more: a verify step's shape, its rows
+/// ending the context), block table `table(b)` (covering those positions:
+/// `(ctx + rows[b]).div_ceil(page)` pages), tokens hashed from the
+/// sequence and row; every row a logits row; marked decode-only.
+pub fn timing_step(
+    rows: &[usize],
+    ctx: usize,
+    page: usize,
+    vocab: usize,
+    table: impl Fn(usize) -> Vec<u32>,
+) -> StepBatch {
+    let mut s = StepBatch {
+        decode_only: true,
+        ..StepBatch::default()
+    };
+    let vocab = vocab.max(1);
+    for (b, &n) in rows.iter().enumerate() {
+        let table = table(b);
+        for r in 0..n {
+            let p = ctx + r;
+            s.tokens.push(((b * 7919 + r * 31 + 13) % vocab) as u32);
+            s.positions.push(p as u32);
+            let pg = table.get(p / page).copied().unwrap_or(u32::MAX);
+            s.slot_mapping
+                .push(pg.wrapping_mul(page as u32).wrapping_add((p % page) as u32));
+            s.row_seq.push(b as u32);
+            s.logits_rows.push(s.logits_rows.len() as u32);
+        }
+        s.seqs.push(StepSeq {
+            request_id: b as u64,
+            block_table: table,
+            context_len: (ctx + n) as u32,
+        });
+    }
+    s
 }

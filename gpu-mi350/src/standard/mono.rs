@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use m3_core::backend::{StepBatch, StepSeq};
+use m3_core::backend::StepBatch;
 
 use super::launch::{Arg, Recorded};
 use super::linear::variant_source;
@@ -606,31 +606,13 @@ impl StandardPath {
         let most = t.div_ceil(nseq);
         let ctx = context.min(self.cap.max_context.saturating_sub(most));
         let pps = (ctx + most).div_ceil(page);
-        let vocab = self.model.config.vocab_size.max(1);
-        let mut s = StepBatch {
-            decode_only: true,
-            ..StepBatch::default()
-        };
         let pages = self.kv.num_pages.max(1);
-        for b in 0..nseq {
-            let rows = t / nseq + usize::from(b < t % nseq);
-            let table: Vec<u32> = (0..pps).map(|i| ((b * pps + i) % pages) as u32).collect();
-            for r in 0..rows {
-                let p = ctx + r;
-                s.tokens.push(((b * 7919 + r * 31 + 13) % vocab) as u32);
-                s.positions.push(p as u32);
-                s.slot_mapping
-                    .push(table[p / page] * page as u32 + (p % page) as u32);
-                s.row_seq.push(b as u32);
-                s.logits_rows.push(s.logits_rows.len() as u32);
-            }
-            s.seqs.push(StepSeq {
-                request_id: b as u64,
-                block_table: table,
-                context_len: (ctx + rows) as u32,
-            });
-        }
-        s
+        let rows: Vec<usize> = (0..nseq)
+            .map(|b| t / nseq + usize::from(b < t % nseq))
+            .collect();
+        super::bench::timing_step(&rows, ctx, page, self.model.config.vocab_size, |b| {
+            (0..pps).map(|i| ((b * pps + i) % pages) as u32).collect()
+        })
     }
 
     /// Record the per-layer programs of steps of `t` rows (once per `t`).

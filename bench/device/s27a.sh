@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Session 27 (issue 13), prepared, not run (no device was lent): the mono
 # path's wide mode, the load-time crossover and the beside phases.
-# 1. check.log: the runner's mono-bitwise test (now with a 24-row wide
+# check.log: the runner's mono-bitwise test (now with a 24-row wide
 #    step) and the --path auto test (it prints the crossover it measured
 #    on tiny), REQUIRE_GPU=1; then `m3 generate --path auto` on a `small`
-#    checkpoint: its info line is the crossover the engine would use.
-# 2. pair1.log / pair0.log: `m3 bench --path both` at batch 1-64 (32 and
-#    64 are the wide mode), the beside phases on (the default) and off
-#    (M3_MONO_PAIR=0): per case standard and mono medians from the same
-#    rounds, and the crossover line by the --path auto rule.
+#    checkpoint: its info line is the crossover the engine would use;
+#    golden through the GPU with the free-running report on the mono path
+#    (every decode step of the cases' greedy runs there).
+# (s27b.sh times it.)
 set -u
 . bench/device/common.sh
 m3_setup
@@ -21,13 +20,9 @@ m3_setup
   echo "=== generate --path auto ($(date +%T))"
   timeout 120 /tmp/bin/m3 generate --model /tmp/ck/small --backend gpu --path auto --prompt "the mono path" \
     --max-tokens 16 2>&1 | grep -E "path auto|rror|warn" | tail -4
+  echo "=== golden --backend gpu --path mono ($(date +%T))"
+  REQUIRE_GPU=1 M3_BIN=/tmp/bin/m3 M3_ROOT=$PWD timeout 300 /tmp/bin/xtask golden --backend gpu --path mono 2>&1 \
+    | grep -E "golden:|mono path|FAIL|fail|identical|divergence" | tail -24
   echo "=== end ($(date +%T))"
 } > $OUT/check.log 2>&1
 cat $OUT/check.log
-for pair in 1 0; do
-  M3_MONO_PAIR=$pair timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
-    --batch 1,4,16,32,64 --context 4096 --iters 40 --rounds 2 --path both > $OUT/pair$pair.log 2>&1
-  echo "exit $?" >> $OUT/pair$pair.log
-  echo "=== M3_MONO_PAIR=$pair"
-  grep -E "^\| decode|^crossover|per layer|^exit" $OUT/pair$pair.log | tail -24
-done

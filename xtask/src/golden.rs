@@ -43,6 +43,11 @@ pub struct GoldenArgs {
     /// Skip the free-running greedy report.
     #[arg(long)]
     no_free_run: bool,
+    /// The GPU's decode path in the free-running report (`m3 generate
+    /// --path`: auto, standard or mono). `mono` sends every decode step
+    /// of the cases through the mono path (issue 13's parity).
+    #[arg(long, default_value = "auto")]
+    path: String,
     /// Read the cases from this directory instead of golden/cases.
     #[arg(long)]
     cases_dir: Option<PathBuf>,
@@ -576,11 +581,13 @@ fn run_backend(
     Ok(Outcome::Ran(compare(case, &dump, backend)))
 }
 
-/// Greedy tokens from Rust, free running: `m3 generate` (prefill, then
-/// one token at a time with the caches kept), parsed from its
-/// `tokens [..]` summary. Cases with a non-default selection mode fall
-/// back to repeated `m3 forward` prefills (argmax of the last logits row,
-/// lowest id on ties), since `m3 generate` has no `--selection`.
+/// Greedy tokens from Rust on `backend`, free running: `m3 generate`
+/// (prefill, then one token at a time with the caches kept; on the GPU
+/// with `--path path`), parsed from its `tokens [..]` summary. Cases with
+/// a non-default selection mode fall back to repeated `m3 forward`
+/// prefills (argmax of the last logits row, lowest id on ties), since
+/// `m3 generate` has no `--selection`.
+#[allow(clippy::too_many_arguments)]
 fn rust_greedy(
     m3: &Path,
     ckpt: &Path,
@@ -588,11 +595,17 @@ fn rust_greedy(
     n: usize,
     work: &Path,
     help: &str,
-) -> Result<(Vec<u32>, &'static str)> {
+    backend: &str,
+    path: &str,
+) -> Result<(Vec<u32>, String)> {
     let o = &case.meta.options;
     if o.selection == "per_kv_head" {
-        let out = Command::new(m3)
-            .arg("generate")
+        let mut cmd = Command::new(m3);
+        cmd.arg("generate").args(["--backend", backend]);
+        if backend == "gpu" {
+            cmd.args(["--path", path]);
+        }
+        let out = cmd
             .arg("--model")
             .arg(ckpt)
             .args([
@@ -611,6 +624,7 @@ fn rust_greedy(
                 "--ignore-eos",
             ])
             .args(online_quant_flags(case, help).map_err(anyhow::Error::msg)?)
+            .args(o.lossless_flags())
             .output()
             .context("starting m3 generate")?;
         let text = format!(
@@ -628,7 +642,26 @@ fn rust_greedy(
                     list.split(',').map(|t| t.trim().parse::<u32>()).collect();
                 if let Ok(t) = toks {
                     if t.len() == n {
-                        return Ok((t, "m3 generate"));
+                        // the summary's "steps M mono / S standard"
+                        let mono = text
+                            .rsplit("| steps ")
+                            .next()
+                            .and_then(|r| r.split(" mono").next())
+                            .and_then(|m| m.trim().parse::<u64>().ok());
+                        if backend == "gpu" && path == "mono" && mono.is_none_or(|m| m == 0) {
+                            bail!(
+                                "m3 generate --path mono ran no step on the mono path ({mono:?})"
+                            );
+                        }
+                        return Ok((
+                            t,
+                            match (backend, mono) {
+                                ("gpu", Some(m)) => {
+                                    format!("m3 generate --path {path}, {m} steps on the mono path")
+                                }
+                                _ => "m3 generate".into(),
+                            },
+                        ));
                     }
                 }
             }
@@ -647,6 +680,7 @@ fn rust_greedy(
                 .arg(ckpt)
                 .args(["--tokens", &ids.join(",")])
                 .args(&flags)
+                .args(["--backend", backend])
                 .arg("--dump")
                 .arg(&dump)
                 .stdout(std::process::Stdio::null()),
@@ -665,7 +699,7 @@ fn rust_greedy(
         out.push(best as u32);
         toks.push(best as u32);
     }
-    Ok((out, "repeated m3 forward prefills"))
+    Ok((out, "repeated m3 forward prefills".into()))
 }
 
 pub fn golden(args: GoldenArgs) -> Result<()> {
@@ -675,6 +709,9 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
         "all" => vec!["cpu", "gpu"],
         other => bail!("--backend {other}: expected cpu, gpu or all"),
     };
+    if !["auto", "standard", "mono"].contains(&args.path.as_str()) {
+        bail!("--path {}: expected auto, standard or mono", args.path);
+    }
     let require_gpu = std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1");
     let dir = args.cases_dir.clone().unwrap_or_else(m3_golden::cases_dir);
     let mut names = Case::list(&dir)?;
@@ -754,15 +791,39 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
         cases.push((case, ckpt));
     }
     if !args.no_free_run {
-        println!("\nfree-running greedy (cpu vs reference; not a pass criterion unless they differ without a near-tie):");
-        for (case, ckpt) in &cases {
+        println!(
+            "\nfree-running greedy ({} vs reference; not a pass criterion unless they differ without a near-tie):",
+            backends.join(", ")
+        );
+        for ((case, ckpt), &b) in cases
+            .iter()
+            .flat_map(|c| backends.iter().map(move |b| (c, b)))
+        {
             let Some(g) = &case.meta.greedy else { continue };
-            match rust_greedy(&m3, ckpt, case, g.n, &work, &help) {
+            // the run's name in the report: the case, and the backend (with
+            // the GPU's decode path) where more than the CPU runs
+            let name = match (b, backends.as_slice()) {
+                (_, ["cpu"]) => case.meta.name.clone(),
+                ("gpu", _) => format!("{} [gpu, --path {}]", case.meta.name, args.path),
+                _ => format!("{} [{b}]", case.meta.name),
+            };
+            if b == "gpu" && case.meta.options.online_quant.is_some() && args.path == "mono" {
+                // (the mono path refuses PTPC linears: their quantize
+                // runs 1024-thread blocks)
+                println!(
+                    "{name}: free-running report skipped: the mono path takes no --online-quant"
+                );
+                skipped.push(format!(
+                    "{name} free-running: --path mono with --online-quant"
+                ));
+                continue;
+            }
+            match rust_greedy(&m3, ckpt, case, g.n, &work, &help, b, &args.path) {
                 Ok((rust, how)) => {
                     match rust.iter().zip(&g.tokens).position(|(a, b)| a != b) {
                         None => println!(
-                            "{}: {} greedy tokens identical ({how} vs the numpy reference)",
-                            case.meta.name, g.n
+                            "{name}: {} greedy tokens identical ({how} vs the numpy reference)",
+                            g.n
                         ),
                         Some(i) => {
                             let gap = g.logit_gap.get(i).copied().flatten().unwrap_or(f64::NAN);
@@ -787,24 +848,26 @@ pub fn golden(args: GoldenArgs) -> Result<()> {
                             let tie =
                                 gap < logit_tie || rm < nt.router_margin || tm < nt.topk_margin;
                             println!(
-                                "{}: first divergence at generated token {i} ({how}): rust {} vs reference {}; reference logit gap {gap:.3e}, min router gap {rm:.3e} and min block gap {tm:.3e} over steps 0..={i}: {}",
-                                case.meta.name,
+                                "{name}: first divergence at generated token {i} ({how}): rust {} vs reference {}; reference logit gap {gap:.3e}, min router gap {rm:.3e} and min block gap {tm:.3e} over steps 0..={i}: {}",
                                 rust[i],
                                 g.tokens[i],
                                 if tie { "explained by a near-tie" } else { "NOT explained by a near-tie" }
                             );
                             if !tie {
                                 failed.push(format!(
-                                    "{}: free-running divergence without a near-tie",
-                                    case.meta.name
+                                    "{name}: free-running divergence without a near-tie"
                                 ));
                             }
                         }
                     }
                 }
                 Err(e) => {
-                    println!("{}: free-running report skipped: {e:#}", case.meta.name);
-                    skipped.push(format!("{} free-running: {e:#}", case.meta.name));
+                    println!("{name}: free-running report skipped: {e:#}");
+                    if b == "gpu" && require_gpu {
+                        failed.push(format!("{name} free-running: under REQUIRE_GPU=1: {e:#}"));
+                    } else {
+                        skipped.push(format!("{name} free-running: {e:#}"));
+                    }
                 }
             }
         }

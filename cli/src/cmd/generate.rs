@@ -136,63 +136,65 @@ pub fn run(args: Args) -> Result<()> {
         req.eos = args::eos_ids(&ck);
     }
     let verify: VerifyMode = args.sched.verify.into();
-    let (pre, dec, out, drafter_name, stats) = args::with_threads(args.engine.threads, || {
-        {
-            let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
-            let cfg = SchedulerConfig {
-                max_batch_tokens: args.engine.max_batch_tokens,
-                max_seqs: 1,
-                max_draft_tokens: args.sched.spec_tokens,
-                enable_prefix_cache: args.sched.prefix_cache(),
-                ..SchedulerConfig::default()
-            };
-            let drafter = if args.sched.spec_tokens > 0 {
-                Some(drafting::make_drafter(&*be, &*runner, &ck, draft.as_ref())?)
-            } else {
-                None
-            };
-            let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
-            let mut drafter_name = "";
-            if let Some((d, name)) = drafter {
-                sr.drafter = Some(d);
-                sr.spec_tokens = args.sched.spec_tokens;
-                sr.verify = verify;
-                drafter_name = name;
-            }
-            sr.sched.add_request(req).map_err(|e| anyhow!("{e}"))?;
-            let (mut pre, mut dec) = (Rate::default(), Rate::default());
-            let mut out = Vec::new();
-            let mut first_decode = true;
-            while !sr.sched.is_done() {
-                let before = sr.sched.counters().tokens_generated;
-                let t0 = Instant::now();
-                let step = sr
-                    .step()
-                    .map_err(|e| anyhow!("generation on {}: {e}", be.name()))?;
-                let s = t0.elapsed().as_secs_f64();
-                if step.is_empty() {
-                    bail!("generation made no progress (the request does not fit the cache)");
-                }
-                let made = (sr.sched.counters().tokens_generated - before) as usize;
-                if step.decode_rows() < step.rows.len() {
-                    pre.tokens += step.rows.len() - step.decode_rows();
-                    pre.secs += s;
-                } else if first_decode {
-                    // the first decode step captures the decode graph on a
-                    // GPU: steady-state decode is timed from the second on
-                    first_decode = false;
+    let (pre, dec, out, drafter_name, stats, (ran_mono, ran_standard)) =
+        args::with_threads(args.engine.threads, || {
+            {
+                let mut runner = args::load_runner(&*be, &ck, args.model.load_options(), &spec)?;
+                let cfg = SchedulerConfig {
+                    max_batch_tokens: args.engine.max_batch_tokens,
+                    max_seqs: 1,
+                    max_draft_tokens: args.sched.spec_tokens,
+                    enable_prefix_cache: args.sched.prefix_cache(),
+                    ..SchedulerConfig::default()
+                };
+                let drafter = if args.sched.spec_tokens > 0 {
+                    Some(drafting::make_drafter(&*be, &*runner, &ck, draft.as_ref())?)
                 } else {
-                    dec.tokens += made;
-                    dec.secs += s;
+                    None
+                };
+                let mut sr = SchedRunner::new(&mut *runner, cfg).map_err(|e| anyhow!("{e}"))?;
+                let mut drafter_name = "";
+                if let Some((d, name)) = drafter {
+                    sr.drafter = Some(d);
+                    sr.spec_tokens = args.sched.spec_tokens;
+                    sr.verify = verify;
+                    drafter_name = name;
                 }
-                for f in sr.sched.take_finished() {
-                    out = f.output;
+                sr.sched.add_request(req).map_err(|e| anyhow!("{e}"))?;
+                let (mut pre, mut dec) = (Rate::default(), Rate::default());
+                let mut out = Vec::new();
+                let mut first_decode = true;
+                while !sr.sched.is_done() {
+                    let before = sr.sched.counters().tokens_generated;
+                    let t0 = Instant::now();
+                    let step = sr
+                        .step()
+                        .map_err(|e| anyhow!("generation on {}: {e}", be.name()))?;
+                    let s = t0.elapsed().as_secs_f64();
+                    if step.is_empty() {
+                        bail!("generation made no progress (the request does not fit the cache)");
+                    }
+                    let made = (sr.sched.counters().tokens_generated - before) as usize;
+                    if step.decode_rows() < step.rows.len() {
+                        pre.tokens += step.rows.len() - step.decode_rows();
+                        pre.secs += s;
+                    } else if first_decode {
+                        // the first decode step captures the decode graph on a
+                        // GPU: steady-state decode is timed from the second on
+                        first_decode = false;
+                    } else {
+                        dec.tokens += made;
+                        dec.secs += s;
+                    }
+                    for f in sr.sched.take_finished() {
+                        out = f.output;
+                    }
                 }
+                let stats = sr.spec_stats.get(&0).copied().unwrap_or_default();
+                let paths = (sr.ran_mono, sr.ran_standard);
+                Ok::<_, anyhow::Error>((pre, dec, out, drafter_name, stats, paths))
             }
-            let stats = sr.spec_stats.get(&0).copied().unwrap_or_default();
-            Ok::<_, anyhow::Error>((pre, dec, out, drafter_name, stats))
-        }
-    })??;
+        })??;
     let text = match &tokenizer {
         Some(tk) => tk
             .decode(&out, false)
@@ -215,7 +217,7 @@ pub fn run(args: Args) -> Result<()> {
         String::new()
     };
     eprintln!(
-        "backend {} | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s (from the second decode step){spec_line} | tokens {:?}",
+        "backend {} | prompt {} tokens, prefill {:.1} tok/s | generated {} tokens, decode {:.1} tok/s (from the second decode step){spec_line} | steps {ran_mono} mono / {ran_standard} standard | tokens {:?}",
         be.name(),
         pre.tokens,
         pre.per_s(),

@@ -288,9 +288,13 @@ pub struct EngineArgs {
     /// bit-identical results) and runs every such step on it; `auto` loads
     /// it too, times both paths at load on steps of 1-64 rows (a few
     /// seconds), and runs mono up to where it stops being faster (it says
-    /// what it measured; where the mono kernel cannot load or run, the
-    /// standard path, with a warning); `standard` runs every step on the
-    /// standard path.
+    /// what it measured; where the mono kernel cannot load, or the timing
+    /// returns an error, the standard path, with a warning; a fault on the
+    /// device still ends the command); `standard` runs every step on the
+    /// standard path. The mono kernel's grid must be resident all at once:
+    /// on a GPU shared through MPS with a partition smaller than the
+    /// device, use `standard`. `m3 forward` (one prefill) always runs
+    /// `standard`.
     #[arg(long, value_enum, default_value = "auto")]
     pub path: DecodePathArg,
 }

@@ -1,6 +1,7 @@
 // Mono decode, first form (issue 13): one persistent kernel per decoder
 // layer that runs the layer's standard-path launches as a program of ops,
-// with a grid-wide barrier between two ops instead of a kernel boundary.
+// with a grid-wide barrier between two ops instead of a kernel boundary
+// (none between the two ops of a phase: SMonoOp::flags).
 // See mono_prelude.h for how a body sees its virtual launch; the host side
 // (src/standard/mono.rs) records the ops by running the standard path's
 // own enqueue code with the launcher in recording mode.
@@ -347,7 +348,9 @@ M3_DEV unsigned long long s_mono_now() {
 /// One decoder layer: ops[0..nops) in order, each over its virtual grid
 /// (blocks v = x + gx * (y + gy * z); an op of B threads a block runs
 /// S_MONO_THREADS / B of them at once per CTA, see s_mono_blocks), a grid
-/// barrier between two ops. Launched with a grid every CTA of which is
+/// barrier between two ops except inside a phase (S_MONO_SHARES_PHASE:
+/// the next op is independent of this one; the CTA still passes a
+/// CTA-wide barrier between them). Launched with a grid every CTA of which is
 /// resident at once (the host sizes it by occupancy); `bar` is the path's
 /// barrier counter (zeroed once at load).
 /// `prof` (null: no profile): nops rows of gridDim.x + 1 u64 timestamps a

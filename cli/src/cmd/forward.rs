@@ -148,7 +148,11 @@ fn eagle3_taps(
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let be = args.engine.open_backend()?;
+    // one prefill: no decode step for the mono path to take (and no
+    // crossover worth timing at load)
+    let mut engine_args = args.engine.clone();
+    engine_args.path = args::DecodePathArg::Standard;
+    let be = engine_args.open_backend()?;
     let ck = args.model.open()?;
     let c = ck.config().clone();
     let toks = args::parse_tokens(&args.tokens, c.vocab_size)?;

@@ -17,8 +17,9 @@ use crate::runtime::api::{Func, Gpu};
 pub(crate) const MMA_N: u32 = 16;
 /// Matrices one tensor-core launch takes (`S_MAX_SEGS` in the kernel).
 pub(crate) const MAX_SEGS: usize = 5;
-/// A small step: at most this many rows (the small-step router, mono
-/// decode, the scheduler's mono threshold).
+/// A small step: at most this many rows (the small-step router,
+/// `m3s_router_small`, and mono decode proper; the mono path takes up to
+/// `mono::MONO_MAX_ROWS`).
 pub(crate) const SMALL_STEP_ROWS: usize = 16;
 /// Steps of at most this many rows run the small-step tensor-core variant
 /// (4 warps per CTA, at most 2 row tiles: `SMALL_STEP_VARIANT`); larger

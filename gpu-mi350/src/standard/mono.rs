@@ -9,7 +9,10 @@
 //! body, block size, grid, argument bytes) of that layer's program. On the
 //! device each op's body is the standard kernel's own code compiled as a
 //! device function (kernels/mono_prelude.h), run over its recorded grid by
-//! the persistent CTAs, with a grid-wide barrier between two ops. So a mono
+//! the persistent CTAs, with a grid-wide barrier between two ops (none
+//! inside a phase: the two chains of a `Launcher::beside` call, the MoE
+//! layer's shared expert beside its router and routed experts, run op k
+//! beside op k, see [`phases`]). So a mono
 //! step computes exactly what the standard step computes, bit for bit; what
 //! it removes is the launch boundaries (and, later, what overlapping across
 //! them can win).
@@ -567,6 +570,10 @@ impl StandardPath {
                     continue;
                 }
                 last = t;
+                // (a sequence's rows must fit under the longest context)
+                if t.div_ceil(t.min(self.cap.max_seqs).max(1)) > self.cap.max_context {
+                    break;
+                }
                 let step = self.crossover_step(t, context);
                 let sampling = vec![m3_core::sample::SampleParams::GREEDY; step.logits_rows.len()];
                 let shape = self.prepare(&step, &sampling)?;
@@ -587,6 +594,11 @@ impl StandardPath {
         let r = run();
         self.mono_on = was_on;
         self.mono_steps = 0;
+        // the timing graphs: half of them are of a path their rows will
+        // not take (steps capture their own again); nothing in flight
+        let synced = self.l.sync();
+        self.graphs.clear();
+        synced?;
         let x = MonoCrossover::from_times(times);
         self.mono_limit = if r.is_ok() { x.max_rows } else { 0 };
         r?;

@@ -12,8 +12,8 @@ set -u
 . bench/device/common.sh
 m3_setup
 {
-  echo "=== test runner mono_path / auto_path ($(date +%T))"
-  REQUIRE_GPU=1 timeout 200 /tmp/bin/test-runner mono_path auto_path --test-threads=1 --nocapture 2>&1 \
+  echo "=== test runner mono_path / auto_path / wide_mono ($(date +%T))"
+  REQUIRE_GPU=1 timeout 200 /tmp/bin/test-runner mono_path auto_path wide_mono --test-threads=1 --nocapture 2>&1 \
     | grep -E "^test |^test result|panicked|bitwise|standard/mono|FAIL" | tail -12
   mkdir -p /tmp/ck
   /tmp/bin/m3 synth --preset small --experts mxfp4 --dense mxfp8 --out /tmp/ck/small --draft-layers 0 -q

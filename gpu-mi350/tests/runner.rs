@@ -1400,3 +1400,135 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
         "a perturbed model gave the same logits"
     );
 }
+
+/// The wide mode over several sequences: four sequences prefilled on the
+/// standard path, then a 32-row decode-only step (8 verify-shaped rows a
+/// sequence: the router's general form, the grouped experts over 32 rows,
+/// attention over four block tables) and a 4-row decode step, on the mono
+/// path; the logits are the standard runner's bit for bit, both steps
+/// took the mono path, and a planted model differs.
+#[test]
+fn wide_mono_over_several_sequences_is_bitwise_the_standard_path() {
+    use m3_core::backend::{ModelRunner, StepSeq};
+    use m3_gpu::standard::PathOptions;
+    use m3_gpu::GpuRunner;
+    let Some(be) = backend_or_skip("wide_mono_over_several_sequences_is_bitwise_the_standard_path")
+    else {
+        return;
+    };
+    let dev = be.gpu();
+    if dev.vendor() != Vendor::Cuda && !dev.simulated() {
+        println!("skipped: wide_mono_over_several_sequences: the mono path runs on CUDA here");
+        return;
+    }
+    let c = ModelConfig::preset("tiny").expect("preset");
+    let formats = Formats {
+        experts: WeightFormat::Mxfp4,
+        dense: WeightFormat::Mxfp4,
+    };
+    let m = Arc::new(synthetic::model(&c, formats, 7).expect("synthetic"));
+    let mut bad = (*m).clone();
+    let last = bad.layers.len() - 1;
+    let a = &mut bad.layers[last].attn;
+    std::mem::swap(&mut a.k, &mut a.v);
+    let bad = Arc::new(bad);
+    let vocab = c.vocab_size as u32;
+    const SEQS: usize = 4;
+    const PREFILL: usize = 20;
+    // sequence b on pages 4b..4b+4 (64 positions)
+    let table = |b: usize| -> Vec<u32> { (4 * b as u32..4 * b as u32 + 4).collect() };
+    let tok = |b: usize, p: usize| ((b * 7919 + p * 31 + 13) as u32) % vocab;
+    // rows a sequence: its rows at positions from..from + n, decode-only
+    let step_of = |from: usize, n: usize| {
+        let mut s = StepBatch {
+            decode_only: true,
+            ..StepBatch::default()
+        };
+        for b in 0..SEQS {
+            let t = table(b);
+            for p in from..from + n {
+                s.tokens.push(tok(b, p));
+                s.positions.push(p as u32);
+                s.slot_mapping
+                    .push(t[p / PAGE] * PAGE as u32 + (p % PAGE) as u32);
+                s.row_seq.push(b as u32);
+                s.logits_rows.push(s.logits_rows.len() as u32);
+            }
+            s.seqs.push(StepSeq {
+                request_id: b as u64,
+                block_table: t,
+                context_len: (from + n) as u32,
+            });
+        }
+        s
+    };
+    let run = |m: &Arc<ModelWeights>, mono: bool| -> (Vec<Vec<f32>>, u64) {
+        let opts = PathOptions {
+            mono,
+            ..PathOptions::default()
+        };
+        let mut r = GpuRunner::load(
+            dev,
+            ModelSource::Weights(m.clone()),
+            &spec(&CASES[0]),
+            opts,
+            &mut |_| {},
+        )
+        .expect("load");
+        let mut outs = Vec::new();
+        let mut go = |st: &StepBatch, path: Path| {
+            assert!(
+                path.allows(st),
+                "{} rows not allowed on {path:?}",
+                st.rows()
+            );
+            let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
+            let o = r
+                .step(&StepInput {
+                    batch: st,
+                    path,
+                    sampling: &sampling,
+                    read: &ReadBack {
+                        logits: (0..st.logits_rows.len() as u32).collect(),
+                        taps: TapRequest::NONE,
+                    },
+                    teacher: None,
+                })
+                .expect("step");
+            outs.push(o.logits);
+        };
+        for b in 0..SEQS {
+            let toks: Vec<u32> = (0..PREFILL).map(|p| tok(b, p)).collect();
+            go(
+                &StepBatch::contiguous(b as u64, &toks, 0, &table(b), PAGE, false),
+                Path::Standard,
+            );
+        }
+        go(&step_of(PREFILL, 8), Path::Mono);
+        go(&step_of(PREFILL + 8, 1), Path::Mono);
+        let n = r.path().mono_steps();
+        (outs, n)
+    };
+    let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            })
+    };
+    let (want, std_n) = run(&m, false);
+    let (got, mono_n) = run(&m, true);
+    assert_eq!(
+        (std_n, mono_n),
+        (0, 2),
+        "mono steps (standard runner, mono runner)"
+    );
+    assert!(
+        bits(&want, &got),
+        "the wide mono steps differ from the standard path"
+    );
+    let (planted, _) = run(&bad, true);
+    assert!(
+        !bits(&want, &planted),
+        "a perturbed model gave the same logits"
+    );
+}

@@ -849,18 +849,12 @@ fn bitwise_ab(
     vocab: usize,
     set: impl Fn(&mut m3_gpu::standard::PathOptions, bool),
 ) -> (bool, bool) {
-    let bits = |x: &[Vec<f32>], y: &[Vec<f32>]| {
-        x.len() == y.len()
-            && x.iter().zip(y).all(|(a, b)| {
-                a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-            })
-    };
     set(&mut gpu.path_options, false);
     let off = prefill_then_decode(gpu, m, case, vocab);
     set(&mut gpu.path_options, true);
     let on = prefill_then_decode(gpu, m, case, vocab);
     let planted = prefill_then_decode(gpu, bad, case, vocab);
-    (bits(&off, &on), !bits(&on, &planted))
+    (same_bits(&off, &on), !same_bits(&on, &planted))
 }
 
 /// `--fold-shared-expert`: the shared expert loaded as one more matrix of
@@ -1132,6 +1126,64 @@ fn fused_cache_writes_are_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Whether two runs' logits (one vector a step) are the same bits.
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
+/// The GPU of a mono test, or `None` (printed as skipped): no device (see
+/// `backend_or_skip`), or a HIP device (the mono tests run on CUDA and
+/// the simulator's two flavours).
+fn mono_backend(test: &str) -> Option<GpuBackend> {
+    let be = backend_or_skip(test)?;
+    if be.gpu().vendor() != Vendor::Cuda && !be.gpu().simulated() {
+        println!("skipped: {test}: the mono tests run on CUDA and the simulator");
+        return None;
+    }
+    Some(be)
+}
+
+/// `tiny` with MXFP4 weights, and the same model with layer `li`'s K and
+/// V projections swapped (the last layer past the end): the planted
+/// mistake a bitwise comparison must catch.
+fn tiny_mxfp4_and_planted(li: usize) -> (ModelConfig, Arc<ModelWeights>, Arc<ModelWeights>) {
+    let c = ModelConfig::preset("tiny").expect("preset");
+    let formats = Formats {
+        experts: WeightFormat::Mxfp4,
+        dense: WeightFormat::Mxfp4,
+    };
+    let m = synthetic::model(&c, formats, 7).expect("synthetic");
+    let mut bad = m.clone();
+    let li = li.min(bad.layers.len() - 1);
+    let a = &mut bad.layers[li].attn;
+    std::mem::swap(&mut a.k, &mut a.v);
+    (c, Arc::new(m), Arc::new(bad))
+}
+
+/// Run `st` on `path` greedily; every logits row back.
+fn greedy_logits(
+    r: &mut m3_gpu::GpuRunner<'_>,
+    st: &StepBatch,
+    path: Path,
+) -> Result<Vec<f32>, m3_core::backend::BackendError> {
+    use m3_core::backend::ModelRunner;
+    let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
+    let o = r.step(&StepInput {
+        batch: st,
+        path,
+        sampling: &sampling,
+        read: &ReadBack {
+            logits: (0..st.logits_rows.len() as u32).collect(),
+            taps: TapRequest::NONE,
+        },
+        teacher: None,
+    })?;
+    Ok(o.logits)
+}
+
 /// One sequence on pages 0-11: a prefill of `steps[0]` rows
 /// (`Path::Standard`), then each later count of rows as a step marked
 /// decode-only (a verify step's shape) and sent as the planner sends its
@@ -1143,7 +1195,6 @@ fn prefill_then_mono(
     prompt: &[u32],
     steps: &[usize],
 ) -> Result<Vec<Vec<f32>>, String> {
-    use m3_core::backend::ModelRunner;
     let table: Vec<u32> = (0..12).collect();
     let mut outs = Vec::new();
     let mut pos = 0usize;
@@ -1159,20 +1210,9 @@ fn prefill_then_mono(
         if !path.allows(&st) {
             return Err(format!("{n}-row step not allowed on {path:?}"));
         }
-        let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
-        let o = r
-            .step(&StepInput {
-                batch: &st,
-                path,
-                sampling: &sampling,
-                read: &ReadBack {
-                    logits: (0..st.logits_rows.len() as u32).collect(),
-                    taps: TapRequest::NONE,
-                },
-                teacher: None,
-            })
-            .map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
-        outs.push(o.logits);
+        let logits =
+            greedy_logits(r, &st, path).map_err(|e| format!("{n}-row step at {pos}: {e}"))?;
+        outs.push(logits);
         pos += n;
     }
     Ok(outs)
@@ -1277,10 +1317,10 @@ fn mono_path_is_bitwise_the_standard_path() {
             }
         };
         let planted = run(&bad, true).map(|(_, o)| o);
-        let same = plain.len() == mono.len() && plain.iter().zip(&mono).all(|(a, b)| bits(a, b));
+        let same = same_bits(&plain, &mono);
         let first_diff = plain.iter().zip(&mono).position(|(a, b)| !bits(a, b));
         let caught = match &planted {
-            Ok(pl) => !plain.iter().zip(pl).all(|(a, b)| bits(a, b)),
+            Ok(pl) => !same_bits(&plain, pl),
             Err(_) => false,
         };
         println!(
@@ -1317,24 +1357,11 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
     use m3_core::backend::ModelRunner;
     use m3_gpu::standard::{MonoRows, PathOptions};
     use m3_gpu::GpuRunner;
-    let Some(be) = backend_or_skip("auto_path_measures_its_crossover_and_changes_no_result") else {
+    let Some(be) = mono_backend("auto_path_measures_its_crossover_and_changes_no_result") else {
         return;
     };
     let dev = be.gpu();
-    if dev.vendor() != Vendor::Cuda && !dev.simulated() {
-        println!("skipped: auto_path_measures_its_crossover: the mono path runs on CUDA here");
-        return;
-    }
-    let c = ModelConfig::preset("tiny").expect("preset");
-    let formats = Formats {
-        experts: WeightFormat::Mxfp4,
-        dense: WeightFormat::Mxfp4,
-    };
-    let m = Arc::new(synthetic::model(&c, formats, 7).expect("synthetic"));
-    let mut bad = (*m).clone();
-    let a = &mut bad.layers[0].attn;
-    std::mem::swap(&mut a.k, &mut a.v);
-    let bad = Arc::new(bad);
+    let (c, m, bad) = tiny_mxfp4_and_planted(0);
     let vocab = c.vocab_size;
     let sp = spec(&CASES[0]);
     let run = |m: &Arc<ModelWeights>,
@@ -1387,16 +1414,10 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
     // the decode steps of 1 and 2 rows took mono exactly where it won
     let want_mono = [1usize, 1, 2, 1].iter().filter(|&&n| n <= max).count() as u64;
     assert_eq!(mono_n, want_mono, "mono steps");
-    let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        a.len() == b.len()
-            && a.iter().zip(b).all(|(x, y)| {
-                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-            })
-    };
-    assert!(bits(&want, &got), "--path auto changed the logits");
+    assert!(same_bits(&want, &got), "--path auto changed the logits");
     let (planted, _, _, _) = run(&bad, auto);
     assert!(
-        !bits(&want, &planted),
+        !same_bits(&want, &planted),
         "a perturbed model gave the same logits"
     );
 }
@@ -1409,58 +1430,23 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
 /// took the mono path, and a planted model differs.
 #[test]
 fn wide_mono_over_several_sequences_is_bitwise_the_standard_path() {
-    use m3_core::backend::{ModelRunner, StepSeq};
     use m3_gpu::standard::PathOptions;
     use m3_gpu::GpuRunner;
-    let Some(be) = backend_or_skip("wide_mono_over_several_sequences_is_bitwise_the_standard_path")
+    let Some(be) = mono_backend("wide_mono_over_several_sequences_is_bitwise_the_standard_path")
     else {
         return;
     };
     let dev = be.gpu();
-    if dev.vendor() != Vendor::Cuda && !dev.simulated() {
-        println!("skipped: wide_mono_over_several_sequences: the mono path runs on CUDA here");
-        return;
-    }
-    let c = ModelConfig::preset("tiny").expect("preset");
-    let formats = Formats {
-        experts: WeightFormat::Mxfp4,
-        dense: WeightFormat::Mxfp4,
-    };
-    let m = Arc::new(synthetic::model(&c, formats, 7).expect("synthetic"));
-    let mut bad = (*m).clone();
-    let last = bad.layers.len() - 1;
-    let a = &mut bad.layers[last].attn;
-    std::mem::swap(&mut a.k, &mut a.v);
-    let bad = Arc::new(bad);
+    let (c, m, bad) = tiny_mxfp4_and_planted(usize::MAX);
     let vocab = c.vocab_size as u32;
     const SEQS: usize = 4;
     const PREFILL: usize = 20;
     // sequence b on pages 4b..4b+4 (64 positions)
     let table = |b: usize| -> Vec<u32> { (4 * b as u32..4 * b as u32 + 4).collect() };
     let tok = |b: usize, p: usize| ((b * 7919 + p * 31 + 13) as u32) % vocab;
-    // rows a sequence: its rows at positions from..from + n, decode-only
+    // n rows a sequence at positions from..from + n, decode-only
     let step_of = |from: usize, n: usize| {
-        let mut s = StepBatch {
-            decode_only: true,
-            ..StepBatch::default()
-        };
-        for b in 0..SEQS {
-            let t = table(b);
-            for p in from..from + n {
-                s.tokens.push(tok(b, p));
-                s.positions.push(p as u32);
-                s.slot_mapping
-                    .push(t[p / PAGE] * PAGE as u32 + (p % PAGE) as u32);
-                s.row_seq.push(b as u32);
-                s.logits_rows.push(s.logits_rows.len() as u32);
-            }
-            s.seqs.push(StepSeq {
-                request_id: b as u64,
-                block_table: t,
-                context_len: (from + n) as u32,
-            });
-        }
-        s
+        m3_gpu::standard::bench::timing_step(&[n; SEQS], from, PAGE, vocab as usize, table)
     };
     let run = |m: &Arc<ModelWeights>, mono: bool| -> (Vec<Vec<f32>>, u64) {
         let opts = PathOptions {
@@ -1482,20 +1468,7 @@ fn wide_mono_over_several_sequences_is_bitwise_the_standard_path() {
                 "{} rows not allowed on {path:?}",
                 st.rows()
             );
-            let sampling = vec![SampleParams::GREEDY; st.logits_rows.len()];
-            let o = r
-                .step(&StepInput {
-                    batch: st,
-                    path,
-                    sampling: &sampling,
-                    read: &ReadBack {
-                        logits: (0..st.logits_rows.len() as u32).collect(),
-                        taps: TapRequest::NONE,
-                    },
-                    teacher: None,
-                })
-                .expect("step");
-            outs.push(o.logits);
+            outs.push(greedy_logits(&mut r, st, path).expect("step"));
         };
         for b in 0..SEQS {
             let toks: Vec<u32> = (0..PREFILL).map(|p| tok(b, p)).collect();
@@ -1509,12 +1482,6 @@ fn wide_mono_over_several_sequences_is_bitwise_the_standard_path() {
         let n = r.path().mono_steps();
         (outs, n)
     };
-    let bits = |a: &[Vec<f32>], b: &[Vec<f32>]| {
-        a.len() == b.len()
-            && a.iter().zip(b).all(|(x, y)| {
-                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-            })
-    };
     let (want, std_n) = run(&m, false);
     let (got, mono_n) = run(&m, true);
     assert_eq!(
@@ -1523,12 +1490,12 @@ fn wide_mono_over_several_sequences_is_bitwise_the_standard_path() {
         "mono steps (standard runner, mono runner)"
     );
     assert!(
-        bits(&want, &got),
+        same_bits(&want, &got),
         "the wide mono steps differ from the standard path"
     );
     let (planted, _) = run(&bad, true);
     assert!(
-        !bits(&want, &planted),
+        !same_bits(&want, &planted),
         "a perturbed model gave the same logits"
     );
 }

@@ -296,11 +296,9 @@ impl<'a> SchedRunner<'a> {
         }
         let batch = to_step_batch(&step);
         let path = match step.path {
-            StepPath::Mono
-                if self.runner.supports_mono()
-                    && batch.rows() <= self.runner.mono_max_rows()
-                    && Path::Mono.allows(&batch) =>
-            {
+            // (the planner marks no step past the runner's mono_max_rows:
+            // `new` gave it that threshold)
+            StepPath::Mono if self.runner.supports_mono() && Path::Mono.allows(&batch) => {
                 Path::Mono
             }
             _ => Path::Standard,

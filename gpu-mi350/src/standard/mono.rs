@@ -72,7 +72,11 @@ impl MonoCrossover {
     /// ascending): the largest rows up to which mono was faster at every
     /// candidate, 0 if it lost (or tied) at the first.
     pub fn from_times(times: Vec<(usize, f64, f64)>) -> Self {
-        let max_rows = crossover(&times);
+        let max_rows = times
+            .iter()
+            .take_while(|(_, s, m)| m < s)
+            .last()
+            .map_or(0, |(t, _, _)| *t);
         MonoCrossover { times, max_rows }
     }
 
@@ -89,16 +93,6 @@ impl MonoCrossover {
         };
         format!("standard/mono ms a step: {}; {verdict}", per.join(", "))
     }
-}
-
-/// The crossover of `times` (rows ascending): the largest rows up to which
-/// mono was faster at every candidate, 0 if it lost at the first.
-fn crossover(times: &[(usize, f64, f64)]) -> usize {
-    times
-        .iter()
-        .take_while(|(_, s, m)| m < s)
-        .last()
-        .map_or(0, |(t, _, _)| *t)
 }
 
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
@@ -881,7 +875,7 @@ mod tests {
     /// a first loss gives 0.
     #[test]
     fn crossover_is_the_end_of_the_first_run_of_wins() {
-        let t = |v: &[(usize, f64, f64)]| crossover(v);
+        let t = |v: &[(usize, f64, f64)]| MonoCrossover::from_times(v.to_vec()).max_rows;
         assert_eq!(t(&[]), 0);
         assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 1.9), (16, 3.0, 2.0)]), 16);
         assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 2.5), (16, 3.0, 2.0)]), 1);

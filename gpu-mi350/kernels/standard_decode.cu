@@ -943,11 +943,18 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #ifndef S_H_TILE_UMUL
 #define S_H_TILE_UMUL 2
 #endif
+// The one-row walk's batch, in units of SHalf::U (bench variant; session
+// 26 run 3 measured the doubled batch only at the one-row entries' 6-CTA
+// bound, where it spills: MXFP4 one row 76.7 -> 63.5%; with fewer CTAs
+// an SM, S_R1_MINB_FP4 / _NV, it has the registers).
+#ifndef S_H_ONE_UMUL
+#define S_H_ONE_UMUL 1
+#endif
 
 /// A fast walk's shape: super-chunks a load batch, and whether the CTA's
 /// warps take batches in turn (S_MMA_INTERLEAVE) or contiguous runs.
 template <int F, int NB, bool ONE> struct SHWalk {
-  static const u32 U = (SHalf<F>::NIB && NB == 1 && !ONE ? S_H_TILE_UMUL : 1u) * SHalf<F>::U;
+  static const u32 U = (ONE ? S_H_ONE_UMUL : SHalf<F>::NIB && NB == 1 ? S_H_TILE_UMUL : 1u) * SHalf<F>::U;
   static const bool ILV = S_MMA_INTERLEAVE == 1 || (S_MMA_INTERLEAVE == 2 && SFmt<F>::FP8 && !ONE);
 };
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 28, on an H200 (issues 12, 13). Each part into its own $OUT log,
 # most telling first.
-# 1. m1.log: the one-row walk at one row (tall 1 x [49152, 6144] and
-#    experts 4 of 128), one launch a replay against 10 back to back
+# 1. m1.log: the one-row walk at one row (tall 1 x [49152, 6144] and experts
+#    4 and 16 of 128, at 1 and 16 rows: the 16-row experts are the other
+#    bar), one launch a replay against 10 back to back
 #    (--kernel-reps), the build against its one-row batch doubled at
 #    fewer CTAs an SM (session 26 run 3 measured the doubled batch only at
 #    the 6-CTA bound, where it spills) and 4 CTAs an SM alone.
@@ -18,8 +19,8 @@ B="S_MMA_WARPS=4 S_MMA_MAXBT=2"
 V="$B S_R1_MINB_FP4=4;$B S_H_ONE_UMUL=2 S_R1_MINB_FP4=4 S_R1_MINB_FP8=3;$B S_H_ONE_UMUL=2 S_R1_MINB=3"
 for r in 10 1; do
   echo "=== reps $r ($(date +%T))"
-  timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-stack 1x49152 --kernel-experts 4 \
-    --kernel-rows 1 --kernel-reps $r --kernel-formats mxfp4,nvfp4,mxfp8 --variants "$V" 2>&1 | grep -E "^\||rror|^ceiling"
+  timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-stack 1x49152 --kernel-experts 4,16 \
+    --kernel-rows 1,16 --kernel-reps $r --kernel-formats mxfp4,nvfp4,mxfp8 --variants "$V" 2>&1 | grep -E "^\||rror|^ceiling"
 done > $OUT/m1.log 2>&1
 grep -E "x/row|===|rror" $OUT/m1.log
 timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 \

@@ -2,7 +2,7 @@
 """Compile the mono translation unit (or any kernel source) to a cubin with
 a chosen NVRTC, as the engine does at run time, for static SASS checks.
 
-Usage: NVRTC_LIB=/path/libnvrtc.so.13 nvrtc_cubin.py OUT.cubin "DEFINES" FILE...
+Usage: NVRTC_LIB=/path/libnvrtc.so.13 [NVRTC_OPTS="-lineinfo ..."] nvrtc_cubin.py OUT.cubin "DEFINES" FILE...
   FILES are concatenated after gpu-mi350/kernels/compat.h and the defines
   (e.g. "#define S_MMA_WARPS 4\\n#define S_MMA_MAXBT 2" for the small-step
   variant; the mono TU is mono_prelude.h standard_decode.cu
@@ -22,7 +22,7 @@ def main():
     src += "".join(open(os.path.join(KERNELS, f)).read() + "\n" for f in files)
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"x.cu", 0, None, None) == 0
-    opts = [b"--gpu-architecture=sm_90", b"--std=c++17"]
+    opts = [b"--gpu-architecture=sm_90", b"--std=c++17"] + [o.encode() for o in os.environ.get("NVRTC_OPTS", "").split()]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     if rc != 0:
         n = ctypes.c_size_t()

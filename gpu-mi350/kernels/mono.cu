@@ -116,7 +116,15 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(28, m3s_attn_partial_split_nv) \
   X(29, m3s_x_f16)                \
   X(30, m3s_mma_nvfp4_any)        \
-  X(31, m3s_rmsnorm_mix)
+  X(31, m3s_rmsnorm_mix)          \
+  X(32, m3s_mma_e4m3_r1)          \
+  X(33, m3s_mma_e4m3_r8)          \
+  X(34, m3s_mma_e5m2_r1)          \
+  X(35, m3s_mma_e5m2_r8)          \
+  X(36, m3s_mma_fp4_r1)           \
+  X(37, m3s_mma_fp4_r8)           \
+  X(38, m3s_mma_nvfp4_r1)         \
+  X(39, m3s_mma_nvfp4_r8)
 
 /// The barrier of sub-block `sub` (B threads) around a virtual block: the
 /// body's own (m3_mono_sync, mono_prelude.h).
@@ -196,7 +204,7 @@ S_MONO_FN(m3s_rmsnorm_mix)
 // rule gives them.
 constexpr u32 S_MONO_LIN_SEGS = 8u;
 constexpr u32 S_MONO_LIN_K = S_MONO_LIN_SEGS + (((u32)sizeof(SSegs) + 7u) & ~7u);
-template <int F, bool ANY> struct SMonoLin {
+template <int F, bool ANY, int RC = S_RC_ANY> struct SMonoLin {
   const unsigned char* p;
   __device__ __forceinline__ void operator()() const {
     constexpr u32 k = S_MONO_LIN_K;
@@ -208,7 +216,7 @@ template <int F, bool ANY> struct SMonoLin {
     const float* ts = s_mono_arg<const float*>(p + k + 24u);
     // bf16 weights on the bf16-operand kernel, the MX formats on the f16 one
     if constexpr (F == S_FMT_BF16) s_mma_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
-    else s_mmh_linear<F, ANY || S_FORCE_ANY>(x, sg, K, M, route, mr, xdiv, ts);
+    else s_mmh_linear<F, ANY || S_FORCE_ANY, RC>(x, sg, K, M, route, mr, xdiv, ts);
   }
 };
 #define S_MONO_LIN(name, F, ANY) \
@@ -223,6 +231,25 @@ S_MONO_LIN(m3s_mma_fp4_any, S_FMT_FP4, true)
 S_MONO_LIN(m3s_mma_nvfp4, S_FMT_NVFP4, false)
 S_MONO_LIN(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 #undef S_MONO_LIN
+// The small-step build's one-row and one-tile entry points as ops of their
+// own (the host records them for steps of 1 and of 2-8 rows, CUDA only):
+// each body holds one walk, as in its own launch, so it needs fewer
+// registers than the format's general body, which under the mono bound
+// of 128 spills inside its loops (NVRTC 13.0: m3s_mma_e4m3 19 stores and
+// 27 loads of local memory in its innermost loops, m3s_mma_fp4 14 and 25;
+// bench/NOTES.md session 28). The same walk per CTA as the general body:
+// the same bits.
+#define S_MONO_LIN_RC(name, F, RC) \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoLin<F, false, RC>{p}); }
+S_MONO_LIN_RC(m3s_mma_e4m3_r1, S_FMT_E4M3, S_RC_ONE)
+S_MONO_LIN_RC(m3s_mma_e4m3_r8, S_FMT_E4M3, S_RC_TILE)
+S_MONO_LIN_RC(m3s_mma_e5m2_r1, S_FMT_E5M2, S_RC_ONE)
+S_MONO_LIN_RC(m3s_mma_e5m2_r8, S_FMT_E5M2, S_RC_TILE)
+S_MONO_LIN_RC(m3s_mma_fp4_r1, S_FMT_FP4, S_RC_ONE)
+S_MONO_LIN_RC(m3s_mma_fp4_r8, S_FMT_FP4, S_RC_TILE)
+S_MONO_LIN_RC(m3s_mma_nvfp4_r1, S_FMT_NVFP4, S_RC_ONE)
+S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
+#undef S_MONO_LIN_RC
 
 // How the interpreter calls an op body. 1: through a table of function
 // pointers read with a volatile load, so ptxas cannot inline or specialise

@@ -33,7 +33,7 @@ use super::linear::variant_source;
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;
-use crate::model::{DevBuf, WFmt};
+use crate::model::DevBuf;
 use crate::runtime::api::{Device, Func, Gpu};
 
 /// Most rows a mono step takes: 1-16 (mono decode proper) and 17-64 (its
@@ -100,7 +100,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 32] = [
+pub(crate) const MONO_OPS: [&str; 40] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -138,7 +138,23 @@ pub(crate) const MONO_OPS: [&str; 32] = [
     "m3s_mma_nvfp4_any",
     // RMSNorm with a MoE layer's combine taken in (fold_combine)
     "m3s_rmsnorm_mix",
+    // the small-step build's one-row and one-tile linears (CUDA): one walk
+    // a body, fewer registers than the format's general body
+    "m3s_mma_e4m3_r1",
+    "m3s_mma_e4m3_r8",
+    "m3s_mma_e5m2_r1",
+    "m3s_mma_e5m2_r8",
+    "m3s_mma_fp4_r1",
+    "m3s_mma_fp4_r8",
+    "m3s_mma_nvfp4_r1",
+    "m3s_mma_nvfp4_r8",
 ];
+
+/// Whether op `name` is one of the small-step build's row-class entry
+/// points (`_r1` / `_r8`), which only its CUDA build has.
+fn is_row_entry(name: &str) -> bool {
+    name.ends_with("_r1") || name.ends_with("_r8")
+}
 
 /// Whether op `name` is a tensor-core linear (its body in the mono build
 /// is the small-step variant's).
@@ -380,8 +396,14 @@ impl Mono {
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
         let std_small = small_src.src;
+        // the row-class entry points exist (and are recorded) only where
+        // the small-step build has them
+        let rows = small_src.row_entries(gpu.vendor());
         let mut ids = HashMap::new();
         for (i, name) in MONO_OPS.iter().enumerate() {
+            if is_row_entry(name) && !rows {
+                continue;
+            }
             let from = if is_linear(name) {
                 &std_small
             } else {
@@ -389,24 +411,6 @@ impl Mono {
             };
             let h = gpu.kernel(from, name)?;
             ids.insert(h.handle(), i as u32);
-        }
-        // the small-step build's one-row and one-tile linears run as their
-        // format's op (its body picks the same walk per CTA)
-        if small_src.row_entries(gpu.vendor()) {
-            for fm in WFmt::MMA {
-                let Some(op) = fm
-                    .mma_kernel()
-                    .and_then(|n| MONO_OPS.iter().position(|o| *o == n))
-                else {
-                    continue;
-                };
-                for name in [fm.mma_kernel_rows(1), fm.mma_kernel_rows(8)]
-                    .into_iter()
-                    .flatten()
-                {
-                    ids.insert(gpu.kernel(&std_small, name)?.handle(), op as u32);
-                }
-            }
         }
         Ok(Mono {
             f,
@@ -940,13 +944,20 @@ mod tests {
             op_list_mismatch(&MONO_OPS[..MONO_OPS.len() - 1], src).is_some(),
             "a missing op went unseen"
         );
-        // every op is a standard kernel
+        // every op is a standard kernel, or a row-class entry point of the
+        // small-step build's CUDA form
+        let rows = crate::standard::small_step_cuda_entries();
         for n in MONO_OPS {
             assert!(
-                STANDARD.entries.contains(&n),
+                STANDARD.entries.contains(&n) || (is_row_entry(n) && rows.contains(&n)),
                 "{n} is not a standard kernel"
             );
         }
+        assert_eq!(
+            MONO_OPS.iter().filter(|n| is_row_entry(n)).count(),
+            rows.len(),
+            "every row-class entry point is an op"
+        );
     }
 
     /// The mono build takes its one tunable and refuses anything else.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 28 (issue 13), on an H200. check.log: the runner's mono tests
-# under REQUIRE_GPU=1 (the one-row and one-tile linears are mono ops of
-# their own now; a cold kernel cache compiles every build first: 150 s
-# was too little on the H100). mono.log: `m3 bench --path both` at batch
+# Session 28 (issues 12, 13), on an H200. umul.log: the MoE layer at b1 /
+# b4 / b16 with the E2M1 one-tile walk's batch single (S_H_TILE_UMUL=1)
+# against doubled (2, the default), 2 rounds (the H100's b4 +5%, session
+# 27 run 3). mono.log: `m3 bench --path both` at batch
 # 1-64 (32 and 64: the wide mode), the H200 table. served.log: served
 # tokens/s with mono on and off, on `small`
 # (MXFP4 experts, MXFP8 dense; fp8 cache): `m3 generate` at batch 1 (a
@@ -13,12 +13,11 @@
 set -u
 . bench/device/common.sh
 m3_setup
-{
-  echo "=== test runner mono, REQUIRE_GPU=1 ($(date +%T))"
-  REQUIRE_GPU=1 timeout 280 /tmp/bin/test-runner mono_path auto_path wide_mono --test-threads=1 --nocapture 2>&1 \
-    | grep -E "^test |^test result|panicked|bitwise|FAIL|crossover" | tail -16
-} > $OUT/check.log 2>&1
-cat $OUT/check.log
+B="S_MMA_WARPS=4 S_MMA_MAXBT=2"
+timeout 180 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 \
+  --iters 40 --rounds 2 --variants "$B S_H_TILE_UMUL=1;$B S_H_TILE_UMUL=2" > $OUT/umul.log 2>&1
+echo "exit $?" >> $OUT/umul.log
+grep -E "^device|^ceiling|^\| .*decode.*/|^exit" $OUT/umul.log | tail -16
 timeout 130 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
   --batch 1,4,16,32,64 --context 4096 --iters 40 --rounds 2 --path both > $OUT/mono.log 2>&1
 echo "exit $?" >> $OUT/mono.log

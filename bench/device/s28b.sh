@@ -3,7 +3,9 @@
 # b4 / b16 with the E2M1 one-tile walk's batch single (S_H_TILE_UMUL=1)
 # against doubled (2, the default), 2 rounds (the H100's b4 +5%, session
 # 27 run 3). mono.log: `m3 bench --path both` at batch
-# 1-64 (32 and 64: the wide mode), the H200 table. served.log: served
+# 1-64 (32 and 64: the wide mode), the H200 table, after its parity gate:
+# 256 greedy steps a case on each path, tokens and last logits bit for
+# bit (issue 13 item 4 on the product-format model). served.log: served
 # tokens/s with mono on and off, on `small`
 # (MXFP4 experts, MXFP8 dense; fp8 cache): `m3 generate` at batch 1 (a
 # 64-token prompt, 256 tokens) and `m3 batch` with 16 requests (16-token
@@ -18,10 +20,10 @@ timeout 180 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-laye
   --iters 40 --rounds 2 --variants "$B S_H_TILE_UMUL=1;$B S_H_TILE_UMUL=2" > $OUT/umul.log 2>&1
 echo "exit $?" >> $OUT/umul.log
 grep -E "^device|^ceiling|^\| .*decode.*/|^exit" $OUT/umul.log | tail -16
-timeout 130 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
+timeout 220 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --parity-steps 256 \
   --batch 1,4,16,32,64 --context 4096 --iters 40 --rounds 2 --path both > $OUT/mono.log 2>&1
 echo "exit $?" >> $OUT/mono.log
-grep -E "^device|^\| decode|^crossover|per layer|^mono path|^exit" $OUT/mono.log | tail -24
+grep -E "^device|^\| decode|^crossover|per layer|^mono path|parity|^  decode|^exit" $OUT/mono.log | tail -40
 CK=/tmp/ck; mkdir -p $CK
 /tmp/bin/m3 synth --preset small --experts mxfp4 --dense mxfp8 --out $CK/small --draft-layers 0 -q
 TOK=$(python3 -c "print(','.join(str((i*7919+13)%4096) for i in range(64)))")

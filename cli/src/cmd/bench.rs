@@ -84,6 +84,12 @@ pub struct Args {
     /// long-context case).
     #[arg(long, default_value_t = 0)]
     pub long_context: usize,
+    /// GPU, `--path both`: before timing, run each case the mono path
+    /// takes as a chain of this many greedy steps on each path (each
+    /// step's token fed back, positions kept) and require identical tokens
+    /// and bit-identical last logits (0 = no gate).
+    #[arg(long, default_value_t = 32)]
+    pub parity_steps: usize,
     /// GPU: also time a speculative verify step: one sequence, K + 1 rows
     /// at --context (0 = none).
     #[arg(long, default_value_t = 0)]

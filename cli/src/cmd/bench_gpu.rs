@@ -431,6 +431,8 @@ struct ModelRun {
     profiles: Vec<serde_json::Value>,
     /// (case label, variant index, median ms, bytes per step).
     medians: Vec<(String, usize, f64, f64)>,
+    /// `--path both`: the mono parity gate's rows (JSON).
+    parity: Vec<serde_json::Value>,
 }
 
 /// The bench model's shared experts for `--shared-expert`.
@@ -624,6 +626,23 @@ fn bench_model(
         sp.graph_count(),
         args.warmup
     );
+    // 4. (`--path both`) the mono path against the standard one on this
+    // model: greedy chains, bit for bit, before anything is timed
+    let parity = if args.path == BenchPath::Both && args.parity_steps > 0 {
+        let t = Instant::now();
+        let rows = mono_parity(&mut sp, &cases, args.parity_steps)?;
+        print_parity(&rows, args.parity_steps, t.elapsed().as_secs_f64());
+        if let Some(r) = rows.iter().find(|r| !r.same()) {
+            bail!(
+                "mono path parity: `{}` differs from the standard path ({}); nothing timed",
+                r.label,
+                r.describe()
+            );
+        }
+        rows.iter().map(ParityRow::to_json).collect()
+    } else {
+        Vec::new()
+    };
 
     // 5-6. interleaved timed rounds
     let n = runs.len();
@@ -733,7 +752,116 @@ fn bench_model(
         out_cases,
         profiles,
         medians,
+        parity,
     })
+}
+
+/// One case of the mono parity gate: the greedy tokens of a chain of
+/// steps on each path and the last step's logits, compared bit for bit.
+struct ParityRow {
+    label: String,
+    rows: usize,
+    /// The first step (0-based) whose tokens differ, if one does.
+    first_token_diff: Option<usize>,
+    /// Logits of the chain's last step that differ in their bits, and
+    /// the largest absolute difference among them.
+    logits_diff: usize,
+    max_abs: f32,
+}
+
+impl ParityRow {
+    /// Compare the standard path's chain `a` with the mono path's `b`.
+    fn compare(label: &str, rows: usize, a: &Chain, b: &Chain) -> Self {
+        let first_token_diff = a.0.iter().zip(&b.0).position(|(x, y)| x != y);
+        let mut logits_diff = 0;
+        let mut max_abs = 0f32;
+        for (x, y) in a.1.iter().zip(&b.1) {
+            if x.to_bits() != y.to_bits() {
+                logits_diff += 1;
+                max_abs = max_abs.max((x - y).abs());
+            }
+        }
+        ParityRow {
+            label: label.to_string(),
+            rows,
+            first_token_diff,
+            logits_diff,
+            max_abs,
+        }
+    }
+    fn same(&self) -> bool {
+        self.first_token_diff.is_none() && self.logits_diff == 0
+    }
+    fn describe(&self) -> String {
+        match (self.first_token_diff, self.logits_diff) {
+            (None, 0) => "identical tokens, bitwise logits".into(),
+            (t, n) => format!(
+                "tokens {}; {n} logits of the last step differ (max |diff| {:.3e})",
+                t.map_or("identical".into(), |k| format!("differ from step {k}")),
+                self.max_abs
+            ),
+        }
+    }
+    fn to_json(&self) -> serde_json::Value {
+        json!({"case": self.label, "rows": self.rows,
+            "first_token_diff": self.first_token_diff,
+            "logits_diff": self.logits_diff, "max_abs_diff": self.max_abs})
+    }
+}
+
+/// The mono parity gate (`--path both`): for every case the mono path
+/// runs, `steps` greedy steps on the standard path and then on the mono
+/// path, each from the case's own tokens, each step's sampled token fed
+/// back as the next step's input (rows keep their positions: each step
+/// rewrites the same cache slots, so a step's inputs are its tokens and the
+/// generated context), through the captured graphs that are timed. Mono
+/// runs the standard path's kernels and must give its bits.
+fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Vec<ParityRow>> {
+    let mut out = Vec::new();
+    for c in cases {
+        let rows = c.step.rows();
+        if rows > sp.mono_max_rows() {
+            continue;
+        }
+        let nl = c.step.logits_rows.len();
+        let greedy = vec![SampleParams::GREEDY; nl];
+        let all: Vec<u32> = (0..nl as u32).collect();
+        let mut chains = Vec::new();
+        for mono in [false, true] {
+            sp.set_variant(None).context("variant")?;
+            sp.set_mono(mono).context("path")?;
+            let mut s = c.step.clone();
+            let mut toks = Vec::with_capacity(steps);
+            for _ in 0..steps {
+                let shape = sp.prepare(&s, &greedy).context("parity: upload")?;
+                sp.launch(shape, true).context("parity: step")?;
+                let t = sp.read_tokens(nl).context("parity: tokens")?;
+                for (i, &r) in c.step.logits_rows.iter().enumerate() {
+                    s.tokens[r as usize] = t[i];
+                }
+                toks.push(t);
+            }
+            let logits = sp.read_logits(&all).context("parity: logits")?;
+            chains.push((toks, logits));
+        }
+        out.push(ParityRow::compare(&c.label, rows, &chains[0], &chains[1]));
+    }
+    Ok(out)
+}
+
+/// A path's greedy chain: each step's sampled tokens, the last logits.
+type Chain = (Vec<Vec<u32>>, Vec<f32>);
+
+fn print_parity(rows: &[ParityRow], steps: usize, secs: f64) {
+    println!(
+        "mono parity: {steps} greedy steps a path a case, tokens fed back, last logits compared bit for bit ({secs:.1} s)"
+    );
+    for r in rows {
+        println!("  {} ({} rows): {}", r.label, r.rows, r.describe());
+    }
+    if rows.is_empty() {
+        println!("  (no case runs on the mono path)");
+    }
 }
 
 /// `--path both`: each case's standard and mono medians from the same
@@ -894,6 +1022,7 @@ pub fn run(args: &Args) -> Result<()> {
         capture_s,
         mut out_cases,
         mut profiles,
+        parity,
         cache: _,
         ..
     } = runs.swap_remove(0);
@@ -917,6 +1046,7 @@ pub fn run(args: &Args) -> Result<()> {
         "protocol": {"warmup": args.warmup, "iters": args.iters, "rounds": args.rounds,
                       "generate_s": gen_s, "capture_and_warmup_s": capture_s},
         "cases": out_cases,
+        "mono_parity": {"steps": args.parity_steps, "cases": parity},
         "profiles": profiles,
         "per_layer": per_layer,
         "second_model": runs.first().map(|r| json!({"layers": r.layers, "generate_s": r.gen_s,
@@ -928,4 +1058,31 @@ pub fn run(args: &Args) -> Result<()> {
         }),
         &doc,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parity gate's comparison: equal chains pass; one token, one
+    /// logit's last bit, or a -0.0 against 0.0 each fail it.
+    #[test]
+    fn parity_catches_a_token_or_a_bit() {
+        let a: Chain = (vec![vec![5, 6], vec![7, 8]], vec![1.0, -2.5, 0.0]);
+        assert!(ParityRow::compare("c", 2, &a, &a.clone()).same());
+        let mut tok = a.clone();
+        tok.0[1][0] = 9;
+        let r = ParityRow::compare("c", 2, &a, &tok);
+        assert_eq!(r.first_token_diff, Some(1));
+        assert!(!r.same());
+        let mut ulp = a.clone();
+        ulp.1[1] = f32::from_bits(ulp.1[1].to_bits() + 1);
+        let r = ParityRow::compare("c", 2, &a, &ulp);
+        assert_eq!((r.first_token_diff, r.logits_diff), (None, 1));
+        assert!(r.max_abs > 0.0 && !r.same());
+        let mut zero = a.clone();
+        zero.1[2] = -0.0;
+        assert!(!ParityRow::compare("c", 2, &a, &zero).same());
+        assert!(r.describe().contains("1 logits"));
+    }
 }

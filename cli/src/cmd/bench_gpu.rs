@@ -767,6 +767,8 @@ struct ParityRow {
     /// the largest absolute difference among them.
     logits_diff: usize,
     max_abs: f32,
+    /// Logits rows with a differing logit.
+    rows_diff: usize,
 }
 
 impl ParityRow {
@@ -775,10 +777,17 @@ impl ParityRow {
         let first_token_diff = a.0.iter().zip(&b.0).position(|(x, y)| x != y);
         let mut logits_diff = 0;
         let mut max_abs = 0f32;
-        for (x, y) in a.1.iter().zip(&b.1) {
+        // the last step's logits rows (vocab values each)
+        let nl = a.0.last().map_or(1, Vec::len).max(1);
+        let vocab = (a.1.len() / nl).max(1);
+        let mut rows_hit = vec![false; nl];
+        for (i, (x, y)) in a.1.iter().zip(&b.1).enumerate() {
             if x.to_bits() != y.to_bits() {
                 logits_diff += 1;
                 max_abs = max_abs.max((x - y).abs());
+                if let Some(h) = rows_hit.get_mut(i / vocab) {
+                    *h = true;
+                }
             }
         }
         ParityRow {
@@ -787,6 +796,7 @@ impl ParityRow {
             first_token_diff,
             logits_diff,
             max_abs,
+            rows_diff: rows_hit.iter().filter(|&&h| h).count(),
         }
     }
     fn same(&self) -> bool {
@@ -796,8 +806,9 @@ impl ParityRow {
         match (self.first_token_diff, self.logits_diff) {
             (None, 0) => "identical tokens, bitwise logits".into(),
             (t, n) => format!(
-                "tokens {}; {n} logits of the last step differ (max |diff| {:.3e})",
+                "tokens {}; {n} logits of the last step differ, in {} of its rows (max |diff| {:.3e})",
                 t.map_or("identical".into(), |k| format!("differ from step {k}")),
+                self.rows_diff,
                 self.max_abs
             ),
         }
@@ -805,7 +816,8 @@ impl ParityRow {
     fn to_json(&self) -> serde_json::Value {
         json!({"case": self.label, "rows": self.rows,
             "first_token_diff": self.first_token_diff,
-            "logits_diff": self.logits_diff, "max_abs_diff": self.max_abs})
+            "logits_diff": self.logits_diff, "rows_diff": self.rows_diff,
+            "max_abs_diff": self.max_abs})
     }
 }
 
@@ -817,6 +829,15 @@ impl ParityRow {
 /// generated context), through the captured graphs that are timed. Mono
 /// runs the standard path's kernels and must give its bits.
 fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Vec<ParityRow>> {
+    // (name, mono, graph): the first is the reference, the third what the
+    // bench times on mono; the direct-launch chains tell a capture's fault
+    // from a path's
+    const CHAINS: [(&str, bool, bool); 4] = [
+        ("standard", false, true),
+        ("standard, direct launches", false, false),
+        ("mono", true, true),
+        ("mono, direct launches", true, false),
+    ];
     let mut out = Vec::new();
     for c in cases {
         let rows = c.step.rows();
@@ -827,14 +848,14 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
         let greedy = vec![SampleParams::GREEDY; nl];
         let all: Vec<u32> = (0..nl as u32).collect();
         let mut chains = Vec::new();
-        for mono in [false, true] {
+        for (_, mono, graph) in CHAINS {
             sp.set_variant(None).context("variant")?;
             sp.set_mono(mono).context("path")?;
             let mut s = c.step.clone();
             let mut toks = Vec::with_capacity(steps);
             for _ in 0..steps {
                 let shape = sp.prepare(&s, &greedy).context("parity: upload")?;
-                sp.launch(shape, true).context("parity: step")?;
+                sp.launch(shape, graph).context("parity: step")?;
                 let t = sp.read_tokens(nl).context("parity: tokens")?;
                 for (i, &r) in c.step.logits_rows.iter().enumerate() {
                     s.tokens[r as usize] = t[i];
@@ -844,7 +865,10 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
             let logits = sp.read_logits(&all).context("parity: logits")?;
             chains.push((toks, logits));
         }
-        out.push(ParityRow::compare(&c.label, rows, &chains[0], &chains[1]));
+        for (k, (name, _, _)) in CHAINS.iter().enumerate().skip(1) {
+            let label = format!("{} {name}", c.label);
+            out.push(ParityRow::compare(&label, rows, &chains[0], &chains[k]));
+        }
     }
     Ok(out)
 }
@@ -854,7 +878,7 @@ type Chain = (Vec<Vec<u32>>, Vec<f32>);
 
 fn print_parity(rows: &[ParityRow], steps: usize, secs: f64) {
     println!(
-        "mono parity: {steps} greedy steps a path a case, tokens fed back, last logits compared bit for bit ({secs:.1} s)"
+        "mono parity: {steps} greedy steps a chain, tokens fed back; each chain against the standard path's graphs, tokens and last logits bit for bit ({secs:.1} s)"
     );
     for r in rows {
         println!("  {} ({} rows): {}", r.label, r.rows, r.describe());
@@ -1068,7 +1092,8 @@ mod tests {
     /// logit's last bit, or a -0.0 against 0.0 each fail it.
     #[test]
     fn parity_catches_a_token_or_a_bit() {
-        let a: Chain = (vec![vec![5, 6], vec![7, 8]], vec![1.0, -2.5, 0.0]);
+        // two logits rows of two values
+        let a: Chain = (vec![vec![5, 6], vec![7, 8]], vec![1.0, -2.5, 0.0, 3.0]);
         assert!(ParityRow::compare("c", 2, &a, &a.clone()).same());
         let mut tok = a.clone();
         tok.0[1][0] = 9;
@@ -1078,11 +1103,17 @@ mod tests {
         let mut ulp = a.clone();
         ulp.1[1] = f32::from_bits(ulp.1[1].to_bits() + 1);
         let r = ParityRow::compare("c", 2, &a, &ulp);
-        assert_eq!((r.first_token_diff, r.logits_diff), (None, 1));
+        assert_eq!(
+            (r.first_token_diff, r.logits_diff, r.rows_diff),
+            (None, 1, 1)
+        );
         assert!(r.max_abs > 0.0 && !r.same());
         let mut zero = a.clone();
         zero.1[2] = -0.0;
         assert!(!ParityRow::compare("c", 2, &a, &zero).same());
         assert!(r.describe().contains("1 logits"));
+        let mut both = ulp.clone();
+        both.1[3] = 4.0;
+        assert_eq!(ParityRow::compare("c", 2, &a, &both).rows_diff, 2);
     }
 }

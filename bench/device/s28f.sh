@@ -4,8 +4,8 @@
 # from the first step; b1 bitwise). Which side and which part: the gate's
 # four chains (standard graphs = reference, standard direct launches,
 # mono graphs, mono direct) at b1 / b2 / b4 / b16, 2 steps each, on
-# m3.1 --layers 4 under the path options that change the launch order,
-# and on the small preset. parity.log.
+# m3.1 --layers 4 with the standard path's side stream off and with
+# mono's beside phases off, and on the small preset. parity.log.
 set -u
 . bench/device/common.sh
 m3_setup
@@ -19,8 +19,6 @@ A="--backend gpu --layers 4 --batch 1,2,4,16 --context 4096 --iters 1 --rounds 1
   run M3_NONE=1 /tmp/bin/m3 bench --preset m3.1 $A
   run M3_BESIDE=0 /tmp/bin/m3 bench --preset m3.1 $A
   run M3_MONO_PAIR=0 /tmp/bin/m3 bench --preset m3.1 $A
-  run M3_BESIDE=0 M3_MONO_PAIR=0 /tmp/bin/m3 bench --preset m3.1 $A
   run M3_NONE=1 /tmp/bin/m3 bench --preset small $A
-  run M3_NONE=1 /tmp/bin/m3 bench --preset m3.1 ${A/--context 4096/--context 256}
 } > $OUT/parity.log 2>&1
 cat $OUT/parity.log

@@ -933,28 +933,57 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 }
 
 // Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
-// weights, in units of SHalf::U (bench variant; 1 = the other walks'
-// batch). H200 (bench/NOTES.md session 26, one round, grouped experts 16
-// of 128 at 16 rows, row-scaled x; measured as S_UNROLL_MUL=2, which
-// doubles every walk's batch: the one-tile entries' code is this one's,
-// with NVFP4's chained sum): 2 gives MXFP4 69.6 -> 72.2%, NVFP4 65.1 ->
-// 68.4% of the ceiling; the one-row and two-tile walks lose with it
-// (MXFP4 one row 76.7 -> 63.5%), so they keep SHalf::U.
-#ifndef S_H_TILE_UMUL
-#define S_H_TILE_UMUL 2
+// weights and in its one-row walk, in units of SHalf::U, per format (bench
+// variants: S_H_TILE_UMUL / S_H_ONE_UMUL set every format's; _FP4, _NV
+// (and _FP8 for the one-row walk) one format's). Measured (bench/NOTES.md):
+// - one-tile, MXFP4: 1. The doubled batch won the microbench's experts 16
+//   of 128 at 16 rows (H200 session 26: 69.6 -> 72.2%) but lost the MoE
+//   layer at 4 rows by 5-6% on both cards (H100 session 27 run 3, H200
+//   session 28) and was even at 1 and 16 rows;
+// - one-tile, NVFP4: 2 (H200 session 26: 65.1 -> 68.4% at 16 of 128, 16
+//   rows; H100 session 27: +5 points at 4 and 16 rows);
+// - one-row, NVFP4: 2 at its 4 CTAs an SM (H200 session 28, 10 launches
+//   back to back: tall 74.2 -> 76.9%, experts 4 of 128 68.2 -> 71.6%;
+//   122 registers, no stack); MXFP4 and MXFP8: 1 (the doubled batch lost
+//   at any CTAs an SM: MXFP4 79.2 -> 77.5% at 4, and spills at its 6;
+//   MXFP8 91.4 -> 84.9%).
+// The batch only groups loads: these walks split K into contiguous runs a
+// warp (not S_MMA_INTERLEAVE's dealt batches), each summed in order, so
+// U changes no result bit.
+#if defined(S_H_TILE_UMUL)
+#define S_H_TILE_UMUL_FP4 S_H_TILE_UMUL
+#define S_H_TILE_UMUL_NV S_H_TILE_UMUL
 #endif
-// The one-row walk's batch, in units of SHalf::U (bench variant; session
-// 26 run 3 measured the doubled batch only at the one-row entries' 6-CTA
-// bound, where it spills: MXFP4 one row 76.7 -> 63.5%; with fewer CTAs
-// an SM, S_R1_MINB_FP4 / _NV, it has the registers).
-#ifndef S_H_ONE_UMUL
-#define S_H_ONE_UMUL 1
+#ifndef S_H_TILE_UMUL_FP4
+#define S_H_TILE_UMUL_FP4 1
 #endif
+#ifndef S_H_TILE_UMUL_NV
+#define S_H_TILE_UMUL_NV 2
+#endif
+#if defined(S_H_ONE_UMUL)
+#define S_H_ONE_UMUL_FP4 S_H_ONE_UMUL
+#define S_H_ONE_UMUL_NV S_H_ONE_UMUL
+#define S_H_ONE_UMUL_FP8 S_H_ONE_UMUL
+#endif
+#ifndef S_H_ONE_UMUL_FP4
+#define S_H_ONE_UMUL_FP4 1
+#endif
+#ifndef S_H_ONE_UMUL_NV
+#define S_H_ONE_UMUL_NV 2
+#endif
+#ifndef S_H_ONE_UMUL_FP8
+#define S_H_ONE_UMUL_FP8 1
+#endif
+/// The batch multipliers of format F's one-tile and one-row walks.
+template <int F> struct SHUmul {
+  static const u32 TILE = F == S_FMT_NVFP4 ? S_H_TILE_UMUL_NV : S_H_TILE_UMUL_FP4;
+  static const u32 ONE = F == S_FMT_NVFP4 ? S_H_ONE_UMUL_NV : F == S_FMT_FP4 ? S_H_ONE_UMUL_FP4 : S_H_ONE_UMUL_FP8;
+};
 
 /// A fast walk's shape: super-chunks a load batch, and whether the CTA's
 /// warps take batches in turn (S_MMA_INTERLEAVE) or contiguous runs.
 template <int F, int NB, bool ONE> struct SHWalk {
-  static const u32 U = (ONE ? S_H_ONE_UMUL : SHalf<F>::NIB && NB == 1 ? S_H_TILE_UMUL : 1u) * SHalf<F>::U;
+  static const u32 U = (ONE ? SHUmul<F>::ONE : SHalf<F>::NIB && NB == 1 ? SHUmul<F>::TILE : 1u) * SHalf<F>::U;
   static const bool ILV = S_MMA_INTERLEAVE == 1 || (S_MMA_INTERLEAVE == 2 && SFmt<F>::FP8 && !ONE);
 };
 

@@ -382,7 +382,9 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
             "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
             "S_MMA_INTERLEAVE" if n <= 2 => {}
-            "S_H_TILE_UMUL" | "S_H_ONE_UMUL" if (1..=2).contains(&n) => {}
+            "S_H_TILE_UMUL" | "S_H_TILE_UMUL_FP4" | "S_H_TILE_UMUL_NV" | "S_H_ONE_UMUL"
+            | "S_H_ONE_UMUL_FP4" | "S_H_ONE_UMUL_NV" | "S_H_ONE_UMUL_FP8"
+                if (1..=2).contains(&n) => {}
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"

@@ -769,6 +769,9 @@ struct ParityRow {
     max_abs: f32,
     /// Logits rows with a differing logit.
     rows_diff: usize,
+    /// Logits of the first step (the same inputs on both sides) that
+    /// differ in their bits.
+    first_step_logits_diff: usize,
 }
 
 impl ParityRow {
@@ -797,26 +800,31 @@ impl ParityRow {
             logits_diff,
             max_abs,
             rows_diff: rows_hit.iter().filter(|&&h| h).count(),
+            first_step_logits_diff: 0,
         }
     }
     fn same(&self) -> bool {
-        self.first_token_diff.is_none() && self.logits_diff == 0
+        self.first_token_diff.is_none() && self.logits_diff == 0 && self.first_step_logits_diff == 0
     }
     fn describe(&self) -> String {
-        match (self.first_token_diff, self.logits_diff) {
-            (None, 0) => "identical tokens, bitwise logits".into(),
-            (t, n) => format!(
-                "tokens {}; {n} logits of the last step differ, in {} of its rows (max |diff| {:.3e})",
-                t.map_or("identical".into(), |k| format!("differ from step {k}")),
-                self.rows_diff,
-                self.max_abs
-            ),
+        if self.same() {
+            return "identical tokens, bitwise logits".into();
         }
+        format!(
+            "tokens {}; {} logits of the last step differ, in {} of its rows (max |diff| {:.3e}); {} of the first step's",
+            self.first_token_diff
+                .map_or("identical".into(), |k| format!("differ from step {k}")),
+            self.logits_diff,
+            self.rows_diff,
+            self.max_abs,
+            self.first_step_logits_diff
+        )
     }
     fn to_json(&self) -> serde_json::Value {
         json!({"case": self.label, "rows": self.rows,
             "first_token_diff": self.first_token_diff,
             "logits_diff": self.logits_diff, "rows_diff": self.rows_diff,
+            "first_step_logits_diff": self.first_step_logits_diff,
             "max_abs_diff": self.max_abs})
     }
 }
@@ -853,21 +861,34 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
             sp.set_mono(mono).context("path")?;
             let mut s = c.step.clone();
             let mut toks = Vec::with_capacity(steps);
-            for _ in 0..steps {
+            let mut first = Vec::new();
+            for k in 0..steps {
                 let shape = sp.prepare(&s, &greedy).context("parity: upload")?;
                 sp.launch(shape, graph).context("parity: step")?;
                 let t = sp.read_tokens(nl).context("parity: tokens")?;
+                if k == 0 {
+                    first = sp.read_logits(&all).context("parity: logits")?;
+                }
                 for (i, &r) in c.step.logits_rows.iter().enumerate() {
                     s.tokens[r as usize] = t[i];
                 }
                 toks.push(t);
             }
             let logits = sp.read_logits(&all).context("parity: logits")?;
-            chains.push((toks, logits));
+            chains.push(((toks, logits), first));
         }
         for (k, (name, _, _)) in CHAINS.iter().enumerate().skip(1) {
             let label = format!("{} {name}", c.label);
-            out.push(ParityRow::compare(&label, rows, &chains[0], &chains[k]));
+            let mut row = ParityRow::compare(&label, rows, &chains[0].0, &chains[k].0);
+            // the first step's logits: whether the paths differ before any
+            // token does (same inputs), or only after
+            let (a, b) = (&chains[0].1, &chains[k].1);
+            row.first_step_logits_diff = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            out.push(row);
         }
     }
     Ok(out)

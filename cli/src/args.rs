@@ -285,14 +285,14 @@ pub struct EngineArgs {
     /// GPU: the path of pure decode steps (decode and verify rows only, at
     /// most 64 rows): `mono` loads the mono kernel (each layer one
     /// persistent launch running the standard kernels' bodies, meant to
-    /// give the standard path's bits: so it does at 1 row on the full-size
-    /// bench model and at 1-24 rows on tiny / small, but at 4 and 16 rows
-    /// on the full-size model the two paths were measured to differ, cause
-    /// not yet known: bench/NOTES.md session 28) and runs every such step
+    /// give the standard path's bits: so it did at 1 row on the full-size
+    /// bench model, but at 4 and 16 rows its MXFP8 linears summed in
+    /// another order, fixed since and not yet re-measured on the device:
+    /// bench/NOTES.md session 28) and runs every such step
     /// on it; `auto` loads
     /// it too, times both paths at load on steps of 1-64 rows (a few
     /// seconds), and runs mono up to where it stops being faster, for now
-    /// on steps of 1 row at most (the parity question above; it says
+    /// on steps of 1 row at most (until that fix is measured; it says
     /// what it measured; where the mono kernel cannot load, or the timing
     /// returns an error, the standard path, with a warning; a fault on the
     /// device still ends the command); `standard` runs every step on the

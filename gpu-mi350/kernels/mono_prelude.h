@@ -36,7 +36,11 @@
 // ABI at 128 registers the full unroll spills inside their loops (NVRTC
 // 13.0, sm_90); half does not, and measured 11-14% faster a mono layer
 // (bench/NOTES.md session 9, run 5). The order of the sums is the same
-// (bit-identical to the standard path's full unroll).
+// (bit-identical to the standard path's full unroll): the general walks
+// deal K to the warps whatever the batch (s_chunk), and the fast walk's
+// interleaved form deals granules of the unhalved batch (SHWalk::G;
+// until session 28 it dealt by the halved one, and mono's MXFP8 linears
+// past one row summed in another order than the standard path's).
 #ifndef S_UNROLL_HALF
 #define S_UNROLL_HALF 1
 #endif

@@ -589,6 +589,9 @@ template <int F, bool ANY = false> struct SHalf {
   /// flight; one for the prefill shape, whose 8 x tiles hold the registers,
   /// and for the any-scale entry points, whose general loads and factors do).
   static const u32 U = (S_UNROLL_HALF || S_MMA_MAXBT > 2 || ANY || S_H_LEAN ? 1u : 2u) * S_UNROLL_MUL;
+  /// U without S_UNROLL_HALF (the mono build's halving): the unit the
+  /// fast walk deals super-chunks to the warps in (SHWalk::G).
+  static const u32 UG = (S_MMA_MAXBT > 2 || ANY || S_H_LEAN ? 1u : 2u) * S_UNROLL_MUL;
 };
 
 /// Bytes from one chunk of a row's codes to its next: FP8 rows are
@@ -935,7 +938,7 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 // Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
 // weights and in its one-row walk, in units of SHalf::U, per format (bench
 // variants: S_H_TILE_UMUL / S_H_ONE_UMUL set every format's; _FP4, _NV
-// (and _FP8 for the one-row walk) one format's). Measured (bench/NOTES.md):
+// (and _FP8 for the one-row walk) one format's, and win over them). Measured (bench/NOTES.md):
 // - one-tile, MXFP4: 1. The doubled batch won the microbench's experts 16
 //   of 128 at 16 rows (H200 session 26: 69.6 -> 72.2%) but lost the MoE
 //   layer at 4 rows by 5-6% on both cards (H100 session 27 run 3, H200
@@ -947,12 +950,17 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 //   122 registers, no stack); MXFP4 and MXFP8: 1 (the doubled batch lost
 //   at any CTAs an SM: MXFP4 79.2 -> 77.5% at 4, and spills at its 6;
 //   MXFP8 91.4 -> 84.9%).
-// The batch only groups loads: these walks split K into contiguous runs a
-// warp (not S_MMA_INTERLEAVE's dealt batches), each summed in order, so
-// U changes no result bit.
+// The batch only groups loads: under S_MMA_INTERLEAVE 0 or 2 these walks
+// split K into contiguous runs a warp, each summed in order, so U changes
+// no result bit (S_MMA_INTERLEAVE=1 deals them in granules of the batch:
+// there it does).
 #if defined(S_H_TILE_UMUL)
+#ifndef S_H_TILE_UMUL_FP4
 #define S_H_TILE_UMUL_FP4 S_H_TILE_UMUL
+#endif
+#ifndef S_H_TILE_UMUL_NV
 #define S_H_TILE_UMUL_NV S_H_TILE_UMUL
+#endif
 #endif
 #ifndef S_H_TILE_UMUL_FP4
 #define S_H_TILE_UMUL_FP4 1
@@ -961,9 +969,15 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #define S_H_TILE_UMUL_NV 2
 #endif
 #if defined(S_H_ONE_UMUL)
+#ifndef S_H_ONE_UMUL_FP4
 #define S_H_ONE_UMUL_FP4 S_H_ONE_UMUL
+#endif
+#ifndef S_H_ONE_UMUL_NV
 #define S_H_ONE_UMUL_NV S_H_ONE_UMUL
+#endif
+#ifndef S_H_ONE_UMUL_FP8
 #define S_H_ONE_UMUL_FP8 S_H_ONE_UMUL
+#endif
 #endif
 #ifndef S_H_ONE_UMUL_FP4
 #define S_H_ONE_UMUL_FP4 1
@@ -980,31 +994,51 @@ template <int F> struct SHUmul {
   static const u32 ONE = F == S_FMT_NVFP4 ? S_H_ONE_UMUL_NV : F == S_FMT_FP4 ? S_H_ONE_UMUL_FP4 : S_H_ONE_UMUL_FP8;
 };
 
-/// A fast walk's shape: super-chunks a load batch, and whether the CTA's
-/// warps take batches in turn (S_MMA_INTERLEAVE) or contiguous runs.
+/// A fast walk's shape: super-chunks a load batch (U), whether the CTA's
+/// warps take granules of G super-chunks in turn (S_MMA_INTERLEAVE) or
+/// contiguous runs, and G: the batch of the build without S_UNROLL_HALF.
+/// The mono build halves U, not G, so it deals K to the warps as the
+/// standard build does and each warp sums the same super-chunks in the
+/// same order: the same bits (bench/NOTES.md session 28: dealt by U, mono
+/// differed from the standard path wherever MXFP8 took its interleaved
+/// walk, steps of 2-16 rows).
 template <int F, int NB, bool ONE> struct SHWalk {
-  static const u32 U = (ONE ? SHUmul<F>::ONE : SHalf<F>::NIB && NB == 1 ? SHUmul<F>::TILE : 1u) * SHalf<F>::U;
+  static const u32 M = ONE ? SHUmul<F>::ONE : SHalf<F>::NIB && NB == 1 ? SHUmul<F>::TILE : 1u;
+  static const u32 U = M * SHalf<F>::U;
+  static const u32 G = M * SHalf<F>::UG;
+  static_assert(G % U == 0, "a granule is whole batches");
   static const bool ILV = S_MMA_INTERLEAVE == 1 || (S_MMA_INTERLEAVE == 2 && SFmt<F>::FP8 && !ONE);
 };
 
 /// The fast walk over warp `warp`'s share of a row's `nsc` super-chunks
 /// (`p` at the row's first): a contiguous run of them, or (SHWalk::ILV)
-/// batches of U dealt to the warps in turn; full batches, then the rest
-/// one at a time.
+/// granules of G dealt to the warps in turn; whole granules in batches of
+/// U, then the rest in batches of U, then one at a time. Either way a
+/// warp sums its super-chunks in ascending order.
 template <int F, int NB, bool ONE, bool XR = false>
 M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[S_MMA_MAXBT][4]) {
   using W = SHWalk<F, NB, ONE>;
-  const u32 U = W::U, per = (nsc + nwarp - 1u) / nwarp;
-  const u32 q0 = W::ILV ? min(warp * U, nsc) : min(warp * per, nsc);
+  const u32 U = W::U, G = W::ILV ? W::G : W::U, per = (nsc + nwarp - 1u) / nwarp;
+  const u32 q0 = W::ILV ? min(warp * G, nsc) : min(warp * per, nsc);
   // n: super-chunks from the walk's position to its share's end; gap: those
-  // of the other warps after each batch
+  // of the other warps after each granule
   u32 n = W::ILV ? nsc - q0 : min(per, nsc - q0);
-  const u32 gap = W::ILV ? (nwarp - 1u) * U : 0u;
+  const u32 gap = W::ILV ? (nwarp - 1u) * G : 0u;
   s_h_step(p, q0);
+  while (n >= G) {
+#pragma unroll
+    for (u32 k = 0; k < G / U; ++k) {
+      s_h_batch<F, NB, ONE, U, XR>(p, acc);
+      s_h_step(p, U);
+    }
+    s_h_step(p, gap);
+    n = n > G + gap ? n - G - gap : 0u;
+  }
+  // the rest of the share (less than a granule)
   while (n >= U) {
     s_h_batch<F, NB, ONE, U, XR>(p, acc);
-    s_h_step(p, U + gap);
-    n = n > U + gap ? n - U - gap : 0u;
+    s_h_step(p, U);
+    n -= U;
   }
   for (u32 i = 0; i < n; ++i) {
     s_h_batch<F, NB, ONE, 1, XR>(p, acc);

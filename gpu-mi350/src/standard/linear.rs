@@ -1233,6 +1233,76 @@ mod gpu_tests {
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
+    /// The mono build halves the small-step linears' load batch
+    /// (`S_UNROLL_HALF=1`, mono_prelude.h) and must still give the
+    /// standard path's bits, so the fast walk deals K to the warps in
+    /// granules of the full batch (`SHWalk::G`). Dealt by the halved batch,
+    /// MXFP8's interleaved walks (2-16 rows) summed in another order
+    /// (bench/NOTES.md session 28). Every MX format at 1, 4 and 16 rows
+    /// (the one-row, one-tile and two-tile walks), K = 6144 with x over
+    /// 2^-6..2^6 so the f32 sums round; a one-bit plant is seen.
+    #[test]
+    fn the_halved_batch_is_bitwise_the_full_one() {
+        let Some(gpu) = gpu() else { return };
+        let l = Launcher::new(gpu.device(), true).unwrap();
+        let st = &super::super::STANDARD;
+        let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1");
+        let k = LinearKernels {
+            mma: [SMALL_STEP_VARIANT, half.as_str()]
+                .iter()
+                .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
+                .collect(),
+            f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
+            x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
+        };
+        let ctx = gpu.device();
+        let mut rng = TestRng(43);
+        let (n, kk) = (32usize, 6144usize);
+        let mut failures = Vec::new();
+        for fmt in ["e4m3", "e5m2", "fp4", "nvfp4"] {
+            let w = weight(fmt, n, kk, &mut rng);
+            let dw = DevLinear::upload(ctx, "test", &[&w]).unwrap();
+            for &m in &[1usize, 4, 16] {
+                let xs: Vec<u16> = (0..m * kk)
+                    .map(|_| {
+                        let e = (rng.next_u32() % 13) as i32 - 6;
+                        bf16::from_f32((2.0 * rng.unit() - 1.0) * 2f32.powi(e))
+                    })
+                    .collect();
+                let xd = DevBuf::from_slice(ctx, &xs).unwrap();
+                let (lx, _keep) = with_f16(&l, &k, xd.ptr(), None, m, kk);
+                let out = |vi: usize| {
+                    let y = DevBuf::zeroed(ctx, m * n * 4).unwrap();
+                    linears(&l, &k, vi, &[(&dw, LinOut::F32(y.ptr()))], lx, m, None, m).unwrap();
+                    l.sync().unwrap();
+                    let mut v = vec![0f32; m * n];
+                    y.read(l.stream(), 0, &mut v).unwrap();
+                    v
+                };
+                let (full, halved) = (out(0), out(1));
+                let differ = full
+                    .iter()
+                    .zip(&halved)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                let mut planted = halved.clone();
+                planted[m * n / 2] = f32::from_bits(planted[m * n / 2].to_bits() ^ 1);
+                let seen = full
+                    .iter()
+                    .zip(&planted)
+                    .any(|(a, b)| a.to_bits() != b.to_bits());
+                let nonzero = full.iter().filter(|v| **v != 0.0).count();
+                if differ > 0 || !seen || nonzero == 0 {
+                    failures.push(format!(
+                        "{fmt} m {m}: {differ} of {} outputs differ ({nonzero} nonzero, planted seen {seen})",
+                        m * n
+                    ));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     #[test]
     fn variants_match_an_f64_reference() {
         let Some(gpu) = gpu() else { return };

@@ -237,8 +237,12 @@ S_MONO_LIN(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 // registers than the format's general body, which under the mono bound
 // of 128 spills inside its loops (NVRTC 13.0: m3s_mma_e4m3 19 stores and
 // 27 loads of local memory in its innermost loops, m3s_mma_fp4 14 and 25;
-// bench/NOTES.md session 28). The same walk per CTA as the general body:
-// the same bits.
+// bench/NOTES.md session 28). Each runs the row class of the standard
+// launch of its name, so the same walk per CTA: the same bits (the general
+// body, which mono ran them as before, picks its walk by the CTA's own
+// rows, and a 2-8-row routed launch can give a CTA one row: the one-row
+// walk there, not the one-tile walk the `_r8` entry runs, and for NVFP4
+// those two differ in their last bits).
 #define S_MONO_LIN_RC(name, F, RC) \
   static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoLin<F, false, RC>{p}); }
 S_MONO_LIN_RC(m3s_mma_e4m3_r1, S_FMT_E4M3, S_RC_ONE)

@@ -856,9 +856,10 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
         let greedy = vec![SampleParams::GREEDY; nl];
         let all: Vec<u32> = (0..nl as u32).collect();
         let mut chains = Vec::new();
-        for (_, mono, graph) in CHAINS {
+        for (name, mono, graph) in CHAINS {
             sp.set_variant(None).context("variant")?;
             sp.set_mono(mono).context("path")?;
+            let mono_before = sp.mono_steps();
             let mut s = c.step.clone();
             let mut toks = Vec::with_capacity(steps);
             let mut first = Vec::new();
@@ -875,6 +876,14 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
                 toks.push(t);
             }
             let logits = sp.read_logits(&all).context("parity: logits")?;
+            // the chain ran where it says (not a standard chain twice)
+            let on_mono = (sp.mono_steps() - mono_before) as usize;
+            if on_mono != if mono { steps } else { 0 } {
+                bail!(
+                    "mono parity: `{}` {name}: {on_mono} of {steps} steps ran on the mono path",
+                    c.label
+                );
+            }
             chains.push(((toks, logits), first));
         }
         for (k, (name, _, _)) in CHAINS.iter().enumerate().skip(1) {

@@ -85,9 +85,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub long_context: usize,
     /// GPU, `--path both`: before timing, run each case the mono path
-    /// takes as a chain of this many greedy steps on each path (each
-    /// step's token fed back, positions kept) and require identical tokens
-    /// and bit-identical last logits (0 = no gate).
+    /// takes as a chain of this many greedy steps on each path, graphs and
+    /// direct launches (each step's tokens fed back, positions kept), and
+    /// require identical tokens and bit-identical first and last logits
+    /// (0 = no gate).
     #[arg(long, default_value_t = 32)]
     pub parity_steps: usize,
     /// GPU: also time a speculative verify step: one sequence, K + 1 rows

@@ -756,8 +756,9 @@ fn bench_model(
     })
 }
 
-/// One case of the mono parity gate: the greedy tokens of a chain of
-/// steps on each path and the last step's logits, compared bit for bit.
+/// One chain of the mono parity gate against the reference chain: every
+/// step's greedy tokens and the first and last steps' logits, compared
+/// bit for bit.
 struct ParityRow {
     label: String,
     rows: usize,
@@ -775,16 +776,16 @@ struct ParityRow {
 }
 
 impl ParityRow {
-    /// Compare the standard path's chain `a` with the mono path's `b`.
+    /// Compare the reference chain `a` with chain `b`.
     fn compare(label: &str, rows: usize, a: &Chain, b: &Chain) -> Self {
-        let first_token_diff = a.0.iter().zip(&b.0).position(|(x, y)| x != y);
+        let first_token_diff = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y);
         let mut logits_diff = 0;
         let mut max_abs = 0f32;
         // the last step's logits rows (vocab values each)
-        let nl = a.0.last().map_or(1, Vec::len).max(1);
-        let vocab = (a.1.len() / nl).max(1);
+        let nl = a.tokens.last().map_or(1, Vec::len).max(1);
+        let vocab = (a.last.len() / nl).max(1);
         let mut rows_hit = vec![false; nl];
-        for (i, (x, y)) in a.1.iter().zip(&b.1).enumerate() {
+        for (i, (x, y)) in a.last.iter().zip(&b.last).enumerate() {
             if x.to_bits() != y.to_bits() {
                 logits_diff += 1;
                 max_abs = max_abs.max((x - y).abs());
@@ -793,6 +794,12 @@ impl ParityRow {
                 }
             }
         }
+        let first_step_logits_diff = a
+            .first
+            .iter()
+            .zip(&b.first)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
         ParityRow {
             label: label.to_string(),
             rows,
@@ -800,7 +807,7 @@ impl ParityRow {
             logits_diff,
             max_abs,
             rows_diff: rows_hit.iter().filter(|&&h| h).count(),
-            first_step_logits_diff: 0,
+            first_step_logits_diff,
         }
     }
     fn same(&self) -> bool {
@@ -830,12 +837,14 @@ impl ParityRow {
 }
 
 /// The mono parity gate (`--path both`): for every case the mono path
-/// runs, `steps` greedy steps on the standard path and then on the mono
-/// path, each from the case's own tokens, each step's sampled token fed
-/// back as the next step's input (rows keep their positions: each step
+/// runs, a chain of `steps` greedy steps on each of four forms (`CHAINS`:
+/// the standard path's captured graphs, the reference; its direct
+/// launches; the mono path's graphs, which the bench times; its direct
+/// launches), each from the case's own tokens, each row's sampled token
+/// fed back as its next input (rows keep their positions: each step
 /// rewrites the same cache slots, so a step's inputs are its tokens and the
-/// generated context), through the captured graphs that are timed. Mono
-/// runs the standard path's kernels and must give its bits.
+/// generated context). Mono runs the standard path's kernels and must give
+/// its bits; each chain must also have run on the path it names.
 fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Vec<ParityRow>> {
     // (name, mono, graph): the first is the reference, the third what the
     // bench times on mono; the direct-launch chains tell a capture's fault
@@ -861,21 +870,20 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
             sp.set_mono(mono).context("path")?;
             let mono_before = sp.mono_steps();
             let mut s = c.step.clone();
-            let mut toks = Vec::with_capacity(steps);
-            let mut first = Vec::new();
+            let mut chain = Chain::default();
             for k in 0..steps {
                 let shape = sp.prepare(&s, &greedy).context("parity: upload")?;
                 sp.launch(shape, graph).context("parity: step")?;
                 let t = sp.read_tokens(nl).context("parity: tokens")?;
                 if k == 0 {
-                    first = sp.read_logits(&all).context("parity: logits")?;
+                    chain.first = sp.read_logits(&all).context("parity: logits")?;
                 }
                 for (i, &r) in c.step.logits_rows.iter().enumerate() {
                     s.tokens[r as usize] = t[i];
                 }
-                toks.push(t);
+                chain.tokens.push(t);
             }
-            let logits = sp.read_logits(&all).context("parity: logits")?;
+            chain.last = sp.read_logits(&all).context("parity: logits")?;
             // the chain ran where it says (not a standard chain twice)
             let on_mono = (sp.mono_steps() - mono_before) as usize;
             if on_mono != if mono { steps } else { 0 } {
@@ -884,31 +892,29 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
                     c.label
                 );
             }
-            chains.push(((toks, logits), first));
+            chains.push(chain);
         }
         for (k, (name, _, _)) in CHAINS.iter().enumerate().skip(1) {
             let label = format!("{} {name}", c.label);
-            let mut row = ParityRow::compare(&label, rows, &chains[0].0, &chains[k].0);
-            // the first step's logits: whether the paths differ before any
-            // token does (same inputs), or only after
-            let (a, b) = (&chains[0].1, &chains[k].1);
-            row.first_step_logits_diff = a
-                .iter()
-                .zip(b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            out.push(row);
+            out.push(ParityRow::compare(&label, rows, &chains[0], &chains[k]));
         }
     }
     Ok(out)
 }
 
-/// A path's greedy chain: each step's sampled tokens, the last logits.
-type Chain = (Vec<Vec<u32>>, Vec<f32>);
+/// One greedy chain: each step's sampled tokens, and the logits of its
+/// first step (the same inputs on every chain: a difference there is the
+/// path's, not a diverged token's) and of its last.
+#[derive(Clone, Default)]
+struct Chain {
+    tokens: Vec<Vec<u32>>,
+    first: Vec<f32>,
+    last: Vec<f32>,
+}
 
 fn print_parity(rows: &[ParityRow], steps: usize, secs: f64) {
     println!(
-        "mono parity: {steps} greedy steps a chain, tokens fed back; each chain against the standard path's graphs, tokens and last logits bit for bit ({secs:.1} s)"
+        "mono parity: {steps} greedy steps a chain, tokens fed back; each chain against the standard path's graphs: tokens, first and last logits bit for bit ({secs:.1} s)"
     );
     for r in rows {
         println!("  {} ({} rows): {}", r.label, r.rows, r.describe());
@@ -1119,19 +1125,24 @@ mod tests {
     use super::*;
 
     /// The parity gate's comparison: equal chains pass; one token, one
-    /// logit's last bit, or a -0.0 against 0.0 each fail it.
+    /// logit's last bit (first or last step), or a -0.0 against 0.0 each
+    /// fail it.
     #[test]
     fn parity_catches_a_token_or_a_bit() {
         // two logits rows of two values
-        let a: Chain = (vec![vec![5, 6], vec![7, 8]], vec![1.0, -2.5, 0.0, 3.0]);
+        let a = Chain {
+            tokens: vec![vec![5, 6], vec![7, 8]],
+            first: vec![0.5, 1.5, -1.0, 2.0],
+            last: vec![1.0, -2.5, 0.0, 3.0],
+        };
         assert!(ParityRow::compare("c", 2, &a, &a.clone()).same());
         let mut tok = a.clone();
-        tok.0[1][0] = 9;
+        tok.tokens[1][0] = 9;
         let r = ParityRow::compare("c", 2, &a, &tok);
         assert_eq!(r.first_token_diff, Some(1));
         assert!(!r.same());
         let mut ulp = a.clone();
-        ulp.1[1] = f32::from_bits(ulp.1[1].to_bits() + 1);
+        ulp.last[1] = f32::from_bits(ulp.last[1].to_bits() + 1);
         let r = ParityRow::compare("c", 2, &a, &ulp);
         assert_eq!(
             (r.first_token_diff, r.logits_diff, r.rows_diff),
@@ -1139,11 +1150,16 @@ mod tests {
         );
         assert!(r.max_abs > 0.0 && !r.same());
         let mut zero = a.clone();
-        zero.1[2] = -0.0;
+        zero.last[2] = -0.0;
         assert!(!ParityRow::compare("c", 2, &a, &zero).same());
         assert!(r.describe().contains("1 logits"));
         let mut both = ulp.clone();
-        both.1[3] = 4.0;
+        both.last[3] = 4.0;
         assert_eq!(ParityRow::compare("c", 2, &a, &both).rows_diff, 2);
+        let mut early = a.clone();
+        early.first[0] = f32::from_bits(early.first[0].to_bits() ^ 1);
+        let r = ParityRow::compare("c", 2, &a, &early);
+        assert_eq!((r.first_step_logits_diff, r.logits_diff), (1, 0));
+        assert!(!r.same());
     }
 }

@@ -175,12 +175,6 @@ pub(crate) const MONO_OPS: [&str; 40] = [
     "m3s_mma_nvfp4_r8",
 ];
 
-/// Whether op `name` is one of the small-step build's row-class entry
-/// points (`_r1` / `_r8`), which only its CUDA build has.
-fn is_row_entry(name: &str) -> bool {
-    name.ends_with("_r1") || name.ends_with("_r8")
-}
-
 /// Whether op `name` is a tensor-core linear (its body in the mono build
 /// is the small-step variant's).
 fn is_linear(name: &str) -> bool {
@@ -421,12 +415,13 @@ impl Mono {
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
         let std_small = small_src.src;
-        // the row-class entry points exist (and are recorded) only where
-        // the small-step build has them
+        // the row-class entry points (`_r1` / `_r8`) exist, and are
+        // recorded, only where the small-step build has them
+        let row_entries = super::small_step_cuda_entries();
         let rows = small_src.row_entries(gpu.vendor());
         let mut ids = HashMap::new();
         for (i, name) in MONO_OPS.iter().enumerate() {
-            if is_row_entry(name) && !rows {
+            if !rows && row_entries.contains(name) {
                 continue;
             }
             let from = if is_linear(name) {
@@ -979,13 +974,12 @@ mod tests {
         let rows = crate::standard::small_step_cuda_entries();
         for n in MONO_OPS {
             assert!(
-                STANDARD.entries.contains(&n) || (is_row_entry(n) && rows.contains(&n)),
+                STANDARD.entries.contains(&n) || rows.contains(&n),
                 "{n} is not a standard kernel"
             );
         }
-        assert_eq!(
-            MONO_OPS.iter().filter(|n| is_row_entry(n)).count(),
-            rows.len(),
+        assert!(
+            rows.iter().all(|r| MONO_OPS.contains(r)),
             "every row-class entry point is an op"
         );
     }

@@ -938,7 +938,8 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 // Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
 // weights and in its one-row walk, in units of SHalf::U, per format (bench
 // variants: S_H_TILE_UMUL / S_H_ONE_UMUL set every format's; _FP4, _NV
-// (and _FP8 for the one-row walk) one format's, and win over them). Measured (bench/NOTES.md):
+// (and _FP8 for the one-row walk) one format's, and win over them).
+// Measured (bench/NOTES.md):
 // - one-tile, MXFP4: 1. The doubled batch won the microbench's experts 16
 //   of 128 at 16 rows (H200 session 26: 69.6 -> 72.2%) but lost the MoE
 //   layer at 4 rows by 5-6% on both cards (H100 session 27 run 3, H200

@@ -284,16 +284,13 @@ pub struct EngineArgs {
     pub fold_shared_expert: bool,
     /// GPU: the path of pure decode steps (decode and verify rows only, at
     /// most 64 rows): `mono` loads the mono kernel (each layer one
-    /// persistent launch running the standard kernels' bodies, meant to
-    /// give the standard path's bits: so it did at 1 row on the full-size
-    /// bench model, but at 4 and 16 rows its MXFP8 linears summed in
-    /// another order, fixed since and not yet re-measured on the device:
-    /// bench/NOTES.md session 28) and runs every such step
-    /// on it; `auto` loads
-    /// it too, times both paths at load on steps of 1-64 rows (a few
-    /// seconds), and runs mono up to where it stops being faster, for now
-    /// on steps of 1 row at most (until that fix is measured; it says
-    /// what it measured; where the mono kernel cannot load, or the timing
+    /// persistent launch running the standard kernels' bodies, giving the
+    /// standard path's bits: measured over 256 greedy steps at 1-64 rows
+    /// on the full-size bench model, bench/NOTES.md session 29) and runs
+    /// every such step on it; `auto` loads it too, times both paths at
+    /// load on steps of 1-64 rows (a few seconds), and runs mono up to
+    /// where it stops being faster (it says what it measured; where the
+    /// mono kernel cannot load, or the timing
     /// returns an error, the standard path, with a warning; a fault on the
     /// device still ends the command); `standard` runs every step on the
     /// standard path. The mono kernel's grid must be resident all at once:

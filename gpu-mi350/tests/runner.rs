@@ -1437,10 +1437,9 @@ fn auto_path_measures_its_crossover_and_changes_no_result() {
         Some(i) => x.times[i - 1].0,
         None => x.times.last().map_or(0, |t| t.0),
     };
-    let trusted = expect_max.min(m3_gpu::standard::AUTO_MONO_TRUSTED_ROWS);
     assert_eq!(
-        (x.faster_rows, x.max_rows, max),
-        (expect_max, trusted, trusted),
+        (x.max_rows, max),
+        (expect_max, expect_max),
         "crossover and mono_max_rows"
     );
     // the decode steps of 1 and 2 rows took mono exactly where it won

@@ -91,7 +91,7 @@ use m3_core::kv::CacheDtype;
 
 pub use kv::DevKv;
 pub use launch::{Beside, Launcher};
-pub use mono::{MonoCrossover, MonoRows, OpTime, AUTO_MONO_TRUSTED_ROWS, MONO_MAX_ROWS};
+pub use mono::{MonoCrossover, MonoRows, OpTime, MONO_MAX_ROWS};
 
 use crate::error::{GpuError, Result};
 use crate::kernels::KernelSource;

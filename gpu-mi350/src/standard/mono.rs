@@ -62,41 +62,26 @@ pub enum MonoRows {
 pub struct MonoCrossover {
     /// (rows, standard ms, mono ms) per candidate, ascending rows.
     pub times: Vec<(usize, f64, f64)>,
-    /// The largest candidate at and below which mono was faster at every
-    /// candidate (0: at none).
-    pub faster_rows: usize,
-    /// The largest decode step the mono path now takes: `faster_rows`, at
-    /// most [`AUTO_MONO_TRUSTED_ROWS`].
+    /// The largest decode step the mono path now takes: the largest
+    /// candidate at and below which mono was faster at every candidate (0:
+    /// at none). No cap beside it: mono gives the standard path's bits at
+    /// every step of 1-64 rows (`m3 bench --path both`'s parity gate, 256
+    /// greedy steps at 1-64 rows on `m3.1 --layers 12` and at 1-16 on
+    /// `small`, on the H100: bench/NOTES.md session 29).
     pub max_rows: usize,
 }
-
-/// The largest decode step `--path auto` gives the mono path, whatever it
-/// measured. On the full-size bench model mono gave the standard path's
-/// bits at 1 row over 256 greedy steps but not at 4 and 16 rows
-/// (bench/NOTES.md session 28). The cause found since, in the simulator:
-/// the mono build's halved load batch dealt MXFP8's interleaved walk to
-/// the warps in another order (fixed: `SHWalk::G`, held by the linear test
-/// `the_halved_batch_is_bitwise_the_full_one`). Until the device's parity
-/// gate passes at 2-16 rows, the default path keeps multi-row steps on the
-/// standard path (`--path mono` still takes them).
-pub const AUTO_MONO_TRUSTED_ROWS: usize = 1;
 
 impl MonoCrossover {
     /// The crossover of `times` ((rows, standard ms, mono ms), rows
     /// ascending): the largest rows up to which mono was faster at every
-    /// candidate, 0 if it lost (or tied) at the first; the mono path's
-    /// share is that, at most [`AUTO_MONO_TRUSTED_ROWS`].
+    /// candidate, 0 if it lost (or tied) at the first.
     pub fn from_times(times: Vec<(usize, f64, f64)>) -> Self {
-        let faster_rows = times
+        let max_rows = times
             .iter()
             .take_while(|(_, s, m)| m < s)
             .last()
             .map_or(0, |(t, _, _)| *t);
-        MonoCrossover {
-            times,
-            faster_rows,
-            max_rows: faster_rows.min(AUTO_MONO_TRUSTED_ROWS),
-        }
+        MonoCrossover { times, max_rows }
     }
 
     /// One line for logs: each candidate's two medians and the result.
@@ -106,16 +91,10 @@ impl MonoCrossover {
             .iter()
             .map(|(t, s, m)| format!("{t} rows {s:.3}/{m:.3}"))
             .collect();
-        let mut verdict = match self.max_rows {
+        let verdict = match self.max_rows {
             0 => "the standard path runs every step".to_string(),
             n => format!("decode steps of at most {n} rows run on the mono path"),
         };
-        if self.faster_rows > self.max_rows {
-            verdict.push_str(&format!(
-                " (mono was faster up to {} rows; past {AUTO_MONO_TRUSTED_ROWS} the two paths' parity is open on full-size models: bench/NOTES.md session 28)",
-                self.faster_rows
-            ));
-        }
         format!("standard/mono ms a step: {}; {verdict}", per.join(", "))
     }
 }
@@ -899,29 +878,24 @@ mod tests {
     /// a first loss gives 0.
     #[test]
     fn crossover_is_the_end_of_the_first_run_of_wins() {
-        let t = |v: &[(usize, f64, f64)]| MonoCrossover::from_times(v.to_vec()).faster_rows;
+        let t = |v: &[(usize, f64, f64)]| MonoCrossover::from_times(v.to_vec()).max_rows;
         assert_eq!(t(&[]), 0);
         assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 1.9), (16, 3.0, 2.0)]), 16);
         assert_eq!(t(&[(1, 1.0, 0.5), (4, 2.0, 2.5), (16, 3.0, 2.0)]), 1);
         assert_eq!(t(&[(1, 1.0, 1.0), (4, 2.0, 1.0)]), 0);
         assert_eq!(t(&[(1, 1.0, 1.5), (4, 2.0, 1.0)]), 0);
         assert_eq!(t(&[(1, 1.0, f64::NAN)]), 0);
-        // the mono path's share stops at the trusted rows, and says so
+        // the summary names each candidate and the share
         let x = MonoCrossover::from_times(vec![(1, 1.0, 0.5), (4, 2.0, 1.9), (24, 2.0, 2.5)]);
-        assert_eq!(
-            (x.faster_rows, x.max_rows),
-            (4, 4.min(AUTO_MONO_TRUSTED_ROWS))
-        );
         let line = x.summary();
         assert!(
             line.contains("1 rows 1.000/0.500")
-                && line.contains(&format!("at most {} rows", x.max_rows))
-                && (AUTO_MONO_TRUSTED_ROWS >= 4 || line.contains("faster up to 4 rows")),
+                && line.contains("24 rows 2.000/2.500")
+                && line.contains("at most 4 rows run on the mono path"),
             "{line}"
         );
         let none = MonoCrossover {
             times: vec![],
-            faster_rows: 0,
             max_rows: 0,
         };
         assert!(none.summary().contains("standard path runs every step"));

@@ -563,7 +563,6 @@ fn device_sampling_graphs_and_block_copies() {
     let g1 = step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE);
     let g2 = step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::NONE);
     let d = step(&mut dev, &st, &[SampleParams::GREEDY], TapRequest::STANDARD);
-    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(bits(&g1.logits, &g2.logits), "graph replays differ");
     assert!(
         bits(&g1.logits, &d.logits),
@@ -1128,10 +1127,12 @@ fn fused_cache_writes_are_bitwise_the_same() {
 
 /// Whether two runs' logits (one vector a step) are the same bits.
 fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-        })
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bits(x, y))
+}
+
+/// Whether two vectors are the same length and the same bits.
+fn bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// The GPU of a mono test, or `None` (printed as skipped): no device (see
@@ -1243,9 +1244,6 @@ fn mono_path_is_bitwise_the_standard_path() {
         return;
     }
     let mut failures = Vec::new();
-    let bits = |a: &[f32], b: &[f32]| {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    };
     // (the NVFP4 cache: the mono program records the standard path's
     // cache-write, indexer and attention launches with their NVFP4 args)
     // (small with MXFP8 dense linears: their interleaved walk past one row

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 29 (issue 13), any card: why a mono E4M3 op runs ~3x as long as
+# the same body in its own launch (o_proj at b1: ~84 us against ~26; the
+# same 384 blocks of 128 threads, the same one-row walk). Nsight Compute
+# on one mono layer launch (b1) and on one standard m3s_mma_e4m3_r1
+# launch of the same step: stall reasons, per-SASS-line samples (xz'd
+# CSV), memory throughput.
+set -u
+. bench/device/common.sh
+m3_setup
+NCU=/usr/local/cuda/bin/ncu
+B="/tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --batch 1"
+S="--section SourceCounters --section WarpStateStats --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy"
+timeout 200 $NCU --target-processes all -k regex:m3s_mono --launch-skip 5 --launch-count 1 $S \
+  --import-source no -o $OUT/mono1 $B --path mono > $OUT/ncu-mono.txt 2>&1
+timeout 150 $NCU --target-processes all -k regex:m3s_mma_e4m3_r1 --launch-skip 20 --launch-count 4 $S \
+  --import-source no -o $OUT/std1 $B --path standard > $OUT/ncu-std.txt 2>&1
+for r in mono1 std1; do
+  $NCU -i $OUT/$r.ncu-rep --print-details all > $OUT/$r.txt 2>&1
+  $NCU -i $OUT/$r.ncu-rep --page source --print-source sass --csv 2>/dev/null | xz -9 > $OUT/$r-sass.csv.xz
+done
+rm -f $OUT/*.ncu-rep
+ls -la $OUT; tail -2 $OUT/ncu-mono.txt $OUT/ncu-std.txt
+grep -E "Duration|Warp Cycles Per Issued|Memory Throughput|DRAM Throughput|Achieved Occupancy|Grid Size|Block Size" $OUT/mono1.txt $OUT/std1.txt | head -30

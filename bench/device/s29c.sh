@@ -4,10 +4,26 @@
 # same 384 blocks of 128 threads, the same one-row walk). Nsight Compute
 # on one mono layer launch (b1) and on one standard m3s_mma_e4m3_r1
 # launch of the same step: stall reasons, per-SASS-line samples (xz'd
-# CSV), memory throughput.
+# CSV), memory throughput. Before it, spread.log (S_MONO_SPREAD A/B).
+# PART=spread: the A/B only; PART=ncu: Nsight Compute only.
 set -u
 . bench/device/common.sh
 m3_setup
+# spread.log first: the mono ops alone in their phase with their blocks
+# spread over every CTA's first sub-block before any second
+# (S_MONO_SPREAD=1) against CTA-major (the build), interleaved, 2 rounds.
+P=${PART:-all}
+[ "$P" = ncu ] || {
+  for r in 1 2; do
+    for d in "" "S_MONO_SPREAD=1"; do
+      echo "=== M3_MONO_DEFINES='$d' round $r ($(date +%T))"
+      M3_MONO_DEFINES="$d" timeout 150 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
+        --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path mono 2>&1 | grep -E "^\| \[.*decode.*/|rror"
+    done
+  done
+} > $OUT/spread.log 2>&1
+[ "$P" = ncu ] || cat $OUT/spread.log
+[ "$P" = spread ] && exit 0
 NCU=/usr/local/cuda/bin/ncu
 B="/tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --batch 1"
 S="--section SourceCounters --section WarpStateStats --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy"

@@ -32,7 +32,7 @@ def main():
             continue
         loops = []
         for a, t in f:
-            m = re.search(r"BRA (0x[0-9a-f]+)", t)
+            m = re.search(r"BRA (?:!?U?P[0-9T], )?(0x[0-9a-f]+)", t)
             if m and int(m.group(1), 16) < a:
                 loops.append((int(m.group(1), 16), a))
         inner, outer = set(), set()

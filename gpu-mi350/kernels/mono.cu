@@ -52,6 +52,9 @@ struct SMonoOp {
   u32 fn, lg, gx, gy, gz, arg, flags, rot;
 };
 #define S_MONO_SHARES_PHASE 1u
+/// Flag: neither this op nor the one before shares a phase (the op has
+/// the grid to itself).
+#define S_MONO_ALONE 2u
 
 // Argument bytes, as src/standard/mono.rs writes them: each argument in
 // order, one of at most 4 bytes at a 4-byte boundary, one of 8 or more (a
@@ -140,6 +143,19 @@ M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
 #endif
 }
 
+/// The op being run (thread 0 reads it from the program; every thread
+/// reads it back after a CTA-wide barrier).
+__shared__ SMonoOp s_mono_op;
+
+M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
+
+// An A/B knob (M3_MONO_DEFINES, bench/device/s29c.sh; not yet measured):
+// where an op has its phase to itself, its virtual blocks dealt to every
+// CTA's first sub-block before any CTA's second.
+#ifndef S_MONO_SPREAD
+#define S_MONO_SPREAD 0
+#endif
+
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
 /// body (`run`, inlined here) once per block between two barriers of the
@@ -152,8 +168,13 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   const u32 lg = s_mono_lg, B = 1u << lg, subs = S_MONO_THREADS >> lg, sub = threadIdx.x >> lg;
   const uint3 gd = s_mono_gdim;
   const u32 n = gd.x * gd.y * gd.z;
-  // s_mono_cta: this CTA's place in the op's order (blockIdx.x rotated)
-  for (u32 v = s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
+  // s_mono_cta: this CTA's place in the op's order (blockIdx.x rotated).
+  // S_MONO_SPREAD, an op alone in its phase: block v on sub-block
+  // v / gridDim.x of CTA v % gridDim.x (every CTA's first sub-block before
+  // any CTA's second: fewer blocks an SM where the op has fewer blocks than
+  // sub-blocks); else CTA-major (a CTA's sub-blocks in turn).
+  const bool spread = S_MONO_SPREAD && (s_mono_vol(s_mono_op.flags) & S_MONO_ALONE) != 0u;
+  for (u32 v = spread ? sub * gridDim.x + s_mono_cta : s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
     s_mono_sub_sync(sub, B);
     run();
@@ -354,12 +375,6 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
 #ifndef S_MONO_MINB
 #define S_MONO_MINB 2
 #endif
-
-/// The op being run (thread 0 reads it from the program; every thread
-/// reads it back after a CTA-wide barrier).
-__shared__ SMonoOp s_mono_op;
-
-M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 
 /// The global nanosecond timer (comparable across SMs, unlike clock64).
 /// HIP: the device's constant-rate real-time counter (`s_memrealtime`,

@@ -162,12 +162,14 @@ fn is_linear(name: &str) -> bool {
 
 /// The mono build's tunables and the values each takes (mono.cu /
 /// mono_prelude.h / standard_decode.cu): op calls through a pointer table
-/// or a switch, persistent CTAs an SM, and the linears' loads in flight.
-const MONO_TUNABLES: [(&str, &[&str]); 4] = [
+/// or a switch, persistent CTAs an SM, the linears' loads in flight, and
+/// how a lone op's blocks are dealt to the CTAs' sub-blocks.
+const MONO_TUNABLES: [(&str, &[&str]); 5] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
     ("S_UNROLL_HALF", &["0", "1"]),
+    ("S_MONO_SPREAD", &["0", "1"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
@@ -223,7 +225,8 @@ struct OpRecord {
     gz: u32,
     arg: u32,
     /// Bit 0: no grid barrier after this op (the next op shares its phase:
-    /// the two are independent, [`phases`]).
+    /// the two are independent, [`phases`]). Bit 1: the op has its phase
+    /// to itself (mono.cu `S_MONO_ALONE`).
     flags: u32,
     /// CTAs the op's virtual blocks are rotated by (its phase's first op
     /// fills the CTAs from 0; the second starts where that one ends).
@@ -232,6 +235,18 @@ struct OpRecord {
 
 /// `OpRecord::flags`: the next op runs in this op's phase.
 const OP_SHARES_PHASE: u32 = 1;
+/// `OpRecord::flags`: neither this op nor the one before shares a phase.
+const OP_ALONE: u32 = 2;
+
+/// An op's `OpRecord::flags`: whether the next op shares its phase, and
+/// whether the previous op shared its phase with this one.
+fn op_flags(shares: bool, prev_shares: bool) -> u32 {
+    match (shares, prev_shares) {
+        (true, _) => OP_SHARES_PHASE,
+        (false, false) => OP_ALONE,
+        (false, true) => 0,
+    }
+}
 
 /// The order a layer's recorded launches run in as a program, and per op
 /// whether the next one shares its phase (no grid barrier between them).
@@ -439,6 +454,7 @@ impl Mono {
         let tags: Vec<Option<(u32, bool)>> = rec.iter().map(|r| r.beside).collect();
         // CTAs the previous op fills when it shares its phase with this one
         let mut after = 0u32;
+        let mut prev_shares = false;
         for (ri, shares) in phases(&tags, self.pair_beside) {
             let r = &rec[ri];
             let Some(&id) = self.ids.get(&r.func) else {
@@ -475,7 +491,7 @@ impl Mono {
                 gy: r.grid.1,
                 gz: r.grid.2,
                 arg: args.len() as u32,
-                flags: if shares { OP_SHARES_PHASE } else { 0 },
+                flags: op_flags(shares, prev_shares),
                 rot: after,
             });
             // (a CTA runs MONO_THREADS / block of the op's blocks at once)
@@ -485,6 +501,7 @@ impl Mono {
             } else {
                 0
             };
+            prev_shares = shares;
             args.extend_from_slice(&r.args);
             about.push(OpAbout {
                 label: r.label,
@@ -871,6 +888,22 @@ mod tests {
         for t in [&[s(0)][..], &[None, s(3)]] {
             assert!(!phases(t, true).last().is_some_and(|p| p.1), "{t:?}");
         }
+    }
+
+    /// A phase's first op carries "shares", its second neither bit; an op
+    /// between two barriers is alone (the kernel may spread its blocks).
+    #[test]
+    fn op_flags_mark_phases_and_lone_ops() {
+        // a program: [a+ b] [c] [d+ e] [f]
+        let shares = [true, false, false, true, false, false];
+        let mut prev = false;
+        let mut got = Vec::new();
+        for s in shares {
+            got.push(op_flags(s, prev));
+            prev = s;
+        }
+        let (sh, al) = (OP_SHARES_PHASE, OP_ALONE);
+        assert_eq!(got, vec![sh, 0, al, sh, 0, al]);
     }
 
     /// The crossover is the last candidate of the run of mono wins from the

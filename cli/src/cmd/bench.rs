@@ -87,7 +87,7 @@ pub struct Args {
     /// GPU, `--path both`: before timing, run each case the mono path
     /// takes as a chain of this many greedy steps on each path, graphs and
     /// direct launches (each step's tokens fed back, positions kept), and
-    /// require identical tokens and bit-identical first and last logits
+    /// require identical tokens and bit-identical logits at every step
     /// (0 = no gate).
     #[arg(long, default_value_t = 32)]
     pub parity_steps: usize,

@@ -757,13 +757,17 @@ fn bench_model(
 }
 
 /// One chain of the mono parity gate against the reference chain: every
-/// step's greedy tokens and the first and last steps' logits, compared
-/// bit for bit.
+/// step's greedy tokens and logits (the logits as a digest of their bits),
+/// and the first and last steps' logits value by value, compared bit for
+/// bit.
 struct ParityRow {
     label: String,
     rows: usize,
     /// The first step (0-based) whose tokens differ, if one does.
     first_token_diff: Option<usize>,
+    /// The first step whose logits differ in any bit (their digests), if
+    /// one does.
+    first_logits_diff: Option<usize>,
     /// Logits of the chain's last step that differ in their bits, and
     /// the largest absolute difference among them.
     logits_diff: usize,
@@ -779,6 +783,7 @@ impl ParityRow {
     /// Compare the reference chain `a` with chain `b`.
     fn compare(label: &str, rows: usize, a: &Chain, b: &Chain) -> Self {
         let first_token_diff = a.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y);
+        let first_logits_diff = a.digests.iter().zip(&b.digests).position(|(x, y)| x != y);
         let mut logits_diff = 0;
         let mut max_abs = 0f32;
         // the last step's logits rows (vocab values each)
@@ -804,6 +809,7 @@ impl ParityRow {
             label: label.to_string(),
             rows,
             first_token_diff,
+            first_logits_diff,
             logits_diff,
             max_abs,
             rows_diff: rows_hit.iter().filter(|&&h| h).count(),
@@ -811,16 +817,21 @@ impl ParityRow {
         }
     }
     fn same(&self) -> bool {
-        self.first_token_diff.is_none() && self.logits_diff == 0 && self.first_step_logits_diff == 0
+        self.first_token_diff.is_none()
+            && self.first_logits_diff.is_none()
+            && self.logits_diff == 0
+            && self.first_step_logits_diff == 0
     }
     fn describe(&self) -> String {
         if self.same() {
             return "identical tokens, bitwise logits".into();
         }
         format!(
-            "tokens {}; {} logits of the last step differ, in {} of its rows (max |diff| {:.3e}); {} of the first step's",
+            "tokens {}; logits {}; {} logits of the last step differ, in {} of its rows (max |diff| {:.3e}); {} of the first step's",
             self.first_token_diff
                 .map_or("identical".into(), |k| format!("differ from step {k}")),
+            self.first_logits_diff
+                .map_or("bitwise at every step".into(), |k| format!("differ from step {k}")),
             self.logits_diff,
             self.rows_diff,
             self.max_abs,
@@ -830,6 +841,7 @@ impl ParityRow {
     fn to_json(&self) -> serde_json::Value {
         json!({"case": self.label, "rows": self.rows,
             "first_token_diff": self.first_token_diff,
+            "first_logits_diff": self.first_logits_diff,
             "logits_diff": self.logits_diff, "rows_diff": self.rows_diff,
             "first_step_logits_diff": self.first_step_logits_diff,
             "max_abs_diff": self.max_abs})
@@ -875,15 +887,12 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
                 let shape = sp.prepare(&s, &greedy).context("parity: upload")?;
                 sp.launch(shape, graph).context("parity: step")?;
                 let t = sp.read_tokens(nl).context("parity: tokens")?;
-                if k == 0 {
-                    chain.first = sp.read_logits(&all).context("parity: logits")?;
-                }
+                let logits = sp.read_logits(&all).context("parity: logits")?;
+                chain.push(t.clone(), logits, k == 0);
                 for (i, &r) in c.step.logits_rows.iter().enumerate() {
                     s.tokens[r as usize] = t[i];
                 }
-                chain.tokens.push(t);
             }
-            chain.last = sp.read_logits(&all).context("parity: logits")?;
             // the chain ran where it says (not a standard chain twice)
             let on_mono = (sp.mono_steps() - mono_before) as usize;
             if on_mono != if mono { steps } else { 0 } {
@@ -902,19 +911,45 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
     Ok(out)
 }
 
-/// One greedy chain: each step's sampled tokens, and the logits of its
-/// first step (the same inputs on every chain: a difference there is the
-/// path's, not a diverged token's) and of its last.
+/// One greedy chain: each step's sampled tokens and a digest of its
+/// logits' bits, and the logits of its first step (the same inputs on
+/// every chain: a difference there is the path's, not a diverged token's)
+/// and of its last.
 #[derive(Clone, Default)]
 struct Chain {
     tokens: Vec<Vec<u32>>,
+    digests: Vec<u64>,
     first: Vec<f32>,
     last: Vec<f32>,
 }
 
+impl Chain {
+    /// Add a step: its tokens and logits (kept whole if `first`, and as
+    /// the last step's until the next).
+    fn push(&mut self, tokens: Vec<u32>, logits: Vec<f32>, first: bool) {
+        self.tokens.push(tokens);
+        self.digests.push(logits_digest(&logits));
+        if first {
+            self.first = logits.clone();
+        }
+        self.last = logits;
+    }
+}
+
+/// A digest of logits' bits (the standard library's fixed-key SipHash:
+/// the same in every process of a build; compared within one run only).
+fn logits_digest(v: &[f32]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for x in v {
+        x.to_bits().hash(&mut h);
+    }
+    h.finish()
+}
+
 fn print_parity(rows: &[ParityRow], steps: usize, secs: f64) {
     println!(
-        "mono parity: {steps} greedy steps a chain, tokens fed back; each chain against the standard path's graphs: tokens, first and last logits bit for bit ({secs:.1} s)"
+        "mono parity: {steps} greedy steps a chain, tokens fed back; each chain against the standard path's graphs: every step's tokens and logits bit for bit ({secs:.1} s)"
     );
     for r in rows {
         println!("  {} ({} rows): {}", r.label, r.rows, r.describe());
@@ -1130,12 +1165,31 @@ mod tests {
     #[test]
     fn parity_catches_a_token_or_a_bit() {
         // two logits rows of two values
-        let a = Chain {
-            tokens: vec![vec![5, 6], vec![7, 8]],
-            first: vec![0.5, 1.5, -1.0, 2.0],
-            last: vec![1.0, -2.5, 0.0, 3.0],
-        };
+        let mut a = Chain::default();
+        a.push(vec![5, 6], vec![0.5, 1.5, -1.0, 2.0], true);
+        a.push(vec![7, 8], vec![1.0, -2.5, 0.0, 3.0], false);
         assert!(ParityRow::compare("c", 2, &a, &a.clone()).same());
+        // a middle step's logits (tokens and the first and last logits
+        // equal) differ in one bit
+        let mid = |x: f32| {
+            let mut c = Chain::default();
+            c.push(vec![5, 6], vec![0.5, 1.5, -1.0, 2.0], true);
+            c.push(vec![1, 1], vec![x, 0.0, 0.0, 0.0], false);
+            c.push(vec![7, 8], vec![1.0, -2.5, 0.0, 3.0], false);
+            c
+        };
+        let (m0, m1) = (mid(1.0), mid(f32::from_bits(1.0f32.to_bits() + 1)));
+        let r = ParityRow::compare("c", 2, &m0, &m1);
+        assert_eq!(
+            (
+                r.first_token_diff,
+                r.first_logits_diff,
+                r.logits_diff,
+                r.first_step_logits_diff
+            ),
+            (None, Some(1), 0, 0)
+        );
+        assert!(!r.same() && r.describe().contains("logits differ from step 1"));
         let mut tok = a.clone();
         tok.tokens[1][0] = 9;
         let r = ParityRow::compare("c", 2, &a, &tok);

@@ -11,14 +11,16 @@ set -u
 m3_setup
 # spread.log first: the mono ops alone in their phase with their blocks
 # spread over every CTA's first sub-block before any second
-# (S_MONO_SPREAD=1) against CTA-major (the build), interleaved, 2 rounds.
+# (S_MONO_SPREAD=1) against CTA-major (the build), interleaved, 2 rounds,
+# each after a 16-step parity gate (the spread must keep the bits).
 P=${PART:-all}
 [ "$P" = ncu ] || {
   for r in 1 2; do
     for d in "" "S_MONO_SPREAD=1"; do
       echo "=== M3_MONO_DEFINES='$d' round $r ($(date +%T))"
       M3_MONO_DEFINES="$d" timeout 150 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 \
-        --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path mono 2>&1 | grep -E "^\| \[.*decode.*/|rror"
+        --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16 2>&1 \
+        | grep -E "^\| \[.*decode.*/|differ|rror"
     done
   done
 } > $OUT/spread.log 2>&1

@@ -12,11 +12,11 @@ set -u
 . bench/device/common.sh
 m3_setup
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --iters 40 --rounds 2 --path both"
-timeout 280 /tmp/bin/m3 bench $B --batch 1,2,4,8,16,32,64 --context 4096 --parity-steps 256 \
+timeout 380 /tmp/bin/m3 bench $B --batch 1,2,4,8,16,32,64 --context 4096 --parity-steps 256 \
   --out $OUT/mono4k.json > $OUT/mono4k.log 2>&1
 echo "exit $?" >> $OUT/mono4k.log
 grep -E "^device|^crossover|^mono parity|differ|^\| decode|^\| \[.*decode.*/|^exit|rror" $OUT/mono4k.log | tail -40
-timeout 280 /tmp/bin/m3 bench $B --batch 1 --context 4096 --long-context 131072 --parity-steps 32 \
+timeout 180 /tmp/bin/m3 bench $B --batch 1 --context 4096 --long-context 131072 --parity-steps 32 \
   --out $OUT/mono128k.json > $OUT/mono128k.log 2>&1
 echo "exit $?" >> $OUT/mono128k.log
 grep -E "^crossover|^mono parity|differ|^\| decode|^\| \[.*decode.*/|^exit|rror" $OUT/mono128k.log | tail -30

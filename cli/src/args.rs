@@ -285,8 +285,9 @@ pub struct EngineArgs {
     /// GPU: the path of pure decode steps (decode and verify rows only, at
     /// most 64 rows): `mono` loads the mono kernel (each layer one
     /// persistent launch running the standard kernels' bodies, giving the
-    /// standard path's bits: measured over 256 greedy steps at 1-64 rows
-    /// on the full-size bench model, bench/NOTES.md session 29) and runs
+    /// standard path's bits: measured over 256 greedy steps at 1, 4, 16,
+    /// 32 and 64 rows on the bench model, `m3.1 --layers 12`,
+    /// bench/NOTES.md session 29) and runs
     /// every such step on it; `auto` loads it too, times both paths at
     /// load on steps of 1-64 rows (a few seconds), and runs mono up to
     /// where it stops being faster (it says what it measured; where the

@@ -169,10 +169,11 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   const uint3 gd = s_mono_gdim;
   const u32 n = gd.x * gd.y * gd.z;
   // s_mono_cta: this CTA's place in the op's order (blockIdx.x rotated).
-  // S_MONO_SPREAD, an op alone in its phase: block v on sub-block
-  // v / gridDim.x of CTA v % gridDim.x (every CTA's first sub-block before
-  // any CTA's second: fewer blocks an SM where the op has fewer blocks than
-  // sub-blocks); else CTA-major (a CTA's sub-blocks in turn).
+  // S_MONO_SPREAD, an op alone in its phase: the first round of blocks
+  // v < gridDim.x * subs dealt to every CTA's first sub-block before any
+  // CTA's second (fewer blocks an SM where the op has fewer blocks than
+  // sub-blocks), each sub-block then striding by the round; else
+  // CTA-major (a CTA's sub-blocks in turn).
   const bool spread = S_MONO_SPREAD && (s_mono_vol(s_mono_op.flags) & S_MONO_ALONE) != 0u;
   for (u32 v = spread ? sub * gridDim.x + s_mono_cta : s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));

@@ -939,11 +939,9 @@ impl Chain {
 /// A digest of logits' bits (the standard library's fixed-key SipHash:
 /// the same in every process of a build; compared within one run only).
 fn logits_digest(v: &[f32]) -> u64 {
-    use std::hash::{Hash, Hasher};
+    use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    for x in v {
-        x.to_bits().hash(&mut h);
-    }
+    h.write(bytemuck::cast_slice(v));
     h.finish()
 }
 

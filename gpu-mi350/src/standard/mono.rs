@@ -64,10 +64,11 @@ pub struct MonoCrossover {
     pub times: Vec<(usize, f64, f64)>,
     /// The largest decode step the mono path now takes: the largest
     /// candidate at and below which mono was faster at every candidate (0:
-    /// at none). No cap beside it: mono gives the standard path's bits at
-    /// every step of 1-64 rows (`m3 bench --path both`'s parity gate, 256
-    /// greedy steps at 1-64 rows on `m3.1 --layers 12` and at 1-16 on
-    /// `small`, on the H100: bench/NOTES.md session 29).
+    /// at none). No cap beside it: mono gave the standard path's bits on
+    /// the device (`m3 bench --path both`'s parity gate, 256 greedy steps,
+    /// tokens at every step and logits at the first and last, at 1, 4, 16,
+    /// 32 and 64 rows on `m3.1 --layers 12` and at 1, 4, 16 on `small`,
+    /// and 2 steps at 2 rows; H100, bench/NOTES.md session 29).
     pub max_rows: usize,
 }
 
@@ -991,7 +992,8 @@ mod tests {
         );
     }
 
-    /// The mono build takes its one tunable and refuses anything else.
+    /// The mono build takes its tunables' listed values and refuses
+    /// anything else.
     #[test]
     fn mono_defines_are_checked() {
         let small = super::super::linear::SMALL_STEP_VARIANT;
@@ -1001,6 +1003,7 @@ mod tests {
             "S_MONO_INDIRECT=1",
             "S_MONO_MINB=1 S_UNROLL_MUL=2",
             "S_UNROLL_HALF=1",
+            "S_MONO_SPREAD=1",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
@@ -1012,6 +1015,7 @@ mod tests {
             "S_UNROLL_MUL=3",
             "S_UNROLL_MUL=0",
             "S_UNROLL_HALF=2",
+            "S_MONO_SPREAD=2",
             "S_MMA_WARPS=8",
             "junk",
         ] {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 29 (issue 13), any card: why a mono E4M3 op runs ~3x as long as
-# the same body in its own launch (o_proj at b1: ~84 us against ~26; the
-# same 384 blocks of 128 threads, the same one-row walk). Nsight Compute
+# Session 29 (issue 13), any card: why a mono E4M3 op runs longer than
+# the same body in its own launch (o_proj at b1: 83 us in mono; the
+# standard path's one-row E4M3 launches 26 us on average, o_proj's not
+# timed apart; the same 384 blocks of 128 threads, the same one-row walk). Nsight Compute
 # on one mono layer launch (b1) and on one standard m3s_mma_e4m3_r1
 # launch of the same step: stall reasons, per-SASS-line samples (xz'd
 # CSV), memory throughput. Before it, spread.log (S_MONO_SPREAD A/B).

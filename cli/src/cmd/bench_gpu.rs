@@ -888,10 +888,10 @@ fn mono_parity(sp: &mut StandardPath, cases: &[Case], steps: usize) -> Result<Ve
                 sp.launch(shape, graph).context("parity: step")?;
                 let t = sp.read_tokens(nl).context("parity: tokens")?;
                 let logits = sp.read_logits(&all).context("parity: logits")?;
-                chain.push(t.clone(), logits, k == 0);
                 for (i, &r) in c.step.logits_rows.iter().enumerate() {
                     s.tokens[r as usize] = t[i];
                 }
+                chain.push(t, logits, k == 0);
             }
             // the chain ran where it says (not a standard chain twice)
             let on_mono = (sp.mono_steps() - mono_before) as usize;

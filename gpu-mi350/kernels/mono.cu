@@ -149,11 +149,13 @@ __shared__ SMonoOp s_mono_op;
 
 M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 
-// An A/B knob (M3_MONO_DEFINES, bench/device/s29c.sh; not yet measured):
-// where an op has its phase to itself, its virtual blocks dealt to every
-// CTA's first sub-block before any CTA's second.
+// Where an op has its phase to itself, its virtual blocks dealt to every
+// CTA's first sub-block before any CTA's second (1), or CTA-major (0). On
+// the H100 a b1 MoE layer 0.3326 ms with it against 0.3428 without (with
+// S_MONO_EARLY; 0.3703 against 0.3756 without that), bench/NOTES.md
+// session 30. Which sub-block runs a block does not change its sums.
 #ifndef S_MONO_SPREAD
-#define S_MONO_SPREAD 0
+#define S_MONO_SPREAD 1
 #endif
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
@@ -373,6 +375,27 @@ M3_DEV void s_mono_grid_sync(unsigned long long* bar) {
 #endif
 }
 
+#if S_MONO_EARLY
+/// Early start: thread 0's arrival at the grid barrier after an op (the
+/// CTA has passed a CTA-wide barrier after its share), with the counter
+/// rule of s_mono_grid_sync; the wait is m3_mono_wait (mono_prelude.h), in
+/// the next op's body or, where none ran, before the next arrival. A CTA
+/// arrives at a barrier only once it has seen the one before complete, so
+/// the generations stay apart as in s_mono_grid_sync.
+M3_DEV void s_mono_arrive(unsigned long long* bar) {
+  if (m3_mono_vol(s_mono_seen) != m3_mono_vol(s_mono_need)) m3_mono_poll();
+  const unsigned long long n = gridDim.x;
+  unsigned long long old;
+#if defined(M3_SIM)
+  old = __atomic_fetch_add(bar, 1ull, __ATOMIC_SEQ_CST);
+#else
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(bar) : "memory");
+#endif
+  *reinterpret_cast<volatile unsigned long long*>(&s_mono_target) = (old / n + 1ull) * n;
+  *reinterpret_cast<volatile u32*>(&s_mono_need) = m3_mono_vol(s_mono_need) + 1u;
+}
+#endif
+
 #ifndef S_MONO_MINB
 #define S_MONO_MINB 2
 #endif
@@ -414,7 +437,18 @@ extern "C" __global__ void S_MONO_BOUNDS
              unsigned long long* bar, unsigned long long* prof) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
+#if !S_MONO_EARLY
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#endif
+#if S_MONO_EARLY
+  // (the first phase waits for the launch before in its bodies)
+  if (threadIdx.x == 0) {
+    s_mono_need = 0u;
+    s_mono_seen = 0u;
+    s_mono_claim = 0u;
+    s_mono_bar = bar;
+  }
 #endif
 #if defined(M3_HIP)
   if (threadIdx.x < S_MONO_MAX_SUBS) s_mono_wbar[threadIdx.x] = 0u;
@@ -436,9 +470,21 @@ extern "C" __global__ void S_MONO_BOUNDS
     // thread 0 may already be writing the next op; read after the call,
     // so nothing is held across it)
     const u32 flags = s_mono_vol(s_mono_op.flags);
+#if S_MONO_EARLY && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // every thread past the launch before, whether or not a body of the
+    // first phase ran on it (idempotent)
+    if (i == 0u) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     S_MONO_CTA_SYNC();  // the CTA's share is done; s_mono_op is free
     if (prof != nullptr && threadIdx.x == 0) prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
     // none after the last op, nor between the two ops of a phase
-    if (i + 1u < nops && (flags & S_MONO_SHARES_PHASE) == 0u) s_mono_grid_sync(bar);
+    if (i + 1u < nops && (flags & S_MONO_SHARES_PHASE) == 0u) {
+#if S_MONO_EARLY
+      // arrive only: the next op's body waits (or the next arrival does)
+      if (threadIdx.x == 0) s_mono_arrive(bar);
+#else
+      s_mono_grid_sync(bar);
+#endif
+    }
   }
 }

@@ -153,9 +153,93 @@ M3_DEV unsigned char* m3_mono_smem(u32& off, u32 bytes) {
 #define M3_KERNEL static __device__ __forceinline__
 #undef M3_PDL_WAIT
 #undef M3_PDL_TRIGGER
+// Early start (S_MONO_EARLY, CUDA): the grid barrier between two phases
+// is split into its arrival, made when a CTA's share of the op is done,
+// and its wait, made where the next op's body would wait for the previous
+// kernel in its own launch (M3_PDL_WAIT: the standard path launches every
+// body with PDL, so what a body does before it reads and writes nothing a
+// step writes). So a CTA reads the next op, calls its body, loads its
+// arguments and its first weights while the grid's other CTAs finish the
+// op before, as a PDL launch overlaps the kernel before it; the layer's
+// first op waits for the previous launch (griddepcontrol.wait) there too.
+// 0: the interpreter waits at the barrier and a body's wait is a compiler
+// barrier only (HIP: no early start, unmeasured there). On the H100 a b1
+// MoE layer 0.3428 ms with it against 0.3756 without (-8.7%; b4 -6.2%,
+// b16 -1.9%), the same bits (bench/NOTES.md session 30).
+#ifndef S_MONO_EARLY
+#if defined(M3_HIP)
+#define S_MONO_EARLY 0
+#else
+#define S_MONO_EARLY 1
+#endif
+#endif
+#if S_MONO_EARLY && defined(M3_HIP)
+#error "S_MONO_EARLY: CUDA only (its waiters spin apart from their poller, which wave64 lockstep cannot)"
+#endif
+#if S_MONO_EARLY
+// The CTA's barrier state (thread 0 of the interpreter writes it between
+// two CTA-wide barriers; a body's threads read it): the grid barriers this
+// CTA has arrived at in this launch, the ones it has seen complete, the
+// ones a waiter has claimed to poll for, and the counter value that ends
+// the newest one (mono.cu s_mono_arrive).
+__shared__ u32 s_mono_need, s_mono_seen, s_mono_claim;
+__shared__ unsigned long long s_mono_target;
+__shared__ unsigned long long* s_mono_bar;
+M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
+/// Poll the grid's counter until the newest barrier this CTA arrived at
+/// is complete, acquire, and mark it seen (one thread: the interpreter's
+/// thread 0 or a body's claimed poller).
+M3_DEV void m3_mono_poll() {
+  const u32 need = m3_mono_vol(s_mono_need);
+  const unsigned long long target = *reinterpret_cast<const volatile unsigned long long*>(&s_mono_target);
+#if defined(M3_SIM)
+  // one CTA at a time: the barrier is complete when its only CTA arrived
+  if (__atomic_load_n(s_mono_bar, __ATOMIC_SEQ_CST) < target)
+    m3sim::trap("a grid barrier with another CTA to wait for (the simulator runs one at a time)");
+#else
+  unsigned long long cur;
+  do {
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(s_mono_bar) : "memory");
+  } while (cur < target);
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
+  *reinterpret_cast<volatile u32*>(&s_mono_claim) = need;
+  *reinterpret_cast<volatile u32*>(&s_mono_seen) = need;
+}
+/// A body's dependency wait: nothing on a step's data before it. The
+/// layer's first phase waits for the launch before (griddepcontrol.wait,
+/// each thread); a later one for the CTA's newest grid barrier: the first
+/// thread to claim it polls, the rest wait for it on shared memory.
+M3_DEV void m3_mono_wait() {
+  const u32 need = m3_mono_vol(s_mono_need);
+  if (need == 0u) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    return;
+  }
+  if (m3_mono_vol(s_mono_seen) != need) {
+    if (atomicCAS(&s_mono_claim, need - 1u, need) == need - 1u) m3_mono_poll();
+    else
+      while (m3_mono_vol(s_mono_seen) != need) {
+#if defined(M3_SIM)
+        m3sim::trap("a mono waiter with no poller (the simulator runs one CTA at a time)");
+#else
+        __nanosleep(32);
+#endif
+      }
+  }
+#if !defined(M3_SIM)
+  // the poller acquired at gpu scope, then wrote `seen`: ordered after it
+  asm volatile("fence.acq_rel.cta;" ::: "memory");
+#endif
+}
+#define M3_PDL_WAIT() m3_mono_wait()
+#else
 // (the interpreter waits once at its start; a body's wait stays a compiler
 // barrier, so the body's code keeps the order it has in its own kernel)
 #define M3_PDL_WAIT() asm volatile("" ::: "memory")
+#endif
 #define M3_PDL_TRIGGER() ((void)0)
 #undef __launch_bounds__
 #define __launch_bounds__(...)

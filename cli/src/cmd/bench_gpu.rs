@@ -114,25 +114,27 @@ fn print_profile(case: &str, prof: &[(&'static str, f64)]) {
 fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
     let sum = |f: fn(&m3_gpu::standard::OpTime) -> f64| ops.iter().map(f).sum::<f64>();
     println!(
-        "mono ops {case}: {} ops x {layers} layers; work {:.1} us, straggle {:.1} us, barriers {:.1} us (sums over those layers)",
+        "mono ops {case}: {} ops x {layers} layers; critical path {:.1} us, work {:.1} us, straggle {:.1} us, barriers {:.1} us (sums over those layers)",
         ops.len(),
+        sum(|o| o.crit_us),
         sum(|o| o.work_us),
         sum(|o| o.straggle_us),
         sum(|o| o.barrier_us)
     );
     println!(
-        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9}",
-        "op", "label", "body", "grid", "block", "work us", "straggle", "barrier"
+        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9} {:>9}",
+        "op", "label", "body", "grid", "block", "crit us", "work us", "straggle", "barrier"
     );
     for (i, o) in ops.iter().enumerate() {
         // ("+": the next op runs in this one's phase, no barrier between)
         println!(
-            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1}",
+            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1} {:9.1}",
             if o.shares_phase { "+" } else { " " },
             o.label,
             o.body,
             format!("{}x{}x{}", o.grid.0, o.grid.1, o.grid.2),
             o.block,
+            o.crit_us,
             o.work_us,
             o.straggle_us,
             o.barrier_us

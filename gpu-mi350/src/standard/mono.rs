@@ -164,13 +164,15 @@ fn is_linear(name: &str) -> bool {
 /// The mono build's tunables and the values each takes (mono.cu /
 /// mono_prelude.h / standard_decode.cu): op calls through a pointer table
 /// or a switch, persistent CTAs an SM, the linears' loads in flight, and
-/// how a lone op's blocks are dealt to the CTAs' sub-blocks.
-const MONO_TUNABLES: [(&str, &[&str]); 5] = [
+/// how a lone op's blocks are dealt to the CTAs' sub-blocks, whether a
+/// phase's bodies start before the grid barrier before it completes.
+const MONO_TUNABLES: [(&str, &[&str]); 6] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
     ("S_UNROLL_HALF", &["0", "1"]),
     ("S_MONO_SPREAD", &["0", "1"]),
+    ("S_MONO_EARLY", &["0", "1"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
@@ -339,6 +341,12 @@ pub struct OpTime {
     /// Microseconds from the last CTA's finish to the next op's start (the
     /// barrier's own cost; 0 after the last op).
     pub barrier_us: f64,
+    /// Microseconds from the previous op's last finish (the first op: its
+    /// start) to this op's last finish: the op's share of the layer's
+    /// critical path, whatever overlaps (with the early start a CTA's
+    /// start stamp comes before its wait, so `work_us` holds waiting; this
+    /// does not). The ops' values add up to the layer.
+    pub crit_us: f64,
 }
 
 /// The mono path of one standard path.
@@ -792,13 +800,15 @@ impl StandardPath {
                 work_us: 0.0,
                 straggle_us: 0.0,
                 barrier_us: 0.0,
+                crit_us: 0.0,
             })
             .collect();
         for p in progs.iter().filter(|p| p.about.as_slice() == about) {
             let Some(buf) = &p.prof else { continue };
             let mut ts = vec![0u64; p.nops as usize * (g + 1)];
             buf.read(self.l.stream(), 0, &mut ts)?;
-            for (o, (w, s, b)) in out.iter_mut().zip(op_times(&ts, g)) {
+            for (o, (w, s, b, c)) in out.iter_mut().zip(op_times(&ts, g)) {
+                o.crit_us += c;
                 o.work_us += w;
                 o.straggle_us += s;
                 o.barrier_us += b;
@@ -808,14 +818,17 @@ impl StandardPath {
     }
 }
 
-/// (work, straggle, barrier) in us per op of one launch's stamps `ts`
-/// (`nops` rows of `grid + 1` ns stamps: CTA 0's start of the op, then each
-/// CTA's finish; kernels/mono.cu `m3s_mono`). Work: start to the last
-/// finish; straggle: first finish to last; barrier: last finish to the next
-/// op's start (0 for the last op). Stamps out of order count as 0.
-fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
+/// (work, straggle, barrier, critical path) in us per op of one launch's
+/// stamps `ts` (`nops` rows of `grid + 1` ns stamps: CTA 0's start of the
+/// op, then each CTA's finish; kernels/mono.cu `m3s_mono`). Work: start to
+/// the last finish; straggle: first finish to last; barrier: last finish
+/// to the next op's start (0 for the last op); critical path: the previous
+/// op's last finish (the first op: its start) to this op's last. Stamps
+/// out of order count as 0.
+fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64, f64)> {
     let rows: Vec<&[u64]> = ts.chunks_exact(grid + 1).collect();
     let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
+    let mut prev_last = rows.first().map_or(0, |r| r[0]);
     rows.iter()
         .enumerate()
         .map(|(i, row)| {
@@ -823,7 +836,9 @@ fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
                 .iter()
                 .fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
             let barrier = rows.get(i + 1).map_or(0.0, |next| us(hi, next[0]));
-            (us(row[0], hi), us(lo, hi), barrier)
+            let crit = us(prev_last, hi);
+            prev_last = prev_last.max(hi);
+            (us(row[0], hi), us(lo, hi), barrier, crit)
         })
         .collect()
 }
@@ -1034,13 +1049,14 @@ mod tests {
         // op 0 starts at 1000 ns, CTAs finish at 3000, 1500, 2000; op 1
         // starts at 3400 (barrier 400 ns), CTAs finish at 5000, 5000, 4000
         let ts = [1000, 3000, 1500, 2000, 3400, 5000, 5000, 4000];
+        // (critical path: op 0 from its start to 3000, op 1 from 3000 to 5000)
         let t = op_times(&ts, 3);
-        assert_eq!(t, vec![(2.0, 1.5, 0.4), (1.6, 1.0, 0.0)]);
+        assert_eq!(t, vec![(2.0, 1.5, 0.4, 2.0), (1.6, 1.0, 0.0, 2.0)]);
         let mut bad = ts;
         bad[1] = 2500; // the last CTA of op 0 finishing earlier
         assert_ne!(op_times(&bad, 3), t);
         // a stamp before its op's start counts as 0, not a negative time
-        assert_eq!(op_times(&[5, 1, 2], 2), vec![(0.0, 0.001, 0.0)]);
+        assert_eq!(op_times(&[5, 1, 2], 2), vec![(0.0, 0.001, 0.0, 0.0)]);
     }
 
     /// Arguments are laid out as mono.cu's `SMonoPack` reads them: 4-byte

@@ -7,8 +7,8 @@
 # 2. issue 13's table: `m3 bench --path both` at 4k, batch 1, 2, 4, 8, 16
 #    (mono) and 32, 64 (wide), each after a 64-step parity gate (every
 #    step's tokens and logits bit for bit), 2 rounds -> mono4k.json / .log;
-# 3. batch 1 at 4k and one sequence at 128k, 8-step gate -> mono128k.*;
-# 4. the op profile at b1 and b16 with each op's critical path (prof.log);
+# 3. the op profile at b1 and b16 with each op's critical path (prof.log);
+# 4. batch 1 at 4k and one sequence at 128k, 8-step gate -> mono128k.*;
 # 5. Nsight Compute on one mono layer at b1 (mono1.txt, mono1-sass.csv.xz).
 set -u
 . bench/device/common.sh
@@ -21,15 +21,15 @@ timeout 220 /tmp/bin/m3 bench $B --batch 1,2,4,8,16,32,64 --context 4096 --parit
   --out $OUT/mono4k.json > $OUT/mono4k.log 2>&1
 echo "exit $?" >> $OUT/mono4k.log
 grep -E "^device|^crossover|^mono parity|differ|^\| \[.*decode.*/|^exit|rror" $OUT/mono4k.log | tail -30
+echo "=== profile ($(date +%T))"
+timeout 40 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 \
+  --batch 1,16 --path mono --profile > $OUT/prof.log 2>&1
+grep -A19 "^mono ops" $OUT/prof.log
 echo "=== 128k ($(date +%T))"
 timeout 100 /tmp/bin/m3 bench $B --batch 1 --context 4096 --long-context 131072 --parity-steps 8 \
   --out $OUT/mono128k.json > $OUT/mono128k.log 2>&1
 echo "exit $?" >> $OUT/mono128k.log
 grep -E "^mono parity|differ|^\| \[.*decode.*/|^exit|rror" $OUT/mono128k.log | tail -12
-echo "=== profile ($(date +%T))"
-timeout 40 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 \
-  --batch 1,16 --path mono --profile > $OUT/prof.log 2>&1
-grep -A19 "^mono ops" $OUT/prof.log
 echo "=== ncu ($(date +%T))"
 NCU=/usr/local/cuda/bin/ncu
 S="--section SourceCounters --section WarpStateStats --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy"

@@ -107,6 +107,20 @@
 #define S_X_AHEAD 0
 #endif
 
+/// A load of the step's activations in the linears (x rows, their f16
+/// copies and block exponents): through the read-only path in a launch of
+/// its own, where an earlier launch wrote them; a plain load in the mono
+/// build, where an earlier op of the same launch did (the memory model
+/// orders no non-coherent load after the grid barrier's acquire). The same
+/// values either way.
+template <typename T> M3_DEV T s_ldx(const T* p) {
+#if defined(S_MONO)
+  return *p;
+#else
+  return m3_ldg(p);
+#endif
+}
+
 /// Super-chunk of a warp's walk at step `i` (U * it + u), and whether it
 /// exists: nsc super-chunks split over nwarp warps.
 M3_DEV bool s_chunk(u32 warp, u32 nwarp, u32 nsc, u32 i, u32& q) {
@@ -813,8 +827,8 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
       const bool have = s_chunk(warp, nwarp, nsc, U * it + u, q);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
-        xw[u][b][0] = have ? m3_ldg(xe[b][0] + q) : 0u;
-        xw[u][b][1] = have && !ONE ? m3_ldg(xe[b][1] + q) : 0u;
+        xw[u][b][0] = have ? s_ldx(xe[b][0] + q) : 0u;
+        xw[u][b][1] = have && !ONE ? s_ldx(xe[b][1] + q) : 0u;
       }
     }
 #pragma unroll
@@ -827,7 +841,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
         const bool ok = have && (!ANY || blk < nblk);
 #pragma unroll
         for (int b = 0; b < (XPRE ? NB : 0); ++b)
-          xr[u][j][b] = ok ? m3_ldg(xp[b] + blk * 4u) : make_uint4(0u, 0u, 0u, 0u);
+          xr[u][j][b] = ok ? s_ldx(xp[b] + blk * 4u) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
 #pragma unroll
@@ -841,7 +855,7 @@ M3_DEV void s_h_walk(const Fetch& fetch, const uint4 (&raw)[SHalf<F, ANY>::U][2]
         const u32 blk = 4u * q + j;
         if (ANY && j > 0u && blk >= nblk) break;  // a row's last, partial chunk
         const auto xat = [&](int b) {
-          return XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : m3_ldg(xp[b] + blk * 4u);
+          return XPRE ? xr[XPRE ? u : 0u][j][XPRE ? b : 0] : s_ldx(xp[b] + blk * 4u);
         };
         const auto xexp = [&](int b, u32 c) { return m3_byte(xw[u][b][c], j); };
         s_h_block<F, ANY, NB, ONE>(wg, w8, sca[u][0], sca[u][1], j, xat, xexp, acc);
@@ -912,8 +926,8 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      xe[u][b][0] = XR ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
-      xe[u][b][1] = ONE || XR ? 0u : m3_ldg(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
+      xe[u][b][0] = XR ? 0u : s_ldx(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
+      xe[u][b][1] = ONE || XR ? 0u : s_ldx(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
     }
   }
 #pragma unroll
@@ -921,7 +935,7 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #pragma unroll
     for (u32 j = 0; j < 4u; ++j)
 #pragma unroll
-      for (int b = 0; b < NB; ++b) xv[u][j][b] = m3_ldg(reinterpret_cast<const uint4*>(p.x[b] + u * 256u + j * 64u));
+      for (int b = 0; b < NB; ++b) xv[u][j][b] = s_ldx(reinterpret_cast<const uint4*>(p.x[b] + u * 256u + j * 64u));
 #pragma unroll
   for (u32 u = 0; u < UU; ++u) {
     const u32* wg = reinterpret_cast<const u32*>(wa[u]);

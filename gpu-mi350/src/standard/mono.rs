@@ -32,7 +32,7 @@ use super::launch::{Arg, Recorded};
 use super::linear::variant_source;
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
-use crate::kernels::KernelSource;
+use crate::kernels::{KernelSource, Vendor};
 use crate::model::DevBuf;
 use crate::runtime::api::{Device, Func, Gpu};
 
@@ -215,6 +215,20 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
         exact: false,
         entries: &["m3s_mono"],
     })
+}
+
+/// Refuse mono tunables the `vendor`'s build cannot take, before the
+/// compiler does: the early start on HIP (mono_prelude.h `S_MONO_EARLY`:
+/// its waiters spin beside their poller's lane, which wave64 lockstep
+/// cannot run).
+fn defines_fit(vendor: Vendor, extra: &str) -> Result<()> {
+    if vendor == Vendor::Hip && extra.split_whitespace().any(|kv| kv == "S_MONO_EARLY=1") {
+        return Err(GpuError::input(
+            "mono defines",
+            "`S_MONO_EARLY=1`: the early start is CUDA only (on HIP the mono build keeps the grid barrier whole); leave it out",
+        ));
+    }
+    Ok(())
 }
 
 /// One recorded op as kernels/mono.cu's `SMonoOp` reads it.
@@ -400,6 +414,7 @@ impl Mono {
     /// the path's decode linears use; mono.cu's tunables `extra`) and size
     /// its grid.
     pub(crate) fn load(gpu: &dyn Gpu, small: &str, extra: &str) -> Result<Self> {
+        defines_fit(gpu.vendor(), extra)?;
         let src = mono_source(small, extra)?;
         let f = gpu.kernel(&src, "m3s_mono")?;
         // the largest shared-memory carve-out, so the occupancy the driver
@@ -1040,6 +1055,19 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains("S_MONO_INDIRECT"), "{bad}: {e}");
         }
+    }
+
+    /// The early start is refused on HIP with the define named, taken on
+    /// CUDA, and its off value taken on both.
+    #[test]
+    fn early_start_is_refused_on_hip() {
+        let e = defines_fit(Vendor::Hip, "S_MONO_SPREAD=1 S_MONO_EARLY=1")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("S_MONO_EARLY=1"), "{e}");
+        assert!(defines_fit(Vendor::Cuda, "S_MONO_EARLY=1").is_ok());
+        assert!(defines_fit(Vendor::Hip, "S_MONO_EARLY=0").is_ok());
     }
 
     /// The op profile's arithmetic on stamps worked by hand: 2 ops over 3

@@ -122,18 +122,28 @@ fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
         sum(|o| o.barrier_us)
     );
     println!(
-        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>9} {:>9} {:>9} {:>9}",
-        "op", "label", "body", "grid", "block", "crit us", "work us", "straggle", "barrier"
+        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "op",
+        "label",
+        "body",
+        "grid",
+        "block",
+        "rounds",
+        "crit us",
+        "work us",
+        "straggle",
+        "barrier"
     );
     for (i, o) in ops.iter().enumerate() {
         // ("+": the next op runs in this one's phase, no barrier between)
         println!(
-            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:9.1} {:9.1} {:9.1} {:9.1}",
+            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:>6} {:9.1} {:9.1} {:9.1} {:9.1}",
             if o.shares_phase { "+" } else { " " },
             o.label,
             o.body,
             format!("{}x{}x{}", o.grid.0, o.grid.1, o.grid.2),
             o.block,
+            o.rounds,
             o.crit_us,
             o.work_us,
             o.straggle_us,

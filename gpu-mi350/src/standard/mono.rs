@@ -342,6 +342,11 @@ pub struct OpTime {
     /// The virtual launch: grid and threads a block.
     pub grid: (u32, u32, u32),
     pub block: u32,
+    /// Rounds of virtual blocks a sub-block runs at most: the op's blocks
+    /// over the grid's sub-blocks of its size (a second round where the
+    /// standard launch holds every block resident at once costs nearly a
+    /// block's time more on a latency-bound body).
+    pub rounds: u32,
     /// Whether the next op runs in its phase (no grid barrier between:
     /// `PathOptions::mono_pair_beside`); its `barrier_us` is then the gap
     /// to the next op's start, with no barrier in it.
@@ -811,6 +816,7 @@ impl StandardPath {
                 body: a.body,
                 grid: a.grid,
                 block: a.block,
+                rounds: rounds(a.grid, a.block, g as u32),
                 shares_phase: a.shares_phase,
                 work_us: 0.0,
                 straggle_us: 0.0,
@@ -831,6 +837,14 @@ impl StandardPath {
         }
         Ok((out, layers))
     }
+}
+
+/// Rounds of virtual blocks the busiest sub-block runs for an op of
+/// `grid` blocks of `block` threads on `ctas` persistent CTAs.
+fn rounds(grid: (u32, u32, u32), block: u32, ctas: u32) -> u32 {
+    let n = u64::from(grid.0) * u64::from(grid.1) * u64::from(grid.2);
+    let subs = u64::from(ctas) * u64::from(MONO_THREADS / block.clamp(1, MONO_THREADS));
+    n.div_ceil(subs.max(1)).min(u64::from(u32::MAX)) as u32
 }
 
 /// (work, straggle, barrier, critical path) in us per op of one launch's
@@ -1055,6 +1069,18 @@ mod tests {
                 .unwrap_or_default();
             assert!(e.contains("S_MONO_INDIRECT"), "{bad}: {e}");
         }
+    }
+
+    /// Rounds: q|k|v's 616 one-row blocks of 128 threads on 264 CTAs of
+    /// 256 threads take two (528 sub-blocks), the o projection's 384 one,
+    /// a 256-thread op of 264 blocks one and of 265 two.
+    #[test]
+    fn rounds_of_virtual_blocks() {
+        assert_eq!(rounds((616, 1, 1), 128, 264), 2);
+        assert_eq!(rounds((384, 1, 1), 128, 264), 1);
+        assert_eq!(rounds((264, 1, 1), 256, 264), 1);
+        assert_eq!(rounds((265, 1, 1), 256, 264), 2);
+        assert_eq!(rounds((384, 4, 1), 128, 264), 3);
     }
 
     /// The early start is refused on HIP with the define named, taken on

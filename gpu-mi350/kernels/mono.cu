@@ -147,8 +147,6 @@ M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
 /// reads it back after a CTA-wide barrier).
 __shared__ SMonoOp s_mono_op;
 
-M3_DEV u32 s_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
-
 // Where an op has its phase to itself, its virtual blocks dealt to every
 // CTA's first sub-block before any CTA's second (1), or CTA-major (0). On
 // the H100 a b1 MoE layer 0.3326 ms with it against 0.3428 without (with
@@ -176,7 +174,7 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   // CTA's second (fewer blocks an SM where the op has fewer blocks than
   // sub-blocks), each sub-block then striding by the round; else
   // CTA-major (a CTA's sub-blocks in turn).
-  const bool spread = S_MONO_SPREAD && (s_mono_vol(s_mono_op.flags) & S_MONO_ALONE) != 0u;
+  const bool spread = S_MONO_SPREAD && (m3_mono_vol(s_mono_op.flags) & S_MONO_ALONE) != 0u;
   for (u32 v = spread ? sub * gridDim.x + s_mono_cta : s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
     s_mono_sub_sync(sub, B);
@@ -465,11 +463,11 @@ extern "C" __global__ void S_MONO_BOUNDS
       if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }
     S_MONO_CTA_SYNC();
-    s_mono_run(s_mono_vol(s_mono_op.fn), args + s_mono_vol(s_mono_op.arg));
+    s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
     // (read before the barrier: past it, with no grid barrier to follow,
     // thread 0 may already be writing the next op; read after the call,
     // so nothing is held across it)
-    const u32 flags = s_mono_vol(s_mono_op.flags);
+    const u32 flags = m3_mono_vol(s_mono_op.flags);
 #if S_MONO_EARLY && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // every thread past the launch before, whether or not a body of the
     // first phase ran on it (idempotent)

@@ -151,6 +151,8 @@ M3_DEV unsigned char* m3_mono_smem(u32& off, u32 bytes) {
   T(&name) dims = *reinterpret_cast<T(*) dims>(m3_mono_smem(s_smem_off_, (u32)sizeof(T dims)))
 #undef M3_KERNEL
 #define M3_KERNEL static __device__ __forceinline__
+/// A shared word read as it is now (another thread of the CTA writes it).
+M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 #undef M3_PDL_WAIT
 #undef M3_PDL_TRIGGER
 // Early start (S_MONO_EARLY, CUDA): the grid barrier between two phases
@@ -185,7 +187,6 @@ M3_DEV unsigned char* m3_mono_smem(u32& off, u32 bytes) {
 __shared__ u32 s_mono_need, s_mono_seen, s_mono_claim;
 __shared__ unsigned long long s_mono_target;
 __shared__ unsigned long long* s_mono_bar;
-M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u32*>(&v); }
 /// Poll the grid's counter until the newest barrier this CTA arrived at
 /// is complete, acquire, and mark it seen (one thread: the interpreter's
 /// thread 0 or a body's claimed poller).

@@ -285,7 +285,7 @@ pub struct PathOptions {
     /// on a device (session 27); the CLI reads `M3_MONO_PAIR=0|1`.
     pub mono_pair_beside: bool,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
-    /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts

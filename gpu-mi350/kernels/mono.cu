@@ -127,7 +127,8 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(36, m3s_mma_fp4_r1)           \
   X(37, m3s_mma_fp4_r8)           \
   X(38, m3s_mma_nvfp4_r1)         \
-  X(39, m3s_mma_nvfp4_r8)
+  X(39, m3s_mma_nvfp4_r8)         \
+  X(40, m3s_l2_prefetch)
 
 /// The barrier of sub-block `sub` (B threads) around a virtual block: the
 /// body's own (m3_mono_sync, mono_prelude.h).
@@ -146,6 +147,9 @@ M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
 /// The op being run (thread 0 reads it from the program; every thread
 /// reads it back after a CTA-wide barrier).
 __shared__ SMonoOp s_mono_op;
+/// Whether this CTA holds a virtual block of the op (thread 0 writes it
+/// with s_mono_op).
+__shared__ u32 s_mono_has;
 
 // Where an op has its phase to itself, its virtual blocks dealt to every
 // CTA's first sub-block before any CTA's second (1), or CTA-major (0). On
@@ -154,6 +158,18 @@ __shared__ SMonoOp s_mono_op;
 // session 30. Which sub-block runs a block does not change its sums.
 #ifndef S_MONO_SPREAD
 #define S_MONO_SPREAD 1
+#endif
+
+// A CTA that holds no virtual block of an op does not call its body (1),
+// or calls it and runs no block (0). The call is not free: its callee
+// saves ~60 registers a thread to the stack on entry and loads them back
+// on return, and every warp of every CTA made it for every op (Nsight
+// Compute, a b1 mono layer on the H100: ~2M local stores and ~2M local
+// loads, 36 MB of local traffic an op; bench/NOTES.md session 31). The
+// same blocks run: the same bits. (A CTA whose body did not run waits
+// before its next arrival, as before, S_MONO_EARLY.)
+#ifndef S_MONO_SKIP
+#define S_MONO_SKIP 1
 #endif
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
@@ -219,6 +235,7 @@ S_MONO_FN(m3s_attn_partial_sparse_nv)
 S_MONO_FN(m3s_attn_partial_split_nv)
 S_MONO_FN(m3s_x_f16)
 S_MONO_FN(m3s_rmsnorm_mix)
+S_MONO_FN(m3s_l2_prefetch)
 #undef S_MONO_FN
 // The tensor-core linears take their segment table by reference into the
 // program (not as a 408-byte copy through the generic argument unpacking):
@@ -460,10 +477,15 @@ extern "C" __global__ void S_MONO_BOUNDS
       const u32 rot = o.rot < gridDim.x ? o.rot : 0u;
       s_mono_cta = blockIdx.x >= rot ? blockIdx.x - rot : blockIdx.x + gridDim.x - rot;
       s_mono_gdim = make_uint3(o.gx, o.gy, o.gz);
+      // the first block of this CTA's first sub-block (s_mono_blocks): none
+      // there, none in the CTA
+      const u32 subs = S_MONO_THREADS >> o.lg;
+      const u32 v0 = S_MONO_SPREAD && (o.flags & S_MONO_ALONE) != 0u ? s_mono_cta : s_mono_cta * subs;
+      s_mono_has = !S_MONO_SKIP || v0 < o.gx * o.gy * o.gz ? 1u : 0u;
       if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }
     S_MONO_CTA_SYNC();
-    s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
+    if (m3_mono_vol(s_mono_has) != 0u) s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
     // (read before the barrier: past it, with no grid barrier to follow,
     // thread 0 may already be writing the next op; read after the call,
     // so nothing is held across it)

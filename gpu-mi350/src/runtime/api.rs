@@ -209,6 +209,18 @@ impl Device {
         Device(Dev::Cuda(ctx))
     }
 
+    /// The most shared memory one multiprocessor holds, bytes (the
+    /// carve-out's 100%); 0 on HIP and where the driver does not say.
+    pub fn shared_per_multiprocessor(&self) -> usize {
+        use sys::CUdevice_attribute_enum as A;
+        match &self.0 {
+            Dev::Cuda(ctx) => ctx
+                .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+                .map_or(0, |b| b.max(0) as usize),
+            Dev::Hip(_) => 0,
+        }
+    }
+
     pub(crate) fn hip(api: Arc<HipApi>) -> Self {
         Device(Dev::Hip(api))
     }
@@ -383,17 +395,30 @@ impl Func {
         }
     }
 
-    /// Ask for the largest shared-memory carve-out (mono's persistent
-    /// kernel: the occupancy reported is then the one a launch gets).
-    pub fn prefer_max_shared_carveout(&self) -> Result<()> {
+    /// Ask for a shared-memory carve-out of `percent` of the most shared
+    /// memory a multiprocessor holds (the rest of its unified L1 / shared
+    /// store is L1: the mono kernel's stack lives there). A hint the
+    /// driver rounds up to a carve-out it supports. HIP: nothing to set (a
+    /// compute unit's LDS is its own).
+    pub fn set_shared_carveout(&self, percent: u32) -> Result<()> {
         use sys::CUfunction_attribute_enum as A;
-        // HIP: a compute unit's LDS is its own (no carve-out to choose)
         if matches!(self.0, Fun::Hip(..)) {
             return Ok(());
         }
         self.cuda_only("the shared-memory carve-out")?
-            .set_attribute(A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+            .set_attribute(
+                A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                percent.min(100) as i32,
+            )
             .map_err(|e| GpuError::driver("cuFuncSetAttribute", e))
+    }
+
+    /// Static shared memory a block, bytes (0 when unknown).
+    pub fn shared_bytes(&self) -> usize {
+        match &self.0 {
+            Fun::Cuda(f) => f.shared_size_bytes().map_or(0, |b| b.max(0) as usize),
+            Fun::Hip(..) => 0,
+        }
     }
 
     /// Registers a thread (0 when unknown).

@@ -231,6 +231,12 @@ impl Launcher {
         }
     }
 
+    /// Whether launches are being recorded for a mono program
+    /// ([`Launcher::record`]) rather than made.
+    pub(crate) fn recording(&self) -> bool {
+        self.rec.borrow().is_some()
+    }
+
     /// Whether [`Launcher::beside`] runs its chains at once now (a side
     /// stream, and neither a recording nor a per-launch profile running:
     /// both read the launches as one sequence).

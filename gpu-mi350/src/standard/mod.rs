@@ -150,6 +150,7 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_attn_partial_sparse_nv",
         "m3s_attn_partial_split_nv",
         "m3s_attn_combine",
+        "m3s_l2_prefetch",
     ],
 };
 
@@ -284,8 +285,28 @@ pub struct PathOptions {
     /// results bit for bit (each op computes what it computed). Unmeasured
     /// on a device (session 27); the CLI reads `M3_MONO_PAIR=0|1`.
     pub mono_pair_beside: bool,
+    /// In a shared phase ([`PathOptions::mono_pair_beside`]), the routed
+    /// chain's op first (its blocks from CTA 0) and the shared expert's on
+    /// the CTAs it leaves idle; off: the shared expert's first. The routed
+    /// chain is the layer's critical path (the router, whose last CTA
+    /// picks every row's experts, then the experts), the shared expert's
+    /// output waits until the combine. The same results bit for bit.
+    /// Measured no faster (H100, a b1 MoE layer 0.3366 / 0.3330 ms against
+    /// 0.3330 / 0.3337 with the shared expert's op first, bench/NOTES.md
+    /// session 31: the router alone takes the phase), so off. The CLI
+    /// reads `M3_MONO_MAIN_FIRST=0|1`.
+    pub mono_main_first: bool,
+    /// The mono kernel's shared-memory carve-out, percent of an SM's most
+    /// shared memory (CUDA). `None`: the least that holds the CTAs an SM
+    /// (H100: 38%, the 100 KB configuration, leaving 156 KB of L1 where
+    /// the 228 KB one left 28), `Some(100)`: the largest (before session
+    /// 31). The op calls' register saves are the CTAs' stacks (744 bytes a
+    /// thread), held in L1: with 28 KB they went to L2 (Nsight Compute, a
+    /// b1 mono layer: L1 hit rate 11%, ~270 MB of local writes into L2).
+    /// The same results. The CLI reads `M3_MONO_CARVEOUT=fit|max|N`.
+    pub mono_carveout: Option<u32>,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
-    /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts
@@ -311,6 +332,18 @@ pub struct PathOptions {
     /// elsewhere); a hint: results do not change. The CLI reads
     /// `M3_L2_PREFETCH_MIB`.
     pub l2_prefetch_mib: usize,
+    /// The mono path's o-projection prefetch: up to this many MiB of each
+    /// layer's o weights (and all its block scales) brought into L2 by an
+    /// op that shares its phase with the head norms, so the bulk prefetch
+    /// streams while the attention chain (latency-bound; most CTAs idle)
+    /// runs, as [`PathOptions::l2_prefetch_mib`] does on the standard
+    /// path's side stream. Measured slower (H100, a b1 MoE layer 0.3331 ms
+    /// without, 0.3439 / 0.3451 / 0.3490 with 16 / 32 / 48 MiB; the two
+    /// prefetch ops alone ~26 us of a layer's critical path in the op
+    /// profile: bench/NOTES.md session 31), so 0 (none): a diagnosis
+    /// switch. CUDA sm_90+ only (set to 0 elsewhere); a hint: results do
+    /// not change. The CLI reads `M3_MONO_L2_PREFETCH_MIB`.
+    pub mono_l2_prefetch_mib: usize,
     /// Write K, V and the index key to their caches from the head-norm
     /// launch (V as a job without a norm) instead of a cache-write launch
     /// after it: one launch a layer fewer, the same bits (a MoE layer
@@ -404,9 +437,12 @@ impl Default for PathOptions {
             mono: false,
             mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
             mono_pair_beside: true,
+            mono_main_first: false,
+            mono_carveout: None,
             mono_defines: "",
             beside: Beside::On,
             l2_prefetch_mib: 16,
+            mono_l2_prefetch_mib: 0,
             fuse_cache_writes: true,
             skip_launches: "",
             no_pdl_launches: "",
@@ -429,9 +465,11 @@ impl PathOptions {
     /// `M3_SMALL_STEP_MAX_ROWS` sets the rows it takes,
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_MONO_PAIR=0|1` its beside phases ([`PathOptions::mono_pair_beside`]),
+    /// `M3_MONO_MAIN_FIRST=0|1` their order ([`PathOptions::mono_main_first`]),
+    /// `M3_MONO_CARVEOUT=fit|max|N` its L1 ([`PathOptions::mono_carveout`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
-    /// prefetch, `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
+    /// prefetch (`M3_MONO_L2_PREFETCH_MIB` mono's), `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
     /// `M3_SKIP_LAUNCHES` a timing ablation ([`PathOptions::skip_launches`]),
     /// `M3_NO_PDL_LAUNCHES` launches without PDL
     /// ([`PathOptions::no_pdl_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
@@ -457,6 +495,19 @@ impl PathOptions {
         if let Some(on) = env_flag("M3_MONO_PAIR") {
             self.mono_pair_beside = on;
         }
+        if let Some(on) = env_flag("M3_MONO_MAIN_FIRST") {
+            self.mono_main_first = on;
+        }
+        match env_text("M3_MONO_CARVEOUT") {
+            Some("fit") => self.mono_carveout = None,
+            Some("max") => self.mono_carveout = Some(100),
+            Some(n) => {
+                if let Ok(p) = n.parse::<u32>() {
+                    self.mono_carveout = Some(p.min(100));
+                }
+            }
+            None => {}
+        }
         if let Some(n) = env_usize("M3_SMALL_STEP_MAX_ROWS") {
             self.small_step_max_rows = n.max(1);
         }
@@ -467,6 +518,9 @@ impl PathOptions {
         }
         if let Some(n) = env_usize("M3_L2_PREFETCH_MIB") {
             self.l2_prefetch_mib = n;
+        }
+        if let Some(n) = env_usize("M3_MONO_L2_PREFETCH_MIB") {
+            self.mono_l2_prefetch_mib = n;
         }
         if let Some(on) = env_flag("M3_FUSE_CACHE_WRITES") {
             self.fuse_cache_writes = on;
@@ -808,6 +862,7 @@ impl StandardPath {
         let mut opts = opts;
         if !gpu.pdl() {
             opts.l2_prefetch_mib = 0;
+            opts.mono_l2_prefetch_mib = 0;
         }
         let kern = Kernels::load(gpu, &opts)?;
         let t = cap.max_rows;

@@ -105,7 +105,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 40] = [
+pub(crate) const MONO_OPS: [&str; 41] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -153,6 +153,9 @@ pub(crate) const MONO_OPS: [&str; 40] = [
     "m3s_mma_fp4_r8",
     "m3s_mma_nvfp4_r1",
     "m3s_mma_nvfp4_r8",
+    // the o projection's L2 prefetch beside the attention chain
+    // (`PathOptions::mono_l2_prefetch_mib`)
+    "m3s_l2_prefetch",
 ];
 
 /// Whether op `name` is a tensor-core linear (its body in the mono build
@@ -165,14 +168,16 @@ fn is_linear(name: &str) -> bool {
 /// mono_prelude.h / standard_decode.cu): op calls through a pointer table
 /// or a switch, persistent CTAs an SM, the linears' loads in flight, and
 /// how a lone op's blocks are dealt to the CTAs' sub-blocks, whether a
-/// phase's bodies start before the grid barrier before it completes.
-const MONO_TUNABLES: [(&str, &[&str]); 6] = [
+/// phase's bodies start before the grid barrier before it completes,
+/// whether a CTA with no block of an op skips its call.
+const MONO_TUNABLES: [(&str, &[&str]); 7] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
     ("S_UNROLL_HALF", &["0", "1"]),
     ("S_MONO_SPREAD", &["0", "1"]),
     ("S_MONO_EARLY", &["0", "1"]),
+    ("S_MONO_SKIP", &["0", "1"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
@@ -231,6 +236,21 @@ fn defines_fit(vendor: Vendor, extra: &str) -> Result<()> {
     Ok(())
 }
 
+/// Shared memory CUDA keeps back a block (sm_80 on), bytes.
+const SHARED_RESERVED_A_BLOCK: usize = 1024;
+
+/// The least shared-memory carve-out, in percent of `max` (a
+/// multiprocessor's most shared memory, bytes), that holds `ctas` blocks
+/// of `shared` static bytes each (plus what CUDA keeps back a block); 100
+/// where a size is unknown (0).
+fn fit_carveout(ctas: u32, shared: usize, max: usize) -> u32 {
+    if max == 0 || shared == 0 {
+        return 100;
+    }
+    let need = ctas as usize * (shared + SHARED_RESERVED_A_BLOCK);
+    (need * 100).div_ceil(max).clamp(1, 100) as u32
+}
+
 /// One recorded op as kernels/mono.cu's `SMonoOp` reads it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -273,8 +293,10 @@ fn op_flags(shares: bool, prev_shares: bool) -> u32 {
 /// already rely on) run in phases: S0 with M0, then S1 with M1, ..., each
 /// chain's own order kept (a barrier after each phase), the longer chain's
 /// rest alone; the op after the call waits for both. `pair` off: the
-/// recorded order with a barrier after every op.
-fn phases(tags: &[Option<(u32, bool)>], pair: bool) -> Vec<(usize, bool)> {
+/// recorded order with a barrier after every op. `main_first`: a phase
+/// runs M_k first (its blocks from CTA 0) and S_k on the CTAs M_k leaves
+/// idle (`PathOptions::mono_main_first`), else S_k first.
+fn phases(tags: &[Option<(u32, bool)>], pair: bool, main_first: bool) -> Vec<(usize, bool)> {
     let mut out = Vec::with_capacity(tags.len());
     let mut i = 0;
     while i < tags.len() {
@@ -293,8 +315,13 @@ fn phases(tags: &[Option<(u32, bool)>], pair: bool) -> Vec<(usize, bool)> {
         for k in 0..ns.max(nm) {
             match (k < ns, k < nm) {
                 (true, true) => {
-                    out.push((i + k, true));
-                    out.push((i + ns + k, false));
+                    let (a, b) = if main_first {
+                        (i + ns + k, i + k)
+                    } else {
+                        (i + k, i + ns + k)
+                    };
+                    out.push((a, true));
+                    out.push((b, false));
                 }
                 (true, false) => out.push((i + k, false)),
                 _ => out.push((i + ns + k, false)),
@@ -383,6 +410,9 @@ pub(crate) struct Mono {
     /// Run the two chains of a `beside` call in shared phases
     /// ([`phases`]; `PathOptions::mono_pair_beside`).
     pair_beside: bool,
+    /// A shared phase's main-chain op first ([`phases`];
+    /// `PathOptions::mono_main_first`).
+    main_first: bool,
     /// Programs per step rows, one per layer, and the residual buffer
     /// their layers leave the step in (`PathOptions::fold_combine` moves
     /// it), where the head reads it.
@@ -410,22 +440,33 @@ impl Mono {
                 "the mono path with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
             ));
         }
-        let mut m = Mono::load(gpu, opts.small_step_defines, opts.mono_defines)?;
+        let mut m = Mono::load(
+            gpu,
+            opts.small_step_defines,
+            opts.mono_defines,
+            opts.mono_carveout,
+        )?;
         m.pair_beside = opts.mono_pair_beside;
+        m.main_first = opts.mono_main_first;
         Ok(m)
     }
 
     /// Compile the mono kernel (the small-step defines `small`, the ones
     /// the path's decode linears use; mono.cu's tunables `extra`) and size
     /// its grid.
-    pub(crate) fn load(gpu: &dyn Gpu, small: &str, extra: &str) -> Result<Self> {
+    pub(crate) fn load(
+        gpu: &dyn Gpu,
+        small: &str,
+        extra: &str,
+        carveout: Option<u32>,
+    ) -> Result<Self> {
         defines_fit(gpu.vendor(), extra)?;
         let src = mono_source(small, extra)?;
         let f = gpu.kernel(&src, "m3s_mono")?;
-        // the largest shared-memory carve-out, so the occupancy the driver
-        // reports (every CTA resident: the grid barrier needs it) is the one
-        // the launch gets
-        f.prefer_max_shared_carveout()?;
+        // the largest shared-memory carve-out first, so the occupancy the
+        // driver reports (every CTA resident: the grid barrier needs it)
+        // holds whatever the kernel's shared memory
+        f.set_shared_carveout(100)?;
         let regs = f.registers();
         let local = f.local_bytes();
         let per_sm = gpu.occupancy(&f, MONO_THREADS, 0)?;
@@ -434,6 +475,23 @@ impl Mono {
                 "mono path",
                 "m3s_mono cannot be resident on this device (occupancy 0)",
             ));
+        }
+        // then the carve-out asked for (None: the least that still holds
+        // that many CTAs), the rest of the SM's store left to L1, where the
+        // CTAs' stacks live; back to the largest if the occupancy drops
+        let mut carve = carveout.unwrap_or_else(|| {
+            fit_carveout(
+                per_sm,
+                f.shared_bytes(),
+                gpu.device().shared_per_multiprocessor(),
+            )
+        });
+        if carve < 100 {
+            f.set_shared_carveout(carve)?;
+            if gpu.occupancy(&f, MONO_THREADS, 0)? < per_sm {
+                f.set_shared_carveout(100)?;
+                carve = 100;
+            }
         }
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
@@ -458,13 +516,14 @@ impl Mono {
         Ok(Mono {
             f,
             about: format!(
-                "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread",
+                "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread, shared carve-out {carve}%",
                 per_sm as u32 * sms
             ),
             grid: per_sm as u32 * sms,
             bar: DevBuf::zeroed(gpu.device(), 8)?,
             ids,
             pair_beside: true,
+            main_first: false,
             programs: HashMap::new(),
         })
     }
@@ -484,7 +543,7 @@ impl Mono {
         // CTAs the previous op fills when it shares its phase with this one
         let mut after = 0u32;
         let mut prev_shares = false;
-        for (ri, shares) in phases(&tags, self.pair_beside) {
+        for (ri, shares) in phases(&tags, self.pair_beside, self.main_first) {
             let r = &rec[ri];
             let Some(&id) = self.ids.get(&r.func) else {
                 return Err(bad(format!(
@@ -900,7 +959,7 @@ mod tests {
             m(1),
             None,
         ];
-        let got = phases(&tags, true);
+        let got = phases(&tags, true, false);
         let want = vec![
             (0, false),
             (1, true),
@@ -923,15 +982,34 @@ mod tests {
         // a longer side chain; a main chain alone (no side ops) stays apart
         let tags = [s(0), s(0), m(0), m(1), None];
         assert_eq!(
-            phases(&tags, true),
+            phases(&tags, true, false),
             vec![(0, true), (2, false), (1, false), (3, false), (4, false)]
         );
+        // main first: each pair's main op leads, the rest unchanged
+        assert_eq!(
+            phases(&tags, true, true),
+            vec![(2, true), (0, false), (1, false), (3, false), (4, false)]
+        );
+        let first = phases(&[None, s(0), s(0), m(0), m(0), m(0)], true, true);
+        assert_eq!(
+            first,
+            vec![
+                (0, false),
+                (3, true),
+                (1, false),
+                (4, true),
+                (2, false),
+                (5, false)
+            ]
+        );
         // off: the recorded order, barriers everywhere
-        let off = phases(&[s(0), m(0)], false);
+        let off = phases(&[s(0), m(0)], false, true);
         assert_eq!(off, vec![(0, false), (1, false)]);
         // the last op never shares its phase with nothing
         for t in [&[s(0)][..], &[None, s(3)]] {
-            assert!(!phases(t, true).last().is_some_and(|p| p.1), "{t:?}");
+            for mf in [false, true] {
+                assert!(!phases(t, true, mf).last().is_some_and(|p| p.1), "{t:?}");
+            }
         }
     }
 
@@ -1074,6 +1152,22 @@ mod tests {
     /// Rounds: q|k|v's 616 one-row blocks of 128 threads on 264 CTAs of
     /// 256 threads take two (528 sub-blocks), the o projection's 384 one,
     /// a 256-thread op of 264 blocks one and of 265 two.
+    /// The carve-out holds the CTAs' shared memory with what CUDA keeps
+    /// back a block (H100: 2 x (42172 + 1024) of 233472 bytes -> 38%, the
+    /// driver's 100 KB configuration), never more than 100 or less than 1,
+    /// and 100 when a size is unknown.
+    #[test]
+    fn carveout_fits_the_ctas() {
+        assert_eq!(fit_carveout(2, 42172, 233472), 38);
+        let p = fit_carveout(2, 42172, 233472) as usize;
+        assert!(p * 233472 / 100 >= 2 * (42172 + 1024));
+        assert!((p - 1) * 233472 / 100 < 2 * (42172 + 1024));
+        assert_eq!(fit_carveout(4, 60000, 233472), 100);
+        assert_eq!(fit_carveout(1, 1, 233472), 1);
+        assert_eq!(fit_carveout(2, 42172, 0), 100);
+        assert_eq!(fit_carveout(2, 0, 233472), 100);
+    }
+
     #[test]
     fn rounds_of_virtual_blocks() {
         assert_eq!(rounds((616, 1, 1), 128, 264), 2);

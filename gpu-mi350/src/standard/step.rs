@@ -510,9 +510,15 @@ impl StandardPath {
             )
         };
         // joined before the o projection: measured faster than leaving the
-        // prefetch unjoined until the step's end (bench/NOTES.md session 14)
-        let pf = self.opts.l2_prefetch_mib;
-        if self.l.concurrent() && pf > 0 {
+        // prefetch unjoined until the step's end (bench/NOTES.md session 14);
+        // recorded for a mono program, the prefetch shares its phase with
+        // the head norms (mono's own size)
+        let pf = if self.l.recording() {
+            self.opts.mono_l2_prefetch_mib
+        } else {
+            self.opts.l2_prefetch_mib
+        };
+        if (self.l.concurrent() || self.l.recording()) && pf > 0 {
             self.l.beside(|| self.l2_prefetch(&lw.o, pf), heads)?;
         } else {
             heads()?;

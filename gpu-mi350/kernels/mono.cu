@@ -167,9 +167,17 @@ __shared__ u32 s_mono_has;
 // Compute, a b1 mono layer on the H100: ~2M local stores and ~2M local
 // loads, 36 MB of local traffic an op; bench/NOTES.md session 31). The
 // same blocks run: the same bits. (A CTA whose body did not run waits
-// before its next arrival, as before, S_MONO_EARLY.)
+// before its next arrival, as before, S_MONO_EARLY.) With the carve-out
+// cut to the CTAs' shared memory (PathOptions::mono_carveout) it measured
+// -0.5% a b1 MoE layer on the H100 (-1.5% with the largest carve-out).
+// HIP: 0 (unmeasured there; the branch around the call lifts clang 22's
+// SGPR spills of m3s_mono from 168 to 186 on gfx950, past xtask's gate).
 #ifndef S_MONO_SKIP
+#if defined(M3_HIP)
+#define S_MONO_SKIP 0
+#else
 #define S_MONO_SKIP 1
+#endif
 #endif
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
@@ -485,7 +493,7 @@ extern "C" __global__ void S_MONO_BOUNDS
       if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }
     S_MONO_CTA_SYNC();
-    if (m3_mono_vol(s_mono_has) != 0u) s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
+    if (!S_MONO_SKIP || m3_mono_vol(s_mono_has) != 0u) s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
     // (read before the barrier: past it, with no grid barrier to follow,
     // thread 0 may already be writing the next op; read after the call,
     // so nothing is held across it)

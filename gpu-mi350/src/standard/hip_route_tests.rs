@@ -810,3 +810,50 @@ fn mono_programs_pair_the_shared_expert_with_the_routed_chain() {
             .collect::<Vec<_>>()
     );
 }
+
+/// `mono_router_split`: each MoE layer's mono program holds the router's
+/// three ops (the f32 linear, the top-k, the grouping) in that order and no
+/// `m3s_router_small`; off, the one fused op and none of the three. The
+/// standard path's own steps are not touched (it only applies to a
+/// recording).
+#[test]
+fn mono_router_split_records_the_three_router_ops() {
+    let programs = |split: bool| {
+        let gpu = stub::gpu_answering(stub::Answers {
+            cus: 304,
+            occupancy: 3,
+            ..stub::Answers::default()
+        });
+        let opts = PathOptions {
+            mono: true,
+            mono_router_split: split,
+            ..PathOptions::default()
+        };
+        let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+        path.mono_prepare(2).expect("programs of 2 rows");
+        path.mono_programs(2).expect("programs")
+    };
+    let bodies = |p: &[super::mono::OpAbout]| p.iter().map(|o| o.body).collect::<Vec<_>>();
+    let fused = programs(false);
+    let split = programs(true);
+    let (mut moe_fused, mut moe_split) = (0, 0);
+    for (li, (a, b)) in fused.iter().zip(&split).enumerate() {
+        let (a, b) = (bodies(a), bodies(b));
+        assert!(!b.contains(&"m3s_router_small"), "layer {li}: {b:?}");
+        let three = ["m3s_linear_f32w", "m3s_router_warp", "m3s_route"];
+        if a.contains(&"m3s_router_small") {
+            moe_fused += 1;
+            assert!(three.iter().all(|n| !a.contains(n)), "layer {li}: {a:?}");
+            let at: Vec<usize> = three
+                .iter()
+                .map(|n| b.iter().position(|x| x == n).expect("a split router op"))
+                .collect();
+            assert!(at[0] < at[1] && at[1] < at[2], "layer {li}: {b:?}");
+            assert_eq!(b.len(), a.len() + 2, "layer {li}: two more ops");
+            moe_split += 1;
+        } else {
+            assert_eq!(a, b, "layer {li}: a dense layer is the same program");
+        }
+    }
+    assert!(moe_fused > 0 && moe_fused == moe_split);
+}

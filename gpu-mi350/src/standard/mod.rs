@@ -305,6 +305,15 @@ pub struct PathOptions {
     /// b1 mono layer: L1 hit rate 11%, ~270 MB of local writes into L2).
     /// The same results. The CLI reads `M3_MONO_CARVEOUT=fit|max|N`.
     pub mono_carveout: Option<u32>,
+    /// A mono program's router as the three ops it fuses (`m3s_linear_f32w`,
+    /// `m3s_router_warp`, `m3s_route`, a grid barrier between each) instead
+    /// of `m3s_router_small` (whose last CTA runs every row's top-k and the
+    /// grouping after a device-wide count). The same bits. For timing the
+    /// router's parts in the op profile: in a b1 mono layer the fused
+    /// router takes ~36 us of the critical path against ~14 us in its own
+    /// launch (bench/NOTES.md session 31). The CLI reads
+    /// `M3_MONO_ROUTER_SPLIT=0|1`.
+    pub mono_router_split: bool,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
@@ -439,6 +448,7 @@ impl Default for PathOptions {
             mono_pair_beside: true,
             mono_main_first: false,
             mono_carveout: None,
+            mono_router_split: false,
             mono_defines: "",
             beside: Beside::On,
             l2_prefetch_mib: 16,
@@ -467,6 +477,7 @@ impl PathOptions {
     /// `M3_MONO_PAIR=0|1` its beside phases ([`PathOptions::mono_pair_beside`]),
     /// `M3_MONO_MAIN_FIRST=0|1` their order ([`PathOptions::mono_main_first`]),
     /// `M3_MONO_CARVEOUT=fit|max|N` its L1 ([`PathOptions::mono_carveout`]),
+    /// `M3_MONO_ROUTER_SPLIT=0|1` its router ([`PathOptions::mono_router_split`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
     /// prefetch (`M3_MONO_L2_PREFETCH_MIB` mono's), `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
@@ -497,6 +508,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_MONO_MAIN_FIRST") {
             self.mono_main_first = on;
+        }
+        if let Some(on) = env_flag("M3_MONO_ROUTER_SPLIT") {
+            self.mono_router_split = on;
         }
         match env_text("M3_MONO_CARVEOUT") {
             Some("fit") => self.mono_carveout = None,

@@ -774,7 +774,11 @@ impl StandardPath {
         let a = &self.acts;
         let (ne, k) = (router.rows, c.num_experts_per_tok);
         let cap_t = self.cap.max_rows;
-        if t <= ROUTER_SMALL_ROWS && router.fmt == WFmt::F32 && router.cols <= F32W_MAX_K {
+        // (a mono program may take the three launches' form instead:
+        // PathOptions::mono_router_split)
+        let split = self.l.recording() && self.opts.mono_router_split;
+        if t <= ROUTER_SMALL_ROWS && router.fmt == WFmt::F32 && router.cols <= F32W_MAX_K && !split
+        {
             return self.l.launch(
                 "router_small",
                 &self.kern.router_small,

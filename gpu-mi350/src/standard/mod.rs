@@ -291,13 +291,15 @@ pub struct PathOptions {
     /// chain is the layer's critical path (the router, whose last CTA
     /// picks every row's experts, then the experts), the shared expert's
     /// output waits until the combine. The same results bit for bit.
-    /// Measured no faster (H100, a b1 MoE layer 0.3366 / 0.3330 ms against
+    /// Measured no faster (H100, a b1 MoE layer 0.3381 / 0.3366 ms against
     /// 0.3330 / 0.3337 with the shared expert's op first, bench/NOTES.md
     /// session 31: the router alone takes the phase), so off. The CLI
     /// reads `M3_MONO_MAIN_FIRST=0|1`.
     pub mono_main_first: bool,
     /// The mono kernel's shared-memory carve-out, percent of an SM's most
-    /// shared memory (CUDA). `None`: the least that holds the CTAs an SM
+    /// shared memory (CUDA; a value below the fit is raised to it, and the
+    /// largest is taken where the occupancy would drop). `None`: the least
+    /// that holds the CTAs an SM
     /// (H100: 38%, the 100 KB configuration, leaving 156 KB of L1 where
     /// the 228 KB one left 28), `Some(100)`: the largest (before session
     /// 31). The op calls' register saves are the CTAs' stacks (744 bytes a
@@ -342,10 +344,11 @@ pub struct PathOptions {
     /// `M3_L2_PREFETCH_MIB`.
     pub l2_prefetch_mib: usize,
     /// The mono path's o-projection prefetch: up to this many MiB of each
-    /// layer's o weights (and all its block scales) brought into L2 by an
-    /// op that shares its phase with the head norms, so the bulk prefetch
-    /// streams while the attention chain (latency-bound; most CTAs idle)
-    /// runs, as [`PathOptions::l2_prefetch_mib`] does on the standard
+    /// layer's o weights (and all its block scales) brought into L2 by
+    /// ops recorded beside the attention chain (the scales' prefetch
+    /// sharing its phase with the head norms, the codes' with the next
+    /// op), so the bulk prefetch streams while the attention chain
+    /// (latency-bound; most CTAs idle) runs, as [`PathOptions::l2_prefetch_mib`] does on the standard
     /// path's side stream. Measured slower (H100, a b1 MoE layer 0.3331 ms
     /// without, 0.3439 / 0.3451 / 0.3490 with 16 / 32 / 48 MiB; the two
     /// prefetch ops alone ~26 us of a layer's critical path in the op

@@ -238,17 +238,21 @@ fn defines_fit(vendor: Vendor, extra: &str) -> Result<()> {
 
 /// Shared memory CUDA keeps back a block (sm_80 on), bytes.
 const SHARED_RESERVED_A_BLOCK: usize = 1024;
+/// CUDA's shared-memory allocation unit (sm_80 on), bytes: a block's
+/// shared memory is rounded up to it.
+const SHARED_ALLOC_UNIT: usize = 128;
 
 /// The least shared-memory carve-out, in percent of `max` (a
 /// multiprocessor's most shared memory, bytes), that holds `ctas` blocks
-/// of `shared` static bytes each (plus what CUDA keeps back a block); 100
-/// where a size is unknown (0).
+/// of `shared` bytes each (static and dynamic; plus what CUDA keeps back a
+/// block, rounded up to its allocation unit); 100 where a size is unknown
+/// (0). The driver rounds the percent up to a configuration it supports.
 fn fit_carveout(ctas: u32, shared: usize, max: usize) -> u32 {
     if max == 0 || shared == 0 {
         return 100;
     }
-    let need = ctas as usize * (shared + SHARED_RESERVED_A_BLOCK);
-    (need * 100).div_ceil(max).clamp(1, 100) as u32
+    let block = (shared + SHARED_RESERVED_A_BLOCK).next_multiple_of(SHARED_ALLOC_UNIT);
+    (ctas as usize * block * 100).div_ceil(max).clamp(1, 100) as u32
 }
 
 /// One recorded op as kernels/mono.cu's `SMonoOp` reads it.
@@ -477,22 +481,29 @@ impl Mono {
             ));
         }
         // then the carve-out asked for (None: the least that still holds
-        // that many CTAs), the rest of the SM's store left to L1, where the
-        // CTAs' stacks live; back to the largest if the occupancy drops
-        let mut carve = carveout.unwrap_or_else(|| {
-            fit_carveout(
-                per_sm,
-                f.shared_bytes(),
-                gpu.device().shared_per_multiprocessor(),
-            )
-        });
+        // that many CTAs; never less), the rest of the SM's store left to
+        // L1, where the CTAs' stacks live; back to the largest if the
+        // driver refuses it or the occupancy drops (every CTA of the grid
+        // must stay resident: the grid barrier waits for all of them)
+        let fit = fit_carveout(
+            per_sm,
+            f.shared_bytes(),
+            gpu.device().shared_per_multiprocessor(),
+        );
+        let mut carve = carveout.map_or(fit, |c| c.max(fit));
         if carve < 100 {
-            f.set_shared_carveout(carve)?;
-            if gpu.occupancy(&f, MONO_THREADS, 0)? < per_sm {
+            let held = f.set_shared_carveout(carve).is_ok()
+                && gpu.occupancy(&f, MONO_THREADS, 0)? >= per_sm;
+            if !held {
                 f.set_shared_carveout(100)?;
                 carve = 100;
             }
         }
+        let carve_about = if gpu.vendor() == Vendor::Cuda {
+            format!(", shared carve-out {carve}%")
+        } else {
+            String::new()
+        };
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
         let std_small = small_src.src;
@@ -516,7 +527,7 @@ impl Mono {
         Ok(Mono {
             f,
             about: format!(
-                "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread, shared carve-out {carve}%",
+                "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread{carve_about}",
                 per_sm as u32 * sms
             ),
             grid: per_sm as u32 * sms,
@@ -1149,25 +1160,32 @@ mod tests {
         }
     }
 
-    /// Rounds: q|k|v's 616 one-row blocks of 128 threads on 264 CTAs of
-    /// 256 threads take two (528 sub-blocks), the o projection's 384 one,
-    /// a 256-thread op of 264 blocks one and of 265 two.
     /// The carve-out holds the CTAs' shared memory with what CUDA keeps
-    /// back a block (H100: 2 x (42172 + 1024) of 233472 bytes -> 38%, the
-    /// driver's 100 KB configuration), never more than 100 or less than 1,
-    /// and 100 when a size is unknown.
+    /// back a block, each rounded up to the 128-byte allocation unit (H100:
+    /// 2 x 43264 of 233472 bytes -> 38%, the driver's 100 KB
+    /// configuration), never more than 100 or less than 1, and 100 when a
+    /// size is unknown.
     #[test]
     fn carveout_fits_the_ctas() {
         assert_eq!(fit_carveout(2, 42172, 233472), 38);
-        let p = fit_carveout(2, 42172, 233472) as usize;
-        assert!(p * 233472 / 100 >= 2 * (42172 + 1024));
-        assert!((p - 1) * 233472 / 100 < 2 * (42172 + 1024));
+        for shared in [1, 42172, 42240, 42241, 60000] {
+            let p = fit_carveout(2, shared, 233472) as usize;
+            let need = 2 * (shared + 1024).next_multiple_of(128);
+            assert!(p * 233472 / 100 >= need.min(233472), "{shared}");
+            assert!(p == 1 || (p - 1) * 233472 / 100 < need, "{shared}");
+        }
+        // (an allocation unit more a block stays in the same percent here)
+        assert_eq!(fit_carveout(2, 42240, 233472), 38);
+        assert_eq!(fit_carveout(2, 42241, 233472), 38);
         assert_eq!(fit_carveout(4, 60000, 233472), 100);
         assert_eq!(fit_carveout(1, 1, 233472), 1);
         assert_eq!(fit_carveout(2, 42172, 0), 100);
         assert_eq!(fit_carveout(2, 0, 233472), 100);
     }
 
+    /// Rounds: q|k|v's 616 one-row blocks of 128 threads on 264 CTAs of
+    /// 256 threads take two (528 sub-blocks), the o projection's 384 one,
+    /// a 256-thread op of 264 blocks one and of 265 two.
     #[test]
     fn rounds_of_virtual_blocks() {
         assert_eq!(rounds((616, 1, 1), 128, 264), 2);

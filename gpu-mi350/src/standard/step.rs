@@ -511,8 +511,8 @@ impl StandardPath {
         };
         // joined before the o projection: measured faster than leaving the
         // prefetch unjoined until the step's end (bench/NOTES.md session 14);
-        // recorded for a mono program, the prefetch shares its phase with
-        // the head norms (mono's own size)
+        // recorded for a mono program, the prefetch ops share their phases
+        // with the attention chain's first ops (mono's own size)
         let pf = if self.l.recording() {
             self.opts.mono_l2_prefetch_mib
         } else {

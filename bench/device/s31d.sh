@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Session 31 (issue 13), any card, ~100 s: the mono router as its three
-# ops (M3_MONO_ROUTER_SPLIT=1) against the fused `m3s_router_small`,
-# interleaved, b1 / b16, 8-step parity gate -> ab.log; then the op profile
-# of the split form at b1 -> prof.log (the router's parts apart).
+# Session 31 (issue 13), any card, ~170 s. Two mono programs against the
+# defaults, interleaved, 2 rounds, `m3 bench --path both` on m3.1 --layers
+# 12 --per-layer 6 at b1 / b4 / b16, each after a 16-step parity gate ->
+# ab.log:
+# - M3_MONO_ROUTER_SPLIT=1: the router as its three ops (the fused
+#   m3s_router_small takes ~36 us of a b1 mono layer's critical path);
+# - M3_FUSE_SWIGLU=1: SwiGLU in the gate + up epilogue (two ops and two
+#   grid barriers fewer a MoE layer in mono; no gain on the standard path,
+#   session 25). It changes the standard path's launches too.
+# Then the op profile of each at b1 -> prof-split.log, prof-swiglu.log.
 set -u
 . bench/device/common.sh
 m3_setup
-timeout 100 /tmp/bin/m3 bench --backend gpu --preset tiny --batch 1 --iters 1 --rounds 1 --warmup 1 --path both \
+timeout 120 /tmp/bin/m3 bench --backend gpu --preset tiny --batch 1 --iters 1 --rounds 1 --warmup 1 --path both \
   --parity-steps 0 > /dev/null 2>&1
 echo "compiled ($(date +%T))"
-B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,16 --context 4096 --iters 30 --rounds 1 --path both --parity-steps 8"
-for v in 1 0 1 0; do
-  echo "=== M3_MONO_ROUTER_SPLIT=$v ($(date +%T))"
-  M3_MONO_ROUTER_SPLIT=$v timeout 40 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
+B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
+for r in 1 2; do
+  for v in "M3_MONO_ROUTER_SPLIT=0" "M3_MONO_ROUTER_SPLIT=1" "M3_FUSE_SWIGLU=1"; do
+    echo "=== $v round $r ($(date +%T))"
+    env $v timeout 60 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
+  done
 done > $OUT/ab.log 2>&1
 grep -E "^===|mono\]|differ|rror" $OUT/ab.log
-M3_MONO_ROUTER_SPLIT=1 timeout 30 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 \
-  --rounds 1 --warmup 0 --batch 1 --path mono --profile > $OUT/prof.log 2>&1
-grep -A21 "^mono ops" $OUT/prof.log | cut -c1-140
+P="--backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --batch 1 --path mono --profile"
+M3_MONO_ROUTER_SPLIT=1 timeout 30 /tmp/bin/m3 bench $P > $OUT/prof-split.log 2>&1
+grep -A21 "^mono ops" $OUT/prof-split.log | cut -c1-140
+M3_FUSE_SWIGLU=1 timeout 30 /tmp/bin/m3 bench $P > $OUT/prof-swiglu.log 2>&1
+grep -A21 "^mono ops" $OUT/prof-swiglu.log | cut -c1-140

@@ -750,6 +750,22 @@ fn skipped_launches_are_exactly_the_named_ones() {
     assert_eq!(skipped, want);
 }
 
+/// The mono programs of a 2-row step, per layer, on a stub HIP device of
+/// 304 CUs answering an occupancy of 3 (a grid of 912 CTAs), the path built
+/// with `opts` and `mono` on.
+fn mono_programs_of_two_rows(opts: PathOptions) -> Vec<Vec<super::mono::OpAbout>> {
+    let gpu = stub::gpu_answering(stub::Answers {
+        cus: 304,
+        occupancy: 3,
+        ..stub::Answers::default()
+    });
+    let opts = PathOptions { mono: true, ..opts };
+    let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+    path.mono_prepare(2).expect("programs of 2 rows");
+    assert_eq!(path.mono_grid(), Some(912));
+    path.mono_programs(2).expect("programs")
+}
+
 /// A mono program runs each MoE layer's shared expert (the side chain of
 /// its `beside` call) in phases with the router and routed experts: with
 /// pairing on, the same ops as without, each chain in its own order, some
@@ -759,20 +775,10 @@ fn skipped_launches_are_exactly_the_named_ones() {
 #[test]
 fn mono_programs_pair_the_shared_expert_with_the_routed_chain() {
     let programs = |pair: bool| {
-        let gpu = stub::gpu_answering(stub::Answers {
-            cus: 304,
-            occupancy: 3,
-            ..stub::Answers::default()
-        });
-        let opts = PathOptions {
-            mono: true,
+        mono_programs_of_two_rows(PathOptions {
             mono_pair_beside: pair,
             ..PathOptions::default()
-        };
-        let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
-        path.mono_prepare(2).expect("programs of 2 rows");
-        assert_eq!(path.mono_grid(), Some(912));
-        path.mono_programs(2).expect("programs")
+        })
     };
     let on = programs(true);
     let off = programs(false);
@@ -819,19 +825,10 @@ fn mono_programs_pair_the_shared_expert_with_the_routed_chain() {
 #[test]
 fn mono_router_split_records_the_three_router_ops() {
     let programs = |split: bool| {
-        let gpu = stub::gpu_answering(stub::Answers {
-            cus: 304,
-            occupancy: 3,
-            ..stub::Answers::default()
-        });
-        let opts = PathOptions {
-            mono: true,
+        mono_programs_of_two_rows(PathOptions {
             mono_router_split: split,
             ..PathOptions::default()
-        };
-        let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
-        path.mono_prepare(2).expect("programs of 2 rows");
-        path.mono_programs(2).expect("programs")
+        })
     };
     let bodies = |p: &[super::mono::OpAbout]| p.iter().map(|o| o.body).collect::<Vec<_>>();
     let fused = programs(false);

@@ -320,6 +320,18 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 #endif
 
+// The small ops' bodies inlined into the interpreter (1), or called like
+// the rest (0). A call saves and restores the registers its body uses
+// (27-74 a thread for these ops) in a burst of local stores at entry:
+// Nsight Compute found the small ops' functions stalled mostly on the
+// memory queue (LG throttle) and on code not yet fetched (bench/NOTES.md
+// session 31). Inlined, their registers come out of the interpreter's own
+// allocation (each needs under 72 in its own launch). CUDA's indirect
+// form only (HIP calls through a switch: S_MONO_INDIRECT 0).
+#ifndef S_MONO_INLINE_SMALL
+#define S_MONO_INLINE_SMALL 0
+#endif
+
 #if S_MONO_INDIRECT
 typedef void (*SMonoFn)(const unsigned char*);
 #define S_MONO_ENTRY(i, name) s_mono_##name,
@@ -327,6 +339,18 @@ __device__ SMonoFn s_mono_table[] = {S_MONO_OPS(S_MONO_ENTRY)};
 #undef S_MONO_ENTRY
 
 M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
+#if S_MONO_INLINE_SMALL
+  // (the indices of S_MONO_OPS)
+  switch (fn) {
+    case 0: s_mono_blocks(SMonoRun_m3s_rmsnorm{p}); return;
+    case 1: s_mono_blocks(SMonoRun_m3s_headnorm_rope{p}); return;
+    case 3: s_mono_blocks(SMonoRun_m3s_swiglu{p}); return;
+    case 4: s_mono_blocks(SMonoRun_m3s_moe_combine{p}); return;
+    case 19: s_mono_blocks(SMonoRun_m3s_index_topk{p}); return;
+    case 23: s_mono_blocks(SMonoRun_m3s_attn_combine{p}); return;
+    default: break;
+  }
+#endif
   if (fn >= sizeof(s_mono_table) / sizeof(s_mono_table[0])) m3_mono_trap();
   const SMonoFn f = *reinterpret_cast<SMonoFn volatile*>(&s_mono_table[fn]);
   f(p);

@@ -323,7 +323,7 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 // The small ops' bodies inlined into the interpreter (1), or called like
 // the rest (0). A call saves and restores the registers its body uses
 // (27-74 a thread for these ops) in a burst of local stores at entry:
-// Nsight Compute found the small ops' functions stalled mostly on the
+// Nsight Compute found the small ops' functions stalled much on the
 // memory queue (LG throttle) and on code not yet fetched (bench/NOTES.md
 // session 31). Inlined, their registers come out of the interpreter's own
 // allocation (each needs under 72 in its own launch). CUDA's indirect

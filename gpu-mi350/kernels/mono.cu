@@ -447,6 +447,21 @@ M3_DEV void s_mono_arrive(unsigned long long* bar) {
 #define S_MONO_MINB 2
 #endif
 
+// The program's op records copied to shared memory at the launch's start
+// (1; the first S_MONO_MAX_OPS of them: 32 bytes each), or read by thread
+// 0 from global memory op by op (0). Each op's record is otherwise a
+// round trip to L2 between a CTA's arrival and its call of the next body,
+// on the critical path for the CTA that arrives last. Records are written
+// once, when a program is made, so the copy needs no wait for the launch
+// before. Off until timed (bench/NOTES.md session 31).
+#ifndef S_MONO_OPS_SMEM
+#define S_MONO_OPS_SMEM 0
+#endif
+#define S_MONO_MAX_OPS 64
+#if S_MONO_OPS_SMEM
+__shared__ SMonoOp s_mono_prog[S_MONO_MAX_OPS];
+#endif
+
 /// The global nanosecond timer (comparable across SMs, unlike clock64).
 /// HIP: the device's constant-rate real-time counter (`s_memrealtime`,
 /// 100 MHz on CDNA3 / CDNA4: ticks x 10 ns), comparable across CUs too.
@@ -501,9 +516,21 @@ extern "C" __global__ void S_MONO_BOUNDS
   if (threadIdx.x < S_MONO_MAX_SUBS) s_mono_wbar[threadIdx.x] = 0u;
   __syncthreads();
 #endif
+#if S_MONO_OPS_SMEM
+  {
+    const u32 held = (nops < S_MONO_MAX_OPS ? nops : S_MONO_MAX_OPS) * (u32)(sizeof(SMonoOp) / 4u);
+    for (u32 j = threadIdx.x; j < held; j += S_MONO_THREADS)
+      reinterpret_cast<u32*>(s_mono_prog)[j] = m3_ldg(reinterpret_cast<const u32*>(ops) + j);
+    S_MONO_CTA_SYNC();
+  }
+#endif
   for (u32 i = 0; i < nops; ++i) {
     if (threadIdx.x == 0) {
+#if S_MONO_OPS_SMEM
+      const SMonoOp o = i < S_MONO_MAX_OPS ? s_mono_prog[i] : ops[i];
+#else
       const SMonoOp o = ops[i];
+#endif
       s_mono_op = o;
       s_mono_lg = o.lg;
       const u32 rot = o.rot < gridDim.x ? o.rot : 0u;

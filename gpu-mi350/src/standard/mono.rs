@@ -170,8 +170,9 @@ fn is_linear(name: &str) -> bool {
 /// how a lone op's blocks are dealt to the CTAs' sub-blocks, whether a
 /// phase's bodies start before the grid barrier before it completes,
 /// whether a CTA with no block of an op skips its call, whether the small
-/// ops' bodies are inlined into the interpreter.
-const MONO_TUNABLES: [(&str, &[&str]); 8] = [
+/// ops' bodies are inlined into the interpreter, whether the op records
+/// are copied to shared memory at the launch's start.
+const MONO_TUNABLES: [(&str, &[&str]); 9] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -180,6 +181,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 8] = [
     ("S_MONO_EARLY", &["0", "1"]),
     ("S_MONO_SKIP", &["0", "1"]),
     ("S_MONO_INLINE_SMALL", &["0", "1"]),
+    ("S_MONO_OPS_SMEM", &["0", "1"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of

@@ -130,6 +130,11 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(39, m3s_mma_nvfp4_r8)         \
   X(40, m3s_l2_prefetch)
 
+/// Each op's index in S_MONO_OPS by name (S_MONO_ID_m3s_rmsnorm = 0, ...).
+#define S_MONO_ENUM(i, name) S_MONO_ID_##name = i,
+enum SMonoId : u32 { S_MONO_OPS(S_MONO_ENUM) };
+#undef S_MONO_ENUM
+
 /// The barrier of sub-block `sub` (B threads) around a virtual block: the
 /// body's own (m3_mono_sync, mono_prelude.h).
 M3_DEV void s_mono_sub_sync(u32 sub, u32 B) {
@@ -340,16 +345,20 @@ __device__ SMonoFn s_mono_table[] = {S_MONO_OPS(S_MONO_ENTRY)};
 
 M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
 #if S_MONO_INLINE_SMALL
-  // (the indices of S_MONO_OPS)
+#define S_MONO_INLINE(name)                 \
+  case S_MONO_ID_##name:                    \
+    s_mono_blocks(SMonoRun_##name{p});      \
+    return;
   switch (fn) {
-    case 0: s_mono_blocks(SMonoRun_m3s_rmsnorm{p}); return;
-    case 1: s_mono_blocks(SMonoRun_m3s_headnorm_rope{p}); return;
-    case 3: s_mono_blocks(SMonoRun_m3s_swiglu{p}); return;
-    case 4: s_mono_blocks(SMonoRun_m3s_moe_combine{p}); return;
-    case 19: s_mono_blocks(SMonoRun_m3s_index_topk{p}); return;
-    case 23: s_mono_blocks(SMonoRun_m3s_attn_combine{p}); return;
+    S_MONO_INLINE(m3s_rmsnorm)
+    S_MONO_INLINE(m3s_headnorm_rope)
+    S_MONO_INLINE(m3s_swiglu)
+    S_MONO_INLINE(m3s_moe_combine)
+    S_MONO_INLINE(m3s_index_topk)
+    S_MONO_INLINE(m3s_attn_combine)
     default: break;
   }
+#undef S_MONO_INLINE
 #endif
   if (fn >= sizeof(s_mono_table) / sizeof(s_mono_table[0])) m3_mono_trap();
   const SMonoFn f = *reinterpret_cast<SMonoFn volatile*>(&s_mono_table[fn]);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 31 (issue 13), any card, ~260 s. Four mono variants against the
+# Session 31 (issue 13), any card, ~300 s. Five mono variants against the
 # defaults, interleaved, 2 rounds, `m3 bench --path both` on m3.1 --layers
 # 12 --per-layer 6 at b1 / b4 / b16, each after a 16-step parity gate ->
 # ab.log:
@@ -13,7 +13,10 @@
 #   interpreter: no call, no register saves for them (NVRTC 13.0: 128
 #   registers, stack 744 -> 800 bytes);
 # - inline+ops: that and S_MONO_OPS_SMEM=1, the op records copied to
-#   shared memory at the launch's start (no L2 round trip an op).
+#   shared memory at the launch's start (no L2 round trip an op);
+# - full: S_UNROLL_HALF=0, the linears' full load batch (7% slower a b1
+#   mono layer in session 29, when the CTAs' stacks had 28 KB of L1; the
+#   one-row E4M3 / MXFP4 walks hold it without loop spills).
 # Then the op profile of each at b1 -> prof-<variant>.log.
 set -u
 . bench/device/common.sh
@@ -27,17 +30,19 @@ run() {  # run VARIANT COMMAND...: the command with the variant's environment
     swiglu) M3_FUSE_SWIGLU=1 "$@" ;;
     inline) M3_MONO_DEFINES="S_MONO_INLINE_SMALL=1" "$@" ;;
     inline+ops) M3_MONO_DEFINES="S_MONO_INLINE_SMALL=1 S_MONO_OPS_SMEM=1" "$@" ;;
+    full) M3_MONO_DEFINES="S_UNROLL_HALF=0" "$@" ;;
   esac
 }
 T="--backend gpu --preset tiny --batch 1 --iters 1 --rounds 1 --warmup 1 --parity-steps 0"
 run inline timeout 150 /tmp/bin/m3 bench $T --path mono > /dev/null 2>&1 &
 run inline+ops timeout 150 /tmp/bin/m3 bench $T --path mono > /dev/null 2>&1 &
+run full timeout 150 /tmp/bin/m3 bench $T --path mono > /dev/null 2>&1 &
 timeout 150 /tmp/bin/m3 bench $T --path both > /dev/null 2>&1
 wait
 echo "compiled ($(date +%T))"
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
 for r in 1 2; do
-  for v in base split swiglu inline inline+ops; do
+  for v in base split swiglu inline inline+ops full; do
     echo "=== $v round $r ($(date +%T))"
     run $v timeout 60 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
   done

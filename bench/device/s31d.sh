@@ -14,9 +14,11 @@
 #   registers, stack 744 -> 800 bytes);
 # - inline+ops: that and S_MONO_OPS_SMEM=1, the op records copied to
 #   shared memory at the launch's start (no L2 round trip an op);
-# - full: S_UNROLL_HALF=0, the linears' full load batch (7% slower a b1
-#   mono layer in session 29, when the CTAs' stacks had 28 KB of L1; the
-#   one-row E4M3 / MXFP4 walks hold it without loop spills).
+# - full: S_UNROLL_HALF=0, every linear's full load batch (session 29's
+#   form for the one-row / one-tile ops only measured 7% slower a b1 mono
+#   layer, when the CTAs' stacks had 28 KB of L1; the one-row E4M3 / MXFP4
+#   walks hold it without loop spills, the general bodies that b16 runs
+#   spill in their loops with it).
 # Then the op profile of each at b1 -> prof-<variant>.log.
 set -u
 . bench/device/common.sh

@@ -170,7 +170,8 @@ __shared__ u32 s_mono_has;
 // saves ~60 registers a thread to the stack on entry and loads them back
 // on return, and every warp of every CTA made it for every op (Nsight
 // Compute, a b1 mono layer on the H100: ~2M local stores and ~2M local
-// loads, 36 MB of local traffic an op; bench/NOTES.md session 31). The
+// loads; for a linear's ~66 saves, 2112 warps x 132 accesses x 128 bytes
+// = ~36 MB of local traffic an op; bench/NOTES.md session 31). The
 // same blocks run: the same bits. (A CTA whose body did not run waits
 // before its next arrival, as before, S_MONO_EARLY.) With the carve-out
 // cut to the CTAs' shared memory (PathOptions::mono_carveout) it measured
@@ -184,6 +185,16 @@ __shared__ u32 s_mono_has;
 #define S_MONO_SKIP 1
 #endif
 #endif
+
+/// Whether an op with `flags` deals its blocks to every CTA's first
+/// sub-block before any second (S_MONO_SPREAD, an op alone in its phase).
+M3_DEV bool s_mono_spreads(u32 flags) { return S_MONO_SPREAD && (flags & S_MONO_ALONE) != 0u; }
+/// The first virtual block of sub-block `sub` (of `subs`) of the CTA at
+/// place `cta` in an op's order; its later ones stride by the grid's
+/// sub-blocks (s_mono_blocks). Sub-block 0's is the CTA's lowest.
+M3_DEV u32 s_mono_first(u32 cta, u32 sub, u32 subs, bool spread) {
+  return spread ? sub * gridDim.x + cta : cta * subs + sub;
+}
 
 /// Run the calling sub-block's share of the current op: virtual blocks v =
 /// its global sub index, then strides of every sub-block of the grid, the
@@ -203,8 +214,8 @@ template <typename R> M3_DEV void s_mono_blocks(R run) {
   // CTA's second (fewer blocks an SM where the op has fewer blocks than
   // sub-blocks), each sub-block then striding by the round; else
   // CTA-major (a CTA's sub-blocks in turn).
-  const bool spread = S_MONO_SPREAD && (m3_mono_vol(s_mono_op.flags) & S_MONO_ALONE) != 0u;
-  for (u32 v = spread ? sub * gridDim.x + s_mono_cta : s_mono_cta * subs + sub; v < n; v += gridDim.x * subs) {
+  const bool spread = s_mono_spreads(m3_mono_vol(s_mono_op.flags));
+  for (u32 v = s_mono_first(s_mono_cta, sub, subs, spread); v < n; v += gridDim.x * subs) {
     if ((threadIdx.x & (B - 1u)) == 0u) s_mono_bid[sub] = make_uint3(v % gd.x, (v / gd.x) % gd.y, v / (gd.x * gd.y));
     s_mono_sub_sync(sub, B);
     run();
@@ -545,10 +556,9 @@ extern "C" __global__ void S_MONO_BOUNDS
       const u32 rot = o.rot < gridDim.x ? o.rot : 0u;
       s_mono_cta = blockIdx.x >= rot ? blockIdx.x - rot : blockIdx.x + gridDim.x - rot;
       s_mono_gdim = make_uint3(o.gx, o.gy, o.gz);
-      // the first block of this CTA's first sub-block (s_mono_blocks): none
-      // there, none in the CTA
-      const u32 subs = S_MONO_THREADS >> o.lg;
-      const u32 v0 = S_MONO_SPREAD && (o.flags & S_MONO_ALONE) != 0u ? s_mono_cta : s_mono_cta * subs;
+      // the first block of this CTA's first sub-block: none there, none in
+      // the CTA
+      const u32 v0 = s_mono_first(s_mono_cta, 0u, S_MONO_THREADS >> o.lg, s_mono_spreads(o.flags));
       s_mono_has = !S_MONO_SKIP || v0 < o.gx * o.gy * o.gz ? 1u : 0u;
       if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
     }

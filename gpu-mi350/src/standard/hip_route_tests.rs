@@ -833,13 +833,13 @@ fn mono_router_split_records_the_three_router_ops() {
     let bodies = |p: &[super::mono::OpAbout]| p.iter().map(|o| o.body).collect::<Vec<_>>();
     let fused = programs(false);
     let split = programs(true);
-    let (mut moe_fused, mut moe_split) = (0, 0);
+    let mut moe = 0;
     for (li, (a, b)) in fused.iter().zip(&split).enumerate() {
         let (a, b) = (bodies(a), bodies(b));
         assert!(!b.contains(&"m3s_router_small"), "layer {li}: {b:?}");
         let three = ["m3s_linear_f32w", "m3s_router_warp", "m3s_route"];
         if a.contains(&"m3s_router_small") {
-            moe_fused += 1;
+            moe += 1;
             assert!(three.iter().all(|n| !a.contains(n)), "layer {li}: {a:?}");
             let at: Vec<usize> = three
                 .iter()
@@ -847,10 +847,9 @@ fn mono_router_split_records_the_three_router_ops() {
                 .collect();
             assert!(at[0] < at[1] && at[1] < at[2], "layer {li}: {b:?}");
             assert_eq!(b.len(), a.len() + 2, "layer {li}: two more ops");
-            moe_split += 1;
         } else {
             assert_eq!(a, b, "layer {li}: a dense layer is the same program");
         }
     }
-    assert!(moe_fused > 0 && moe_fused == moe_split);
+    assert!(moe > 0, "no MoE layer with the fused router");
 }

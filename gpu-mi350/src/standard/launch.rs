@@ -241,7 +241,7 @@ impl Launcher {
     /// stream, and neither a recording nor a per-launch profile running:
     /// both read the launches as one sequence).
     pub(crate) fn concurrent(&self) -> bool {
-        self.side.is_some() && self.rec.borrow().is_none() && self.prof.borrow().is_none()
+        self.side.is_some() && !self.recording() && self.prof.borrow().is_none()
     }
 
     /// Launch what `side` launches on the side stream and what `main`
@@ -255,7 +255,7 @@ impl Launcher {
         side: impl FnOnce() -> Result<()>,
         main: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        if self.rec.borrow().is_some() {
+        if self.recording() {
             // recording: both chains in order, each launch tagged with its
             // chain (a mono program's shared phases)
             if self.rec_beside.get().is_some() {
@@ -369,7 +369,7 @@ impl Launcher {
     }
 
     fn refuse_if_recording(&self, what: &str) -> Result<()> {
-        if self.rec.borrow().is_some() {
+        if self.recording() {
             return Err(GpuError::input(
                 "mono program",
                 format!("a {what} among the recorded launches (a program holds kernels only)"),

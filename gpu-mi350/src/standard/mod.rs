@@ -299,13 +299,13 @@ pub struct PathOptions {
     /// The mono kernel's shared-memory carve-out, percent of an SM's most
     /// shared memory (CUDA; a value below the fit is raised to it, and the
     /// largest is taken where the occupancy would drop). `None`: the least
-    /// that holds the CTAs an SM
-    /// (H100: 38%, the 100 KB configuration, leaving 156 KB of L1 where
-    /// the 228 KB one left 28), `Some(100)`: the largest (before session
-    /// 31). The op calls' register saves are the CTAs' stacks (744 bytes a
-    /// thread), held in L1: with 28 KB they went to L2 (Nsight Compute, a
-    /// b1 mono layer: L1 hit rate 11%, ~270 MB of local writes into L2).
-    /// The same results. The CLI reads `M3_MONO_CARVEOUT=fit|max|N`.
+    /// that holds the CTAs an SM (H100: 37-38%, the 100 KB configuration,
+    /// leaving 156 KB of L1 where the 228 KB one left 28), `Some(100)`: the
+    /// largest (before session 31). The op calls' register saves are the
+    /// CTAs' stacks (744 bytes a thread), held in L1: with 28 KB they went
+    /// on to L2 (Nsight Compute, a b1 mono layer: L1 hit rate 11%). -12% a
+    /// b1 mono layer (bench/NOTES.md session 31); the same results. The
+    /// CLI reads `M3_MONO_CARVEOUT=fit|max|N`.
     pub mono_carveout: Option<u32>,
     /// A mono program's router as the three ops it fuses (`m3s_linear_f32w`,
     /// `m3s_router_warp`, `m3s_route`, a grid barrier between each) instead
@@ -349,8 +349,9 @@ pub struct PathOptions {
     /// ops recorded beside the attention chain (the scales' prefetch
     /// sharing its phase with the head norms, the codes' with the next
     /// op), so the bulk prefetch streams while the attention chain
-    /// (latency-bound; most CTAs idle) runs, as [`PathOptions::l2_prefetch_mib`] does on the standard
-    /// path's side stream. Measured slower (H100, a b1 MoE layer 0.3331 ms
+    /// (latency-bound; most CTAs idle) runs, as
+    /// [`PathOptions::l2_prefetch_mib`] does on the standard path's side
+    /// stream. Measured slower (H100, a b1 MoE layer 0.3331 ms
     /// without, 0.3439 / 0.3451 / 0.3490 with 16 / 32 / 48 MiB; the two
     /// prefetch ops alone ~26 us of a layer's critical path in the op
     /// profile: bench/NOTES.md session 31), so 0 (none): a diagnosis

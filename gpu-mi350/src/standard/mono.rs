@@ -1178,9 +1178,6 @@ mod tests {
             assert!(p * 233472 / 100 >= need.min(233472), "{shared}");
             assert!(p == 1 || (p - 1) * 233472 / 100 < need, "{shared}");
         }
-        // (an allocation unit more a block stays in the same percent here)
-        assert_eq!(fit_carveout(2, 42240, 233472), 38);
-        assert_eq!(fit_carveout(2, 42241, 233472), 38);
         assert_eq!(fit_carveout(4, 60000, 233472), 100);
         assert_eq!(fit_carveout(1, 1, 233472), 1);
         assert_eq!(fit_carveout(2, 42172, 0), 100);

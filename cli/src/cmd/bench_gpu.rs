@@ -577,7 +577,7 @@ fn bench_model(
         vmono.push(true);
     }
     if let Some(m) = sp.mono_about() {
-        println!("mono path: {m} (one launch a layer)");
+        println!("mono path: {m}");
     }
     for v in args
         .variants

@@ -120,9 +120,12 @@ impl StandardPath {
         self.mono_steps
     }
 
-    /// The mono kernel's launch shape and resources, if the path has it.
+    /// The mono kernel's launch shape and resources, and the layers a
+    /// launch runs, if the path has it.
     pub fn mono_about(&self) -> Option<String> {
-        self.mono.as_ref().map(|m| m.about().to_string())
+        self.mono
+            .as_ref()
+            .map(|m| format!("{} ({})", m.about(), m.launch_layers()))
     }
 
     /// Name of each compiled variant (index = variant).

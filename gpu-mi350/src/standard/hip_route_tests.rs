@@ -673,6 +673,48 @@ fn the_mono_path_sizes_its_grid_from_the_hip_queries() {
     );
 }
 
+/// `PathOptions::mono_layers_per_launch`: a mono step launches
+/// `m3s_mono` once per group of that many layers (tiny's 4 layers: 4, 2,
+/// 1 launches for 1, 3, 0 = all), each launch holding its layers' ops
+/// together (the per-layer programs' counts summed).
+#[test]
+fn mono_launches_hold_their_groups_of_layers() {
+    let nops = |per: usize| -> Vec<u32> {
+        let gpu = stub::gpu_answering(stub::Answers {
+            cus: 304,
+            occupancy: 3,
+            ..stub::Answers::default()
+        });
+        let opts = PathOptions {
+            mono: true,
+            mono_layers_per_launch: per,
+            ..PathOptions::default()
+        };
+        let mut path = build(&gpu, opts).expect("mono on the stub HIP device");
+        path.set_mono(true).expect("mono on");
+        let (batch, sampling) = decode_step();
+        let shape = path.prepare(&batch, &sampling).expect("prepare");
+        // m3s_mono(ops, nops, args, bar, prof)
+        stub::set_signatures(HashMap::from([(
+            "m3s_mono".to_string(),
+            vec![8, 4, 8, 8, 8],
+        )]));
+        stub::take_calls();
+        path.launch(shape, false).expect("a mono step");
+        let calls = stub::take_calls();
+        launches(&calls)
+            .into_iter()
+            .filter(|l| l.name == "m3s_mono")
+            .map(|l| u32::from_le_bytes(l.args[1][..4].try_into().expect("nops")))
+            .collect()
+    };
+    let one = nops(1);
+    assert_eq!(one.len(), 4, "{one:?}");
+    assert!(one.iter().all(|&n| n > 0), "{one:?}");
+    assert_eq!(nops(3), [one[..3].iter().sum(), one[3]]);
+    assert_eq!(nops(0), [one.iter().sum::<u32>()]);
+}
+
 /// Where the device's answers cannot be trusted, the mono path is refused
 /// with the reason (and the standard path still opens).
 #[test]

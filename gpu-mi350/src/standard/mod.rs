@@ -316,6 +316,17 @@ pub struct PathOptions {
     /// launch (bench/NOTES.md session 31). The CLI reads
     /// `M3_MONO_ROUTER_SPLIT=0|1`.
     pub mono_router_split: bool,
+    /// Decoder layers one `m3s_mono` launch runs (their programs one after
+    /// another, a grid barrier between two layers as between two ops; the
+    /// last group may hold fewer; 0: every layer in one launch). 1 is the
+    /// issue's one launch a layer. More take the launch boundary out from
+    /// between layers: the CTAs' drain and the next launch's start, which
+    /// the op profile puts at ~5 us of a b1 mono layer's critical path
+    /// (the first RMSNorm's 17.6 us against the second's 12.6, H100,
+    /// bench/NOTES.md session 31). The same bits (each op computes what it
+    /// computed). The op profile runs one launch a layer whatever this is.
+    /// The CLI reads `M3_MONO_LAYERS=N`.
+    pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
     /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1`; empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
@@ -454,6 +465,7 @@ impl Default for PathOptions {
             mono_main_first: false,
             mono_carveout: None,
             mono_router_split: false,
+            mono_layers_per_launch: 1,
             mono_defines: "",
             beside: Beside::On,
             l2_prefetch_mib: 16,
@@ -483,6 +495,7 @@ impl PathOptions {
     /// `M3_MONO_MAIN_FIRST=0|1` their order ([`PathOptions::mono_main_first`]),
     /// `M3_MONO_CARVEOUT=fit|max|N` its L1 ([`PathOptions::mono_carveout`]),
     /// `M3_MONO_ROUTER_SPLIT=0|1` its router ([`PathOptions::mono_router_split`]),
+    /// `M3_MONO_LAYERS=N` its layers a launch ([`PathOptions::mono_layers_per_launch`]),
     /// `M3_BESIDE=off|on` the shared expert's stream
     /// ([`PathOptions::beside`]), `M3_L2_PREFETCH_MIB` the o projection's
     /// prefetch (`M3_MONO_L2_PREFETCH_MIB` mono's), `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
@@ -516,6 +529,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_MONO_ROUTER_SPLIT") {
             self.mono_router_split = on;
+        }
+        if let Some(n) = env_usize("M3_MONO_LAYERS") {
+            self.mono_layers_per_launch = n;
         }
         match env_text("M3_MONO_CARVEOUT") {
             Some("fit") => self.mono_carveout = None,

@@ -421,10 +421,46 @@ pub(crate) struct Mono {
     /// A shared phase's main-chain op first ([`phases`];
     /// `PathOptions::mono_main_first`).
     main_first: bool,
-    /// Programs per step rows, one per layer, and the residual buffer
-    /// their layers leave the step in (`PathOptions::fold_combine` moves
-    /// it), where the head reads it.
-    programs: HashMap<usize, (Vec<Program>, u64)>,
+    /// Decoder layers a launch runs (`PathOptions::mono_layers_per_launch`,
+    /// 0 taken as every layer).
+    layers_per_launch: usize,
+    /// Programs per step rows.
+    programs: HashMap<usize, Programs>,
+}
+
+/// The programs of steps of one number of rows.
+struct Programs {
+    /// One a layer (what the op profile runs, one launch each).
+    layers: Vec<Program>,
+    /// One a launch where a launch runs several layers
+    /// ([`Mono::layers_per_launch`]); empty: a launch a layer, `layers`.
+    launches: Vec<Program>,
+    /// The residual buffer the layers leave the step in
+    /// (`PathOptions::fold_combine` moves it), where the head reads it.
+    last: u64,
+}
+
+/// Several layers' recorded launches as one program's: in order, each
+/// `beside` call renumbered past the calls of the layers before it (a
+/// recording numbers its calls from 0, and [`phases`] pairs only the two
+/// chains of one call).
+fn concat_layers(layers: Vec<Vec<Recorded>>) -> Vec<Recorded> {
+    let mut out = Vec::with_capacity(layers.iter().map(Vec::len).sum());
+    let mut base = 0u32;
+    for layer in layers {
+        let calls = layer
+            .iter()
+            .filter_map(|r| r.beside)
+            .map(|(c, _)| c + 1)
+            .max()
+            .unwrap_or(0);
+        out.extend(layer.into_iter().map(|mut r| {
+            r.beside = r.beside.map(|(c, side)| (c + base, side));
+            r
+        }));
+        base += calls;
+    }
+    out
 }
 
 impl Mono {
@@ -456,6 +492,7 @@ impl Mono {
         )?;
         m.pair_beside = opts.mono_pair_beside;
         m.main_first = opts.mono_main_first;
+        m.layers_per_launch = opts.mono_layers_per_launch;
         Ok(m)
     }
 
@@ -539,6 +576,7 @@ impl Mono {
             ids,
             pair_beside: true,
             main_first: false,
+            layers_per_launch: 1,
             programs: HashMap::new(),
         })
     }
@@ -546,6 +584,15 @@ impl Mono {
     /// The launch shape and resources, for reports.
     pub(crate) fn about(&self) -> &str {
         &self.about
+    }
+
+    /// The layers a launch runs, for reports.
+    pub(crate) fn launch_layers(&self) -> String {
+        match self.layers_per_launch {
+            0 => "every layer in one launch".into(),
+            1 => "one launch a layer".into(),
+            k => format!("{k} layers a launch"),
+        }
     }
 
     /// Turn one layer's recorded launches into a program (checking each).
@@ -757,11 +804,13 @@ impl StandardPath {
         }
         let ex = super::step::Extras::default();
         let ctx = self.l.device().clone();
-        let mut progs = Vec::with_capacity(self.model.layers.len());
+        let nl = self.model.layers.len();
+        let mut progs = Vec::with_capacity(nl);
+        let mut recs = Vec::with_capacity(nl);
         // the layers in order, the residual buffers as a step's enqueue
         // passes them (PathOptions::fold_combine)
         self.reset_residual();
-        for li in 0..self.model.layers.len() {
+        for li in 0..nl {
             let rec = self.l.record(|| {
                 self.enqueue_attention(li, t, &ex)?;
                 self.enqueue_ffn(li, t, &ex)
@@ -774,10 +823,37 @@ impl StandardPath {
                 e => e,
             })?;
             progs.push(p);
+            recs.push(rec);
+        }
+        let per = match mono.layers_per_launch {
+            0 => nl,
+            k => k.min(nl),
+        };
+        let mut launches = Vec::new();
+        if per > 1 {
+            let mut recs = recs.into_iter();
+            for first in (0..nl).step_by(per) {
+                let group: Vec<Vec<Recorded>> = recs.by_ref().take(per).collect();
+                let rec = concat_layers(group);
+                launches.push(mono.program(&ctx, &rec).map_err(|e| match e {
+                    GpuError::Input { op, why } => GpuError::Input {
+                        op,
+                        why: format!("layers {first}.., {t} rows: {why}"),
+                    },
+                    e => e,
+                })?);
+            }
         }
         let last = self.acts.cur_r.load(std::sync::atomic::Ordering::Relaxed);
         if let Some(m) = self.mono.as_mut() {
-            m.programs.insert(t, (progs, last));
+            m.programs.insert(
+                t,
+                Programs {
+                    layers: progs,
+                    launches,
+                    last,
+                },
+            );
         }
         Ok(())
     }
@@ -786,8 +862,8 @@ impl StandardPath {
     /// ([`Self::mono_prepare`] first), for tests.
     #[cfg(test)]
     pub(crate) fn mono_programs(&self, t: usize) -> Option<Vec<Vec<OpAbout>>> {
-        let (progs, _) = self.mono.as_ref()?.programs.get(&t)?;
-        Some(progs.iter().map(|p| p.about.clone()).collect())
+        let p = self.mono.as_ref()?.programs.get(&t)?;
+        Some(p.layers.iter().map(|p| p.about.clone()).collect())
     }
 
     /// The mono grid (CTAs of every `m3s_mono` launch), for tests.
@@ -797,20 +873,26 @@ impl StandardPath {
     }
 
     /// Every kernel of a mono step of `t` rows with `nl` logits rows: the
-    /// embedding, one `m3s_mono` per layer, the head ([`Self::mono_prepare`]
-    /// first).
+    /// embedding, one `m3s_mono` per layer (or per group of
+    /// `PathOptions::mono_layers_per_launch` layers), the head
+    /// ([`Self::mono_prepare`] first).
     ///
-    /// `profile`: each layer's launch writes its op timestamps (the buffers
-    /// [`Self::mono_op_profile`] made; a direct run, not for capture).
+    /// `profile`: one launch a layer, each writing its op timestamps (the
+    /// buffers [`Self::mono_op_profile`] made; a direct run, not for
+    /// capture).
     pub(crate) fn enqueue_mono(&self, t: usize, nl: usize, profile: bool) -> Result<()> {
         let mono = self
             .mono
             .as_ref()
             .ok_or_else(|| GpuError::input("mono path", "not loaded (PathOptions::mono)"))?;
-        let (progs, last) = mono
+        let ps = mono
             .programs
             .get(&t)
             .ok_or_else(|| GpuError::input("mono path", format!("no programs for {t} rows")))?;
+        let (progs, last) = match (profile, ps.launches.is_empty()) {
+            (false, false) => (&ps.launches, ps.last),
+            _ => (&ps.layers, ps.last),
+        };
         self.enqueue_embed(t)?;
         for p in progs {
             self.l.launch(
@@ -835,7 +917,7 @@ impl StandardPath {
             // the residual where the recorded layers leave it
             self.acts
                 .cur_r
-                .store(*last, std::sync::atomic::Ordering::Relaxed);
+                .store(last, std::sync::atomic::Ordering::Relaxed);
             self.enqueue_head(nl)?;
         }
         Ok(())
@@ -863,15 +945,16 @@ impl StandardPath {
             return Err(GpuError::input("mono profile", "not loaded"));
         };
         let g = mono.grid as usize;
-        if let Some((progs, _)) = mono.programs.get_mut(&t) {
-            for p in progs.iter_mut().filter(|p| p.prof.is_none()) {
+        if let Some(ps) = mono.programs.get_mut(&t) {
+            for p in ps.layers.iter_mut().filter(|p| p.prof.is_none()) {
                 p.prof = Some(DevBuf::zeroed(&ctx, p.nops as usize * (g + 1) * 8)?);
             }
         }
         self.enqueue_mono(t, s.logits_rows, true)?;
-        let Some((progs, _)) = self.mono.as_ref().and_then(|m| m.programs.get(&t)) else {
+        let Some(progs) = self.mono.as_ref().and_then(|m| m.programs.get(&t)) else {
             return Err(GpuError::input("mono profile", "no programs"));
         };
+        let progs = &progs.layers;
         // the most common op sequence (the MoE layers of the bench model)
         let mut common: Vec<(&[OpAbout], usize)> = Vec::new();
         for p in progs {
@@ -1030,6 +1113,69 @@ mod tests {
 
     /// A phase's first op carries "shares", its second neither bit; an op
     /// between two barriers is alone (the kernel may spread its blocks).
+    /// Layers concatenated into one launch's program keep their order and
+    /// their own pairs: each layer's `beside` calls are renumbered past
+    /// the ones before, and `phases` then pairs exactly what it pairs in
+    /// each layer alone. With the recordings' own numbers (each from 0) a
+    /// layer whose call has a longer side chain, followed by a layer that
+    /// starts on a call's main chain, would pair the second layer's op
+    /// with the first layer's (a phase across the layer's dependency).
+    #[test]
+    fn concatenated_layers_keep_their_own_pairs() {
+        let r = |label: &'static str, beside: Option<(u32, bool)>| Recorded {
+            label,
+            func: 0,
+            grid: (1, 1, 1),
+            block: 256,
+            smem: 0,
+            args: Vec::new(),
+            sizes: Vec::new(),
+            beside,
+        };
+        // layer 0: a, then call 0 with two side ops and one main op;
+        // layer 1 starts with its call 0's main chain
+        let l0 = vec![
+            r("a", None),
+            r("s0", Some((0, true))),
+            r("s1", Some((0, true))),
+            r("m0", Some((0, false))),
+        ];
+        let l1 = vec![r("n0", Some((0, false))), r("b", None)];
+        let all = concat_layers(vec![l0, l1]);
+        let labels: Vec<_> = all.iter().map(|r| r.label).collect();
+        assert_eq!(labels, ["a", "s0", "s1", "m0", "n0", "b"]);
+        let tags: Vec<_> = all.iter().map(|r| r.beside).collect();
+        assert_eq!(tags[4], Some((1, false)), "layer 1's call after layer 0's");
+        let ph = phases(&tags, true, false);
+        // s0 with m0, s1 alone, then layer 1's ops alone
+        assert_eq!(
+            ph,
+            [
+                (0, false),
+                (1, true),
+                (3, false),
+                (2, false),
+                (4, false),
+                (5, false)
+            ]
+        );
+        // with the recordings' numbers n0 would share s1's phase: the
+        // comparison can fail
+        let mut stale = tags.clone();
+        stale[4] = Some((0, false));
+        assert_eq!(
+            phases(&stale, true, false),
+            [
+                (0, false),
+                (1, true),
+                (3, false),
+                (2, true),
+                (4, false),
+                (5, false)
+            ]
+        );
+    }
+
     #[test]
     fn op_flags_mark_phases_and_lone_ops() {
         // a program: [a+ b] [c] [d+ e] [f]

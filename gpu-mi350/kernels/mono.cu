@@ -343,9 +343,16 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 // memory queue (LG throttle) and on code not yet fetched (bench/NOTES.md
 // session 31). Inlined, their registers come out of the interpreter's own
 // allocation (each needs under 72 in its own launch). CUDA's indirect
-// form only (HIP calls through a switch: S_MONO_INDIRECT 0).
+// form only (HIP calls through a switch: S_MONO_INDIRECT 0). Measured
+// (H200, ms a MoE layer, 2 rounds interleaved, every 16-step gate bitwise;
+// bench/NOTES.md session 32): b1 0.2674 -> 0.2554 (-4.5%), b4 0.4683 ->
+// 0.4536 (-3.1%), b16 1.1015 -> 1.0902 (-1.0%): on.
 #ifndef S_MONO_INLINE_SMALL
+#if defined(M3_HIP)
 #define S_MONO_INLINE_SMALL 0
+#else
+#define S_MONO_INLINE_SMALL 1
+#endif
 #endif
 
 #if S_MONO_INDIRECT
@@ -473,9 +480,15 @@ M3_DEV void s_mono_arrive(unsigned long long* bar) {
 // round trip to L2 between a CTA's arrival and its call of the next body,
 // on the critical path for the CTA that arrives last. Records are written
 // once, when a program is made, so the copy needs no wait for the launch
-// before. Off until timed (bench/NOTES.md session 31).
+// before. Measured with S_MONO_INLINE_SMALL (H200, bench/NOTES.md session
+// 32): a further -0.2% (b1), -0.1% (b4), -0.6% (b16), in both rounds: on
+// for CUDA; HIP 0 (unmeasured there, and its gfx950 build kept as gated).
 #ifndef S_MONO_OPS_SMEM
+#if defined(M3_HIP)
 #define S_MONO_OPS_SMEM 0
+#else
+#define S_MONO_OPS_SMEM 1
+#endif
 #endif
 #define S_MONO_MAX_OPS 64
 #if S_MONO_OPS_SMEM

@@ -282,8 +282,9 @@ pub struct PathOptions {
     /// routed one, no grid barrier between the two, the second's blocks
     /// starting on the CTAs the first leaves idle (standard/mono.rs
     /// `phases`). Fewer barriers a layer and fuller phases; the same
-    /// results bit for bit (each op computes what it computed). Unmeasured
-    /// on a device (session 27); the CLI reads `M3_MONO_PAIR=0|1`.
+    /// results bit for bit (each op computes what it computed). Measured
+    /// -4% a b1 MoE layer and -3% at b16 against none (H100, bench/NOTES.md
+    /// session 31); the CLI reads `M3_MONO_PAIR=0|1`.
     pub mono_pair_beside: bool,
     /// In a shared phase ([`PathOptions::mono_pair_beside`]), the routed
     /// chain's op first (its blocks from CTA 0) and the shared expert's on
@@ -313,7 +314,10 @@ pub struct PathOptions {
     /// grouping after a device-wide count). The same bits. For timing the
     /// router's parts in the op profile: in a b1 mono layer the fused
     /// router takes ~36 us of the critical path against ~14 us in its own
-    /// launch (bench/NOTES.md session 31). The CLI reads
+    /// launch (bench/NOTES.md session 31). Measured (H200, one round, ms a
+    /// MoE layer): b1 0.2701 / b4 0.4646 / b16 1.0805 against the fused
+    /// router's 0.2673 / 0.4683 / 1.1015 (session 32): +1% at b1, -2% at
+    /// b16, within a round's spread; off. The CLI reads
     /// `M3_MONO_ROUTER_SPLIT=0|1`.
     pub mono_router_split: bool,
     /// Decoder layers one `m3s_mono` launch runs (their programs one after
@@ -324,8 +328,12 @@ pub struct PathOptions {
     /// the op profile puts at ~5 us of a b1 mono layer's critical path
     /// (the first RMSNorm's 17.6 us against the second's 12.6, H100,
     /// bench/NOTES.md session 31). The same bits (each op computes what it
-    /// computed). The op profile runs one launch a layer whatever this is.
-    /// The CLI reads `M3_MONO_LAYERS=N`.
+    /// computed; the runner tests bitwise with every layer in one launch on
+    /// the H200). Measured no faster: every layer in one launch, H200, ms a
+    /// MoE layer b1 0.2698 / b4 0.4660 / b16 1.1026 against 0.2673 /
+    /// 0.4683 / 1.1015 (session 32): the boundary with PDL costs what a
+    /// grid barrier costs, so 1. The op profile runs one launch a layer
+    /// whatever this is. The CLI reads `M3_MONO_LAYERS=N`.
     pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
@@ -432,9 +440,11 @@ pub struct PathOptions {
     /// the down projection's row-scaled f16 rows: one launch fewer an MLP
     /// (the routed experts', the shared expert's, a dense layer's). The
     /// same bits as gate + up, then `m3s_swiglu`. Needs `row_scaled_x`, MX
-    /// weights and a SwiGLU clamp. Off until measured on the device
-    /// (prepared in session 23, not run). The CLI reads
-    /// `M3_FUSE_SWIGLU=0|1`.
+    /// weights and a SwiGLU clamp. Measured neutral (H200, one round, ms a
+    /// MoE layer, session 32): standard 0.1330 / 0.2546 / 0.6746 at b1 /
+    /// b4 / b16 against 0.1333-0.1342 / 0.2523-0.2538 / 0.6625-0.6685
+    /// without; mono 0.2658 / 0.4643 / 1.1065 against 0.2673 / 0.4683 /
+    /// 1.1015; off. The CLI reads `M3_FUSE_SWIGLU=0|1`.
     pub fuse_swiglu: bool,
     /// A MoE layer's combine (`m3s_moe_combine`: its experts' rows weighted
     /// and added into the residual) is taken into the next layer's input

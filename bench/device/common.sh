@@ -65,6 +65,32 @@ m3_ab() {
   done
 }
 
+# Interleaved A/B of named variants: m3_variants ROUNDS "BENCH ARGS"
+# NAME... runs `variant NAME /tmp/bin/m3 bench BENCH ARGS` for each name
+# in turn, ROUNDS times (the calling script defines `variant NAME CMD...`:
+# CMD with NAME's environment), printing the per-layer rows and the parity
+# gate's verdict under a header per run. Every variant's kernels are
+# compiled first, all at once, on m3.1 --layers 4 at 1, 4 and 16 rows (a
+# tiny-model warm-up does not build m3.1's kernels: session 32's s32a.sh
+# lost three timed runs to compiling).
+m3_variants() {
+  local rounds=$1 args=$2 v
+  shift 2
+  for v in "$@"; do
+    variant "$v" timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 \
+      --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both > /dev/null 2>&1 &
+  done
+  wait
+  echo "compiled ($(date +%T))"
+  for r in $(seq 1 "$rounds"); do
+    for v in "$@"; do
+      echo "=== $v round $r ($(date +%T))"
+      # shellcheck disable=SC2086
+      variant "$v" timeout 60 /tmp/bin/m3 bench $args 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
+    done
+  done
+}
+
 # The figures of record (PERF.md's protocol): the bench model at batch
 # 1-64, 4k and 128k, 3 rounds, into $OUT/table.json and table.log.
 m3_record() {

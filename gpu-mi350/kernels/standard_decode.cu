@@ -76,6 +76,18 @@
 #ifndef S_UNROLL_HALF
 #define S_UNROLL_HALF 0
 #endif
+// Load batches of a plain launch's fast walk (a warp's contiguous run of
+// super-chunks) brought into L2 before the launch's PDL wait: while the
+// launch before drains (standard path), or while the CTA waits at the
+// grid barrier after its share of the op before (the mono build's early
+// start: a CTA that finished early idles there, its SM's memory pipe with
+// it). 1: the first batch (the walk's first loads). More: the next ones
+// too, up to the warp's whole run; an interleaved walk keeps 1 (its next
+// granule is another warp's). A hint: no result changes. Prepared, not
+// timed (bench/NOTES.md session 32).
+#ifndef S_PDL_AHEAD
+#define S_PDL_AHEAD 1
+#endif
 
 // 1: NVFP4's E4M3 block scales multiplied into the f16 weight operands
 // (exact) where the walk takes more than one x row: eight f16x2 multiplies
@@ -1142,7 +1154,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       const u32 per = (nsc + nwarp - 1u) / nwarp;
       const u32 q0 = il0 ? min(warp * u0, nsc) : min(warp * per, nsc);
       const u32 nq = il0 ? nsc - q0 : min(per, nsc - q0);
-      for (u32 i = 0; i < min(nq, u0); ++i) {
+      const u32 ahead = il0 ? u0 : u0 * S_PDL_AHEAD;
+      for (u32 i = 0; i < min(nq, ahead); ++i) {
         m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
         m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);
       }

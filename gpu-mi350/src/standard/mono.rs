@@ -171,8 +171,9 @@ fn is_linear(name: &str) -> bool {
 /// phase's bodies start before the grid barrier before it completes,
 /// whether a CTA with no block of an op skips its call, whether the small
 /// ops' bodies are inlined into the interpreter, whether the op records
-/// are copied to shared memory at the launch's start.
-const MONO_TUNABLES: [(&str, &[&str]); 9] = [
+/// are copied to shared memory at the launch's start, how many load
+/// batches a plain linear brings into L2 before its wait.
+const MONO_TUNABLES: [(&str, &[&str]); 10] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -182,6 +183,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 9] = [
     ("S_MONO_SKIP", &["0", "1"]),
     ("S_MONO_INLINE_SMALL", &["0", "1"]),
     ("S_MONO_OPS_SMEM", &["0", "1"]),
+    ("S_PDL_AHEAD", &["1", "2", "3", "4", "8"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
@@ -1287,6 +1289,7 @@ mod tests {
             "S_MONO_MINB=1 S_UNROLL_MUL=2",
             "S_UNROLL_HALF=1",
             "S_MONO_SPREAD=1",
+            "S_PDL_AHEAD=3",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
@@ -1299,6 +1302,7 @@ mod tests {
             "S_UNROLL_MUL=0",
             "S_UNROLL_HALF=2",
             "S_MONO_SPREAD=2",
+            "S_PDL_AHEAD=5",
             "S_MMA_WARPS=8",
             "junk",
         ] {

@@ -72,13 +72,17 @@ m3_ab() {
 # gate's verdict under a header per run. Every variant's kernels are
 # compiled first, all at once, on m3.1 --layers 4 at 1, 4 and 16 rows (a
 # tiny-model warm-up does not build m3.1's kernels: session 32's s32a.sh
-# lost three timed runs to compiling).
+# lost three timed runs to compiling); a warm-up that fails prints its
+# log's tail. `variant` should fail on a name it does not know.
 m3_variants() {
   local rounds=$1 args=$2 v
   shift 2
   for v in "$@"; do
-    variant "$v" timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 \
-      --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both > /dev/null 2>&1 &
+    {
+      variant "$v" timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 \
+        --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both > "/tmp/compile-$v.log" 2>&1 \
+        || { echo "warm-up of $v failed:"; tail -5 "/tmp/compile-$v.log"; }
+    } &
   done
   wait
   echo "compiled ($(date +%T))"

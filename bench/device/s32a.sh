@@ -21,7 +21,8 @@
 #   spill in their loops with it);
 # - layers: M3_MONO_LAYERS=0, every layer in one m3s_mono launch (no
 #   launch boundary between two layers: a grid barrier instead).
-# Then the op profile of each at b1 -> prof-<variant>.log.
+# Then the op profile at b1 of split, swiglu and inline+ops ->
+# prof-<variant>.log.
 set -u
 . bench/device/common.sh
 m3_setup

@@ -510,7 +510,8 @@ M3_DEV unsigned long long s_mono_now() {
 #endif
 }
 
-/// One decoder layer: ops[0..nops) in order, each over its virtual grid
+/// One decoder layer (or several, PathOptions::mono_layers_per_launch:
+/// their programs one after another): ops[0..nops) in order, each over its virtual grid
 /// (blocks v = x + gx * (y + gy * z); an op of B threads a block runs
 /// S_MONO_THREADS / B of them at once per CTA, see s_mono_blocks), a grid
 /// barrier between two ops except inside a phase (S_MONO_SHARES_PHASE:

@@ -82,9 +82,9 @@
 // grid barrier after its share of the op before (the mono build's early
 // start: a CTA that finished early idles there, its SM's memory pipe with
 // it). 1: the first batch (the walk's first loads). More: the next ones
-// too, up to the warp's whole run; an interleaved walk keeps 1 (its next
-// granule is another warp's). A hint: no result changes. Prepared, not
-// timed (bench/NOTES.md session 32).
+// too, up to the warp's whole run (an interleaved walk: up to its first
+// granule of G super-chunks; the next one is G (nwarp - 1) further). A
+// hint: no result changes. Prepared, not timed (bench/NOTES.md session 32).
 #ifndef S_PDL_AHEAD
 #define S_PDL_AHEAD 1
 #endif
@@ -1151,10 +1151,13 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       const u32 u0 = one0 ? SHWalk<F, 1, true>::U : tile0 ? SHWalk<F, 1, false>::U : SHWalk<F, 2, false>::U;
       const bool il0 =
           one0 ? SHWalk<F, 1, true>::ILV : tile0 ? SHWalk<F, 1, false>::ILV : SHWalk<F, 2, false>::ILV;
+      // (an interleaved walk's warp starts at its granule, warp * G, as
+      // s_h_fast's does; G > U where the mono build halves the batch)
+      const u32 g0 = one0 ? SHWalk<F, 1, true>::G : tile0 ? SHWalk<F, 1, false>::G : SHWalk<F, 2, false>::G;
       const u32 per = (nsc + nwarp - 1u) / nwarp;
-      const u32 q0 = il0 ? min(warp * u0, nsc) : min(warp * per, nsc);
-      const u32 nq = il0 ? nsc - q0 : min(per, nsc - q0);
-      const u32 ahead = il0 ? u0 : u0 * S_PDL_AHEAD;
+      const u32 q0 = il0 ? min(warp * g0, nsc) : min(warp * per, nsc);
+      const u32 nq = il0 ? min(g0, nsc - q0) : min(per, nsc - q0);
+      const u32 ahead = u0 * S_PDL_AHEAD;
       for (u32 i = 0; i < min(nq, ahead); ++i) {
         m3_prefetch_l2(wa + (u64)(q0 + i) * SHPos<F, 1>::WS);
         m3_prefetch_l2(wc + (u64)(q0 + i) * SHPos<F, 1>::WS);

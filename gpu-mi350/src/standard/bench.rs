@@ -48,7 +48,8 @@ impl StandardPath {
     /// every launch: (label, ms) per launch in order. The gaps between
     /// launches (launch latency, not hidden here as in a graph) are included
     /// in each launch's time, so the sum exceeds a graph replay's time.
-    /// A mono step profiles one entry per layer (`mono`).
+    /// A mono step profiles one entry per `m3s_mono` launch (`mono`: a
+    /// layer, or `PathOptions::mono_layers_per_launch` of them).
     pub fn profile(&mut self, s: Shape) -> Result<Vec<(&'static str, f64)>> {
         let mono = self.mono_for(s.rows);
         if mono {

@@ -387,7 +387,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
                 if (1..=2).contains(&n) => {}
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
-            "S_PDL_AHEAD" if (1..=8).contains(&n) => {}
+            "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
             | "S_R1_MINB_NV"
                 if (1..=16).contains(&n) => {}

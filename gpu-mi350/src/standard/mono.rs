@@ -1,6 +1,8 @@
 //! Mono decode, first form (issue 13): each decoder layer of a decode step
 //! of at most [`MONO_MAX_ROWS`] rows runs as ONE persistent launch
-//! (`m3s_mono`, kernels/mono.cu) instead of the standard path's ~20.
+//! (`m3s_mono`, kernels/mono.cu) instead of the standard path's ~20 (or
+//! several layers one launch: `PathOptions::mono_layers_per_launch`, their
+//! programs concatenated, [`concat_layers`]).
 //!
 //! The program a mono launch runs is recorded, not written twice: the
 //! standard path's own launch code ([`StandardPath::enqueue_attention`] /
@@ -183,7 +185,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 10] = [
     ("S_MONO_SKIP", &["0", "1"]),
     ("S_MONO_INLINE_SMALL", &["0", "1"]),
     ("S_MONO_OPS_SMEM", &["0", "1"]),
-    ("S_PDL_AHEAD", &["1", "2", "3", "4", "8"]),
+    ("S_PDL_AHEAD", &["1", "2", "3", "4", "6", "8", "12", "16"]),
 ];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
@@ -207,6 +209,18 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
             return Err(GpuError::input(
                 "mono defines",
                 format!("`{kv}`: the mono build takes {}", takes.join(", ")),
+            ));
+        }
+        // (the small-step defines come after: one name set in both would
+        // be defined twice)
+        let name = kv.split_once('=').map_or(kv, |(k, _)| k);
+        if small
+            .split_whitespace()
+            .any(|d| d.split_once('=').is_some_and(|(k, _)| k == name))
+        {
+            return Err(GpuError::input(
+                "mono defines",
+                format!("`{kv}`: {name} is already set by the small-step defines `{small}`; set it in one of the two"),
             ));
         }
         prefix.push_str(&format!("#define {}\n", kv.replacen('=', " ", 1)));
@@ -342,7 +356,8 @@ fn phases(tags: &[Option<(u32, bool)>], pair: bool, main_first: bool) -> Vec<(us
     out
 }
 
-/// A layer's program on the device.
+/// A program on the device: one layer's, or several layers' one after
+/// another ([`concat_layers`]).
 struct Program {
     ops: DevBuf,
     args: DevBuf,
@@ -593,11 +608,12 @@ impl Mono {
         match self.layers_per_launch {
             0 => "every layer in one launch".into(),
             1 => "one launch a layer".into(),
-            k => format!("{k} layers a launch"),
+            k => format!("up to {k} layers a launch"),
         }
     }
 
-    /// Turn one layer's recorded launches into a program (checking each).
+    /// Turn recorded launches (one layer's, or several layers' concatenated)
+    /// into a program (checking each).
     fn program(&self, ctx: &Device, rec: &[Recorded]) -> Result<Program> {
         let bad = |why: String| GpuError::input("mono program", why);
         let mut ops: Vec<OpRecord> = Vec::with_capacity(rec.len());
@@ -793,7 +809,8 @@ impl StandardPath {
         })
     }
 
-    /// Record the per-layer programs of steps of `t` rows (once per `t`).
+    /// Record the per-layer programs of steps of `t` rows (once per `t`),
+    /// and the launches' programs where a launch runs several layers.
     pub(crate) fn mono_prepare(&mut self, t: usize) -> Result<()> {
         let Some(mono) = self.mono.as_ref() else {
             return Err(GpuError::input(
@@ -1113,8 +1130,6 @@ mod tests {
         }
     }
 
-    /// A phase's first op carries "shares", its second neither bit; an op
-    /// between two barriers is alone (the kernel may spread its blocks).
     /// Layers concatenated into one launch's program keep their order and
     /// their own pairs: each layer's `beside` calls are renumbered past
     /// the ones before, and `phases` then pairs exactly what it pairs in
@@ -1178,6 +1193,8 @@ mod tests {
         );
     }
 
+    /// A phase's first op carries "shares", its second neither bit; an op
+    /// between two barriers is alone (the kernel may spread its blocks).
     #[test]
     fn op_flags_mark_phases_and_lone_ops() {
         // a program: [a+ b] [c] [d+ e] [f]
@@ -1293,6 +1310,17 @@ mod tests {
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
+        // a name the small-step defines set too is refused, named
+        let e = mono_source("S_MMA_WARPS=4 S_MMA_MAXBT=2 S_PDL_AHEAD=2", "S_PDL_AHEAD=3")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("S_PDL_AHEAD is already set"), "{e}");
+        assert!(mono_source(
+            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_PDL_AHEAD=2",
+            "S_UNROLL_HALF=1"
+        )
+        .is_ok());
         let src = mono_source(small, "S_MONO_INDIRECT=0").expect("source");
         assert!(src.body.starts_with("#define S_MONO_INDIRECT 0\n"));
         for bad in [

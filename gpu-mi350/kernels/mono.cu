@@ -481,7 +481,7 @@ M3_DEV void s_mono_arrive(unsigned long long* bar) {
 // on the critical path for the CTA that arrives last. Records are written
 // once, when a program is made, so the copy needs no wait for the launch
 // before. Measured with S_MONO_INLINE_SMALL (H200, bench/NOTES.md session
-// 32): a further -0.2% (b1), -0.1% (b4), -0.6% (b16), in both rounds: on
+// 32): a further -0.2% (b1), -0.1% (b4), -0.5% (b16), in both rounds: on
 // for CUDA; HIP 0 (unmeasured there, and its gfx950 build kept as gated).
 #ifndef S_MONO_OPS_SMEM
 #if defined(M3_HIP)

@@ -303,7 +303,8 @@ pub struct PathOptions {
     /// that holds the CTAs an SM (H100: 37-38%, the 100 KB configuration,
     /// leaving 156 KB of L1 where the 228 KB one left 28), `Some(100)`: the
     /// largest (before session 31). The op calls' register saves are the
-    /// CTAs' stacks (744 bytes a thread), held in L1: with 28 KB they went
+    /// CTAs' stacks (744 bytes a thread then, 800 with the small ops
+    /// inlined), held in L1: with 28 KB they went
     /// on to L2 (Nsight Compute, a b1 mono layer: L1 hit rate 11%). -12% a
     /// b1 mono layer (bench/NOTES.md session 31); the same results. The
     /// CLI reads `M3_MONO_CARVEOUT=fit|max|N`.
@@ -316,8 +317,8 @@ pub struct PathOptions {
     /// router takes ~36 us of the critical path against ~14 us in its own
     /// launch (bench/NOTES.md session 31). Measured (H200, one round, ms a
     /// MoE layer): b1 0.2701 / b4 0.4646 / b16 1.0805 against the fused
-    /// router's 0.2673 / 0.4683 / 1.1015 (session 32): +1% at b1, -2% at
-    /// b16, within a round's spread; off. The CLI reads
+    /// router's 0.2672 / 0.4677 / 1.1030 in the same call (session 32):
+    /// +1% at b1, -2% at b16, within a round's spread; off. The CLI reads
     /// `M3_MONO_ROUTER_SPLIT=0|1`.
     pub mono_router_split: bool,
     /// Decoder layers one `m3s_mono` launch runs (their programs one after
@@ -330,8 +331,8 @@ pub struct PathOptions {
     /// bench/NOTES.md session 31). The same bits (each op computes what it
     /// computed; the runner tests bitwise with every layer in one launch on
     /// the H200). Measured no faster: every layer in one launch, H200, ms a
-    /// MoE layer b1 0.2698 / b4 0.4660 / b16 1.1026 against 0.2673 /
-    /// 0.4683 / 1.1015 (session 32): the boundary with PDL costs what a
+    /// MoE layer b1 0.2698 / b4 0.4660 / b16 1.1026 against 0.2672 /
+    /// 0.4677 / 1.1030 in the same call (session 32): the boundary with PDL costs what a
     /// grid barrier costs, so 1. The op profile runs one launch a layer
     /// whatever this is. The CLI reads `M3_MONO_LAYERS=N`.
     pub mono_layers_per_launch: usize,
@@ -442,9 +443,9 @@ pub struct PathOptions {
     /// same bits as gate + up, then `m3s_swiglu`. Needs `row_scaled_x`, MX
     /// weights and a SwiGLU clamp. Measured neutral (H200, one round, ms a
     /// MoE layer, session 32): standard 0.1330 / 0.2546 / 0.6746 at b1 /
-    /// b4 / b16 against 0.1333-0.1342 / 0.2523-0.2538 / 0.6625-0.6685
-    /// without; mono 0.2658 / 0.4643 / 1.1065 against 0.2673 / 0.4683 /
-    /// 1.1015; off. The CLI reads `M3_FUSE_SWIGLU=0|1`.
+    /// b4 / b16 against 0.1337-0.1342 / 0.2523-0.2538 / 0.6625-0.6658
+    /// without in the same call; mono 0.2658 / 0.4643 / 1.1065 against
+    /// 0.2672 / 0.4677 / 1.1030; off. The CLI reads `M3_FUSE_SWIGLU=0|1`.
     pub fuse_swiglu: bool,
     /// A MoE layer's combine (`m3s_moe_combine`: its experts' rows weighted
     /// and added into the residual) is taken into the next layer's input

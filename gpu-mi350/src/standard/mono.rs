@@ -823,6 +823,14 @@ impl StandardPath {
         }
         let ex = super::step::Extras::default();
         let ctx = self.l.device().clone();
+        // (an input error names the layers and rows it was recording)
+        let located = |e: GpuError, at: String| match e {
+            GpuError::Input { op, why } => GpuError::Input {
+                op,
+                why: format!("{at}, {t} rows: {why}"),
+            },
+            e => e,
+        };
         let nl = self.model.layers.len();
         let mut progs = Vec::with_capacity(nl);
         let mut recs = Vec::with_capacity(nl);
@@ -834,13 +842,9 @@ impl StandardPath {
                 self.enqueue_attention(li, t, &ex)?;
                 self.enqueue_ffn(li, t, &ex)
             })?;
-            let p = mono.program(&ctx, &rec).map_err(|e| match e {
-                GpuError::Input { op, why } => GpuError::Input {
-                    op,
-                    why: format!("layer {li}, {t} rows: {why}"),
-                },
-                e => e,
-            })?;
+            let p = mono
+                .program(&ctx, &rec)
+                .map_err(|e| located(e, format!("layer {li}")))?;
             progs.push(p);
             recs.push(rec);
         }
@@ -854,13 +858,10 @@ impl StandardPath {
             for first in (0..nl).step_by(per) {
                 let group: Vec<Vec<Recorded>> = recs.by_ref().take(per).collect();
                 let rec = concat_layers(group);
-                launches.push(mono.program(&ctx, &rec).map_err(|e| match e {
-                    GpuError::Input { op, why } => GpuError::Input {
-                        op,
-                        why: format!("layers {first}.., {t} rows: {why}"),
-                    },
-                    e => e,
-                })?);
+                launches.push(
+                    mono.program(&ctx, &rec)
+                        .map_err(|e| located(e, format!("layers {first}..")))?,
+                );
             }
         }
         let last = self.acts.cur_r.load(std::sync::atomic::Ordering::Relaxed);
@@ -908,9 +909,10 @@ impl StandardPath {
             .programs
             .get(&t)
             .ok_or_else(|| GpuError::input("mono path", format!("no programs for {t} rows")))?;
-        let (progs, last) = match (profile, ps.launches.is_empty()) {
-            (false, false) => (&ps.launches, ps.last),
-            _ => (&ps.layers, ps.last),
+        let progs = if profile || ps.launches.is_empty() {
+            &ps.layers
+        } else {
+            &ps.launches
         };
         self.enqueue_embed(t)?;
         for p in progs {
@@ -936,7 +938,7 @@ impl StandardPath {
             // the residual where the recorded layers leave it
             self.acts
                 .cur_r
-                .store(last, std::sync::atomic::Ordering::Relaxed);
+                .store(ps.last, std::sync::atomic::Ordering::Relaxed);
             self.enqueue_head(nl)?;
         }
         Ok(())

@@ -911,37 +911,57 @@ template <int F, int NB> M3_DEV void s_h_step(SHPos<F, NB>& p, u32 n) {
   for (int b = 0; b < NB; ++b) { p.x[b] += n * 256u; p.xe[b][0] += n * 4u; p.xe[b][1] += n * 4u; }
 }
 
-/// `UU` super-chunks from `p` into acc (NB x tiles; ONE: one x row, whose
-/// odd columns are never stored and are left out; XR: x row-scaled, no
-/// exponent loads). Loads first (weights, scales, x exponents, x
-/// fragments), then 4 UU blocks of two products each.
-template <int F, int NB, bool ONE, u32 UU, bool XR>
-M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
-  const u32 LW = SHalf<F>::LB / 16u;
+/// One load batch's weights and scales: `UU` super-chunks of the lane's two
+/// rows (a: g, c: g + 8), held in registers from their loads to their
+/// products.
+template <int F, u32 UU> struct SHRaw {
+  static const u32 LW = SHalf<F>::LB / 16u;
   uint4 wa[UU][LW], wc[UU][LW];
-  u32 sa[UU][2], sc[UU][2], xe[UU][NB][2];
-  uint4 xv[UU][4][NB];
+  u32 sa[UU][2], sc[UU][2];
+};
+
+/// Issue the loads of `UU` super-chunks' weights and scales, `OFF`
+/// super-chunks past `p` (immediate offsets), into r; `ok` false (a
+/// pipelined walk's batch past its run) loads nothing and leaves r zero,
+/// never used.
+template <int F, int NB, u32 UU, u32 OFF = 0u>
+M3_DEV void s_h_load(const SHPos<F, NB>& p, bool ok, SHRaw<F, UU>& r) {
 #pragma unroll
-  for (u32 u = 0; u < UU; ++u) {
+  for (u32 v = 0; v < UU; ++v) {
+    const u32 u = v + OFF;
 #pragma unroll
-    for (u32 i = 0; i < LW; ++i) {
-      wa[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS + 64u * i));
-      wc[u][i] = m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS + 64u * i));
+    for (u32 i = 0; i < SHRaw<F, UU>::LW; ++i) {
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+      r.wa[v][i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wa + u * SHPos<F, NB>::WS + 64u * i)) : z;
+      r.wc[v][i] = ok ? m3_ldg_stream_u4(reinterpret_cast<const uint4*>(p.wc + u * SHPos<F, NB>::WS + 64u * i)) : z;
     }
     if (F == S_FMT_NVFP4) {
-      const uint2 va = m3_ldg(reinterpret_cast<const uint2*>(p.sa + u * 8u));
-      const uint2 vc = m3_ldg(reinterpret_cast<const uint2*>(p.sc + u * 8u));
-      sa[u][0] = va.x; sa[u][1] = va.y; sc[u][0] = vc.x; sc[u][1] = vc.y;
+      const uint2 z = make_uint2(0u, 0u);
+      const uint2 va = ok ? m3_ldg(reinterpret_cast<const uint2*>(p.sa + u * 8u)) : z;
+      const uint2 vc = ok ? m3_ldg(reinterpret_cast<const uint2*>(p.sc + u * 8u)) : z;
+      r.sa[v][0] = va.x; r.sa[v][1] = va.y; r.sc[v][0] = vc.x; r.sc[v][1] = vc.y;
     } else {
-      sa[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sa + u * 4u)); sa[u][1] = 0u;
-      sc[u][0] = m3_ldg(reinterpret_cast<const u32*>(p.sc + u * 4u)); sc[u][1] = 0u;
+      r.sa[v][0] = ok ? m3_ldg(reinterpret_cast<const u32*>(p.sa + u * 4u)) : 0u; r.sa[v][1] = 0u;
+      r.sc[v][0] = ok ? m3_ldg(reinterpret_cast<const u32*>(p.sc + u * 4u)) : 0u; r.sc[v][1] = 0u;
     }
+  }
+}
+
+/// The products of r (loaded from `p`) into acc (NB x tiles; ONE: one x
+/// row, whose odd columns are never stored and are left out; XR: x
+/// row-scaled, no exponent loads): x's exponents and fragments loaded
+/// (L1 / L2: every CTA reads them), then 4 UU blocks of two products each.
+template <int F, int NB, bool ONE, u32 UU, bool XR>
+M3_DEV void s_h_use(const SHPos<F, NB>& p, const SHRaw<F, UU>& r, float (&acc)[S_MMA_MAXBT][4]) {
+  u32 xe[UU][NB][2];
+  uint4 xv[UU][4][NB];
+#pragma unroll
+  for (u32 u = 0; u < UU; ++u)
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       xe[u][b][0] = XR ? 0u : s_ldx(reinterpret_cast<const u32*>(p.xe[b][0] + u * 4u));
       xe[u][b][1] = ONE || XR ? 0u : s_ldx(reinterpret_cast<const u32*>(p.xe[b][1] + u * 4u));
     }
-  }
 #pragma unroll
   for (u32 u = 0; u < UU; ++u)
 #pragma unroll
@@ -950,15 +970,24 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
       for (int b = 0; b < NB; ++b) xv[u][j][b] = s_ldx(reinterpret_cast<const uint4*>(p.x[b] + u * 256u + j * 64u));
 #pragma unroll
   for (u32 u = 0; u < UU; ++u) {
-    const u32* wg = reinterpret_cast<const u32*>(wa[u]);
-    const u32* w8 = reinterpret_cast<const u32*>(wc[u]);
+    const u32* wg = reinterpret_cast<const u32*>(r.wa[u]);
+    const u32* w8 = reinterpret_cast<const u32*>(r.wc[u]);
 #pragma unroll
     for (u32 j = 0; j < 4u; ++j) {
       const auto xat = [&](int b) { return xv[u][j][b]; };
       const auto xexp = [&](int b, u32 c) { return m3_byte(xe[u][b][c], j); };
-      s_h_block<F, false, NB, ONE, XR>(wg, w8, sa[u], sc[u], j, xat, xexp, acc);
+      s_h_block<F, false, NB, ONE, XR>(wg, w8, r.sa[u], r.sc[u], j, xat, xexp, acc);
     }
   }
+}
+
+/// `UU` super-chunks from `p` into acc: loads first (weights, scales, x
+/// exponents, x fragments), then their products.
+template <int F, int NB, bool ONE, u32 UU, bool XR>
+M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
+  SHRaw<F, UU> r;
+  s_h_load<F, NB, UU>(p, true, r);
+  s_h_use<F, NB, ONE, UU, XR>(p, r, acc);
 }
 
 // Super-chunks of a load batch in the fast walk's one-tile walk of E2M1
@@ -1015,6 +1044,22 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #ifndef S_H_ONE_UMUL_FP8
 #define S_H_ONE_UMUL_FP8 1
 #endif
+// Bench variants (session 33): the fast walk software-pipelined, a
+// bitmask over formats (bit 1 << F, F = S_FMT_*: E4M3 2, E2M1 4, E5M2 8,
+// NVFP4 16) for the one-row walk (S_H_PIPE_ONE) and the one-tile walk
+// (S_H_PIPE_TILE): batch k + 1's weights and scales are loaded before batch
+// k's products, so a warp's loads stay in flight while it decodes (the
+// plain walk waits for each batch with none in flight: on the H200 the
+// E2M1 one-row walks read 74-79% of the ceiling, the MX kernels' latency,
+// bench/NOTES.md session 32). Twice the batch's registers; the summation
+// order, so every result bit, is the plain walk's. Contiguous runs only
+// (an interleaved walk keeps the plain form).
+#ifndef S_H_PIPE_ONE
+#define S_H_PIPE_ONE 0
+#endif
+#ifndef S_H_PIPE_TILE
+#define S_H_PIPE_TILE 0
+#endif
 /// The batch multipliers of format F's one-tile and one-row walks.
 template <int F> struct SHUmul {
   static const u32 TILE = F == S_FMT_NVFP4 ? S_H_TILE_UMUL_NV : S_H_TILE_UMUL_FP4;
@@ -1035,6 +1080,8 @@ template <int F, int NB, bool ONE> struct SHWalk {
   static const u32 G = M * SHalf<F>::UG;
   static_assert(G % U == 0, "a granule is whole batches");
   static const bool ILV = S_MMA_INTERLEAVE == 1 || (S_MMA_INTERLEAVE == 2 && SFmt<F>::FP8 && !ONE);
+  /// Software-pipelined (S_H_PIPE_ONE / S_H_PIPE_TILE; one-tile: NB == 1).
+  static const bool PIPE = !ILV && (((ONE ? S_H_PIPE_ONE : NB == 1 ? S_H_PIPE_TILE : 0) >> F) & 1) != 0;
 };
 
 /// The fast walk over warp `warp`'s share of a row's `nsc` super-chunks
@@ -1052,7 +1099,24 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[
   u32 n = W::ILV ? nsc - q0 : min(per, nsc - q0);
   const u32 gap = W::ILV ? (nwarp - 1u) * G : 0u;
   s_h_step(p, q0);
-  while (n >= G) {
+  if (W::PIPE) {
+    // a contiguous run (G == U, no gap): the next batch's loads issued
+    // before this batch's products, into the other of two register sets
+    SHRaw<F, U> ra, rb;
+    s_h_load<F, NB, U>(p, n >= U, ra);
+    while (n >= U) {
+      s_h_load<F, NB, U, U>(p, n >= 2u * U, rb);
+      s_h_use<F, NB, ONE, U, XR>(p, ra, acc);
+      s_h_step(p, U);
+      n -= U;
+      if (n < U) break;
+      s_h_load<F, NB, U, U>(p, n >= 2u * U, ra);
+      s_h_use<F, NB, ONE, U, XR>(p, rb, acc);
+      s_h_step(p, U);
+      n -= U;
+    }
+  }
+  while (!W::PIPE && n >= G) {
 #pragma unroll
     for (u32 k = 0; k < G / U; ++k) {
       s_h_batch<F, NB, ONE, U, XR>(p, acc);

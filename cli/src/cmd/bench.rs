@@ -100,7 +100,7 @@ pub struct Args {
     #[arg(long)]
     pub profile: bool,
     /// GPU: tensor-core linear variants to time against the defaults,
-    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1|2 (1: also the MX fast walk's batches dealt to the warps in turn; 2, the default: its MXFP8 walks past one row), S_H_TILE_UMUL=1|2: the E2M1 one-tile walk's batch in SHalf::U (_FP4 / _NV: one format's; defaults 1 / 2), S_H_ONE_UMUL=1|2: the one-row walk's (_FP4 / _NV / _FP8; defaults 1 / 2 / 1), S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
+    /// `;`-separated, each `NAME=VALUE ...` (S_MMA_WARPS=2|4|8, S_MMA_MAXBT=1|2|4|8, S_MMA_INTERLEAVE=0|1|2 (1: also the MX fast walk's batches dealt to the warps in turn; 2, the default: its MXFP8 walks past one row), S_H_TILE_UMUL=1|2: the E2M1 one-tile walk's batch in SHalf::U (_FP4 / _NV: one format's; defaults 1 / 2), S_H_ONE_UMUL=1|2: the one-row walk's (_FP4 / _NV / _FP8; defaults 1 / 2 / 1), S_H_PIPE_ONE / S_H_PIPE_TILE=0..30 (even): the one-row / one-tile walks software-pipelined, a bitmask over the MX formats (2 E4M3, 4 MXFP4, 8 E5M2, 16 NVFP4; default 0), S_MMA_MINB=1..16, S_UNROLL_HALF=0|1,
     /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere; S_NV_FOLD=0|1: NVFP4 block scales in the f16 weights past one x row (default 1); S_NV_SPLIT=0|1: with them and a row-scaled x, a block's two products summed apart (default 1);
     /// S_H_FAST=0|1: the MX small-step fast walk and its one-row / one-tile entry points;
     /// S_R1_MINB / S_R8_MINB=1..16: those entry points' CTAs an SM, every format

@@ -388,6 +388,8 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_MMA_DBUF" if n <= 1 => {}
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
+            // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
+            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" if n <= 30 && n.is_multiple_of(2) => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
             | "S_R1_MINB_NV"
                 if (1..=16).contains(&n) => {}
@@ -1264,15 +1266,19 @@ mod gpu_tests {
     /// (the one-row, one-tile and two-tile walks), K = 6144 with x over
     /// 2^-6..2^6 so the f32 sums round: the default build, which splits K
     /// over 8 warps, must differ from the small-step one (the comparison
-    /// sees an order change).
+    /// sees an order change). The software-pipelined walks
+    /// (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`, every MX format) must give the
+    /// same bits too: they move loads, not sums.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
         let l = Launcher::new(gpu.device(), true).unwrap();
         let st = &super::super::STANDARD;
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1");
+        let pipe =
+            format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
         let k = LinearKernels {
-            mma: [SMALL_STEP_VARIANT, half.as_str(), ""]
+            mma: [SMALL_STEP_VARIANT, half.as_str(), "", pipe.as_str()]
                 .iter()
                 .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
                 .collect(),
@@ -1311,10 +1317,11 @@ mod gpu_tests {
                 };
                 let full = out(0);
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
-                if halved > 0 || eight_warps == 0 {
+                let piped = differ(&full, &out(3));
+                if halved > 0 || piped > 0 || eight_warps == 0 {
                     failures.push(format!(
-                        "{fmt} m {m}: {halved} of {} outputs differ with the halved batch \
-                         ({eight_warps} with K over 8 warps, which must differ)",
+                        "{fmt} m {m}: {halved} of {} outputs differ with the halved batch, \
+                         {piped} pipelined ({eight_warps} with K over 8 warps, which must differ)",
                         m * n
                     ));
                 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 33 (issue 13), any card, ~170 s. The pipelined fast walk in the
+# mono build: there the load batch is halved (S_UNROLL_HALF, 1 KB of MXFP4
+# codes a warp in flight, none while it decodes) and the pipelined walk
+# keeps the kernel at 128 registers and 800 bytes of stack (NVRTC 13.0; its
+# innermost-loop spills 15 / 22 -> 4 / 21 in one op body, 52 / 54 -> 42 / 61
+# in another). The define feeds both builds (M3_SMALL_STEP_DEFINES); the
+# standard path's one-row entries spill with it at their default CTAs an SM,
+# so read the mono rows. base, one (S_H_PIPE_ONE=30: every MX one-row walk)
+# and all (one-tile walks too), interleaved, 2 rounds, m3.1 --layers 12
+# --per-layer 6 at b1 / b4 / b16, each after a 16-step gate -> ab.log.
+set -u
+. bench/device/common.sh
+m3_setup
+variant() {
+  local v=$1
+  shift
+  local B="S_MMA_WARPS=4 S_MMA_MAXBT=2"
+  case $v in
+    base) "$@" ;;
+    one) M3_SMALL_STEP_DEFINES="$B S_H_PIPE_ONE=30" "$@" ;;
+    all) M3_SMALL_STEP_DEFINES="$B S_H_PIPE_ONE=30 S_H_PIPE_TILE=30" "$@" ;;
+    *) echo "no variant $v" >&2; return 1 ;;
+  esac
+}
+B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
+m3_variants 2 "$B" base one all > $OUT/ab.log 2>&1
+grep -E "^===|compiled|\]|differ|rror" $OUT/ab.log

@@ -1044,16 +1044,23 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 #ifndef S_H_ONE_UMUL_FP8
 #define S_H_ONE_UMUL_FP8 1
 #endif
-// Bench variants (session 33): the fast walk software-pipelined, a
-// bitmask over formats (bit 1 << F, F = S_FMT_*: E4M3 2, E2M1 4, E5M2 8,
-// NVFP4 16) for the one-row walk (S_H_PIPE_ONE) and the one-tile walk
-// (S_H_PIPE_TILE): batch k + 1's weights and scales are loaded before batch
-// k's products, so a warp's loads stay in flight while it decodes (the
-// plain walk waits for each batch with none in flight: on the H200 the
-// E2M1 one-row walks read 74-79% of the ceiling, the MX kernels' latency,
-// bench/NOTES.md session 32). Twice the batch's registers; the summation
+// The fast walk software-pipelined, a bitmask over formats (bit 1 << F,
+// F = S_FMT_*: E4M3 2, E2M1 4, E5M2 8, NVFP4 16) for the one-row walk
+// (S_H_PIPE_ONE) and the one-tile walk (S_H_PIPE_TILE): batch k + 1's
+// weights and scales are loaded before batch k's products, so a warp's
+// loads stay in flight while it decodes (the plain walk waits for each
+// batch with none in flight). Twice the batch's registers; the summation
 // order, so every result bit, is the plain walk's. Contiguous runs only
-// (an interleaved walk keeps the plain form).
+// (an interleaved walk keeps the plain form). Measured (bench/NOTES.md
+// session 33, H100):
+// - the mono build (its batch halved): tile walks and MXFP4's one-row walk
+//   pipelined, -3.0% / -3.5% a b4 / b16 mono layer, 128 registers and 800
+//   bytes of stack as before: its default (mono.rs MONO_DEFAULTS);
+// - the standard build: off. Its one-row entries then need 4 CTAs an SM
+//   (MXFP4: spills at 5 and 6), and MXFP4's one-row microbench lost 2-5
+//   points, the b1 layer 5%; NVFP4's tall stack gained 1.5-3 points. Not
+//   yet timed on the H200, where the one-row walks are latency-bound
+//   (74-79% of the ceiling, session 32).
 #ifndef S_H_PIPE_ONE
 #define S_H_PIPE_ONE 0
 #endif

@@ -174,8 +174,9 @@ fn is_linear(name: &str) -> bool {
 /// whether a CTA with no block of an op skips its call, whether the small
 /// ops' bodies are inlined into the interpreter, whether the op records
 /// are copied to shared memory at the launch's start, how many load
-/// batches a plain linear brings into L2 before its wait.
-const MONO_TUNABLES: [(&str, &[&str]); 10] = [
+/// batches a plain linear brings into L2 before its wait, which fast walks
+/// are software-pipelined (format bitmasks).
+const MONO_TUNABLES: [(&str, &[&str]); 12] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -186,7 +187,24 @@ const MONO_TUNABLES: [(&str, &[&str]); 10] = [
     ("S_MONO_INLINE_SMALL", &["0", "1"]),
     ("S_MONO_OPS_SMEM", &["0", "1"]),
     ("S_PDL_AHEAD", &["1", "2", "3", "4", "6", "8", "12", "16"]),
+    ("S_H_PIPE_ONE", PIPE_MASKS),
+    ("S_H_PIPE_TILE", PIPE_MASKS),
 ];
+
+/// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).
+const PIPE_MASKS: &[&str] = &[
+    "0", "2", "4", "6", "8", "10", "12", "14", "16", "18", "20", "22", "24", "26", "28", "30",
+];
+
+/// The mono build's own defaults of standard_decode.cu's tunables, put
+/// first unless the mono or the small-step defines name them (they cannot
+/// live in mono_prelude.h: the small-step defines come after it). Measured
+/// (bench/NOTES.md session 33, H100, 2 rounds, every gate bitwise): every
+/// MX one-tile walk and MXFP4's one-row walk pipelined, -3.0% a b4 and
+/// -3.5% a b16 mono layer, -0.3% at b1 (every one-row walk pipelined: +0.5%
+/// at b1), the kernel still at 128 registers and 800 bytes of stack
+/// (NVRTC 13.0). The fast walk is CUDA's; HIP's build ignores them.
+const MONO_DEFAULTS: [(&str, &str); 2] = [("S_H_PIPE_TILE", "30"), ("S_H_PIPE_ONE", "4")];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
 /// [`MONO_TUNABLES`]), the prelude, the standard sources with the
@@ -224,6 +242,17 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
             ));
         }
         prefix.push_str(&format!("#define {}\n", kv.replacen('=', " ", 1)));
+    }
+    let named = |name: &str| {
+        small
+            .split_whitespace()
+            .chain(extra.split_whitespace())
+            .any(|d| d.split_once('=').is_some_and(|(k, _)| k == name))
+    };
+    for (name, value) in MONO_DEFAULTS {
+        if !named(name) {
+            prefix.push_str(&format!("#define {name} {value}\n"));
+        }
     }
     let body: &'static str = Box::leak(
         format!(
@@ -1325,6 +1354,23 @@ mod tests {
         .is_ok());
         let src = mono_source(small, "S_MONO_INDIRECT=0").expect("source");
         assert!(src.body.starts_with("#define S_MONO_INDIRECT 0\n"));
+        // the mono defaults of the pipelined walks, unless either list
+        // names them
+        assert!(src
+            .body
+            .contains("#define S_H_PIPE_TILE 30\n#define S_H_PIPE_ONE 4\n"));
+        let off = mono_source(small, "S_H_PIPE_TILE=0 S_H_PIPE_ONE=0").expect("source");
+        assert!(off
+            .body
+            .starts_with("#define S_H_PIPE_TILE 0\n#define S_H_PIPE_ONE 0\n//"));
+        assert!(!off.body.contains("#define S_H_PIPE_TILE 30"));
+        let mine = mono_source("S_MMA_WARPS=4 S_MMA_MAXBT=2 S_H_PIPE_ONE=2", "").expect("source");
+        assert!(
+            mine.body.starts_with("#define S_H_PIPE_TILE 30\n/"),
+            "{}",
+            &mine.body[..80]
+        );
+        assert!(!mine.body.contains("#define S_H_PIPE_ONE 4"));
         for bad in [
             "S_MONO_INDIRECT=2",
             "S_MONO_MINB=0",
@@ -1333,6 +1379,8 @@ mod tests {
             "S_UNROLL_HALF=2",
             "S_MONO_SPREAD=2",
             "S_PDL_AHEAD=5",
+            "S_H_PIPE_ONE=3",
+            "S_H_PIPE_TILE=32",
             "S_MMA_WARPS=8",
             "junk",
         ] {

@@ -1053,8 +1053,8 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 // order, so every result bit, is the plain walk's. Contiguous runs only
 // (an interleaved walk keeps the plain form). Measured (bench/NOTES.md
 // session 33, H100):
-// - the mono build (its batch halved): tile walks and MXFP4's one-row walk
-//   pipelined, -3.0% / -3.5% a b4 / b16 mono layer, 128 registers and 800
+// - the mono build (its batch halved): the E2M1 one-tile walks (FP8's
+//   are interleaved) and MXFP4's one-row walk pipelined, -3.0% / -3.5% a b4 / b16 mono layer, 128 registers and 800
 //   bytes of stack as before: its default (mono.rs MONO_DEFAULTS);
 // - the standard build: off. Its one-row entries then need 4 CTAs an SM
 //   (MXFP4: spills at 5 and 6), and MXFP4's one-row microbench lost 2-5

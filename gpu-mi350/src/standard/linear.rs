@@ -1266,15 +1266,19 @@ mod gpu_tests {
     /// (the one-row, one-tile and two-tile walks), K = 6144 with x over
     /// 2^-6..2^6 so the f32 sums round: the default build, which splits K
     /// over 8 warps, must differ from the small-step one (the comparison
-    /// sees an order change). The software-pipelined walks
-    /// (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`, every MX format) must give the
-    /// same bits too: they move loads, not sums.
+    /// sees an order change). The halved batch is tested as the mono build
+    /// runs it, with its software-pipelined walks (mono.rs
+    /// `MONO_DEFAULTS`); the full batch with every contiguous walk
+    /// pipelined (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`; FP8's one-tile walks are
+    /// interleaved, never pipelined) must give the same bits too: they move
+    /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
+    /// 10, so the pipelined walks end in a part batch.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
         let l = Launcher::new(gpu.device(), true).unwrap();
         let st = &super::super::STANDARD;
-        let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1");
+        let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
         let k = LinearKernels {
@@ -1287,9 +1291,12 @@ mod gpu_tests {
         };
         let ctx = gpu.device();
         let mut rng = TestRng(43);
-        let (n, kk) = (32usize, 6144usize);
+        let n = 32usize;
         let mut failures = Vec::new();
-        for fmt in ["e4m3", "e5m2", "fp4", "nvfp4"] {
+        for (fmt, kk) in ["e4m3", "e5m2", "fp4", "nvfp4"]
+            .into_iter()
+            .flat_map(|f| [(f, 6144usize), (f, 6272)])
+        {
             let w = weight(fmt, n, kk, &mut rng);
             let dw = DevLinear::upload(ctx, "test", &[&w]).unwrap();
             for &m in &[1usize, 4, 16] {
@@ -1320,8 +1327,9 @@ mod gpu_tests {
                 let piped = differ(&full, &out(3));
                 if halved > 0 || piped > 0 || eight_warps == 0 {
                     failures.push(format!(
-                        "{fmt} m {m}: {halved} of {} outputs differ with the halved batch, \
-                         {piped} pipelined ({eight_warps} with K over 8 warps, which must differ)",
+                        "{fmt} K {kk} m {m}: {halved} of {} outputs differ with the halved batch \
+                         (mono's pipelined walks), {piped} pipelined ({eight_warps} with K over \
+                         8 warps, which must differ)",
                         m * n
                     ));
                 }

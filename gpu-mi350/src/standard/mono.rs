@@ -199,8 +199,10 @@ const PIPE_MASKS: &[&str] = &[
 /// The mono build's own defaults of standard_decode.cu's tunables, put
 /// first unless the mono or the small-step defines name them (they cannot
 /// live in mono_prelude.h: the small-step defines come after it). Measured
-/// (bench/NOTES.md session 33, H100, 2 rounds, every gate bitwise): every
-/// MX one-tile walk and MXFP4's one-row walk pipelined, -3.0% a b4 and
+/// (bench/NOTES.md session 33, H100, 2 rounds, every gate bitwise): the
+/// one-tile walks (30: every MX format's mask; FP8's one-tile walks are
+/// interleaved, never pipelined, so the E2M1 ones) and MXFP4's one-row
+/// walk pipelined, -3.0% a b4 and
 /// -3.5% a b16 mono layer, -0.3% at b1 (every one-row walk pipelined: +0.5%
 /// at b1), the kernel still at 128 registers and 800 bytes of stack
 /// (NVRTC 13.0). The fast walk is CUDA's; HIP's build ignores them.

@@ -95,6 +95,27 @@ m3_variants() {
   done
 }
 
+# m3_variants over small-step define sets: m3_defines_ab ROUNDS "BENCH ARGS"
+# NAME=DEFINES... (DEFINES empty: the build's defaults) runs each NAME with
+# M3_SMALL_STEP_DEFINES=DEFINES, which feeds the mono build too.
+m3_defines_ab() {
+  local rounds=$1 args=$2 kv
+  shift 2
+  declare -gA M3_AB_DEFS=()
+  local names=()
+  for kv in "$@"; do
+    M3_AB_DEFS[${kv%%=*}]=${kv#*=}
+    names+=("${kv%%=*}")
+  done
+  variant() {
+    local v=$1
+    shift
+    [ -n "${M3_AB_DEFS[$v]+x}" ] || { echo "no variant $v" >&2; return 1; }
+    if [ -z "${M3_AB_DEFS[$v]}" ]; then "$@"; else M3_SMALL_STEP_DEFINES="${M3_AB_DEFS[$v]}" "$@"; fi
+  }
+  m3_variants "$rounds" "$args" "${names[@]}"
+}
+
 # The figures of record (PERF.md's protocol): the bench model at batch
 # 1-64, 4k and 128k, 3 rounds, into $OUT/table.json and table.log.
 m3_record() {

@@ -12,17 +12,7 @@
 set -u
 . bench/device/common.sh
 m3_setup
-variant() {
-  local v=$1
-  shift
-  local B="S_MMA_WARPS=4 S_MMA_MAXBT=2"
-  case $v in
-    base) "$@" ;;
-    one) M3_SMALL_STEP_DEFINES="$B S_H_PIPE_ONE=30" "$@" ;;
-    all) M3_SMALL_STEP_DEFINES="$B S_H_PIPE_ONE=30 S_H_PIPE_TILE=30" "$@" ;;
-    *) echo "no variant $v" >&2; return 1 ;;
-  esac
-}
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
-m3_variants 2 "$B" base one all > $OUT/ab.log 2>&1
+S="S_MMA_WARPS=4 S_MMA_MAXBT=2"
+m3_defines_ab 2 "$B" base= "one=$S S_H_PIPE_ONE=30" "all=$S S_H_PIPE_ONE=30 S_H_PIPE_TILE=30" > $OUT/ab.log 2>&1
 grep -E "^===|compiled|\]|differ|rror" $OUT/ab.log

@@ -12,15 +12,7 @@
 set -u
 . bench/device/common.sh
 m3_setup
-variant() {
-  local v=$1
-  shift
-  case $v in
-    base) "$@" ;;
-    l2a*) M3_SMALL_STEP_DEFINES="S_MMA_WARPS=4 S_MMA_MAXBT=2 S_H_L2_AHEAD=${v#l2a}" "$@" ;;
-    *) echo "no variant $v" >&2; return 1 ;;
-  esac
-}
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
-m3_variants 2 "$B" base l2a1 l2a2 l2a4 > $OUT/ab.log 2>&1
+S="S_MMA_WARPS=4 S_MMA_MAXBT=2"
+m3_defines_ab 2 "$B" base= "l2a1=$S S_H_L2_AHEAD=1" "l2a2=$S S_H_L2_AHEAD=2" "l2a4=$S S_H_L2_AHEAD=4" > $OUT/ab.log 2>&1
 grep -E "^===|compiled|\]|differ|rror" $OUT/ab.log

@@ -947,31 +947,6 @@ M3_DEV void s_h_load(const SHPos<F, NB>& p, bool ok, SHRaw<F, UU>& r) {
   }
 }
 
-// Bench variant (session 33, untimed): a contiguous fast walk brings the
-// batch S_H_L2_AHEAD batches past the one it loads into L2 (one
-// `prefetch.global.L2` a lane and row a super-chunk: no registers held),
-// so more of a warp's run is in flight than its registers hold: the mono
-// build's halved batch keeps ~1 KB a warp in flight (MXFP4), the one-row
-// walks on the H200 are latency-bound (bench/NOTES.md sessions 32-33).
-// 0: off. Only hints: no result bit changes.
-#ifndef S_H_L2_AHEAD
-#define S_H_L2_AHEAD 0
-#endif
-
-/// Bring `UU` super-chunks' weights, `OFF` super-chunks past `p`, into
-/// L2 where `ok` (inside the warp's run).
-template <int F, int NB, u32 UU, u32 OFF> M3_DEV void s_h_ahead(const SHPos<F, NB>& p, bool ok) {
-  if (!ok) return;
-#pragma unroll
-  for (u32 v = 0; v < UU; ++v) {
-#pragma unroll
-    for (u32 i = 0; i < SHRaw<F, UU>::LW; ++i) {
-      m3_prefetch_l2(p.wa + (v + OFF) * SHPos<F, NB>::WS + 64u * i);
-      m3_prefetch_l2(p.wc + (v + OFF) * SHPos<F, NB>::WS + 64u * i);
-    }
-  }
-}
-
 /// The products of r (loaded from `p`) into acc (NB x tiles; ONE: one x
 /// row, whose odd columns are never stored and are left out; XR: x
 /// row-scaled, no exponent loads): x's exponents and fragments loaded
@@ -1083,9 +1058,10 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 //   bytes of stack as before: its default (mono.rs MONO_DEFAULTS);
 // - the standard build: off. Its one-row entries then need 4 CTAs an SM
 //   (MXFP4: spills at 5 and 6), and MXFP4's one-row microbench lost 2-5
-//   points, the b1 layer 5%; NVFP4's tall stack gained 1.5-3 points. Not
-//   yet timed on the H200, where the one-row walks are latency-bound
-//   (74-79% of the ceiling, session 32).
+//   points, the b1 layer 5%; NVFP4's tall stack gained 1.5-3 points. On
+//   the H200 session 19 measured the same form (its S_H_PIPE, since
+//   removed): MXFP4 one row flat (71.5 -> 70.8%, 67.8% at 4 CTAs an SM),
+//   MXFP8 -9 points.
 #ifndef S_H_PIPE_ONE
 #define S_H_PIPE_ONE 0
 #endif
@@ -1134,27 +1110,21 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[
   if (W::PIPE) {
     // a contiguous run (G == U, no gap): the next batch's loads issued
     // before this batch's products, into the other of two register sets
-    // (S_H_L2_AHEAD: the batch that many past the next one into L2)
-    constexpr u32 PA = (S_H_L2_AHEAD + 1u) * U;
     SHRaw<F, U> ra, rb;
     s_h_load<F, NB, U>(p, n >= U, ra);
     while (n >= U) {
       s_h_load<F, NB, U, U>(p, n >= 2u * U, rb);
-      if (S_H_L2_AHEAD) s_h_ahead<F, NB, U, PA>(p, n >= PA + U);
       s_h_use<F, NB, ONE, U, XR>(p, ra, acc);
       s_h_step(p, U);
       n -= U;
       if (n < U) break;
       s_h_load<F, NB, U, U>(p, n >= 2u * U, ra);
-      if (S_H_L2_AHEAD) s_h_ahead<F, NB, U, PA>(p, n >= PA + U);
       s_h_use<F, NB, ONE, U, XR>(p, rb, acc);
       s_h_step(p, U);
       n -= U;
     }
   }
   while (!W::PIPE && n >= G) {
-    // (S_H_L2_AHEAD, a contiguous run: G == U, one batch a granule)
-    if (S_H_L2_AHEAD && !W::ILV) s_h_ahead<F, NB, U, S_H_L2_AHEAD * U>(p, n >= (S_H_L2_AHEAD + 1u) * U);
 #pragma unroll
     for (u32 k = 0; k < G / U; ++k) {
       s_h_batch<F, NB, ONE, U, XR>(p, acc);

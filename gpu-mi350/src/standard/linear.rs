@@ -390,7 +390,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
             // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
             "S_H_PIPE_ONE" | "S_H_PIPE_TILE" if n <= 30 && n.is_multiple_of(2) => {}
-            "S_H_L2_AHEAD" if [0, 1, 2, 3, 4, 6, 8].contains(&n) => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
             | "S_R1_MINB_NV"
                 if (1..=16).contains(&n) => {}

@@ -175,9 +175,8 @@ fn is_linear(name: &str) -> bool {
 /// ops' bodies are inlined into the interpreter, whether the op records
 /// are copied to shared memory at the launch's start, how many load
 /// batches a plain linear brings into L2 before its wait, which fast walks
-/// are software-pipelined (format bitmasks), how many batches ahead a
-/// contiguous fast walk brings into L2.
-const MONO_TUNABLES: [(&str, &[&str]); 13] = [
+/// are software-pipelined (format bitmasks).
+const MONO_TUNABLES: [(&str, &[&str]); 12] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -190,7 +189,6 @@ const MONO_TUNABLES: [(&str, &[&str]); 13] = [
     ("S_PDL_AHEAD", &["1", "2", "3", "4", "6", "8", "12", "16"]),
     ("S_H_PIPE_ONE", PIPE_MASKS),
     ("S_H_PIPE_TILE", PIPE_MASKS),
-    ("S_H_L2_AHEAD", &["0", "1", "2", "3", "4", "6", "8"]),
 ];
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).
@@ -1342,7 +1340,6 @@ mod tests {
             "S_UNROLL_HALF=1",
             "S_MONO_SPREAD=1",
             "S_PDL_AHEAD=3",
-            "S_H_L2_AHEAD=2",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
@@ -1386,7 +1383,6 @@ mod tests {
             "S_PDL_AHEAD=5",
             "S_H_PIPE_ONE=3",
             "S_H_PIPE_TILE=32",
-            "S_H_L2_AHEAD=5",
             "S_MMA_WARPS=8",
             "junk",
         ] {

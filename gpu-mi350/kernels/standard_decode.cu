@@ -84,7 +84,9 @@
 // it). 1: the first batch (the walk's first loads). More: the next ones
 // too, up to the warp's whole run (an interleaved walk: up to its first
 // granule of G super-chunks; the next one is G (nwarp - 1) further). A
-// hint: no result changes. Prepared, not timed (bench/NOTES.md session 32).
+// hint: no result changes. Measured (H100, bench/NOTES.md session 33):
+// 4 and 12 slow a b1 MoE layer by 3.7% / 6.4% (standard) and 1.0% / 4.4%
+// (mono), 2 within a round's spread, nothing at 4 and 16 rows: 1.
 #ifndef S_PDL_AHEAD
 #define S_PDL_AHEAD 1
 #endif
@@ -923,7 +925,10 @@ template <int F, u32 UU> struct SHRaw {
 /// Issue the loads of `UU` super-chunks' weights and scales, `OFF`
 /// super-chunks past `p` (immediate offsets), into r; `ok` false (a
 /// pipelined walk's batch past its run) loads nothing and leaves r zero,
-/// never used.
+/// never used. (Zeroed, not skipped by an early return: that form saves
+/// the standard build ~5% of an entry's instructions but spills inside
+/// the mono build's loops, 4 / 21 -> 219 / 182 local stores / loads in
+/// one op body, NVRTC 13.0.)
 template <int F, int NB, u32 UU, u32 OFF = 0u>
 M3_DEV void s_h_load(const SHPos<F, NB>& p, bool ok, SHRaw<F, UU>& r) {
 #pragma unroll
@@ -1054,8 +1059,9 @@ M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
 // (an interleaved walk keeps the plain form). Measured (bench/NOTES.md
 // session 33, H100):
 // - the mono build (its batch halved): the E2M1 one-tile walks (FP8's
-//   are interleaved) and MXFP4's one-row walk pipelined, -3.0% / -3.5% a b4 / b16 mono layer, 128 registers and 800
-//   bytes of stack as before: its default (mono.rs MONO_DEFAULTS);
+//   are interleaved) and MXFP4's one-row walk pipelined, -3.0% / -3.5% a
+//   b4 / b16 mono layer, 128 registers and 800 bytes of stack as before:
+//   its default (mono.rs MONO_DEFAULTS);
 // - the standard build: off. Its one-row entries then need 4 CTAs an SM
 //   (MXFP4: spills at 5 and 6), and MXFP4's one-row microbench lost 2-5
 //   points, the b1 layer 5%; NVFP4's tall stack gained 1.5-3 points. On

@@ -2101,17 +2101,32 @@ struct SRouterWarp {
   float sg[16], ssg[16];
 };
 
+// 1: the router's arrays sized to the experts it has (a lane's share of up
+// to S_ROUTER_FIT_PL * M3_WARP of them: the 128 of M3 / M3.1 on CUDA) and
+// its finished-CTA count fenced by one thread of a CTA; 0: arrays for 1024
+// experts and every thread fenced (the form before session 34). Same
+// arithmetic, same order, same bits. Measured (H100, bench/NOTES.md
+// session 34, 2 rounds interleaved against the build before, every 16-step
+// gate bitwise), ms a MoE layer: mono b1 0.2776 -> 0.2576 (-7.2%), b4 -3.3%,
+// b16 -2.5% (the router's share of a b1 mono layer's critical path 35.2 ->
+// 19.8 us); the standard path b1 0.1553 -> 0.1516 (-2.4%), b4 -1.2%, b16
+// -1.3%.
+#ifndef S_ROUTER_FIT
+#define S_ROUTER_FIT 1
+#endif
+#define S_ROUTER_FIT_PL 4u
+
 /// Router of row t by one warp (cpu-ref's arithmetic and tie rules):
 /// s = sigmoid(z); top-k by s + bias (ties: lower id; NaN counts as -inf);
 /// ids ascending; w = s / sum(s chosen, ascending id) * scaling. Experts
-/// lane + i * M3_WARP; ne <= 1024, k <= 16. Every load is issued
-/// before the first use and the chosen experts' sigmoids stay on chip (the
-/// lane holding one hands it over through `sh`), so the row costs one
-/// memory round trip; `ids` may point to shared memory (the fused router's
-/// copy for its grouping) or be null, `ids_g` is the global output.
-M3_DEV void s_router_row(const float* z, const float* bias, u32 ne, u32 k, float scaling, u32 t, int* ids_g,
-                         float* wts, SRouterWarp& sh, int* ids) {
-  constexpr u32 PL = 1024u / M3_WARP;  // experts a lane at most
+/// lane + i * M3_WARP, i < PL; ne <= PL * M3_WARP, k <= 16. Every load is
+/// issued before the first use and the chosen experts' sigmoids stay on
+/// chip (the lane holding one hands it over through `sh`), so the row
+/// costs one memory round trip; `ids` may point to shared memory (the fused
+/// router's copy for its grouping) or be null, `ids_g` is the global output.
+template <u32 PL>
+M3_DEV void s_router_row_pl(const float* z, const float* bias, u32 ne, u32 k, float scaling, u32 t, int* ids_g,
+                            float* wts, SRouterWarp& sh, int* ids) {
   const u32 lane = threadIdx.x % M3_WARP;
   const float* zr = z + (u64)t * ne;
   float zv[PL], bv_[PL];
@@ -2181,6 +2196,14 @@ M3_DEV void s_router_row(const float* z, const float* bias, u32 ne, u32 k, float
   }
   M3_SYNC_WARP();
 }
+/// s_router_row_pl with the arrays the step's `ne` experts need (ne <= 1024).
+M3_DEV void s_router_row(const float* z, const float* bias, u32 ne, u32 k, float scaling, u32 t, int* ids_g,
+                         float* wts, SRouterWarp& sh, int* ids) {
+  if (S_ROUTER_FIT && ne <= S_ROUTER_FIT_PL * M3_WARP)
+    s_router_row_pl<S_ROUTER_FIT_PL>(z, bias, ne, k, scaling, t, ids_g, wts, sh, ids);
+  else
+    s_router_row_pl<1024u / M3_WARP>(z, bias, ne, k, scaling, t, ids_g, wts, sh, ids);
+}
 /// Grid T, block M3_WARP (a 32-thread block on a wave64 device would see
 /// half the experts).
 M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restrict__ bias, u32 ne, u32 k,
@@ -2216,13 +2239,20 @@ M3_KERNEL void M3_HIP_BLOCK(S_ROUTER_BLOCK) m3s_router_small(
   S_SHARED(int, rpart, [M3_WARP + 1]);
   S_SHARED(u32, last, );
   s_linear_f32w(x, w, blockIdx.x, ne, K, M, z, part);
-  // every thread's z values out before the count (the last-block-done pattern)
-  m3_fence_gpu();
+  // every thread's z values out before the count (the last-block-done
+  // pattern): the CTA barrier orders them before thread 0's fence, which is
+  // cumulative (as cooperative groups' grid sync does it), or every thread
+  // fences (S_ROUTER_FIT 0)
+  if (!S_ROUTER_FIT) m3_fence_gpu();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1u ? 1u : 0u;
+  if (threadIdx.x == 0) {
+    if (S_ROUTER_FIT) m3_fence_gpu();
+    last = atomicAdd(done, 1u) == gridDim.x - 1u ? 1u : 0u;
+    if (S_ROUTER_FIT && last) m3_fence_gpu();
+  }
   __syncthreads();
   if (last == 0u) return;
-  m3_fence_gpu();
+  if (!S_ROUTER_FIT) m3_fence_gpu();
   if (threadIdx.x == 0) *done = 0u;
   const u32 warp = threadIdx.x / M3_WARP;
   for (u32 t = warp; t < M; t += blockDim.x / M3_WARP)

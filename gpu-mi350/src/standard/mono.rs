@@ -175,8 +175,9 @@ fn is_linear(name: &str) -> bool {
 /// ops' bodies are inlined into the interpreter, whether the op records
 /// are copied to shared memory at the launch's start, how many load
 /// batches a plain linear brings into L2 before its wait, which fast walks
-/// are software-pipelined (format bitmasks).
-const MONO_TUNABLES: [(&str, &[&str]); 12] = [
+/// are software-pipelined (format bitmasks), whether the router's arrays
+/// are sized to the model's experts.
+const MONO_TUNABLES: [(&str, &[&str]); 13] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -189,6 +190,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 12] = [
     ("S_PDL_AHEAD", &["1", "2", "3", "4", "6", "8", "12", "16"]),
     ("S_H_PIPE_ONE", PIPE_MASKS),
     ("S_H_PIPE_TILE", PIPE_MASKS),
+    ("S_ROUTER_FIT", &["0", "1"]),
 ];
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 34 (issues 12, 13), an H200 (needs_h200: the max-autotune peer's
+# compile does not fit the H100's 80 GB, session 33), ~450 s. s33c.sh with
+# m3's kernels compiled while the peer compiles (s33c.sh gave a cold m3
+# run 60 s: m3.1's kernels take ~150 s to compile): m3 on the bf16 model
+# (m3.1 --layers 8, fp8 caches) at b1 warmed up in the background (its GPU
+# work is a ceiling measurement at its start and one step at its end; the
+# peer's timed rounds come after its ~230 s of compiling), the peer
+# compiled with max-autotune + CUDA graph at b1, then m3 timed alone, 2
+# rounds x 40 -> m3-bf16.json, peer.json, ratios.json / .md (PERF.md /
+# issue 13: >= 1.6x); last, the peer's self-check (tiny preset, fp8
+# caches as timed, compiled in the default mode as in session 32, 100 s).
+# PEER_TIMEOUT (s, default 400) bounds the peer.
+set -u
+. bench/device/common.sh
+m3_setup
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+M="--backend gpu --preset m3.1 --layers 8 --weights bf16 --batch 1 --context 4096"
+{ timeout 300 /tmp/bin/m3 bench $M --iters 1 --rounds 1 --warmup 1 > $OUT/m3-warm.log 2>&1; echo "m3 warm-up exit $? ($(date +%T))"; } &
+timeout ${PEER_TIMEOUT:-400} python3 bench/peer/peer.py --preset m3.1 --layers 8 --batch 1 --context 4096 --cache fp8 \
+  --compile max-autotune --iters 100 --rounds 2 --out $OUT/peer.json > $OUT/peer.log 2>&1
+echo "peer exit $? ($(date +%T))"
+wait
+grep -E "failed|check|^\| 1 " $OUT/peer.log | tail -6
+timeout 120 /tmp/bin/m3 bench $M --iters 40 --rounds 2 --out $OUT/m3-bf16.json > $OUT/m3-bf16.log 2>&1
+echo "m3 exit $?"
+grep -E "^\| .*decode" $OUT/m3-bf16.log | tail -2
+python3 bench/peer/ratios.py --m3 $OUT/m3-bf16.json --peer $OUT/peer.json --out $OUT/ratios.json > $OUT/ratios.log 2>&1
+cat $OUT/ratios.log
+echo "=== peer self-check ($(date +%T))"
+timeout 100 python3 bench/peer/peer.py --check --device cuda --cache fp8 --compile default 2>&1 | tail -6

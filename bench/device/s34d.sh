@@ -9,7 +9,9 @@
 # compiled with max-autotune + CUDA graph at b1, then m3 timed alone, 2
 # rounds x 40 -> m3-bf16.json, peer.json, ratios.json / .md (PERF.md /
 # issue 13: >= 1.6x); last, the peer's self-check (tiny preset, fp8
-# caches as timed, compiled in the default mode as in session 32, 100 s).
+# caches as timed, compiled in the default mode as in session 32, 100 s),
+# after the MX model's per-layer figure at b1 / b16 (the router's new form
+# on the H200; 2 rounds) -> m3-mx.json.
 # PEER_TIMEOUT (s, default 400) bounds the peer.
 set -u
 . bench/device/common.sh
@@ -27,5 +29,10 @@ echo "m3 exit $?"
 grep -E "^\| .*decode" $OUT/m3-bf16.log | tail -2
 python3 bench/peer/ratios.py --m3 $OUT/m3-bf16.json --peer $OUT/peer.json --out $OUT/ratios.json > $OUT/ratios.log 2>&1
 cat $OUT/ratios.log
+echo "=== m3 MX model, per layer ($(date +%T))"
+timeout 90 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,16 --context 4096 \
+  --iters 40 --rounds 2 --path standard --out $OUT/m3-mx.json > $OUT/m3-mx.log 2>&1
+echo "m3 mx exit $?"
+grep -E "^\| .*decode.*/" $OUT/m3-mx.log | tail -4
 echo "=== peer self-check ($(date +%T))"
 timeout 100 python3 bench/peer/peer.py --check --device cuda --cache fp8 --compile default 2>&1 | tail -6

@@ -2110,11 +2110,23 @@ struct SRouterWarp {
 // gate bitwise), ms a MoE layer: mono b1 0.2776 -> 0.2576 (-7.2%), b4 -3.3%,
 // b16 -2.5% (the router's share of a b1 mono layer's critical path 35.2 ->
 // 19.8 us); the standard path b1 0.1553 -> 0.1516 (-2.4%), b4 -1.2%, b16
-// -1.3%.
+// -1.3%. HIP keeps 0: unmeasured there, and the fit arrays take gfx950's
+// m3s_router_small to 40 spilled SGPRs (38 before; `cargo xtask kernels`);
+// its fence stays every thread's whatever the define (an AMD wave waits
+// only for its own stores, so one thread's fence would not cover the rest).
 #ifndef S_ROUTER_FIT
+#if defined(M3_HIP)
+#define S_ROUTER_FIT 0
+#else
 #define S_ROUTER_FIT 1
 #endif
+#endif
 #define S_ROUTER_FIT_PL 4u
+#if S_ROUTER_FIT && !defined(M3_HIP)
+#define S_ROUTER_ONE_FENCE 1
+#else
+#define S_ROUTER_ONE_FENCE 0
+#endif
 
 /// Router of row t by one warp (cpu-ref's arithmetic and tie rules):
 /// s = sigmoid(z); top-k by s + bias (ties: lower id; NaN counts as -inf);
@@ -2242,17 +2254,17 @@ M3_KERNEL void M3_HIP_BLOCK(S_ROUTER_BLOCK) m3s_router_small(
   // every thread's z values out before the count (the last-block-done
   // pattern): the CTA barrier orders them before thread 0's fence, which is
   // cumulative (as cooperative groups' grid sync does it), or every thread
-  // fences (S_ROUTER_FIT 0)
-  if (!S_ROUTER_FIT) m3_fence_gpu();
+  // fences (S_ROUTER_ONE_FENCE 0)
+  if (!S_ROUTER_ONE_FENCE) m3_fence_gpu();
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (S_ROUTER_FIT) m3_fence_gpu();
+    if (S_ROUTER_ONE_FENCE) m3_fence_gpu();
     last = atomicAdd(done, 1u) == gridDim.x - 1u ? 1u : 0u;
-    if (S_ROUTER_FIT && last) m3_fence_gpu();
+    if (S_ROUTER_ONE_FENCE && last) m3_fence_gpu();
   }
   __syncthreads();
   if (last == 0u) return;
-  if (!S_ROUTER_FIT) m3_fence_gpu();
+  if (!S_ROUTER_ONE_FENCE) m3_fence_gpu();
   if (threadIdx.x == 0) *done = 0u;
   const u32 warp = threadIdx.x / M3_WARP;
   for (u32 t = warp; t < M; t += blockDim.x / M3_WARP)

@@ -219,12 +219,17 @@ fn xor_butterflies_stay_in_their_aligned_groups() {
 }
 
 /// `s_router_row` (both router kernels) over one wavefront of `warp`
-/// lanes: expert `lane + i * warp` in slot i < 1024 / warp of a lane, the
-/// k rounds of butterfly argmax (lower id on ties, NaN as -inf), the owner
-/// lane marking its pick used.
-fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize) -> Vec<i32> {
+/// lanes: expert `lane + i * warp` in slot i < PL of a lane (`fit`, the
+/// source's `S_ROUTER_FIT`: PL = 4 where ne <= 4 * warp; else 1024 / warp),
+/// the k rounds of butterfly argmax (lower id on ties, NaN as -inf), the
+/// owner lane marking its pick used.
+fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize, fit: bool) -> Vec<i32> {
     let ne = z.len();
-    let per_lane = 1024 / warp;
+    let per_lane = if fit && ne <= 4 * warp {
+        4
+    } else {
+        1024 / warp
+    };
     assert!(ne <= 1024 && warp <= W);
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
     let v: Vec<[f32; 32]> = (0..warp)
@@ -306,14 +311,25 @@ fn router_lane_layout_is_right_on_64_lanes() {
         (100, 16, 3),
         (64, 1, 4),
         (1000, 4, 5),
+        (128, 4, 6),
     ] {
         // coarse values, so that ties happen
         let z: Vec<f32> = (0..ne).map(|e| small(seed, e) / 4.0).collect();
         let mut bias: Vec<f32> = (0..ne).map(|e| small(seed + 100, e) / 8.0).collect();
         bias[ne / 2] = f32::NAN;
         let want = router_ref(&z, &bias, k);
-        assert_eq!(router_wave(&z, &bias, k, 64), want, "ne {ne} k {k}");
-        assert_eq!(router_wave(&z, &bias, k, 32), want, "32-lane warp, ne {ne}");
+        for fit in [false, true] {
+            assert_eq!(
+                router_wave(&z, &bias, k, 64, fit),
+                want,
+                "ne {ne} k {k} fit {fit}"
+            );
+            assert_eq!(
+                router_wave(&z, &bias, k, 32, fit),
+                want,
+                "32-lane warp, ne {ne} fit {fit}"
+            );
+        }
     }
 }
 
@@ -348,7 +364,10 @@ fn models_follow_the_sources() {
     for line in [
         "u32 e = lane + i * M3_WARP;",
         "if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }",
-        "constexpr u32 PL = 1024u / M3_WARP;  // experts a lane at most",
+        "template <u32 PL>\nM3_DEV void s_router_row_pl(",
+        "#define S_ROUTER_FIT_PL 4u",
+        "if (S_ROUTER_FIT && ne <= S_ROUTER_FIT_PL * M3_WARP)",
+        "s_router_row_pl<1024u / M3_WARP>(z, bias, ne, k, scaling, t, ids_g, wts, sh, ids);",
         "if (bi >= 0 && (u32)bi % M3_WARP == lane) {",
         "used |= 1u << ib;",
         "for (int m = 16; m > 0; m >>= 1) {",

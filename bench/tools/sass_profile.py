@@ -7,7 +7,8 @@ Usage: sass_profile.py SASS.csv [TOP] [--per N]
 Prints: the stall-reason shares of the whole kernel; per function (the
 code split at each RET: op bodies of the mono kernel are functions) its
 share of the samples, local-memory (LDL / STL), global-load and
-tensor-core instructions executed; then the TOP lines by samples with their
+tensor-core instructions executed, and its own five largest stall
+reasons (% of its samples: `no_inst` is code not yet fetched); then the TOP lines by samples with their
 two largest stall reasons; then the executed instruction mix by opcode,
 divided by N when given (e.g. the warp-iterations of the main loop, for
 instructions a warp and iteration: bench/NOTES.md session 20 run 5).
@@ -61,6 +62,9 @@ def main():
         ldg, mma = count(r"\bLDG|\bLD\."), count("HMMA")
         print(f"fn{i:3d} {f[0][0][-6:]} {len(f):6d} instr {100 * s / tot:5.1f}% "
               f"LDL {ldl:10d} STL {stl:10d} LDG/LD {ldg:10d} HMMA {mma:10d}")
+        # the function's own stall shares (% of its samples), largest first
+        own = sorted(((sum(num(r[ix[h]]) for r in f), h[6:]) for h in stalls), reverse=True)
+        print("        stalls %: " + ", ".join(f"{n} {100 * v / s:.0f}" for v, n in own[:5] if v > 0))
     for r in sorted(data, key=lambda r: -num(r[S]))[:top_n]:
         st = sorted(((num(r[ix[h]]), h[6:]) for h in stalls), reverse=True)[:2]
         print(f"{r[0][-6:]} {num(r[S]):7.0f} {100 * num(r[S]) / tot:5.1f}% "

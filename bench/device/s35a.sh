@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Session 35 (issue 13), any card, ~330 s. Session 34's prepared
+# Session 35 (issue 13), any card, ~450 s. Session 34's prepared
 # S_MONO_INLINE_ROUTER (the fused router inlined into the interpreter:
-# no call saves, but spills in the interpreter itself) against the
-# default, and where the router's ~20 us of a b1 mono layer now goes:
-# 1. both builds compiled at once (m3.1 --layers 4, 1 / 4 / 16 rows, both
-#    paths; 330 s) -> compile-*.log;
-# 2. op profiles at b1, mono, both builds -> prof-*.log;
+# no call saves, but spills in the interpreter itself) and
+# S_ROUTER_RELEASE (the router's count of finished CTAs a release add and
+# one acquire in the last CTA, instead of __threadfence's MEMBAR.SC and L1
+# invalidation in every CTA) against the default, and where the router's
+# ~20 us of a b1 mono layer now goes:
+# 1. the three builds compiled at once (m3.1 --layers 4, 1 / 4 / 16 rows,
+#    both paths; 330 s) -> compile-*.log;
+# 2. op profiles at b1, mono, each build -> prof-*.log;
 # 3. interleaved A/B, 2 rounds, m3.1 --layers 12 --per-layer 6, b1 / b4 /
 #    b16, --path both, each after a 16-step gate -> ab.log;
 # 4. Nsight Compute on one b1 mono layer of the default build (as s31a.sh)
@@ -16,20 +19,22 @@ set -u
 m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 W="--backend gpu --preset m3.1 --layers 4 --batch 1,4,16 --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both"
-timeout 330 /tmp/bin/m3 bench $W > $OUT/compile-base.log 2>&1 &
-M3_MONO_DEFINES="S_MONO_INLINE_ROUTER=1" timeout 330 /tmp/bin/m3 bench $W > $OUT/compile-inline.log 2>&1 &
+defs() { case $1 in base) echo "" ;; inline) echo "S_MONO_INLINE_ROUTER=1" ;; release) echo "S_ROUTER_RELEASE=1" ;; esac; }
+for v in base inline release; do
+  M3_MONO_DEFINES="$(defs $v)" timeout 330 /tmp/bin/m3 bench $W > $OUT/compile-$v.log 2>&1 &
+done
 wait
 echo "compiled ($(date +%T))"
 P="--backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --batch 1 --profile --path mono"
-timeout 60 /tmp/bin/m3 bench $P > $OUT/prof-base.log 2>&1
-M3_MONO_DEFINES="S_MONO_INLINE_ROUTER=1" timeout 60 /tmp/bin/m3 bench $P > $OUT/prof-inline.log 2>&1
-for v in base inline; do echo "=== $v"; grep -A20 "^mono ops" $OUT/prof-$v.log | cut -c1-140; done
+for v in base inline release; do
+  M3_MONO_DEFINES="$(defs $v)" timeout 60 /tmp/bin/m3 bench $P > $OUT/prof-$v.log 2>&1
+  echo "=== $v"; grep -A20 "^mono ops" $OUT/prof-$v.log | cut -c1-140
+done
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
 for r in 1 2; do
-  for v in base inline; do
+  for v in base inline release; do
     echo "=== $v round $r ($(date +%T))"
-    if [ $v = inline ]; then e="S_MONO_INLINE_ROUTER=1"; else e=""; fi
-    M3_MONO_DEFINES="$e" timeout 90 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
+    M3_MONO_DEFINES="$(defs $v)" timeout 90 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
   done
 done > $OUT/ab.log 2>&1
 cut -c1-160 $OUT/ab.log

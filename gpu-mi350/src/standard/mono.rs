@@ -177,8 +177,9 @@ fn is_linear(name: &str) -> bool {
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
 /// are sized to the model's experts, whether the router's body is inlined
-/// too (untimed, default 0).
-const MONO_TUNABLES: [(&str, &[&str]); 14] = [
+/// too and whether its count of finished CTAs is a release (both untimed,
+/// default 0).
+const MONO_TUNABLES: [(&str, &[&str]); 15] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -193,6 +194,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 14] = [
     ("S_H_PIPE_TILE", PIPE_MASKS),
     ("S_ROUTER_FIT", &["0", "1"]),
     ("S_MONO_INLINE_ROUTER", &["0", "1"]),
+    ("S_ROUTER_RELEASE", &["0", "1"]),
 ];
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).

@@ -6,8 +6,8 @@
 # one acquire in the last CTA, instead of __threadfence's MEMBAR.SC and L1
 # invalidation in every CTA) against the default, and where the router's
 # ~20 us of a b1 mono layer now goes:
-# 1. the three builds compiled at once (m3.1 --layers 4, 1 / 4 / 16 rows,
-#    both paths; 330 s) -> compile-*.log;
+# 1. the default build compiled, then the two variants at once (m3.1
+#    --layers 4, 1 / 4 / 16 rows, both paths) -> compile-*.log;
 # 2. op profiles at b1, mono, each build -> prof-*.log;
 # 3. interleaved A/B, 2 rounds, m3.1 --layers 12 --per-layer 6, b1 / b4 /
 #    b16, --path both, each after a 16-step gate -> ab.log;
@@ -20,15 +20,18 @@ m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 W="--backend gpu --preset m3.1 --layers 4 --batch 1,4,16 --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both"
 defs() { case $1 in base) echo "" ;; inline) echo "S_MONO_INLINE_ROUTER=1" ;; release) echo "S_ROUTER_RELEASE=1" ;; esac; }
-for v in base inline release; do
-  M3_MONO_DEFINES="$(defs $v)" timeout 330 /tmp/bin/m3 bench $W > $OUT/compile-$v.log 2>&1 &
+# the default build first (the standard kernels the three share), then
+# the two variants' mono units at once (session 34: three cold processes
+# at once did not finish in 200 s)
+timeout 300 /tmp/bin/m3 bench $W > $OUT/compile-base.log 2>&1; echo "compile base exit $? ($(date +%T))"
+for v in inline release; do
+  { M3_MONO_DEFINES="$(defs $v)" timeout 200 /tmp/bin/m3 bench $W > $OUT/compile-$v.log 2>&1; echo "compile $v exit $? ($(date +%T))"; } &
 done
 wait
-echo "compiled ($(date +%T))"
 P="--backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --batch 1 --profile --path mono"
 for v in base inline release; do
   M3_MONO_DEFINES="$(defs $v)" timeout 60 /tmp/bin/m3 bench $P > $OUT/prof-$v.log 2>&1
-  echo "=== $v"; grep -A20 "^mono ops" $OUT/prof-$v.log | cut -c1-140
+  echo "=== $v (exit $?)"; grep -A20 "^mono ops" $OUT/prof-$v.log | cut -c1-140
 done
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
 for r in 1 2; do

@@ -366,6 +366,9 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #ifndef S_MONO_INLINE_ROUTER
 #define S_MONO_INLINE_ROUTER 0
 #endif
+#if S_MONO_INLINE_ROUTER && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
+#error "S_MONO_INLINE_ROUTER: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"
+#endif
 
 #if S_MONO_INDIRECT
 typedef void (*SMonoFn)(const unsigned char*);

@@ -2136,6 +2136,9 @@ struct SRouterWarp {
 #ifndef S_ROUTER_RELEASE
 #define S_ROUTER_RELEASE 0
 #endif
+#if S_ROUTER_RELEASE && !S_ROUTER_ONE_FENCE
+#error "S_ROUTER_RELEASE: the one-fence form's (CUDA with S_ROUTER_FIT 1)"
+#endif
 
 /// Thread 0's count of the router's finished CTAs (after the CTA barrier
 /// that follows its z writes): 1 in the last CTA, which may then read every

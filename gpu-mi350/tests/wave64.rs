@@ -222,7 +222,9 @@ fn xor_butterflies_stay_in_their_aligned_groups() {
 /// lanes: expert `lane + i * warp` in slot i < PL of a lane (`fit`, the
 /// source's `S_ROUTER_FIT`: PL = 4 where ne <= 4 * warp; else 1024 / warp),
 /// the k rounds of butterfly argmax (lower id on ties, NaN as -inf), the
-/// owner lane marking its pick used.
+/// owner lane marking its pick used. (Slots at or past PL only ever hold
+/// experts >= ne, so `fit` cannot change the model's answer: what guards the
+/// source's fit form is `models_follow_the_sources`' lines.)
 fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize, fit: bool) -> Vec<i32> {
     let ne = z.len();
     let per_lane = if fit && ne <= 4 * warp {

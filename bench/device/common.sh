@@ -70,19 +70,25 @@ m3_ab() {
 # in turn, ROUNDS times (the calling script defines `variant NAME CMD...`:
 # CMD with NAME's environment), printing the per-layer rows and the parity
 # gate's verdict under a header per run. Every variant's kernels are
-# compiled first, all at once, on m3.1 --layers 4 at 1, 4 and 16 rows (a
+# compiled first (the first variant's alone, then the rest at once) on
+# m3.1 --layers 4 at 1, 4 and 16 rows (a
 # tiny-model warm-up does not build m3.1's kernels: session 32's s32a.sh
 # lost three timed runs to compiling); a warm-up that fails prints its
 # log's tail. `variant` should fail on a name it does not know.
 m3_variants() {
   local rounds=$1 args=$2 v
   shift 2
-  for v in "$@"; do
-    {
-      variant "$v" timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 \
-        --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both > "/tmp/compile-$v.log" 2>&1 \
-        || { echo "warm-up of $v failed:"; tail -5 "/tmp/compile-$v.log"; }
-    } &
+  warm() {
+    variant "$1" timeout "$2" /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 \
+      --iters 1 --rounds 1 --warmup 1 --parity-steps 0 --path both > "/tmp/compile-$1.log" 2>&1 \
+      || { echo "warm-up of $1 failed:"; tail -5 "/tmp/compile-$1.log"; }
+  }
+  # the first variant alone (the kernels every variant shares), then the
+  # rest at once (session 34: three cold processes at once did not finish
+  # in 200 s)
+  warm "$1" 300
+  for v in "${@:2}"; do
+    warm "$v" 200 &
   done
   wait
   echo "compiled ($(date +%T))"

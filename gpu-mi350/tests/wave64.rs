@@ -219,19 +219,16 @@ fn xor_butterflies_stay_in_their_aligned_groups() {
 }
 
 /// `s_router_row` (both router kernels) over one wavefront of `warp`
-/// lanes: expert `lane + i * warp` in slot i < PL of a lane (`fit`, the
-/// source's `S_ROUTER_FIT`: PL = 4 where ne <= 4 * warp; else 1024 / warp),
-/// the k rounds of butterfly argmax (lower id on ties, NaN as -inf), the
-/// owner lane marking its pick used. (Slots at or past PL only ever hold
-/// experts >= ne, so `fit` cannot change the model's answer: what guards the
-/// source's fit form is `models_follow_the_sources`' lines.)
-fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize, fit: bool) -> Vec<i32> {
+/// lanes: expert `lane + i * warp` in slot i < 1024 / warp of a lane, the
+/// k rounds of butterfly argmax (lower id on ties, NaN as -inf), the owner
+/// lane marking its pick used. It also models the source's fit form
+/// (`S_ROUTER_FIT`: 4 slots a lane where ne <= 4 * warp): the slots it
+/// leaves out only ever hold experts >= ne, which never take part; that
+/// the source takes the fit form only there is `models_follow_the_sources`'
+/// check.
+fn router_wave(z: &[f32], bias: &[f32], k: usize, warp: usize) -> Vec<i32> {
     let ne = z.len();
-    let per_lane = if fit && ne <= 4 * warp {
-        4
-    } else {
-        1024 / warp
-    };
+    let per_lane = 1024 / warp;
     assert!(ne <= 1024 && warp <= W);
     let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
     let v: Vec<[f32; 32]> = (0..warp)
@@ -320,18 +317,8 @@ fn router_lane_layout_is_right_on_64_lanes() {
         let mut bias: Vec<f32> = (0..ne).map(|e| small(seed + 100, e) / 8.0).collect();
         bias[ne / 2] = f32::NAN;
         let want = router_ref(&z, &bias, k);
-        for fit in [false, true] {
-            assert_eq!(
-                router_wave(&z, &bias, k, 64, fit),
-                want,
-                "ne {ne} k {k} fit {fit}"
-            );
-            assert_eq!(
-                router_wave(&z, &bias, k, 32, fit),
-                want,
-                "32-lane warp, ne {ne} fit {fit}"
-            );
-        }
+        assert_eq!(router_wave(&z, &bias, k, 64), want, "ne {ne} k {k}");
+        assert_eq!(router_wave(&z, &bias, k, 32), want, "32-lane warp, ne {ne}");
     }
 }
 

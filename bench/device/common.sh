@@ -130,3 +130,22 @@ m3_record() {
   echo "exit $?" >> $OUT/table.log
   grep -vE "^round " $OUT/table.log | tail -40
 }
+
+# Nsight Compute on one b1 mono layer (m3.1 --layers 12, 4k; the sixth
+# m3s_mono launch), as sessions 30 and 31 ran it (their scripts keep their
+# own copies): $OUT/mono1.txt (every section's details), $OUT/mono1-sass.csv.xz
+# (per SASS line: bench/tools/sass_profile.py reads it), $OUT/ncu-mono.txt
+# (the run's log). m3_ncu_mono [SECONDS, default 110].
+m3_ncu_mono() {
+  local ncu=/usr/local/cuda/bin/ncu
+  local s="--section SourceCounters --section WarpStateStats --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy"
+  echo "=== ncu ($(date +%T))"
+  # shellcheck disable=SC2086
+  timeout "${1:-110}" $ncu --target-processes all -k regex:m3s_mono --launch-skip 5 --launch-count 1 $s --import-source no \
+    -o $OUT/mono1 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 \
+    --warmup 0 --batch 1 --path mono > $OUT/ncu-mono.txt 2>&1
+  $ncu -i $OUT/mono1.ncu-rep --print-details all > $OUT/mono1.txt 2>&1
+  $ncu -i $OUT/mono1.ncu-rep --page source --print-source sass --csv 2>/dev/null | xz -9 > $OUT/mono1-sass.csv.xz
+  rm -f $OUT/*.ncu-rep
+  tail -2 $OUT/ncu-mono.txt
+}

@@ -41,13 +41,4 @@ for r in 1 2; do
   done
 done > $OUT/ab.log 2>&1
 cut -c1-160 $OUT/ab.log
-echo "=== ncu ($(date +%T))"
-NCU=/usr/local/cuda/bin/ncu
-S="--section SourceCounters --section WarpStateStats --section LaunchStats --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy"
-timeout 110 $NCU --target-processes all -k regex:m3s_mono --launch-skip 5 --launch-count 1 $S --import-source no \
-  -o $OUT/mono1 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 \
-  --warmup 0 --batch 1 --path mono > $OUT/ncu-mono.txt 2>&1
-$NCU -i $OUT/mono1.ncu-rep --print-details all > $OUT/mono1.txt 2>&1
-$NCU -i $OUT/mono1.ncu-rep --page source --print-source sass --csv 2>/dev/null | xz -9 > $OUT/mono1-sass.csv.xz
-rm -f $OUT/*.ncu-rep
-tail -2 $OUT/ncu-mono.txt
+m3_ncu_mono

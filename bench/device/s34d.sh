@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 34 (issues 12, 13), an H200 (needs_h200: the max-autotune peer's
-# compile does not fit the H100's 80 GB, session 33), ~450 s. s33c.sh with
-# m3's kernels compiled while the peer compiles (s33c.sh gave a cold m3
-# run 60 s: m3.1's kernels take ~150 s to compile): m3 on the bf16 model
+# compile does not fit the H100's 80 GB, session 33), ~450 s. s33c.sh
+# (never run, removed) with m3's kernels compiled while the peer compiles
+# (s33c.sh gave a cold m3 run 60 s: m3.1's kernels take ~150 s to
+# compile): m3 on the bf16 model
 # (m3.1 --layers 8, fp8 caches) at b1 warmed up in the background (its GPU
 # work is a ceiling measurement at its start and one step at its end; the
 # peer's timed rounds come after its ~230 s of compiling), the peer

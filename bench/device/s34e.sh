@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 34 (issue 13), any card, ~330 s: s34a.sh less m3_verify (which
-# s34c.sh ran on this build's CUDA kernels: mono, with session 33's
-# pipelined walks, bitwise the standard path's plain walks on five models):
+# Session 34 (issue 13), any card, ~330 s: s34a.sh (never run, removed)
+# less m3_verify (which s34c.sh ran on this build's CUDA kernels: mono,
+# with session 33's pipelined walks, bitwise the standard path's plain
+# walks on five models):
 # 1. the linears' bitwise test (the halved batch with mono's pipelined
 #    walks, and the full batch pipelined, against the plain full batch;
 #    K = 6144 and 6272) and the f64 reference, REQUIRE_GPU=1 -> unit.log;

@@ -14,6 +14,7 @@
 # 4. Nsight Compute on one b1 mono layer of the default build (as s31a.sh)
 #    -> mono1.txt, mono1-sass.csv.xz (read with bench/tools/sass_profile.py:
 #    each function's own stall reasons).
+# (Both ran neutral and were removed from the code in session 35.)
 set -u
 . bench/device/common.sh
 m3_setup

@@ -355,21 +355,6 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 #endif
 
-// The router's fused body (m3s_router_small) inlined too (1), with the six
-// above; prepared in session 34, not timed. Called, its function has a
-// 656-byte frame and 564 / 656 bytes of spill stores / loads a thread (the
-// call's saves and the spills under 128 registers: Nsight Compute had the
-// called small ops waiting mostly on the memory queue, bench/NOTES.md
-// session 34); inlined, the interpreter keeps 128 registers but takes a
-// 264-byte frame and 292 / 496 bytes of spills (none without it), and the
-// kernel's cumulative stack 800 -> 1008 bytes (NVRTC 13.0).
-#ifndef S_MONO_INLINE_ROUTER
-#define S_MONO_INLINE_ROUTER 0
-#endif
-#if S_MONO_INLINE_ROUTER && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
-#error "S_MONO_INLINE_ROUTER: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"
-#endif
-
 #if S_MONO_INDIRECT
 typedef void (*SMonoFn)(const unsigned char*);
 #define S_MONO_ENTRY(i, name) s_mono_##name,
@@ -389,9 +374,6 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
     S_MONO_INLINE(m3s_moe_combine)
     S_MONO_INLINE(m3s_index_topk)
     S_MONO_INLINE(m3s_attn_combine)
-#if S_MONO_INLINE_ROUTER
-    S_MONO_INLINE(m3s_router_small)
-#endif
     default: break;
   }
 #undef S_MONO_INLINE

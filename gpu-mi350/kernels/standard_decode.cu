@@ -2127,35 +2127,14 @@ struct SRouterWarp {
 #else
 #define S_ROUTER_ONE_FENCE 0
 #endif
-// With the one fence (CUDA): 1 = the count's add is a release (the mono
-// grid barrier's arrival: MEMBAR.ALL before the atomic, no L1
-// invalidation) and only the last CTA acquires (fence.acq_rel: MEMBAR.ALL
-// + CCTL.IVALL); 0 = thread 0's __threadfence (MEMBAR.SC.GPU, ERRBAR and
-// CCTL.IVALL, NVRTC 13.0 sm_90) before a relaxed add, and again in the
-// last CTA. The same bits. Prepared in session 34, not timed: 0.
-#ifndef S_ROUTER_RELEASE
-#define S_ROUTER_RELEASE 0
-#endif
-#if S_ROUTER_RELEASE && !S_ROUTER_ONE_FENCE
-#error "S_ROUTER_RELEASE: the one-fence form's (CUDA with S_ROUTER_FIT 1)"
-#endif
-
 /// Thread 0's count of the router's finished CTAs (after the CTA barrier
 /// that follows its z writes): 1 in the last CTA, which may then read every
 /// CTA's z after its next CTA barrier. `done` back to 0 is the caller's.
 M3_DEV u32 s_router_count(u32* done, u32 n) {
-#if S_ROUTER_ONE_FENCE && S_ROUTER_RELEASE && !defined(M3_SIM)
-  u32 old;
-  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(done) : "memory");
-  if (old != n - 1u) return 0u;
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  return 1u;
-#else
   if (S_ROUTER_ONE_FENCE) m3_fence_gpu();
   const u32 last = atomicAdd(done, 1u) == n - 1u ? 1u : 0u;
   if (S_ROUTER_ONE_FENCE && last) m3_fence_gpu();
   return last;
-#endif
 }
 
 /// Router of row t by one warp (cpu-ref's arithmetic and tie rules):

@@ -176,10 +176,8 @@ fn is_linear(name: &str) -> bool {
 /// are copied to shared memory at the launch's start, how many load
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
-/// are sized to the model's experts, whether the router's body is inlined
-/// too and whether its count of finished CTAs is a release (both untimed,
-/// default 0).
-const MONO_TUNABLES: [(&str, &[&str]); 15] = [
+/// are sized to the model's experts.
+const MONO_TUNABLES: [(&str, &[&str]); 13] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -193,8 +191,6 @@ const MONO_TUNABLES: [(&str, &[&str]); 15] = [
     ("S_H_PIPE_ONE", PIPE_MASKS),
     ("S_H_PIPE_TILE", PIPE_MASKS),
     ("S_ROUTER_FIT", &["0", "1"]),
-    ("S_MONO_INLINE_ROUTER", &["0", "1"]),
-    ("S_ROUTER_RELEASE", &["0", "1"]),
 ];
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).

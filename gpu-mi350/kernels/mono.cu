@@ -355,6 +355,29 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 #endif
 
+// Linear bodies inlined into the interpreter too, a bit mask: 1 the MXFP8
+// (E4M3) one-row walk, 2 MXFP4's, 4 / 8 their 2-8-row (one-tile) walks,
+// 16 / 32 their general bodies (9-16 rows); 0: every linear called
+// through the table. Session 35's in-graph ablation had mono's MXFP8
+// linears cost 1.8x the standard path's in a b1 MoE layer and its MXFP4
+// ones 1.5x (H100, bench/NOTES.md). Called, the one-row walks' functions
+// spill 264-272 bytes a thread (the call's saves at 128 registers);
+// inlined (3), NVRTC 13.0 gives the interpreter no spills (15: 24 / 104
+// bytes, 63: 28 / 132). Measured with 3 (H100, 2 rounds interleaved,
+// every 16-step gate bitwise): a MoE layer -6.5% at b1 (0.2595 -> 0.2428
+// ms), +1.2% at b4, +-0 at b16; 3 on CUDA's inlining switch (15 and 63
+// untimed). HIP: 0 (unmeasured; its switch calls every body).
+#ifndef S_MONO_INLINE_LIN
+#if defined(M3_HIP) || !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
+#define S_MONO_INLINE_LIN 0
+#else
+#define S_MONO_INLINE_LIN 3
+#endif
+#endif
+#if S_MONO_INLINE_LIN && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
+#error "S_MONO_INLINE_LIN: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"
+#endif
+
 #if S_MONO_INDIRECT
 typedef void (*SMonoFn)(const unsigned char*);
 #define S_MONO_ENTRY(i, name) s_mono_##name,
@@ -374,6 +397,36 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
     S_MONO_INLINE(m3s_moe_combine)
     S_MONO_INLINE(m3s_index_topk)
     S_MONO_INLINE(m3s_attn_combine)
+#if S_MONO_INLINE_LIN & 1
+    case S_MONO_ID_m3s_mma_e4m3_r1:
+      s_mono_blocks(SMonoLin<S_FMT_E4M3, false, S_RC_ONE>{p});
+      return;
+#endif
+#if S_MONO_INLINE_LIN & 2
+    case S_MONO_ID_m3s_mma_fp4_r1:
+      s_mono_blocks(SMonoLin<S_FMT_FP4, false, S_RC_ONE>{p});
+      return;
+#endif
+#if S_MONO_INLINE_LIN & 4
+    case S_MONO_ID_m3s_mma_e4m3_r8:
+      s_mono_blocks(SMonoLin<S_FMT_E4M3, false, S_RC_TILE>{p});
+      return;
+#endif
+#if S_MONO_INLINE_LIN & 8
+    case S_MONO_ID_m3s_mma_fp4_r8:
+      s_mono_blocks(SMonoLin<S_FMT_FP4, false, S_RC_TILE>{p});
+      return;
+#endif
+#if S_MONO_INLINE_LIN & 16
+    case S_MONO_ID_m3s_mma_e4m3:
+      s_mono_blocks(SMonoLin<S_FMT_E4M3, false>{p});
+      return;
+#endif
+#if S_MONO_INLINE_LIN & 32
+    case S_MONO_ID_m3s_mma_fp4:
+      s_mono_blocks(SMonoLin<S_FMT_FP4, false>{p});
+      return;
+#endif
     default: break;
   }
 #undef S_MONO_INLINE

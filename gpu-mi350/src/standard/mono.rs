@@ -176,8 +176,9 @@ fn is_linear(name: &str) -> bool {
 /// are copied to shared memory at the launch's start, how many load
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
-/// are sized to the model's experts.
-const MONO_TUNABLES: [(&str, &[&str]); 13] = [
+/// are sized to the model's experts, which one-row linears are inlined
+/// into the interpreter.
+const MONO_TUNABLES: [(&str, &[&str]); 14] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -191,6 +192,15 @@ const MONO_TUNABLES: [(&str, &[&str]); 13] = [
     ("S_H_PIPE_ONE", PIPE_MASKS),
     ("S_H_PIPE_TILE", PIPE_MASKS),
     ("S_ROUTER_FIT", &["0", "1"]),
+    ("S_MONO_INLINE_LIN", LIN_MASKS),
+];
+
+/// The values of `S_MONO_INLINE_LIN` (a bitmask of 6 linear bodies).
+const LIN_MASKS: &[&str] = &[
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
+    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
+    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60", "61", "62", "63",
 ];
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).

@@ -14,7 +14,8 @@
 # 4. Nsight Compute on one b1 mono layer of the default build (as s31a.sh)
 #    -> mono1.txt, mono1-sass.csv.xz (read with bench/tools/sass_profile.py:
 #    each function's own stall reasons).
-# (Both ran neutral and were removed from the code in session 35.)
+# (Both ran neutral and were removed from the code in session 35: the
+# define whitelist now refuses them, so this script does not run again.)
 set -u
 . bench/device/common.sh
 m3_setup

@@ -366,7 +366,9 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 // bytes, 63: 28 / 132). Measured with 3 (H100, 2 rounds interleaved,
 // every 16-step gate bitwise): a MoE layer -6.5% at b1 (0.2595 -> 0.2428
 // ms), +1.2% at b4, +-0 at b16; 3 on CUDA's inlining switch (15 and 63
-// untimed). HIP: 0 (unmeasured; its switch calls every body).
+// untimed). HIP: 0 (unmeasured; its switch calls every body). An A/B
+// that turns S_MONO_INDIRECT or S_MONO_INLINE_SMALL off turns this off
+// too (the host refuses a non-zero mask then: mono.rs defines_fit).
 #ifndef S_MONO_INLINE_LIN
 #if defined(M3_HIP) || !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
 #define S_MONO_INLINE_LIN 0
@@ -376,6 +378,21 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 #if S_MONO_INLINE_LIN && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
 #error "S_MONO_INLINE_LIN: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"
+#endif
+
+// Attention bodies inlined too, a bit mask: 1 the index scores, 2 the
+// split attention partial; 0: called (the CUDA default: untimed). Session
+// 35's in-graph ablation (H100, b1): index scores 6.9 us a mono layer
+// against 2.7 on the standard path, the partial 10.5 against 5.1. Called,
+// their functions take 752 / 304-byte frames and 1440 / 292 bytes of
+// spill stores (NVRTC 13.0; 128 and 108 registers, no spills, in their own
+// launches); inlined, the interpreter takes 2652 bytes of spill stores
+// with 1 and 64 with 2 (beside S_MONO_INLINE_LIN 3).
+#ifndef S_MONO_INLINE_ATTN
+#define S_MONO_INLINE_ATTN 0
+#endif
+#if S_MONO_INLINE_ATTN && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
+#error "S_MONO_INLINE_ATTN: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"
 #endif
 
 #if S_MONO_INDIRECT
@@ -397,6 +414,12 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
     S_MONO_INLINE(m3s_moe_combine)
     S_MONO_INLINE(m3s_index_topk)
     S_MONO_INLINE(m3s_attn_combine)
+#if S_MONO_INLINE_ATTN & 1
+    S_MONO_INLINE(m3s_index_scores)
+#endif
+#if S_MONO_INLINE_ATTN & 2
+    S_MONO_INLINE(m3s_attn_partial_split)
+#endif
 #if S_MONO_INLINE_LIN & 1
     case S_MONO_ID_m3s_mma_e4m3_r1:
       s_mono_blocks(SMonoLin<S_FMT_E4M3, false, S_RC_ONE>{p});

@@ -176,9 +176,9 @@ fn is_linear(name: &str) -> bool {
 /// are copied to shared memory at the launch's start, how many load
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
-/// are sized to the model's experts, which one-row linears are inlined
-/// into the interpreter.
-const MONO_TUNABLES: [(&str, &[&str]); 14] = [
+/// are sized to the model's experts, which linear and attention bodies are
+/// inlined into the interpreter (masks).
+const MONO_TUNABLES: [(&str, &[&str]); 15] = [
     ("S_MONO_INDIRECT", &["0", "1"]),
     ("S_MONO_MINB", &["1", "2"]),
     ("S_UNROLL_MUL", &["1", "2"]),
@@ -193,6 +193,7 @@ const MONO_TUNABLES: [(&str, &[&str]); 14] = [
     ("S_H_PIPE_TILE", PIPE_MASKS),
     ("S_ROUTER_FIT", &["0", "1"]),
     ("S_MONO_INLINE_LIN", LIN_MASKS),
+    ("S_MONO_INLINE_ATTN", &["0", "1", "2", "3"]),
 ];
 
 /// The values of `S_MONO_INLINE_LIN` (a bitmask of 6 linear bodies).
@@ -288,13 +289,37 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
 /// Refuse mono tunables the `vendor`'s build cannot take, before the
 /// compiler does: the early start on HIP (mono_prelude.h `S_MONO_EARLY`:
 /// its waiters spin beside their poller's lane, which wave64 lockstep
-/// cannot run).
+/// cannot run); linear or attention bodies inlined (mono.cu
+/// `S_MONO_INLINE_LIN` / `S_MONO_INLINE_ATTN`, a non-zero mask) where the
+/// interpreter has no inlining switch: on HIP, or with `S_MONO_INDIRECT=0`
+/// or `S_MONO_INLINE_SMALL=0`.
 fn defines_fit(vendor: Vendor, extra: &str) -> Result<()> {
-    if vendor == Vendor::Hip && extra.split_whitespace().any(|kv| kv == "S_MONO_EARLY=1") {
+    let has = |kv: &str| extra.split_whitespace().any(|x| x == kv);
+    if vendor == Vendor::Hip && has("S_MONO_EARLY=1") {
         return Err(GpuError::input(
             "mono defines",
             "`S_MONO_EARLY=1`: the early start is CUDA only (on HIP the mono build keeps the grid barrier whole); leave it out",
         ));
+    }
+    let inlined = extra.split_whitespace().find(|kv| {
+        ["S_MONO_INLINE_LIN=", "S_MONO_INLINE_ATTN="]
+            .iter()
+            .any(|p| kv.strip_prefix(p).is_some_and(|v| v != "0"))
+    });
+    if let Some(kv) = inlined {
+        let why = if vendor == Vendor::Hip {
+            Some("HIP's interpreter calls every body through its switch")
+        } else if has("S_MONO_INDIRECT=0") || has("S_MONO_INLINE_SMALL=0") {
+            Some("the inlining switch needs S_MONO_INDIRECT=1 and S_MONO_INLINE_SMALL=1")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(GpuError::input(
+                "mono defines",
+                format!("`{kv}`: {why}; leave it out or set it to 0"),
+            ));
+        }
     }
     Ok(())
 }
@@ -1352,6 +1377,9 @@ mod tests {
             "S_UNROLL_HALF=1",
             "S_MONO_SPREAD=1",
             "S_PDL_AHEAD=3",
+            "S_MONO_INLINE_LIN=15",
+            "S_MONO_INLINE_LIN=63",
+            "S_MONO_INLINE_ATTN=2",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
@@ -1396,6 +1424,8 @@ mod tests {
             "S_H_PIPE_ONE=3",
             "S_H_PIPE_TILE=32",
             "S_MMA_WARPS=8",
+            "S_MONO_INLINE_LIN=64",
+            "S_MONO_INLINE_ATTN=4",
             "junk",
         ] {
             let e = mono_source(small, bad)
@@ -1449,6 +1479,33 @@ mod tests {
         assert!(e.contains("S_MONO_EARLY=1"), "{e}");
         assert!(defines_fit(Vendor::Cuda, "S_MONO_EARLY=1").is_ok());
         assert!(defines_fit(Vendor::Hip, "S_MONO_EARLY=0").is_ok());
+    }
+
+    /// Inlined linear or attention bodies are refused where the interpreter has no
+    /// inlining switch (HIP; CUDA without the indirect table or the inlined
+    /// small ops), with the define named; 0 and the CUDA default taken.
+    #[test]
+    fn inlined_bodies_need_the_inlining_switch() {
+        for (vendor, extra) in [
+            (Vendor::Hip, "S_MONO_INLINE_LIN=3"),
+            (Vendor::Cuda, "S_MONO_INDIRECT=0 S_MONO_INLINE_LIN=1"),
+            (Vendor::Cuda, "S_MONO_INLINE_LIN=63 S_MONO_INLINE_SMALL=0"),
+            (Vendor::Hip, "S_MONO_INLINE_ATTN=2"),
+        ] {
+            let e = defines_fit(vendor, extra)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("S_MONO_INLINE_"), "{extra}: {e}");
+        }
+        for (vendor, extra) in [
+            (Vendor::Hip, "S_MONO_INLINE_LIN=0"),
+            (Vendor::Cuda, "S_MONO_INLINE_LIN=15"),
+            (Vendor::Cuda, "S_MONO_INDIRECT=0"),
+            (Vendor::Cuda, "S_MONO_INDIRECT=0 S_MONO_INLINE_LIN=0"),
+        ] {
+            assert!(defines_fit(vendor, extra).is_ok(), "{extra}");
+        }
     }
 
     /// The op profile's arithmetic on stamps worked by hand: 2 ops over 3

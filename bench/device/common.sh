@@ -101,13 +101,16 @@ m3_variants() {
   done
 }
 
-# m3_variants over small-step define sets: m3_defines_ab ROUNDS "BENCH ARGS"
-# NAME=DEFINES... (DEFINES empty: the build's defaults) runs each NAME with
-# M3_SMALL_STEP_DEFINES=DEFINES, which feeds the mono build too.
-m3_defines_ab() {
-  local rounds=$1 args=$2 kv
-  shift 2
+# m3_variants over define sets in an environment variable: m3_env_ab VAR
+# ROUNDS "BENCH ARGS" NAME=DEFINES... (DEFINES empty: the build's defaults)
+# runs each NAME with VAR=DEFINES. Check each string on the simulator
+# before the call (bench/NOTES.md session 35: a whitelist refusal costs
+# the call).
+m3_env_ab() {
+  local var=$1 rounds=$2 args=$3 kv
+  shift 3
   declare -gA M3_AB_DEFS=()
+  declare -g M3_AB_VAR=$var
   local names=()
   for kv in "$@"; do
     M3_AB_DEFS[${kv%%=*}]=${kv#*=}
@@ -117,10 +120,18 @@ m3_defines_ab() {
     local v=$1
     shift
     [ -n "${M3_AB_DEFS[$v]+x}" ] || { echo "no variant $v" >&2; return 1; }
-    if [ -z "${M3_AB_DEFS[$v]}" ]; then "$@"; else M3_SMALL_STEP_DEFINES="${M3_AB_DEFS[$v]}" "$@"; fi
+    if [ -z "${M3_AB_DEFS[$v]}" ]; then "$@"; else env "$M3_AB_VAR=${M3_AB_DEFS[$v]}" "$@"; fi
   }
   m3_variants "$rounds" "$args" "${names[@]}"
 }
+
+# Small-step define sets (M3_SMALL_STEP_DEFINES, which feeds the mono build
+# too): m3_defines_ab ROUNDS "BENCH ARGS" NAME=DEFINES...
+m3_defines_ab() { m3_env_ab M3_SMALL_STEP_DEFINES "$@"; }
+
+# The mono build's define sets (M3_MONO_DEFINES): m3_mono_ab ROUNDS
+# "BENCH ARGS" NAME=DEFINES...
+m3_mono_ab() { m3_env_ab M3_MONO_DEFINES "$@"; }
 
 # The figures of record (PERF.md's protocol): the bench model at batch
 # 1-64, 4k and 128k, 3 rounds, into $OUT/table.json and table.log.

@@ -14,17 +14,6 @@ set -u
 . bench/device/common.sh
 m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-variant() {
-  local v=$1
-  shift
-  case $v in
-    base) "$@" ;;
-    i15) M3_MONO_DEFINES="S_MONO_INLINE_LIN=15" "$@" ;;
-    i63) M3_MONO_DEFINES="S_MONO_INLINE_LIN=63" "$@" ;;
-    attn) M3_MONO_DEFINES="S_MONO_INLINE_ATTN=2" "$@" ;;
-    *) echo "no variant $v" >&2; return 1 ;;
-  esac
-}
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
-m3_variants 2 "$B" base i15 i63 attn > $OUT/ab.log 2>&1
+m3_mono_ab 2 "$B" base= i15=S_MONO_INLINE_LIN=15 i63=S_MONO_INLINE_LIN=63 attn=S_MONO_INLINE_ATTN=2 > $OUT/ab.log 2>&1
 grep -E "^===|compiled|\[mono\]|differ|rror|failed" $OUT/ab.log | cut -c1-150

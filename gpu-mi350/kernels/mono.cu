@@ -282,8 +282,9 @@ template <int F, bool ANY, int RC = S_RC_ANY> struct SMonoLin {
     else s_mmh_linear<F, ANY || S_FORCE_ANY, RC>(x, sg, K, M, route, mr, xdiv, ts);
   }
 };
-#define S_MONO_LIN(name, F, ANY) \
-  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoLin<F, ANY>{p}); }
+#define S_MONO_LIN(name, F, ANY)           \
+  using SMonoRun_##name = SMonoLin<F, ANY>; \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoRun_##name{p}); }
 S_MONO_LIN(m3s_mma_bf16, S_FMT_BF16, true)
 S_MONO_LIN(m3s_mma_e4m3, S_FMT_E4M3, false)
 S_MONO_LIN(m3s_mma_e4m3_any, S_FMT_E4M3, true)
@@ -306,8 +307,9 @@ S_MONO_LIN(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 // rows, and a 2-8-row routed launch can give a CTA one row: the one-row
 // walk there, not the one-tile walk the `_r8` entry runs, and for NVFP4
 // those two differ in their last bits).
-#define S_MONO_LIN_RC(name, F, RC) \
-  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoLin<F, false, RC>{p}); }
+#define S_MONO_LIN_RC(name, F, RC)               \
+  using SMonoRun_##name = SMonoLin<F, false, RC>; \
+  static __device__ __noinline__ void s_mono_##name(const unsigned char* p) { s_mono_blocks(SMonoRun_##name{p}); }
 S_MONO_LIN_RC(m3s_mma_e4m3_r1, S_FMT_E4M3, S_RC_ONE)
 S_MONO_LIN_RC(m3s_mma_e4m3_r8, S_FMT_E4M3, S_RC_TILE)
 S_MONO_LIN_RC(m3s_mma_e5m2_r1, S_FMT_E5M2, S_RC_ONE)
@@ -421,34 +423,22 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
     S_MONO_INLINE(m3s_attn_partial_split)
 #endif
 #if S_MONO_INLINE_LIN & 1
-    case S_MONO_ID_m3s_mma_e4m3_r1:
-      s_mono_blocks(SMonoLin<S_FMT_E4M3, false, S_RC_ONE>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_e4m3_r1)
 #endif
 #if S_MONO_INLINE_LIN & 2
-    case S_MONO_ID_m3s_mma_fp4_r1:
-      s_mono_blocks(SMonoLin<S_FMT_FP4, false, S_RC_ONE>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_fp4_r1)
 #endif
 #if S_MONO_INLINE_LIN & 4
-    case S_MONO_ID_m3s_mma_e4m3_r8:
-      s_mono_blocks(SMonoLin<S_FMT_E4M3, false, S_RC_TILE>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_e4m3_r8)
 #endif
 #if S_MONO_INLINE_LIN & 8
-    case S_MONO_ID_m3s_mma_fp4_r8:
-      s_mono_blocks(SMonoLin<S_FMT_FP4, false, S_RC_TILE>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_fp4_r8)
 #endif
 #if S_MONO_INLINE_LIN & 16
-    case S_MONO_ID_m3s_mma_e4m3:
-      s_mono_blocks(SMonoLin<S_FMT_E4M3, false>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_e4m3)
 #endif
 #if S_MONO_INLINE_LIN & 32
-    case S_MONO_ID_m3s_mma_fp4:
-      s_mono_blocks(SMonoLin<S_FMT_FP4, false>{p});
-      return;
+    S_MONO_INLINE(m3s_mma_fp4)
 #endif
     default: break;
   }

@@ -9,8 +9,8 @@ code split at each RET: op bodies of the mono kernel are functions) its
 share of the samples, local-memory (LDL / STL), global-load and
 tensor-core instructions executed, and its own five largest stall
 reasons (% of its samples: `no_inst` is code not yet fetched); then the
-TOP lines by samples with their two largest stall reasons; then the executed instruction mix by opcode,
-divided by N when given (e.g. the warp-iterations of the main loop, for
+TOP lines by samples with their two largest stall reasons; then the
+executed instruction mix by opcode, divided by N when given (e.g. the warp-iterations of the main loop, for
 instructions a warp and iteration: bench/NOTES.md session 20 run 5).
 (bench/NOTES.md session 9, runs 3 and 7.)
 """

@@ -2110,8 +2110,9 @@ struct SRouterWarp {
 // gate bitwise), ms a MoE layer: mono b1 0.2776 -> 0.2576 (-7.2%), b4 -3.3%,
 // b16 -2.5% (the router's share of a b1 mono layer's critical path 19.8
 // us; 35.2 in another call's profile of the old form); the standard path
-// b1 0.1553 -> 0.1516 (-2.4%), b4 -1.2%, b16 -1.3%. HIP keeps 0: unmeasured there, and the fit arrays take gfx950's
-// m3s_router_small to 40 spilled SGPRs (38 before; `cargo xtask kernels`);
+// b1 0.1553 -> 0.1516 (-2.4%), b4 -1.2%, b16 -1.3%. HIP keeps 0:
+// unmeasured there, and the fit arrays take gfx950's m3s_router_small to
+// 40 spilled SGPRs (38 before; `cargo xtask kernels`);
 // its fence stays every thread's whatever the define (an AMD wave waits
 // only for its own stores, so one thread's fence would not cover the rest).
 #ifndef S_ROUTER_FIT

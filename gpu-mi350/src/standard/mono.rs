@@ -178,31 +178,55 @@ fn is_linear(name: &str) -> bool {
 /// are software-pipelined (format bitmasks), whether the router's arrays
 /// are sized to the model's experts, which linear and attention bodies are
 /// inlined into the interpreter (masks).
-const MONO_TUNABLES: [(&str, &[&str]); 15] = [
-    ("S_MONO_INDIRECT", &["0", "1"]),
-    ("S_MONO_MINB", &["1", "2"]),
-    ("S_UNROLL_MUL", &["1", "2"]),
-    ("S_UNROLL_HALF", &["0", "1"]),
-    ("S_MONO_SPREAD", &["0", "1"]),
-    ("S_MONO_EARLY", &["0", "1"]),
-    ("S_MONO_SKIP", &["0", "1"]),
-    ("S_MONO_INLINE_SMALL", &["0", "1"]),
-    ("S_MONO_OPS_SMEM", &["0", "1"]),
-    ("S_PDL_AHEAD", &["1", "2", "3", "4", "6", "8", "12", "16"]),
-    ("S_H_PIPE_ONE", PIPE_MASKS),
-    ("S_H_PIPE_TILE", PIPE_MASKS),
-    ("S_ROUTER_FIT", &["0", "1"]),
-    ("S_MONO_INLINE_LIN", LIN_MASKS),
-    ("S_MONO_INLINE_ATTN", &["0", "1", "2", "3"]),
+const MONO_TUNABLES: [(&str, Takes); 15] = [
+    ("S_MONO_INDIRECT", Takes::List(&["0", "1"])),
+    ("S_MONO_MINB", Takes::List(&["1", "2"])),
+    ("S_UNROLL_MUL", Takes::List(&["1", "2"])),
+    ("S_UNROLL_HALF", Takes::List(&["0", "1"])),
+    ("S_MONO_SPREAD", Takes::List(&["0", "1"])),
+    ("S_MONO_EARLY", Takes::List(&["0", "1"])),
+    ("S_MONO_SKIP", Takes::List(&["0", "1"])),
+    ("S_MONO_INLINE_SMALL", Takes::List(&["0", "1"])),
+    ("S_MONO_OPS_SMEM", Takes::List(&["0", "1"])),
+    (
+        "S_PDL_AHEAD",
+        Takes::List(&["1", "2", "3", "4", "6", "8", "12", "16"]),
+    ),
+    ("S_H_PIPE_ONE", Takes::List(PIPE_MASKS)),
+    ("S_H_PIPE_TILE", Takes::List(PIPE_MASKS)),
+    ("S_ROUTER_FIT", Takes::List(&["0", "1"])),
+    ("S_MONO_INLINE_LIN", Takes::UpTo(63)),
+    ("S_MONO_INLINE_ATTN", Takes::UpTo(3)),
 ];
 
-/// The values of `S_MONO_INLINE_LIN` (a bitmask of 6 linear bodies).
-const LIN_MASKS: &[&str] = &[
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
-    "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32",
-    "33", "34", "35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "45", "46", "47", "48",
-    "49", "50", "51", "52", "53", "54", "55", "56", "57", "58", "59", "60", "61", "62", "63",
-];
+/// The values a mono tunable takes: these strings, or a decimal integer
+/// 0 to max written plainly (no sign or leading zero: C would read `015`
+/// as octal).
+#[derive(Clone, Copy)]
+enum Takes {
+    List(&'static [&'static str]),
+    UpTo(u32),
+}
+
+impl Takes {
+    fn takes(self, v: &str) -> bool {
+        match self {
+            Takes::List(vals) => vals.contains(&v),
+            Takes::UpTo(max) => v
+                .parse::<u32>()
+                .is_ok_and(|n| n <= max && n.to_string() == v),
+        }
+    }
+}
+
+impl std::fmt::Display for Takes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Takes::List(vals) => f.write_str(&vals.join("|")),
+            Takes::UpTo(max) => write!(f, "0-{max}"),
+        }
+    }
+}
 
 /// The values of a pipelined-walk bitmask (bit 1 << S_FMT_*, the MX formats).
 const PIPE_MASKS: &[&str] = &[
@@ -232,12 +256,12 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
         let known = kv.split_once('=').is_some_and(|(k, v)| {
             MONO_TUNABLES
                 .iter()
-                .any(|(name, vals)| *name == k && vals.contains(&v))
+                .any(|(name, vals)| *name == k && vals.takes(v))
         });
         if !known {
             let takes: Vec<String> = MONO_TUNABLES
                 .iter()
-                .map(|(name, vals)| format!("{name}={}", vals.join("|")))
+                .map(|(name, vals)| format!("{name}={vals}"))
                 .collect();
             return Err(GpuError::input(
                 "mono defines",
@@ -1425,6 +1449,8 @@ mod tests {
             "S_H_PIPE_TILE=32",
             "S_MMA_WARPS=8",
             "S_MONO_INLINE_LIN=64",
+            "S_MONO_INLINE_LIN=015",
+            "S_MONO_INLINE_LIN=+3",
             "S_MONO_INLINE_ATTN=4",
             "junk",
         ] {

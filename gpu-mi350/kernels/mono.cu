@@ -561,21 +561,6 @@ M3_DEV void s_mono_arrive(unsigned long long* bar) {
 __shared__ SMonoOp s_mono_prog[S_MONO_MAX_OPS];
 #endif
 
-/// The global nanosecond timer (comparable across SMs, unlike clock64).
-/// HIP: the device's constant-rate real-time counter (`s_memrealtime`,
-/// 100 MHz on CDNA3 / CDNA4: ticks x 10 ns), comparable across CUs too.
-M3_DEV unsigned long long s_mono_now() {
-#if defined(M3_SIM)
-  return 0ull;  // the simulator keeps no time
-#elif defined(M3_HIP)
-  return __builtin_amdgcn_s_memrealtime() * 10ull;
-#else
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-#endif
-}
-
 /// One decoder layer (or several, PathOptions::mono_layers_per_launch:
 /// their programs one after another): ops[0..nops) in order, each over its virtual grid
 /// (blocks v = x + gx * (y + gy * z); an op of B threads a block runs
@@ -587,8 +572,10 @@ M3_DEV unsigned long long s_mono_now() {
 /// barrier counter (zeroed once at load).
 /// `prof` (null: no profile): nops rows of gridDim.x + 1 u64 timestamps a
 /// launch, row i = [when CTA 0 starts op i, when each CTA finished its share
-/// of op i]; the host (src/standard/mono.rs `mono_op_profile`) turns them
-/// into work, straggle and barrier times per op.
+/// of op i], then nops rows of gridDim.x: when a body of op i first passed
+/// its dependency wait on each CTA (0: none ran there, or no early start);
+/// the host (src/standard/mono.rs `mono_op_profile`) turns them into work,
+/// straggle, barrier, wake and run times per op.
 #if defined(M3_HIP)
 #define S_MONO_BOUNDS __attribute__((amdgpu_flat_work_group_size(1, S_MONO_THREADS)))
 #else
@@ -610,6 +597,8 @@ extern "C" __global__ void S_MONO_BOUNDS
     s_mono_seen = 0u;
     s_mono_claim = 0u;
     s_mono_bar = bar;
+    s_mono_profiling = prof != nullptr ? 1u : 0u;
+    s_mono_woke = 0ull;
   }
 #endif
 #if defined(M3_HIP)
@@ -640,7 +629,7 @@ extern "C" __global__ void S_MONO_BOUNDS
       // the CTA
       const u32 v0 = s_mono_first(s_mono_cta, 0u, S_MONO_THREADS >> o.lg, s_mono_spreads(o.flags));
       s_mono_has = !S_MONO_SKIP || v0 < o.gx * o.gy * o.gz ? 1u : 0u;
-      if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = s_mono_now();
+      if (prof != nullptr && blockIdx.x == 0) prof[(u64)i * (gridDim.x + 1u)] = m3_mono_now();
     }
     S_MONO_CTA_SYNC();
     if (!S_MONO_SKIP || m3_mono_vol(s_mono_has) != 0u) s_mono_run(m3_mono_vol(s_mono_op.fn), args + m3_mono_vol(s_mono_op.arg));
@@ -654,7 +643,16 @@ extern "C" __global__ void S_MONO_BOUNDS
     if (i == 0u) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     S_MONO_CTA_SYNC();  // the CTA's share is done; s_mono_op is free
-    if (prof != nullptr && threadIdx.x == 0) prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = s_mono_now();
+    if (prof != nullptr && threadIdx.x == 0) {
+      prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = m3_mono_now();
+      // the second table: when a body of the op first passed its wait here
+#if S_MONO_EARLY
+      prof[(u64)nops * (gridDim.x + 1u) + (u64)i * gridDim.x + blockIdx.x] = s_mono_woke;
+      s_mono_woke = 0ull;
+#else
+      prof[(u64)nops * (gridDim.x + 1u) + (u64)i * gridDim.x + blockIdx.x] = 0ull;
+#endif
+    }
     // none after the last op, nor between the two ops of a phase
     if (i + 1u < nops && (flags & S_MONO_SHARES_PHASE) == 0u) {
 #if S_MONO_EARLY

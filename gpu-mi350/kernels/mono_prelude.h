@@ -78,6 +78,20 @@ M3_DEV void m3_mono_trap() {
   __trap();
 #endif
 }
+/// The global nanosecond timer (comparable across SMs, unlike clock64).
+/// HIP: the device's constant-rate real-time counter (`s_memrealtime`,
+/// 100 MHz on CDNA3 / CDNA4: ticks x 10 ns), comparable across CUs too.
+M3_DEV unsigned long long m3_mono_now() {
+#if defined(M3_SIM)
+  return 0ull;  // the simulator keeps no time
+#elif defined(M3_HIP)
+  return __builtin_amdgcn_s_memrealtime() * 10ull;
+#else
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
 M3_DEV u32 m3_mono_bsz() { return 1u << s_mono_lg; }
 M3_DEV u32 m3_mono_sub() { return threadIdx.x >> s_mono_lg; }
 M3_DEV uint3 m3_mono_tid() { return make_uint3(threadIdx.x & (m3_mono_bsz() - 1u), 0u, 0u); }
@@ -187,6 +201,12 @@ M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u
 __shared__ u32 s_mono_need, s_mono_seen, s_mono_claim;
 __shared__ unsigned long long s_mono_target;
 __shared__ unsigned long long* s_mono_bar;
+/// The op profile's wake stamp (the launch has a profile buffer:
+/// s_mono_profiling 1): when a body of the current op first passed its
+/// dependency wait on this CTA (0: none yet). The interpreter's thread 0
+/// stores it with the CTA's finish stamp and sets it back to 0.
+__shared__ u32 s_mono_profiling;
+__shared__ unsigned long long s_mono_woke;
 /// Poll the grid's counter until the newest barrier this CTA arrived at
 /// is complete, acquire, and mark it seen (one thread: the interpreter's
 /// thread 0 or a body's claimed poller).
@@ -211,12 +231,19 @@ M3_DEV void m3_mono_poll() {
 /// layer's first phase waits for the launch before (griddepcontrol.wait,
 /// each thread); a later one for the CTA's newest grid barrier: the first
 /// thread to claim it polls, the rest wait for it on shared memory.
+/// The wake stamp of a body's first pass of its wait (thread 0 of each
+/// sub-block offers it; the first one stays), in a profiled launch only.
+M3_DEV void m3_mono_woke() {
+  if (m3_mono_vol(s_mono_profiling) != 0u && threadIdx.x == 0u)
+    atomicCAS(&s_mono_woke, 0ull, m3_mono_now());
+}
 M3_DEV void m3_mono_wait() {
   const u32 need = m3_mono_vol(s_mono_need);
   if (need == 0u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    m3_mono_woke();
     return;
   }
   if (m3_mono_vol(s_mono_seen) != need) {
@@ -234,6 +261,7 @@ M3_DEV void m3_mono_wait() {
   // the poller acquired at gpu scope, then wrote `seen`: ordered after it
   asm volatile("fence.acq_rel.cta;" ::: "memory");
 #endif
+  m3_mono_woke();
 }
 #define M3_PDL_WAIT() m3_mono_wait()
 #else

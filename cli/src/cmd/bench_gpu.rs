@@ -114,15 +114,20 @@ fn print_profile(case: &str, prof: &[(&'static str, f64)]) {
 fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
     let sum = |f: fn(&m3_gpu::standard::OpTime) -> f64| ops.iter().map(f).sum::<f64>();
     println!(
-        "mono ops {case}: {} ops x {layers} layers; critical path {:.1} us, work {:.1} us, straggle {:.1} us, barriers {:.1} us (sums over those layers)",
+        "mono ops {case}: {} ops x {layers} layers; critical path {:.1} us, work {:.1} us, straggle {:.1} us, barriers {:.1} us, wake {:.1} us, run {:.1} us (sums over those layers)",
         ops.len(),
         sum(|o| o.crit_us),
         sum(|o| o.work_us),
         sum(|o| o.straggle_us),
-        sum(|o| o.barrier_us)
+        sum(|o| o.barrier_us),
+        sum(|o| o.wake_us),
+        sum(|o| o.run_us)
     );
+    // wake / run: the last CTA to finish, from the op before's end to its
+    // body passing its wait, and from there to its finish; wake avg: the
+    // first interval over every CTA that ran a body
     println!(
-        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "  {:>3}  {:>18} {:>24} {:>16} {:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
         "op",
         "label",
         "body",
@@ -132,12 +137,15 @@ fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
         "crit us",
         "work us",
         "straggle",
-        "barrier"
+        "barrier",
+        "wake",
+        "run",
+        "wake avg"
     );
     for (i, o) in ops.iter().enumerate() {
         // ("+": the next op runs in this one's phase, no barrier between)
         println!(
-            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:>6} {:9.1} {:9.1} {:9.1} {:9.1}",
+            "  {i:>3}{} {:>18} {:>24} {:>16} {:>5} {:>6} {:9.1} {:9.1} {:9.1} {:9.1} {:8.1} {:8.1} {:8.1}",
             if o.shares_phase { "+" } else { " " },
             o.label,
             o.body,
@@ -147,7 +155,10 @@ fn print_mono_ops(case: &str, ops: &[m3_gpu::standard::OpTime], layers: usize) {
             o.crit_us,
             o.work_us,
             o.straggle_us,
-            o.barrier_us
+            o.barrier_us,
+            o.wake_us,
+            o.run_us,
+            o.wake_mean_us
         );
     }
 }

@@ -510,6 +510,18 @@ pub struct OpTime {
     /// start stamp comes before its wait, so `work_us` holds waiting; this
     /// does not). The ops' values add up to the layer.
     pub crit_us: f64,
+    /// The CTA that finished the op last: microseconds from the previous
+    /// op's last finish to when its body passed its dependency wait (how
+    /// late it saw the grid barrier, or the op before its phase, complete;
+    /// 0 where it waited before that finish, as a phase's second op may).
+    pub wake_us: f64,
+    /// The same CTA: microseconds from passing its wait to its finish (its
+    /// share of the op's work once its inputs existed). `wake_us + run_us`
+    /// is `crit_us` where that CTA's wait came after the previous op's end.
+    pub run_us: f64,
+    /// Mean over the CTAs that ran a body of the op of `wake_us`'s interval
+    /// (how late the grid as a whole saw the barrier complete).
+    pub wake_mean_us: f64,
 }
 
 /// The mono path of one standard path.
@@ -1060,7 +1072,7 @@ impl StandardPath {
         let g = mono.grid as usize;
         if let Some(ps) = mono.programs.get_mut(&t) {
             for p in ps.layers.iter_mut().filter(|p| p.prof.is_none()) {
-                p.prof = Some(DevBuf::zeroed(&ctx, p.nops as usize * (g + 1) * 8)?);
+                p.prof = Some(DevBuf::zeroed(&ctx, p.nops as usize * (2 * g + 1) * 8)?);
             }
         }
         self.enqueue_mono(t, s.logits_rows, true)?;
@@ -1092,17 +1104,27 @@ impl StandardPath {
                 straggle_us: 0.0,
                 barrier_us: 0.0,
                 crit_us: 0.0,
+                wake_us: 0.0,
+                run_us: 0.0,
+                wake_mean_us: 0.0,
             })
             .collect();
         for p in progs.iter().filter(|p| p.about.as_slice() == about) {
             let Some(buf) = &p.prof else { continue };
-            let mut ts = vec![0u64; p.nops as usize * (g + 1)];
-            buf.read(self.l.stream(), 0, &mut ts)?;
-            for (o, (w, s, b, c)) in out.iter_mut().zip(op_times(&ts, g)) {
+            let mut all = vec![0u64; p.nops as usize * (2 * g + 1)];
+            buf.read(self.l.stream(), 0, &mut all)?;
+            let (ts, woke) = all.split_at(p.nops as usize * (g + 1));
+            for (o, ((w, s, b, c), (wk, r, wm))) in out
+                .iter_mut()
+                .zip(op_times(ts, g).into_iter().zip(wake_times(ts, woke, g)))
+            {
                 o.crit_us += c;
                 o.work_us += w;
                 o.straggle_us += s;
                 o.barrier_us += b;
+                o.wake_us += wk;
+                o.run_us += r;
+                o.wake_mean_us += wm;
             }
         }
         Ok((out, layers))
@@ -1138,6 +1160,44 @@ fn op_times(ts: &[u64], grid: usize) -> Vec<(f64, f64, f64, f64)> {
             let crit = us(prev_last, hi);
             prev_last = prev_last.max(hi);
             (us(row[0], hi), us(lo, hi), barrier, crit)
+        })
+        .collect()
+}
+
+/// (wake, run, mean wake) in us per op of one launch: `ts` as
+/// [`op_times`] takes it, `woke` nops rows of `grid` stamps (when a body of
+/// the op first passed its dependency wait on each CTA; 0: none ran
+/// there). Wake and run are those of the CTA that finished last (the one
+/// on the critical path; 0 and 0 where it holds no stamp): the previous
+/// op's last finish (the first op: its start) to its wake, and its wake to
+/// its finish; the mean wake is over the CTAs with a stamp. Stamps out of
+/// order count as 0.
+fn wake_times(ts: &[u64], woke: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
+    let us = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1e-3;
+    let mut prev_last = ts.first().copied().unwrap_or(0);
+    ts.chunks_exact(grid + 1)
+        .zip(woke.chunks_exact(grid.max(1)))
+        .map(|(row, wk)| {
+            let fin = &row[1..];
+            // the last finisher (the lowest CTA among equals)
+            let last = (0..fin.len()).fold(0, |b, c| if fin[c] > fin[b] { c } else { b });
+            let hi = fin.get(last).copied().unwrap_or(0);
+            let (wake, run) = match wk.get(last) {
+                Some(&w) if w > 0 => (us(prev_last, w), us(w, hi)),
+                _ => (0.0, 0.0),
+            };
+            let stamped: Vec<f64> = wk
+                .iter()
+                .filter(|&&w| w > 0)
+                .map(|&w| us(prev_last, w))
+                .collect();
+            let mean = if stamped.is_empty() {
+                0.0
+            } else {
+                stamped.iter().sum::<f64>() / stamped.len() as f64
+            };
+            prev_last = prev_last.max(hi);
+            (wake, run, mean)
         })
         .collect()
 }
@@ -1549,6 +1609,33 @@ mod tests {
         assert_ne!(op_times(&bad, 3), t);
         // a stamp before its op's start counts as 0, not a negative time
         assert_eq!(op_times(&[5, 1, 2], 2), vec![(0.0, 0.001, 0.0, 0.0)]);
+    }
+
+    /// The wake split on stamps worked by hand: the same 2 ops over 3 CTAs
+    /// as `op_times_from_stamps`, with when each CTA's body passed its wait.
+    #[test]
+    fn wake_times_from_stamps() {
+        let ts = [1000, 3000, 1500, 2000, 3400, 5000, 5000, 4000];
+        // op 0: CTA 0 (last to finish, at 3000) woke at 1200, CTA 2 at
+        // 1600, CTA 1 ran no body; op 1: CTAs 0 and 1 finish at 5000 (the
+        // lower one counts), CTA 0 woke at 3600, CTA 1 at 3800, CTA 2 at 3300
+        let woke = [1200, 0, 1600, 3600, 3800, 3300];
+        let t = wake_times(&ts, &woke, 3);
+        let close = |a: (f64, f64, f64), b: (f64, f64, f64)| {
+            (a.0 - b.0).abs() < 1e-9 && (a.1 - b.1).abs() < 1e-9 && (a.2 - b.2).abs() < 1e-9
+        };
+        // op 0 from its start (1000): wake 0.2, run 1.8, mean (0.2 + 0.6) / 2
+        assert!(close(t[0], (0.2, 1.8, 0.4)), "{:?}", t[0]);
+        // op 1 from op 0's last finish (3000): wake 0.6, run 1.4, mean
+        // (0.6 + 0.8 + 0.3) / 3
+        assert!(close(t[1], (0.6, 1.4, 1.7 / 3.0)), "{:?}", t[1]);
+        // the last finisher without a stamp: no split; a planted stamp moves it
+        let mut none = woke;
+        none[0] = 0;
+        assert!(close(wake_times(&ts, &none, 3)[0], (0.0, 0.0, 0.6)));
+        let mut bad = woke;
+        bad[3] = 3700;
+        assert!(!close(wake_times(&ts, &bad, 3)[1], t[1]));
     }
 
     /// Arguments are laid out as mono.cu's `SMonoPack` reads them: 4-byte

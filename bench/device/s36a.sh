@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Session 36 (issue 13), any card, ~150 s. The mono op profile with its
-# new wake split (mono.cu / mono_prelude.h: when each CTA's body passed its
-# dependency wait; mono.rs `wake_times`): for the CTA that finished each op
-# last, how long after the op before ended it saw the barrier complete
-# (wake) and how long its share then ran (run), and the mean wake over
-# the CTAs that ran a body. Session 35's b1 profile had the small ops at
-# ~9-12 us each of the critical path (RMSNorm of one row 9.1, head norm
-# 9.5, the merge 11.1): barrier propagation or body? The default build,
-# m3.1 --layers 12, 4k, b1 / b4 / b16 -> prof-b{1,4,16}.log.
+# Session 36 (issue 13), any card, ~420 s. Two things, one build:
+# 1. The mono op profile's new wake split (mono.cu / mono_prelude.h: when
+#    each CTA's body passed its dependency wait; mono.rs `wake_times`):
+#    for the CTA that finished each op last, how long after the op before
+#    ended it saw the barrier complete (wake) and how long its share then
+#    ran (run); the mean wake over the CTAs that ran a body. Session 35's
+#    b1 profile had the small ops at ~9-12 us each of the critical path
+#    (RMSNorm of one row 9.1, head norm 9.5, the merge 11.1): the barrier
+#    or the body?
+# 2. `S_MONO_WAKE_ACQ=1` (acq): the poller re-reads the count with one
+#    acquire load instead of `fence.acq_rel.gpu` (NVRTC 13.0: the 51
+#    MEMBAR.ALL.GPU of the inlined waits gone) and releases `seen` at CTA
+#    scope; the waiters read it with acquire loads, no fence. Interleaved
+#    with the default (base), 2 rounds, b1 / b4 / b16, each after a 16-step
+#    gate -> ab.log; then profiles (base b1 / b4 / b16, acq b1) -> prof-*.log.
 set -u
 . bench/device/common.sh
 m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-# compile m3.1's kernels first (a cold cache)
-timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 4 --batch 1,4,16 --iters 1 --rounds 1 \
-  --warmup 1 --parity-steps 0 --path both > $OUT/compile.log 2>&1 || tail -5 $OUT/compile.log
-for b in 1 4 16; do
-  echo "=== b$b ($(date +%T))"
-  timeout 90 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 \
-    --warmup 0 --batch $b --path mono --profile > $OUT/prof-b$b.log 2>&1
-  grep -A20 "^mono ops" $OUT/prof-b$b.log | cut -c1-190
+B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
+m3_mono_ab 2 "$B" base= acq=S_MONO_WAKE_ACQ=1 > $OUT/ab.log 2>&1
+grep -E "^===|compiled|\[mono\]|differ|rror|failed" $OUT/ab.log | cut -c1-150
+P="--backend gpu --preset m3.1 --layers 12 --context 4096 --iters 1 --rounds 1 --warmup 0 --path mono --profile"
+for vb in base:1 base:4 base:16 acq:1; do
+  v=${vb%%:*} b=${vb#*:}
+  variant $v timeout 60 /tmp/bin/m3 bench $P --batch $b > $OUT/prof-$v-b$b.log 2>&1
+  echo "=== profile $v b$b (exit $?)"; grep -A20 "^mono ops" $OUT/prof-$v-b$b.log | cut -c1-190
 done

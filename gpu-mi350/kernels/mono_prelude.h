@@ -192,6 +192,20 @@ M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u
 #if S_MONO_EARLY && defined(M3_HIP)
 #error "S_MONO_EARLY: CUDA only (its waiters spin apart from their poller, which wave64 lockstep cannot)"
 #endif
+// How the wait acquires once the grid barrier is complete. 0: the poller
+// fences at GPU scope (`fence.acq_rel.gpu`: MEMBAR.ALL.GPU, which also
+// waits for the poller's own loads still in flight, such as a linear's
+// weights loaded before its wait, and an L1 invalidation), then writes
+// `seen`, and every thread of the body fences at CTA scope
+// (MEMBAR.ALL.CTA) after its wait. 1: the poller re-reads the count with
+// one acquire load (NVRTC 13.0: the invalidation, no GPU-scope MEMBAR)
+// and releases `seen` at CTA scope; the waiters read `seen` with acquire
+// loads and do not fence. The same ordering by the PTX memory model's
+// causality (arrivals' releases -> the poller's acquire -> its release
+// of `seen` -> a waiter's acquire). Unmeasured: default 0.
+#ifndef S_MONO_WAKE_ACQ
+#define S_MONO_WAKE_ACQ 0
+#endif
 #if S_MONO_EARLY
 // The CTA's barrier state (thread 0 of the interpreter writes it between
 // two CTA-wide barriers; a body's threads read it): the grid barriers this
@@ -222,21 +236,47 @@ M3_DEV void m3_mono_poll() {
   do {
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(s_mono_bar) : "memory");
   } while (cur < target);
+#if S_MONO_WAKE_ACQ
+  // one acquire load of the count (it synchronizes with the arrivals'
+  // releases), then `seen` released at CTA scope for the waiters
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(s_mono_bar) : "memory");
+  *reinterpret_cast<volatile u32*>(&s_mono_claim) = need;
+  asm volatile("st.release.cta.shared.u32 [%0], %1;"
+               ::"r"((u32)__cvta_generic_to_shared(&s_mono_seen)), "r"(need)
+               : "memory");
+  return;
+#else
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#endif
 #endif
   *reinterpret_cast<volatile u32*>(&s_mono_claim) = need;
   *reinterpret_cast<volatile u32*>(&s_mono_seen) = need;
 }
-/// A body's dependency wait: nothing on a step's data before it. The
-/// layer's first phase waits for the launch before (griddepcontrol.wait,
-/// each thread); a later one for the CTA's newest grid barrier: the first
-/// thread to claim it polls, the rest wait for it on shared memory.
 /// The wake stamp of a body's first pass of its wait (thread 0 of each
 /// sub-block offers it; the first one stays), in a profiled launch only.
 M3_DEV void m3_mono_woke() {
   if (m3_mono_vol(s_mono_profiling) != 0u && threadIdx.x == 0u)
     atomicCAS(&s_mono_woke, 0ull, m3_mono_now());
 }
+/// `seen` as a waiter reads it: with S_MONO_WAKE_ACQ an acquire at CTA
+/// scope (it pairs with the poller's release store), else a plain read
+/// (the wait's closing fence orders what follows).
+M3_DEV u32 m3_mono_seen() {
+#if S_MONO_WAKE_ACQ && !defined(M3_SIM)
+  u32 v;
+  asm volatile("ld.acquire.cta.shared.u32 %0, [%1];"
+               : "=r"(v)
+               : "r"((u32)__cvta_generic_to_shared(&s_mono_seen))
+               : "memory");
+  return v;
+#else
+  return m3_mono_vol(s_mono_seen);
+#endif
+}
+/// A body's dependency wait: nothing on a step's data before it. The
+/// layer's first phase waits for the launch before (griddepcontrol.wait,
+/// each thread); a later one for the CTA's newest grid barrier: the first
+/// thread to claim it polls, the rest wait for it on shared memory.
 M3_DEV void m3_mono_wait() {
   const u32 need = m3_mono_vol(s_mono_need);
   if (need == 0u) {
@@ -246,10 +286,10 @@ M3_DEV void m3_mono_wait() {
     m3_mono_woke();
     return;
   }
-  if (m3_mono_vol(s_mono_seen) != need) {
+  if (m3_mono_seen() != need) {
     if (atomicCAS(&s_mono_claim, need - 1u, need) == need - 1u) m3_mono_poll();
     else
-      while (m3_mono_vol(s_mono_seen) != need) {
+      while (m3_mono_seen() != need) {
 #if defined(M3_SIM)
         m3sim::trap("a mono waiter with no poller (the simulator runs one CTA at a time)");
 #else
@@ -257,7 +297,7 @@ M3_DEV void m3_mono_wait() {
 #endif
       }
   }
-#if !defined(M3_SIM)
+#if !defined(M3_SIM) && !S_MONO_WAKE_ACQ
   // the poller acquired at gpu scope, then wrote `seen`: ordered after it
   asm volatile("fence.acq_rel.cta;" ::: "memory");
 #endif

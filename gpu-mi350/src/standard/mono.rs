@@ -177,8 +177,8 @@ fn is_linear(name: &str) -> bool {
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
 /// are sized to the model's experts, which linear and attention bodies are
-/// inlined into the interpreter (masks).
-const MONO_TUNABLES: [(&str, Takes); 15] = [
+/// inlined into the interpreter (masks), how a body's wait acquires.
+const MONO_TUNABLES: [(&str, Takes); 16] = [
     ("S_MONO_INDIRECT", Takes::List(&["0", "1"])),
     ("S_MONO_MINB", Takes::List(&["1", "2"])),
     ("S_UNROLL_MUL", Takes::List(&["1", "2"])),
@@ -197,6 +197,7 @@ const MONO_TUNABLES: [(&str, Takes); 15] = [
     ("S_ROUTER_FIT", Takes::List(&["0", "1"])),
     ("S_MONO_INLINE_LIN", Takes::UpTo(63)),
     ("S_MONO_INLINE_ATTN", Takes::UpTo(3)),
+    ("S_MONO_WAKE_ACQ", Takes::List(&["0", "1"])),
 ];
 
 /// The values a mono tunable takes: these strings, or a decimal integer
@@ -1464,6 +1465,7 @@ mod tests {
             "S_MONO_INLINE_LIN=15",
             "S_MONO_INLINE_LIN=63",
             "S_MONO_INLINE_ATTN=2",
+            "S_MONO_WAKE_ACQ=1",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }

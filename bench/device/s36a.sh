@@ -14,6 +14,9 @@
 #    scope; the waiters read it with acquire loads, no fence. Interleaved
 #    with the default (base), 2 rounds, b1 / b4 / b16, each after a 16-step
 #    gate -> ab.log; then profiles (base b1 / b4 / b16, acq b1) -> prof-*.log.
+# 3. `M3_TWICE_LAUNCHES` (new): the small ops each recorded twice in a row
+#    (a barrier between), b1 profile -> prof-twice-b1.log: each op's cold
+#    run (its code and inputs from L2 or further) against its warm repeat.
 set -u
 . bench/device/common.sh
 m3_setup
@@ -27,3 +30,6 @@ for vb in base:1 base:4 base:16 acq:1; do
   variant $v timeout 60 /tmp/bin/m3 bench $P --batch $b > $OUT/prof-$v-b$b.log 2>&1
   echo "=== profile $v b$b (exit $?)"; grep -A20 "^mono ops" $OUT/prof-$v-b$b.log | cut -c1-190
 done
+variant base env M3_TWICE_LAUNCHES=rmsnorm,headnorm_rope,index_topk,attn_combine,moe_combine \
+  timeout 60 /tmp/bin/m3 bench $P --batch 1 --parity-steps 0 > $OUT/prof-twice-b1.log 2>&1
+echo "=== profile twice b1 (exit $?)"; grep -A26 "^mono ops" $OUT/prof-twice-b1.log | cut -c1-190

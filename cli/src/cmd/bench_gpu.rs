@@ -564,6 +564,12 @@ fn bench_model(
     if !no_pdl.is_empty() {
         println!("diagnosis (M3_NO_PDL_LAUNCHES={no_pdl}): those launches go without PDL");
     }
+    let twice = sp.options().twice_launches;
+    if !twice.is_empty() {
+        println!(
+            "DIAGNOSIS (M3_TWICE_LAUNCHES={twice}): those launches are made twice in a row; the times are a diagnosis, the outputs may be wrong"
+        );
+    }
     println!(
         "bench model {} --layers {} ({:?}) generated in {gen_s:.2} s; {} cache {pages} pages of {page}",
         args.preset,

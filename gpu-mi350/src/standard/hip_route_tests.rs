@@ -792,6 +792,38 @@ fn skipped_launches_are_exactly_the_named_ones() {
     assert_eq!(skipped, want);
 }
 
+/// The twice diagnosis (`PathOptions::twice_launches`) repeats exactly the
+/// launches it names, each right after itself: a step with `rmsnorm` made
+/// twice has the control step's launches with every `m3s_rmsnorm` doubled
+/// in place, and nothing else changed.
+#[test]
+fn twice_launches_are_exactly_the_named_ones() {
+    let names = |twice: &'static str| -> Vec<String> {
+        let gpu = stub::gpu();
+        let opts = PathOptions {
+            twice_launches: twice,
+            ..PathOptions::default()
+        };
+        let mut path = build(&gpu, opts).expect("a path on the stub");
+        let (batch, sampling) = decode_step();
+        let shape = path.prepare(&batch, &sampling).expect("prepare");
+        stub::take_calls();
+        path.launch(shape, false).expect("direct step");
+        let calls = stub::take_calls();
+        launches(&calls).iter().map(|l| l.name.clone()).collect()
+    };
+    let all = names("");
+    assert!(all.iter().any(|n| n == "m3s_rmsnorm"), "{all:?}");
+    let want: Vec<String> = all
+        .iter()
+        .flat_map(|n| {
+            let k = if n == "m3s_rmsnorm" { 2 } else { 1 };
+            std::iter::repeat_n(n.clone(), k)
+        })
+        .collect();
+    assert_eq!(names(" rmsnorm "), want);
+}
+
 /// The mono programs of a 2-row step, per layer, on a stub HIP device of
 /// 304 CUs answering an occupancy of 3 (a grid of 912 CTAs), the path built
 /// with `opts` and `mono` on.

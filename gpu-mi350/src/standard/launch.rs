@@ -151,6 +151,9 @@ pub struct Launcher {
     /// Labels launched without PDL ([`PathOptions::no_pdl_launches`]: a
     /// timing diagnosis; results unchanged).
     no_pdl: Vec<&'static str>,
+    /// Labels launched twice in a row ([`PathOptions::twice_launches`]: a
+    /// timing diagnosis; outputs may be wrong).
+    twice: Vec<&'static str>,
     /// Whether launches go without PDL now (inside [`Launcher::full_edges`]).
     full_edge: Cell<bool>,
 }
@@ -186,6 +189,7 @@ impl Launcher {
             rec_calls: Cell::new(0),
             skip: Vec::new(),
             no_pdl: Vec::new(),
+            twice: Vec::new(),
             full_edge: Cell::new(false),
         })
     }
@@ -205,10 +209,16 @@ impl Launcher {
         r
     }
 
-    /// Leave out every launch labelled one of `skip`, and launch those
-    /// labelled one of `no_pdl` without PDL (comma-separated lists;
-    /// [`PathOptions::skip_launches`], [`PathOptions::no_pdl_launches`]).
-    pub(crate) fn diagnose(&mut self, skip: &'static str, no_pdl: &'static str) {
+    /// Leave out every launch labelled one of `skip`, launch those
+    /// labelled one of `no_pdl` without PDL and those labelled one of
+    /// `twice` twice (comma-separated lists; [`PathOptions::skip_launches`],
+    /// [`PathOptions::no_pdl_launches`], [`PathOptions::twice_launches`]).
+    pub(crate) fn diagnose(
+        &mut self,
+        skip: &'static str,
+        no_pdl: &'static str,
+        twice: &'static str,
+    ) {
         let list = |s: &'static str| -> Vec<&'static str> {
             s.split(',')
                 .map(str::trim)
@@ -217,6 +227,7 @@ impl Launcher {
         };
         self.skip = list(skip);
         self.no_pdl = list(no_pdl);
+        self.twice = list(twice);
     }
 
     pub fn stream(&self) -> &Stream {
@@ -322,6 +333,23 @@ impl Launcher {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || self.skip.contains(&label) {
             return Ok(()); // nothing to do (e.g. no logits rows), or ablated
         }
+        let times = if self.twice.contains(&label) { 2 } else { 1 };
+        for _ in 0..times {
+            self.launch_once(label, f, grid, block, smem, args)?;
+        }
+        Ok(())
+    }
+
+    /// One launch (or, while recording, one op) of [`Launcher::launch`].
+    fn launch_once(
+        &self,
+        label: &'static str,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         if let Some(rec) = self.rec.borrow_mut().as_mut() {
             let mut bytes = Vec::new();
             for a in args {

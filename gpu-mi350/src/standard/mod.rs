@@ -398,6 +398,13 @@ pub struct PathOptions {
     /// a graph). Results are the same; only timing changes. The CLI reads
     /// `M3_NO_PDL_LAUNCHES`.
     pub no_pdl_launches: &'static str,
+    /// Diagnosis: launches whose label is in this comma-separated list are
+    /// made twice in a row (on the mono path: the op recorded twice, a
+    /// barrier between), so a profile times each such kernel a second time
+    /// with its code and inputs just used: the cold run against the warm
+    /// one. Outputs may be wrong (a body that works in place runs twice),
+    /// so only for timing. The CLI reads `M3_TWICE_LAUNCHES`.
+    pub twice_launches: &'static str,
     /// Routed-expert launches of steps with more rows than this go without
     /// PDL ([`Launcher::full_edges`]): their CTAs cannot load weights
     /// before the route exists, and launched early they only hold SM room
@@ -484,6 +491,7 @@ impl Default for PathOptions {
             fuse_cache_writes: true,
             skip_launches: "",
             no_pdl_launches: "",
+            twice_launches: "",
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
             o_full_edge: false,
             index_prewait: true,
@@ -512,7 +520,8 @@ impl PathOptions {
     /// prefetch (`M3_MONO_L2_PREFETCH_MIB` mono's), `M3_FUSE_CACHE_WRITES=0|1` where the cache writes happen,
     /// `M3_SKIP_LAUNCHES` a timing ablation ([`PathOptions::skip_launches`]),
     /// `M3_NO_PDL_LAUNCHES` launches without PDL
-    /// ([`PathOptions::no_pdl_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
+    /// ([`PathOptions::no_pdl_launches`]), `M3_TWICE_LAUNCHES` launches
+    /// made twice ([`PathOptions::twice_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
     /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
@@ -582,6 +591,9 @@ impl PathOptions {
         }
         if let Some(d) = env_text("M3_NO_PDL_LAUNCHES") {
             self.no_pdl_launches = d;
+        }
+        if let Some(d) = env_text("M3_TWICE_LAUNCHES") {
+            self.twice_launches = d;
         }
         if let Some(on) = env_flag("M3_INDEX_PREWAIT") {
             self.index_prewait = on;
@@ -903,7 +915,11 @@ impl StandardPath {
         let kp = c.num_experts_per_tok + usize::from(folded);
         let ctx = gpu.device().clone();
         let mut l = Launcher::with_side(&ctx, opts.pdl && gpu.pdl(), opts.beside)?;
-        l.diagnose(opts.skip_launches, opts.no_pdl_launches);
+        l.diagnose(
+            opts.skip_launches,
+            opts.no_pdl_launches,
+            opts.twice_launches,
+        );
         // the bulk L2 prefetch is sm_90's (the devices that take PDL)
         let mut opts = opts;
         if !gpu.pdl() {

@@ -646,11 +646,10 @@ extern "C" __global__ void S_MONO_BOUNDS
     if (prof != nullptr && threadIdx.x == 0) {
       prof[(u64)i * (gridDim.x + 1u) + 1u + blockIdx.x] = m3_mono_now();
       // the second table: when a body of the op first passed its wait here
+      // (without the early start it keeps the zeros the host gave it)
 #if S_MONO_EARLY
       prof[(u64)nops * (gridDim.x + 1u) + (u64)i * gridDim.x + blockIdx.x] = s_mono_woke;
       s_mono_woke = 0ull;
-#else
-      prof[(u64)nops * (gridDim.x + 1u) + (u64)i * gridDim.x + blockIdx.x] = 0ull;
 #endif
     }
     // none after the last op, nor between the two ops of a phase

@@ -17,6 +17,8 @@ GPU diagnosis switches (environment; for A/B runs, bench/NOTES.md):
   M3_SKIP_LAUNCHES=label,...      leave those launches out of every step (a kernel's cost
                                   inside the graph; the outputs are then wrong: ABLATION)
   M3_NO_PDL_LAUNCHES=label,...    launch those without PDL (same results)
+  M3_TWICE_LAUNCHES=label,...     make those twice in a row (mono: the op twice), to time a cold
+                                  run against its warm repeat (outputs may be wrong: DIAGNOSIS)
   M3_ROUTED_PDL_MAX_ROWS=N|max    routed experts of steps past N rows go without PDL (8)
   M3_O_FULL_EDGE=0|1              the o projection without PDL (0)
   M3_INDEX_PREWAIT=0|1            index scores load their first keys before the wait (1)

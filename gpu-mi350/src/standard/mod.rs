@@ -402,7 +402,8 @@ pub struct PathOptions {
     /// made twice in a row (on the mono path: the op recorded twice, a
     /// barrier between), so a profile times each such kernel a second time
     /// with its code and inputs just used: the cold run against the warm
-    /// one. Outputs may be wrong (a body that works in place runs twice),
+    /// one. (Inside a `beside` call the mono phases pair the copy with the
+    /// other chain's next op: not a clean repeat there.) Outputs may be wrong (a body that works in place runs twice),
     /// so only for timing. The CLI reads `M3_TWICE_LAUNCHES`.
     pub twice_launches: &'static str,
     /// Routed-expert launches of steps with more rows than this go without

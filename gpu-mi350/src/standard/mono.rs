@@ -458,8 +458,9 @@ struct Program {
     /// Per op: the launch label, the body and the virtual launch (for the
     /// op profile).
     about: Vec<OpAbout>,
-    /// The op profile's timestamps (`nops x (grid + 1)` u64, see
-    /// kernels/mono.cu `m3s_mono`), made by the first profiled run.
+    /// The op profile's timestamps (`nops x (2 grid + 1)` u64: the start
+    /// and finish table, then the wake table; kernels/mono.cu `m3s_mono`),
+    /// made by the first profiled run.
     prof: Option<DevBuf>,
 }
 
@@ -1052,8 +1053,8 @@ impl StandardPath {
 
 impl StandardPath {
     /// Run a mono step of shape `s` once with op timestamps and return, per
-    /// op of the most common layer program, its work, straggle and barrier
-    /// times summed over the layers running that program, with how many
+    /// op of the most common layer program, its work, straggle, barrier,
+    /// wake and run times summed over the layers running that program, with how many
     /// layers that is. The step's inputs must be uploaded
     /// ([`Self::prepare`]); a direct run, so the first op of each layer
     /// also holds the launch's own start.

@@ -367,15 +367,19 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 // inlined (3), NVRTC 13.0 gives the interpreter no spills (15: 24 / 104
 // bytes, 63: 28 / 132). Measured with 3 (H100, 2 rounds interleaved,
 // every 16-step gate bitwise): a MoE layer -6.5% at b1 (0.2595 -> 0.2428
-// ms), +1.2% at b4, +-0 at b16; 3 on CUDA's inlining switch (15 and 63
-// untimed). HIP: 0 (unmeasured; its switch calls every body). An A/B
-// that turns S_MONO_INDIRECT or S_MONO_INLINE_SMALL off turns this off
-// too (the host refuses a non-zero mask then: mono.rs defines_fit).
+// ms), +1.2% at b4, +-0 at b16. Against 3 (H100, session 36, the same
+// protocol): 15 b4 -7.0%, b1 +0.6%, b16 +0.5%; 63 b4 -7.7%, b16 -6.2%
+// (1.1194 -> 1.0498 ms), b1 +0.7%; 63 with S_MONO_INLINE_ATTN 2 and
+// S_MONO_WAKE_ACQ 1, the three new defaults together: b1 -4.8%, b4 -6.9%,
+// b16 -6.0% (bench/NOTES.md). 63 on CUDA's inlining switch. HIP: 0
+// (unmeasured; its switch calls every body). An A/B that turns
+// S_MONO_INDIRECT or S_MONO_INLINE_SMALL off turns this off too (the host
+// refuses a non-zero mask then: mono.rs defines_fit).
 #ifndef S_MONO_INLINE_LIN
 #if defined(M3_HIP) || !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
 #define S_MONO_INLINE_LIN 0
 #else
-#define S_MONO_INLINE_LIN 3
+#define S_MONO_INLINE_LIN 63
 #endif
 #endif
 #if S_MONO_INLINE_LIN && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
@@ -383,15 +387,22 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 
 // Attention bodies inlined too, a bit mask: 1 the index scores, 2 the
-// split attention partial; 0: called (the CUDA default: untimed). Session
-// 35's in-graph ablation (H100, b1): index scores 6.9 us a mono layer
-// against 2.7 on the standard path, the partial 10.5 against 5.1. Called,
-// their functions take 752 / 304-byte frames and 1440 / 292 bytes of
-// spill stores (NVRTC 13.0; 128 and 108 registers, no spills, in their own
-// launches); inlined, the interpreter takes 2652 bytes of spill stores
-// with 1 and 64 with 2 (beside S_MONO_INLINE_LIN 3).
+// split attention partial; 0: called. Session 35's in-graph ablation
+// (H100, b1): index scores 6.9 us a mono layer against 2.7 on the standard
+// path, the partial 10.5 against 5.1. Called, their functions take 752 /
+// 304-byte frames and 1440 / 292 bytes of spill stores (NVRTC 13.0; 128
+// and 108 registers, no spills, in their own launches); inlined, the
+// interpreter takes 2652 bytes of spill stores with 1 and 64 with 2
+// (beside S_MONO_INLINE_LIN 3). Measured with 2 against 0 (H100, session
+// 36, 2 rounds interleaved, every 16-step gate bitwise): b1 -2.8%, b4
+// -0.7%, b16 +0.6%; with the other two new defaults see S_MONO_INLINE_LIN.
+// 2 on CUDA's inlining switch; HIP and the switch's absence: 0.
 #ifndef S_MONO_INLINE_ATTN
+#if defined(M3_HIP) || !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
 #define S_MONO_INLINE_ATTN 0
+#else
+#define S_MONO_INLINE_ATTN 2
+#endif
 #endif
 #if S_MONO_INLINE_ATTN && !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
 #error "S_MONO_INLINE_ATTN: the inlined small ops' switch's (S_MONO_INDIRECT 1, S_MONO_INLINE_SMALL 1)"

@@ -202,9 +202,12 @@ M3_DEV u32 m3_mono_vol(const u32& v) { return *reinterpret_cast<const volatile u
 // and releases `seen` at CTA scope; the waiters read `seen` with acquire
 // loads and do not fence. The same ordering by the PTX memory model's
 // causality (arrivals' releases -> the poller's acquire -> its release
-// of `seen` -> a waiter's acquire). Unmeasured: default 0.
+// of `seen` -> a waiter's acquire). Measured (H100, bench/NOTES.md
+// session 36, 2 rounds interleaved, every 16-step gate bitwise), a MoE
+// layer: b1 -2.0% (0.2398 -> 0.2351 ms), b4 -1.1%, b16 -0.5%: 1 (CUDA's
+// early start only; HIP has none).
 #ifndef S_MONO_WAKE_ACQ
-#define S_MONO_WAKE_ACQ 0
+#define S_MONO_WAKE_ACQ 1
 #endif
 #if S_MONO_EARLY
 // The CTA's barrier state (thread 0 of the interpreter writes it between

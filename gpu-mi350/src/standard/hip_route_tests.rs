@@ -927,3 +927,50 @@ fn mono_router_split_records_the_three_router_ops() {
     }
     assert!(moe > 0, "no MoE layer with the fused router");
 }
+
+/// `mono_rotate_late`: each op's blocks start past the CTAs that held the
+/// op before's last round (912 CTAs here). The last layer's program (a MoE
+/// layer of 2 rows), the rotations worked by hand from its grids: an op
+/// alone in its phase deals its blocks to every CTA's first sub-block
+/// first, so its last round holds min(blocks, 912) CTAs (e.g. the 30-block
+/// q|k|v: 2 + 30 = 32); a phase's first op moves the second past the CTAs
+/// it fills (8 blocks of 128 threads: 4 CTAs, 164 -> 168), and the second,
+/// dealt CTA-major, past its own (the 8-block router: 168 -> 176; the 32
+/// expert blocks of 128 threads: 16 CTAs). Off: the same ops and phases,
+/// an op alone from CTA 0.
+#[test]
+fn mono_rotate_late_starts_each_op_past_the_last_round() {
+    let programs = |on: bool| {
+        mono_programs_of_two_rows(PathOptions {
+            mono_rotate_late: on,
+            ..PathOptions::default()
+        })
+    };
+    let (on, off) = (programs(true), programs(false));
+    let last = on.last().expect("layers");
+    let rots: Vec<u32> = last.iter().map(|o| o.rot).collect();
+    assert_eq!(
+        rots,
+        [0, 2, 32, 62, 70, 74, 138, 154, 162, 164, 168, 176, 177, 193, 197, 198, 230],
+        "{:?}",
+        last.iter()
+            .map(|o| (o.label, o.grid, o.block, o.shares_phase))
+            .collect::<Vec<_>>()
+    );
+    for (a, b) in on.iter().zip(&off) {
+        let shape = |p: &[super::mono::OpAbout]| -> Vec<_> {
+            p.iter()
+                .map(|o| (o.label, o.grid, o.block, o.shares_phase))
+                .collect()
+        };
+        assert_eq!(shape(a), shape(b));
+        for (i, o) in b.iter().enumerate() {
+            let after_shared = i > 0 && b[i - 1].shares_phase;
+            assert!(
+                after_shared || o.rot == 0,
+                "off: op {i} ({}) rotated",
+                o.label
+            );
+        }
+    }
+}

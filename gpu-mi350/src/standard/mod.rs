@@ -297,6 +297,19 @@ pub struct PathOptions {
     /// session 31: the router alone takes the phase), so off. The CLI
     /// reads `M3_MONO_MAIN_FIRST=0|1`.
     pub mono_main_first: bool,
+    /// Start each mono op's blocks past the CTAs that held the op before's
+    /// last round of blocks (its `rot`), so a small op after a large one
+    /// runs on CTAs already waiting at the barrier with its body called,
+    /// not on the ones finishing last. Off: an op alone in its phase starts
+    /// from CTA 0. The op profile's wake split (bench/NOTES.md session 36,
+    /// H100, b1) had the CTAs that finished last see the next op's wait
+    /// pass 4.5-6.5 us after the barrier's last arrival (their own dispatch:
+    /// the arrival's release, the body's call and first loads, the poll)
+    /// where waiting CTAs took ~1.5 us: the head norm runs on q|k|v's 88
+    /// second-round CTAs, the index scores on the head norm's. The same
+    /// results bit for bit (which CTA runs a block does not change its
+    /// sums). Untimed: off. The CLI reads `M3_MONO_ROTATE_LATE=0|1`.
+    pub mono_rotate_late: bool,
     /// The mono kernel's shared-memory carve-out, percent of an SM's most
     /// shared memory (CUDA; a value below the fit is raised to it, and the
     /// largest is taken where the occupancy would drop). `None`: the least
@@ -338,7 +351,7 @@ pub struct PathOptions {
     pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
-    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 3, which `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0` turn to 0 and then refuse otherwise) `S_MONO_INLINE_ATTN=0-3` (a mask, default 0) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 0); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts
@@ -482,6 +495,7 @@ impl Default for PathOptions {
             mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
             mono_pair_beside: true,
             mono_main_first: false,
+            mono_rotate_late: false,
             mono_carveout: None,
             mono_router_split: false,
             mono_layers_per_launch: 1,
@@ -513,6 +527,8 @@ impl PathOptions {
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_MONO_PAIR=0|1` its beside phases ([`PathOptions::mono_pair_beside`]),
     /// `M3_MONO_MAIN_FIRST=0|1` their order ([`PathOptions::mono_main_first`]),
+    /// `M3_MONO_ROTATE_LATE=0|1` where each op's blocks start
+    /// ([`PathOptions::mono_rotate_late`]),
     /// `M3_MONO_CARVEOUT=fit|max|N` its L1 ([`PathOptions::mono_carveout`]),
     /// `M3_MONO_ROUTER_SPLIT=0|1` its router ([`PathOptions::mono_router_split`]),
     /// `M3_MONO_LAYERS=N` its layers a launch ([`PathOptions::mono_layers_per_launch`]),
@@ -547,6 +563,9 @@ impl PathOptions {
         }
         if let Some(on) = env_flag("M3_MONO_MAIN_FIRST") {
             self.mono_main_first = on;
+        }
+        if let Some(on) = env_flag("M3_MONO_ROTATE_LATE") {
+            self.mono_rotate_late = on;
         }
         if let Some(on) = env_flag("M3_MONO_ROUTER_SPLIT") {
             self.mono_router_split = on;

@@ -392,6 +392,33 @@ const OP_SHARES_PHASE: u32 = 1;
 /// `OpRecord::flags`: neither this op nor the one before shares a phase.
 const OP_ALONE: u32 = 2;
 
+/// How many CTAs, counted from an op's rotation, hold a block of its final
+/// round of `n` blocks of `block` threads on `grid` CTAs (0 where every
+/// CTA does: no CTA then finishes clearly earlier). `spread`: blocks dealt
+/// to every CTA's first sub-block before any second (mono.cu
+/// `s_mono_spreads`: an op alone in its phase, `S_MONO_SPREAD` 1); else
+/// CTA-major. Those CTAs finish the op last; the next op's blocks start
+/// past them ([`PathOptions::mono_rotate_late`](super::PathOptions)).
+fn late_places(n: u64, block: u32, grid: u32, spread: bool) -> u32 {
+    let g = u64::from(grid.max(1));
+    let s = u64::from(MONO_THREADS / block.clamp(1, MONO_THREADS));
+    let per_round = g * s;
+    if n == 0 {
+        return 0;
+    }
+    let m = n - (n - 1) / per_round * per_round; // the final round's blocks, 1..=per_round
+    let places = if spread {
+        m.min(g)
+    } else {
+        m.div_ceil(s).min(g)
+    };
+    if places >= g {
+        0
+    } else {
+        places as u32
+    }
+}
+
 /// An op's `OpRecord::flags`: whether the next op shares its phase, and
 /// whether the previous op shared its phase with this one.
 fn op_flags(shares: bool, prev_shares: bool) -> u32 {
@@ -544,6 +571,9 @@ pub(crate) struct Mono {
     /// A shared phase's main-chain op first ([`phases`];
     /// `PathOptions::mono_main_first`).
     main_first: bool,
+    /// Each op's blocks start past the CTAs that held the op before's last
+    /// round ([`late_places`]; `PathOptions::mono_rotate_late`).
+    rotate_late: bool,
     /// Decoder layers a launch runs (`PathOptions::mono_layers_per_launch`,
     /// 0 taken as every layer).
     layers_per_launch: usize,
@@ -615,6 +645,7 @@ impl Mono {
         )?;
         m.pair_beside = opts.mono_pair_beside;
         m.main_first = opts.mono_main_first;
+        m.rotate_late = opts.mono_rotate_late;
         m.layers_per_launch = opts.mono_layers_per_launch;
         Ok(m)
     }
@@ -699,6 +730,7 @@ impl Mono {
             ids,
             pair_beside: true,
             main_first: false,
+            rotate_late: false,
             layers_per_launch: 1,
             programs: HashMap::new(),
         })
@@ -726,8 +758,11 @@ impl Mono {
         let mut args: Vec<u8> = Vec::new();
         let mut about = Vec::with_capacity(rec.len());
         let tags: Vec<Option<(u32, bool)>> = rec.iter().map(|r| r.beside).collect();
-        // CTAs the previous op fills when it shares its phase with this one
+        // where this op's blocks start: past the CTAs the previous op fills
+        // when it shares its phase with this one, or (rotate_late) past its
+        // last round's
         let mut after = 0u32;
+        let g = self.grid.max(1);
         let mut prev_shares = false;
         for (ri, shares) in phases(&tags, self.pair_beside, self.main_first) {
             let r = &rec[ri];
@@ -769,9 +804,17 @@ impl Mono {
                 rot: after,
             });
             // (a CTA runs MONO_THREADS / block of the op's blocks at once)
+            let rot = after;
             after = if shares {
-                let ctas = n.div_ceil(u64::from(MONO_THREADS / block));
-                (ctas % u64::from(self.grid.max(1))) as u32
+                let ctas = (n.div_ceil(u64::from(MONO_THREADS / block)) % u64::from(g)) as u32;
+                if self.rotate_late {
+                    (rot + ctas) % g
+                } else {
+                    ctas
+                }
+            } else if self.rotate_late {
+                let alone = op_flags(shares, prev_shares) == OP_ALONE;
+                (rot + late_places(n, block, g, alone)) % g
             } else {
                 0
             };
@@ -1595,6 +1638,25 @@ mod tests {
         ] {
             assert!(defines_fit(vendor, extra).is_ok(), "{extra}");
         }
+    }
+
+    /// The CTAs holding an op's last round, worked by hand on the m3.1
+    /// bench model's b1 mono grid (264 CTAs of 256 threads): q|k|v's 616
+    /// blocks of 128 threads fill 528 sub-blocks, so its second round of
+    /// 88 sits on 88 CTAs (spread) or 44 (CTA-major, two a CTA); the head
+    /// norm's 77 one-warp blocks on 77; the o projection's 384 reach every
+    /// CTA in their one round (0: none later than the rest), CTA-major 192;
+    /// 792 blocks of 256 threads: three full rounds (0); none (0).
+    #[test]
+    fn late_places_by_hand() {
+        assert_eq!(late_places(616, 128, 264, true), 88);
+        assert_eq!(late_places(616, 128, 264, false), 44);
+        assert_eq!(late_places(77, 32, 264, true), 77);
+        assert_eq!(late_places(384, 128, 264, true), 0);
+        assert_eq!(late_places(384, 128, 264, false), 192);
+        assert_eq!(late_places(792, 256, 264, true), 0);
+        assert_eq!(late_places(0, 128, 264, true), 0);
+        assert_eq!(late_places(1, 256, 264, false), 1);
     }
 
     /// The op profile's arithmetic on stamps worked by hand: 2 ops over 3

@@ -768,21 +768,26 @@ fn a_hip_launcher_has_wave64() {
 /// the launches it names, by label, and nothing else: a step with
 /// `rmsnorm,swiglu` skipped has the control step's launches minus every
 /// `m3s_rmsnorm` and `m3s_swiglu`, in the same order.
+/// The kernel names of one direct decode step on the stub, in launch
+/// order, the path built with `opts`.
+fn step_launch_names(opts: PathOptions) -> Vec<String> {
+    let gpu = stub::gpu();
+    let mut path = build(&gpu, opts).expect("a path on the stub");
+    let (batch, sampling) = decode_step();
+    let shape = path.prepare(&batch, &sampling).expect("prepare");
+    stub::take_calls();
+    path.launch(shape, false).expect("direct step");
+    let calls = stub::take_calls();
+    launches(&calls).iter().map(|l| l.name.clone()).collect()
+}
+
 #[test]
 fn skipped_launches_are_exactly_the_named_ones() {
-    let names = |skip: &'static str| -> Vec<String> {
-        let gpu = stub::gpu();
-        let opts = PathOptions {
+    let names = |skip: &'static str| {
+        step_launch_names(PathOptions {
             skip_launches: skip,
             ..PathOptions::default()
-        };
-        let mut path = build(&gpu, opts).expect("a path on the stub");
-        let (batch, sampling) = decode_step();
-        let shape = path.prepare(&batch, &sampling).expect("prepare");
-        stub::take_calls();
-        path.launch(shape, false).expect("direct step");
-        let calls = stub::take_calls();
-        launches(&calls).iter().map(|l| l.name.clone()).collect()
+        })
     };
     let all = names("");
     let skipped = names(" rmsnorm, swiglu ");
@@ -798,19 +803,11 @@ fn skipped_launches_are_exactly_the_named_ones() {
 /// in place, and nothing else changed.
 #[test]
 fn twice_launches_are_exactly_the_named_ones() {
-    let names = |twice: &'static str| -> Vec<String> {
-        let gpu = stub::gpu();
-        let opts = PathOptions {
+    let names = |twice: &'static str| {
+        step_launch_names(PathOptions {
             twice_launches: twice,
             ..PathOptions::default()
-        };
-        let mut path = build(&gpu, opts).expect("a path on the stub");
-        let (batch, sampling) = decode_step();
-        let shape = path.prepare(&batch, &sampling).expect("prepare");
-        stub::take_calls();
-        path.launch(shape, false).expect("direct step");
-        let calls = stub::take_calls();
-        launches(&calls).iter().map(|l| l.name.clone()).collect()
+        })
     };
     let all = names("");
     assert!(all.iter().any(|n| n == "m3s_rmsnorm"), "{all:?}");

@@ -333,55 +333,43 @@ impl Launcher {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || self.skip.contains(&label) {
             return Ok(()); // nothing to do (e.g. no logits rows), or ablated
         }
+        // (twice: a timing diagnosis, PathOptions::twice_launches)
         let times = if self.twice.contains(&label) { 2 } else { 1 };
         for _ in 0..times {
-            self.launch_once(label, f, grid, block, smem, args)?;
-        }
-        Ok(())
-    }
-
-    /// One launch (or, while recording, one op) of [`Launcher::launch`].
-    fn launch_once(
-        &self,
-        label: &'static str,
-        f: &Func,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        if let Some(rec) = self.rec.borrow_mut().as_mut() {
-            let mut bytes = Vec::new();
-            for a in args {
-                a.encode(&mut bytes);
+            if let Some(rec) = self.rec.borrow_mut().as_mut() {
+                let mut bytes = Vec::new();
+                for a in args {
+                    a.encode(&mut bytes);
+                }
+                rec.push(Recorded {
+                    label,
+                    func: f.handle(),
+                    grid,
+                    block,
+                    smem,
+                    args: bytes,
+                    sizes: args.iter().map(Arg::size).collect(),
+                    beside: self.rec_beside.get(),
+                });
+                continue;
             }
-            rec.push(Recorded {
-                label,
-                func: f.handle(),
+            let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(Arg::ptr).collect();
+            let cfg = LaunchCfg {
                 grid,
                 block,
                 smem,
-                args: bytes,
-                sizes: args.iter().map(Arg::size).collect(),
-                beside: self.rec_beside.get(),
-            });
-            return Ok(());
+                pdl: self.pdl && !self.full_edge.get() && !self.no_pdl.contains(&label),
+            };
+            self.bind()?;
+            // SAFETY: every pointer argument is a live device address sized for
+            // the runner's capacity (checked before the step is enqueued);
+            // `params` matches the kernel's parameter list in count, order and
+            // types (see the kernel sources and each wrapper's argument struct),
+            // and every `Arg` outlives the call.
+            unsafe { self.current().launch(label, f, &cfg, &mut params) }?;
+            self.mark(label)?;
         }
-        let mut params: Vec<*mut std::ffi::c_void> = args.iter().map(Arg::ptr).collect();
-        let cfg = LaunchCfg {
-            grid,
-            block,
-            smem,
-            pdl: self.pdl && !self.full_edge.get() && !self.no_pdl.contains(&label),
-        };
-        self.bind()?;
-        // SAFETY: every pointer argument is a live device address sized for
-        // the runner's capacity (checked before the step is enqueued);
-        // `params` matches the kernel's parameter list in count, order and
-        // types (see the kernel sources and each wrapper's argument struct),
-        // and every `Arg` outlives the call.
-        unsafe { self.current().launch(label, f, &cfg, &mut params) }?;
-        self.mark(label)
+        Ok(())
     }
 
     /// Run `enqueue` with every kernel launch taken down instead of made

@@ -47,7 +47,9 @@
 /// start in the program's argument bytes, flags (S_MONO_SHARES_PHASE: no
 /// grid barrier after it, the next op is independent of it) and the CTAs
 /// its virtual blocks are rotated by (a phase's second op starts on the
-/// CTAs its first leaves idle). src/standard/mono.rs `OpRecord`.
+/// CTAs its first leaves idle; with PathOptions::mono_rotate_late any op
+/// starts past the CTAs that ran the op before's last round).
+/// src/standard/mono.rs `OpRecord`.
 struct SMonoOp {
   u32 fn, lg, gx, gy, gz, arg, flags, rot;
 };

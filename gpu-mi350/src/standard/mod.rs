@@ -303,7 +303,7 @@ pub struct PathOptions {
     /// not on the ones finishing last. Off: an op alone in its phase starts
     /// from CTA 0. The op profile's wake split (bench/NOTES.md session 36,
     /// H100, b1) had the CTAs that finished last see the next op's wait
-    /// pass 4.5-6.5 us after the barrier's last arrival (their own dispatch:
+    /// pass 4.7-6.3 us (on average) after the barrier's last arrival (their own dispatch:
     /// the arrival's release, the body's call and first loads, the poll)
     /// where waiting CTAs took ~1.5 us: the head norm runs on q|k|v's 88
     /// second-round CTAs, the index scores on the head norm's. The same

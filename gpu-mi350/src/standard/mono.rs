@@ -382,8 +382,9 @@ struct OpRecord {
     /// the two are independent, [`phases`]). Bit 1: the op has its phase
     /// to itself (mono.cu `S_MONO_ALONE`).
     flags: u32,
-    /// CTAs the op's virtual blocks are rotated by (its phase's first op
-    /// fills the CTAs from 0; the second starts where that one ends).
+    /// CTAs the op's virtual blocks are rotated by: 0, or with
+    /// `mono_rotate_late` past the op before's last round; a phase's
+    /// second op starts where its first ends.
     rot: u32,
 }
 
@@ -574,6 +575,9 @@ pub(crate) struct Mono {
     /// Each op's blocks start past the CTAs that held the op before's last
     /// round ([`late_places`]; `PathOptions::mono_rotate_late`).
     rotate_late: bool,
+    /// Whether an op alone in its phase deals its blocks spread (mono.cu
+    /// `S_MONO_SPREAD`: on unless the mono defines turn it off).
+    spread: bool,
     /// Decoder layers a launch runs (`PathOptions::mono_layers_per_launch`,
     /// 0 taken as every layer).
     layers_per_launch: usize,
@@ -646,6 +650,10 @@ impl Mono {
         m.pair_beside = opts.mono_pair_beside;
         m.main_first = opts.mono_main_first;
         m.rotate_late = opts.mono_rotate_late;
+        m.spread = !opts
+            .mono_defines
+            .split_whitespace()
+            .any(|kv| kv == "S_MONO_SPREAD=0");
         m.layers_per_launch = opts.mono_layers_per_launch;
         Ok(m)
     }
@@ -731,6 +739,7 @@ impl Mono {
             pair_beside: true,
             main_first: false,
             rotate_late: false,
+            spread: true,
             layers_per_launch: 1,
             programs: HashMap::new(),
         })
@@ -813,8 +822,8 @@ impl Mono {
                     ctas
                 }
             } else if self.rotate_late {
-                let alone = op_flags(shares, prev_shares) == OP_ALONE;
-                (rot + late_places(n, block, g, alone)) % g
+                let spread = self.spread && op_flags(shares, prev_shares) == OP_ALONE;
+                (rot + late_places(n, block, g, spread)) % g
             } else {
                 0
             };

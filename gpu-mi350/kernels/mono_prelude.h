@@ -241,19 +241,20 @@ M3_DEV void m3_mono_poll() {
   } while (cur < target);
 #if S_MONO_WAKE_ACQ
   // one acquire load of the count (it synchronizes with the arrivals'
-  // releases), then `seen` released at CTA scope for the waiters
+  // releases); `seen` is then released at CTA scope for the waiters
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(cur) : "l"(s_mono_bar) : "memory");
-  *reinterpret_cast<volatile u32*>(&s_mono_claim) = need;
-  asm volatile("st.release.cta.shared.u32 [%0], %1;"
-               ::"r"((u32)__cvta_generic_to_shared(&s_mono_seen)), "r"(need)
-               : "memory");
-  return;
 #else
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
 #endif
 #endif
   *reinterpret_cast<volatile u32*>(&s_mono_claim) = need;
+#if S_MONO_WAKE_ACQ && !defined(M3_SIM)
+  asm volatile("st.release.cta.shared.u32 [%0], %1;"
+               ::"r"((u32)__cvta_generic_to_shared(&s_mono_seen)), "r"(need)
+               : "memory");
+#else
   *reinterpret_cast<volatile u32*>(&s_mono_seen) = need;
+#endif
 }
 /// The wake stamp of a body's first pass of its wait (thread 0 of each
 /// sub-block offers it; the first one stays), in a profiled launch only.

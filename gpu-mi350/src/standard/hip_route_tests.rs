@@ -764,10 +764,6 @@ fn a_hip_launcher_has_wave64() {
     assert!(!gpu.pdl());
 }
 
-/// The timing ablation (`PathOptions::skip_launches`) leaves out exactly
-/// the launches it names, by label, and nothing else: a step with
-/// `rmsnorm,swiglu` skipped has the control step's launches minus every
-/// `m3s_rmsnorm` and `m3s_swiglu`, in the same order.
 /// The kernel names of one direct decode step on the stub, in launch
 /// order, the path built with `opts`.
 fn step_launch_names(opts: PathOptions) -> Vec<String> {
@@ -781,6 +777,10 @@ fn step_launch_names(opts: PathOptions) -> Vec<String> {
     launches(&calls).iter().map(|l| l.name.clone()).collect()
 }
 
+/// The timing ablation (`PathOptions::skip_launches`) leaves out exactly
+/// the launches it names, by label, and nothing else: a step with
+/// `rmsnorm,swiglu` skipped has the control step's launches minus every
+/// `m3s_rmsnorm` and `m3s_swiglu`, in the same order.
 #[test]
 fn skipped_launches_are_exactly_the_named_ones() {
     let names = |skip: &'static str| {

@@ -302,11 +302,12 @@ pub struct PathOptions {
     /// runs on CTAs already waiting at the barrier with its body called,
     /// not on the ones finishing last. Off: an op alone in its phase starts
     /// from CTA 0. The op profile's wake split (bench/NOTES.md session 36,
-    /// H100, b1) had the CTAs that finished last see the next op's wait
-    /// pass 4.7-6.3 us (on average) after the barrier's last arrival (their own dispatch:
-    /// the arrival's release, the body's call and first loads, the poll)
-    /// where waiting CTAs took ~1.5 us: the head norm runs on q|k|v's 88
-    /// second-round CTAs, the index scores on the head norm's. The same
+    /// H100, b1) had the ops placed on the CTAs that finished last pass
+    /// their wait 4.7-6.3 us (on average) after the barrier's last arrival
+    /// (a reading: their own dispatch, the arrival's release, the body's
+    /// call and first loads, the poll), where waiting CTAs took ~1.5 us:
+    /// the head norm runs on q|k|v's 88 second-round CTAs, the index
+    /// scores on the head norm's. The same
     /// results bit for bit (which CTA runs a block does not change its
     /// sums). Untimed: off. The CLI reads `M3_MONO_ROTATE_LATE=0|1`.
     pub mono_rotate_late: bool,
@@ -416,8 +417,9 @@ pub struct PathOptions {
     /// barrier between), so a profile times each such kernel a second time
     /// with its code and inputs just used: the cold run against the warm
     /// one. (Inside a `beside` call the mono phases pair the copy with the
-    /// other chain's next op: not a clean repeat there.) Outputs may be wrong (a body that works in place runs twice),
-    /// so only for timing. The CLI reads `M3_TWICE_LAUNCHES`.
+    /// other chain's next op: not a clean repeat there.) Outputs may be
+    /// wrong (a body that works in place runs twice), so only for timing.
+    /// The CLI reads `M3_TWICE_LAUNCHES`.
     pub twice_launches: &'static str,
     /// Routed-expert launches of steps with more rows than this go without
     /// PDL ([`Launcher::full_edges`]): their CTAs cannot load weights
@@ -538,8 +540,8 @@ impl PathOptions {
     /// `M3_SKIP_LAUNCHES` a timing ablation ([`PathOptions::skip_launches`]),
     /// `M3_NO_PDL_LAUNCHES` launches without PDL
     /// ([`PathOptions::no_pdl_launches`]), `M3_TWICE_LAUNCHES` launches
-    /// made twice ([`PathOptions::twice_launches`]), `M3_ROUTED_PDL_MAX_ROWS` the
-    /// routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
+    /// made twice ([`PathOptions::twice_launches`]),
+    /// `M3_ROUTED_PDL_MAX_ROWS` the routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
     /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),

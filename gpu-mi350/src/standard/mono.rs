@@ -1106,8 +1106,8 @@ impl StandardPath {
 impl StandardPath {
     /// Run a mono step of shape `s` once with op timestamps and return, per
     /// op of the most common layer program, its work, straggle, barrier,
-    /// wake and run times summed over the layers running that program, with how many
-    /// layers that is. The step's inputs must be uploaded
+    /// wake and run times summed over the layers running that program,
+    /// with how many layers that is. The step's inputs must be uploaded
     /// ([`Self::prepare`]); a direct run, so the first op of each layer
     /// also holds the launch's own start.
     pub fn mono_op_profile(&mut self, s: super::exec::Shape) -> Result<(Vec<OpTime>, usize)> {
@@ -1240,16 +1240,11 @@ fn wake_times(ts: &[u64], woke: &[u64], grid: usize) -> Vec<(f64, f64, f64)> {
                 Some(&w) if w > 0 => (us(prev_last, w), us(w, hi)),
                 _ => (0.0, 0.0),
             };
-            let stamped: Vec<f64> = wk
+            let (sum, k) = wk
                 .iter()
                 .filter(|&&w| w > 0)
-                .map(|&w| us(prev_last, w))
-                .collect();
-            let mean = if stamped.is_empty() {
-                0.0
-            } else {
-                stamped.iter().sum::<f64>() / stamped.len() as f64
-            };
+                .fold((0.0, 0u32), |(s, k), &w| (s + us(prev_last, w), k + 1));
+            let mean = if k == 0 { 0.0 } else { sum / f64::from(k) };
             prev_last = prev_last.max(hi);
             (wake, run, mean)
         })

@@ -2047,11 +2047,99 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
   out[v] = s;
 }
 
+/// Threads of m3s_linear_f32w and m3s_router_small's logits (the host's
+/// F32W_BLOCK): a compile-time stride, so a thread's 32 loads of a row are
+/// one base register and immediate offsets.
+#define S_F32W_BLOCK 256u
+// 1: s_linear_f32w's row loop issues every x load of a row (of two rows,
+// S_F32W_ROWS) before the first product, a memory round trip a row (CUDA
+// default); 0: one row at a time, each product under its own `k < K`,
+// which NVRTC 13.0 compiled into loads issued one or two at a time (the
+// form before session 37; HIP keeps it: the new one spills VGPRs in
+// gfx950's / gfx942's m3s_mono and m3s_linear_f32w, `cargo xtask
+// kernels`). The same products in the same order: the same bits.
+#ifndef S_F32W_HOIST
+#if defined(M3_HIP)
+#define S_F32W_HOIST 0
+#else
+#define S_F32W_HOIST 1
+#endif
+#endif
+// Rows of x a pass with S_F32W_HOIST (1 or 2).
+#ifndef S_F32W_ROWS
+#define S_F32W_ROWS 2
+#endif
+
+/// R rows of x (from `xr`, this thread's first element; row stride K) times
+/// a thread's weights `wv` (k = threadIdx.x + j * S_F32W_BLOCK; j < nj are
+/// the k below K, and wv[j] is 0 past them), each summed over the warp into
+/// s: every load first, then each row's products in j order. A j past nj
+/// adds 0 * 0 = +0, which leaves the sum's bits as they are (it starts at
+/// +0 and round-to-nearest never makes it -0), so the products need no
+/// bound: with `if (k < K)` on each, NVRTC 13.0 issued the loads one or two
+/// at a time, a memory round trip each (the mono build at b16 spent ~3 us
+/// a row on it; bench/NOTES.md session 37).
+template <u32 R>
+M3_DEV void s_f32w_rows(const u16* xr, u32 K, u32 nj, const float (&wv)[32], float (&s)[R]) {
+  u16 xv[R][32];
+#pragma unroll
+  for (u32 j = 0; j < 32; ++j)
+#pragma unroll
+    for (u32 r = 0; r < R; ++r) xv[r][j] = j < nj ? s_ldx(xr + (u64)r * K + j * S_F32W_BLOCK) : (u16)0;
+#pragma unroll
+  for (u32 r = 0; r < R; ++r) {
+    float t = 0.0f;
+#pragma unroll
+    for (u32 j = 0; j < 32; ++j)
+      t += m3_bf16_to_f32(xv[r][j]) * wv[j];
+    s[r] = m3_warp_sum(t);
+  }
+}
+
 /// y[m][n] = sum_k f32(x[m][k]) * w[n][k] for f32 weights (the router):
-/// CTA n's share, its weight row held in registers (K <= 32 * blockDim,
+/// CTA n's share, its weight row held in registers (K <= 32 * S_F32W_BLOCK,
 /// loaded before the dependency wait) and reused for every row m; `part`
 /// is the caller's shared [8][32] (8 warps of 32 lanes; 4 wavefronts of 64
-/// use half).
+/// use half). Block S_F32W_BLOCK.
+#if S_F32W_HOIST
+M3_DEV void s_linear_f32w(const u16* x, const float* __restrict__ w, u32 n, u32 N, u32 K, u32 M, float* y,
+                          float (*part)[32]) {
+  M3_PDL_TRIGGER();
+  const u32 lane = threadIdx.x % M3_WARP, warp = threadIdx.x / M3_WARP;
+  const u32 nw = S_F32W_BLOCK / M3_WARP;
+  const float* wr = w + (u64)n * K + threadIdx.x;
+  // the j with k = threadIdx.x + j * S_F32W_BLOCK below K
+  const u32 nj = K > threadIdx.x ? (K - threadIdx.x + S_F32W_BLOCK - 1u) / S_F32W_BLOCK : 0u;
+  float wv[32];
+#pragma unroll
+  for (u32 j = 0; j < 32; ++j) wv[j] = j < nj ? wr[j * S_F32W_BLOCK] : 0.0f;
+  M3_PDL_WAIT();
+  const u16* xt = x + threadIdx.x;
+  for (u32 m0 = 0; m0 < M; m0 += 32u) {
+    const u32 mc = min(32u, M - m0);
+    u32 mm = 0;
+#if S_F32W_ROWS > 1
+    for (; mm + 2u <= mc; mm += 2u) {
+      float s[2];
+      s_f32w_rows<2>(xt + (u64)(m0 + mm) * K, K, nj, wv, s);
+      if (lane == 0) { part[warp][mm] = s[0]; part[warp][mm + 1u] = s[1]; }
+    }
+#endif
+    for (; mm < mc; ++mm) {
+      float s[1];
+      s_f32w_rows<1>(xt + (u64)(m0 + mm) * K, K, nj, wv, s);
+      if (lane == 0) part[warp][mm] = s[0];
+    }
+    __syncthreads();
+    for (u32 mm2 = threadIdx.x; mm2 < mc; mm2 += S_F32W_BLOCK) {
+      float t = 0.0f;
+      for (u32 w2 = 0; w2 < nw; ++w2) t += part[w2][mm2];
+      y[(u64)(m0 + mm2) * N + n] = t;
+    }
+    __syncthreads();
+  }
+}
+#else
 M3_DEV void s_linear_f32w(const u16* x, const float* __restrict__ w, u32 n, u32 N, u32 K, u32 M, float* y,
                           float (*part)[32]) {
   M3_PDL_TRIGGER();
@@ -2087,7 +2175,8 @@ M3_DEV void s_linear_f32w(const u16* x, const float* __restrict__ w, u32 n, u32 
     __syncthreads();
   }
 }
-/// One CTA per output feature n. Grid N, block 256.
+#endif
+/// One CTA per output feature n. Grid N, block S_F32W_BLOCK.
 M3_KERNEL void m3s_linear_f32w(const u16* __restrict__ x, const float* __restrict__ w, u32 N, u32 K, u32 M,
                                float* __restrict__ y) {
   S_SMEM_SCOPE; S_SHARED(float, part, [8][32]);

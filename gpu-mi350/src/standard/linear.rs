@@ -35,7 +35,7 @@ pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).
-const F32W_BLOCK: u32 = 256;
+pub(crate) const F32W_BLOCK: u32 = 256;
 /// Largest K `m3s_linear_f32w` holds in registers (32 values a thread).
 pub(crate) const F32W_MAX_K: usize = 32 * F32W_BLOCK as usize;
 

@@ -352,7 +352,7 @@ pub struct PathOptions {
     pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
-    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); `S_F32W_HOIST=0|1 S_F32W_ROWS=1|2` (the router logits: every load of a row before its products, 1 or 2 rows a pass; CUDA defaults 1 / 2, HIP 0); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts

@@ -177,8 +177,9 @@ fn is_linear(name: &str) -> bool {
 /// batches a plain linear brings into L2 before its wait, which fast walks
 /// are software-pipelined (format bitmasks), whether the router's arrays
 /// are sized to the model's experts, which linear and attention bodies are
-/// inlined into the interpreter (masks), how a body's wait acquires.
-const MONO_TUNABLES: [(&str, Takes); 16] = [
+/// inlined into the interpreter (masks), how a body's wait acquires, how
+/// the router's logits loop issues its loads.
+const MONO_TUNABLES: [(&str, Takes); 18] = [
     ("S_MONO_INDIRECT", Takes::List(&["0", "1"])),
     ("S_MONO_MINB", Takes::List(&["1", "2"])),
     ("S_UNROLL_MUL", Takes::List(&["1", "2"])),
@@ -198,6 +199,8 @@ const MONO_TUNABLES: [(&str, Takes); 16] = [
     ("S_MONO_INLINE_LIN", Takes::UpTo(63)),
     ("S_MONO_INLINE_ATTN", Takes::UpTo(3)),
     ("S_MONO_WAKE_ACQ", Takes::List(&["0", "1"])),
+    ("S_F32W_HOIST", Takes::List(&["0", "1"])),
+    ("S_F32W_ROWS", Takes::List(&["1", "2"])),
 ];
 
 /// The values a mono tunable takes: these strings, or a decimal integer
@@ -1514,6 +1517,8 @@ mod tests {
             "S_MONO_INLINE_LIN=63",
             "S_MONO_INLINE_ATTN=2",
             "S_MONO_WAKE_ACQ=1",
+            "S_F32W_HOIST=0",
+            "S_F32W_ROWS=1",
         ] {
             assert!(mono_source(small, ok).is_ok(), "{ok}");
         }
@@ -1562,6 +1567,7 @@ mod tests {
             "S_MONO_INLINE_LIN=015",
             "S_MONO_INLINE_LIN=+3",
             "S_MONO_INLINE_ATTN=4",
+            "S_F32W_ROWS=4",
             "junk",
         ] {
             let e = mono_source(small, bad)

@@ -2,14 +2,15 @@
 # Session 37 (issue 13), any card, ~520 s. The router's logits loop
 # (s_linear_f32w) with every x load of a row issued before its first
 # product and two rows a pass (new) against the build before it (old,
-# .carry/old.tar.xz: HEAD 7363356), whose loads NVRTC 13.0 issued one or
-# two at a time in the mono build (SASS, bench/NOTES.md session 37); the
-# same bits. Both paths, b1 / b4 / b16, 2 rounds interleaved, each after a
-# 16-step gate -> ab.log; then M3_MONO_ROTATE_LATE=1 (rot, session 36's
+# .carry/old.tar.xz: HEAD 7363356), whose loads NVRTC 13.0 issued in
+# groups of ~8 in the mono build (SASS, bench/NOTES.md session 37); the
+# same bits. Both paths, b1 / b4 / b16, 2 rounds interleaved, each after
+# a 16-step gate -> ab.log; then M3_MONO_ROTATE_LATE=1 (rot, session 36's
 # prepared late-CTA rotation) and S_F32W_ROWS=1 (r1: one row a pass, the
-# mono build only) on the new build in the same rounds; then
-# the new build's b16 and b1 mono op profiles -> prof-new-b{16,1}.log
-# (the router's `run`: 60.8 us a b16 layer, 16.1 at b1 in session 36).
+# mono build only) on the new build in the same rounds; then the new
+# build's b16 and b1 mono op profiles -> prof-new-b{16,1}.log (the
+# router's `run`: 60.8 us a b16 layer, 16.1 at b1 in session 36). Ran at
+# a75a8ea; the defaults are now rot + r1, so `new` would be both.
 set -u
 . bench/device/common.sh
 m3_setup old

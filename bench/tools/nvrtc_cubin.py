@@ -7,7 +7,7 @@ Usage: NVRTC_LIB=/path/libnvrtc.so.13 [NVRTC_OPTS="-lineinfo ..."] nvrtc_cubin.p
   (e.g. "#define S_MMA_WARPS 4\\n#define S_MMA_MAXBT 2" for the small-step
   variant; the mono TU is mono_prelude.h standard_decode.cu
   standard_attention.cu mono.cu, and the engine puts the mono build's own
-  defaults first: add "#define S_H_PIPE_TILE 30\\n#define S_H_PIPE_ONE 4"
+  defaults first: add "#define S_H_PIPE_TILE 30\\n#define S_H_PIPE_ONE 4\\n#define S_F32W_ROWS 1"
   (gpu-mi350/src/standard/mono.rs MONO_DEFAULTS) to see its SASS). sm_90.
 """
 import ctypes

@@ -43,18 +43,20 @@ def parse(path):
         parts = [a.strip() for a in args.split(",")]
         dest = set()
         writes = not op.startswith(("ST", "RED", "BRA", "ISETP", "FSETP", "ATOMS"))
-        d = re.match(r"R(\d+)", parts[0]) if parts and writes else None
+        d = re.match(r"R(\d+)\b", parts[0]) if parts and writes else None
         if d:
             n = int(d.group(1))
             w = 4 if ".128" in op else 2 if ".64" in op or ".64" in parts[0] else 1
             dest = set(range(n, n + w))
-        srcs = {int(r) for p in (parts[1:] if dest else parts) for r in re.findall(r"R(\d+)", p)}
+        # (\b: not the R of a uniform register, UR4)
+        srcs = {int(r) for p in (parts[1:] if dest else parts) for r in re.findall(r"\bR(\d+)\b", p)}
         out.append((cur, op, dest, srcs))
     return out
 
 
 def is_load(op):
-    return op.startswith("LDG") or op.startswith("LD.") or op == "LD"
+    """A global (or generic) load: LDG, LD; not LDGSTS / LDGDEPBAR."""
+    return op == "LDG" or op.startswith("LDG.") or op.startswith("LD.") or op == "LD"
 
 
 def main():
@@ -70,6 +72,8 @@ def main():
         text = src.split("\n")
     stat = collections.defaultdict(lambda: [0, 0])
     loads = [i for i, x in enumerate(ins) if is_load(x[1])]
+    for a in loads[-1:]:
+        stat[ins[a][0]][0] += 1  # the last load: counted, never serialized
     for a, b in zip(loads, loads[1:]):
         line, _, dest, _ = ins[a]
         stat[line][0] += 1

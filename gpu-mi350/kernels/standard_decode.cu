@@ -2051,13 +2051,13 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
 /// F32W_BLOCK): a compile-time stride, so a thread's 32 loads of a row are
 /// one base register and immediate offsets.
 #define S_F32W_BLOCK 256u
-// 1: s_linear_f32w's row loop issues every x load of a row (of two rows,
-// S_F32W_ROWS) before the first product, a memory round trip a row (CUDA
-// default); 0: one row at a time, each product under its own `k < K`,
-// which NVRTC 13.0 compiled into loads issued one or two at a time (the
+// 1: s_linear_f32w's row loop issues every x load of its rows (one or
+// two, S_F32W_ROWS) before the first product: a memory round trip a pass
+// (CUDA default); 0: one row at a time, each product under its own
+// `k < K`, which NVRTC 13.0 compiled into loads issued a few at a time (the
 // form before session 37; HIP keeps it: the new one spills VGPRs in
 // gfx950's / gfx942's m3s_mono and m3s_linear_f32w, `cargo xtask
-// kernels`). The same products in the same order: the same bits.
+// kernels`). The same products in the same order: the same output bits.
 #ifndef S_F32W_HOIST
 #if defined(M3_HIP)
 #define S_F32W_HOIST 0
@@ -2065,20 +2065,27 @@ M3_KERNEL void m3s_markov_bias(const float* __restrict__ e, const float* __restr
 #define S_F32W_HOIST 1
 #endif
 #endif
-// Rows of x a pass with S_F32W_HOIST (1 or 2).
+// Rows of x a pass with S_F32W_HOIST (1 or 2; the mono build takes 1, its
+// MONO_DEFAULTS: session 37).
 #ifndef S_F32W_ROWS
 #define S_F32W_ROWS 2
+#endif
+#if S_F32W_ROWS != 1 && S_F32W_ROWS != 2
+#error "S_F32W_ROWS is 1 or 2"
 #endif
 
 /// R rows of x (from `xr`, this thread's first element; row stride K) times
 /// a thread's weights `wv` (k = threadIdx.x + j * S_F32W_BLOCK; j < nj are
 /// the k below K, and wv[j] is 0 past them), each summed over the warp into
 /// s: every load first, then each row's products in j order. A j past nj
-/// adds 0 * 0 = +0, which leaves the sum's bits as they are (it starts at
-/// +0 and round-to-nearest never makes it -0), so the products need no
-/// bound: with `if (k < K)` on each, NVRTC 13.0 issued the loads one or two
-/// at a time, a memory round trip each (the mono build at b16 spent ~3 us
-/// a row on it; bench/NOTES.md session 37).
+/// adds 0 x 0, so the products need no bound. That add can only turn a -0
+/// thread sum into +0 (a -0 comes from an FMA whose product underflows);
+/// the warp sums carry at most that zero's sign, and the output's sum
+/// starts at +0.0f, which takes either zero to +0: the output's bits are
+/// those of the bounded loop. With `if (k < K)` on each product, NVRTC 13.0
+/// sank each load to its product: the mono build's loads went out in
+/// groups of ~8 (3-4 memory round trips a row; ~3 us a row at b16), a
+/// small test kernel's one at a time (bench/NOTES.md session 37).
 template <u32 R>
 M3_DEV void s_f32w_rows(const u16* xr, u32 K, u32 nj, const float (&wv)[32], float (&s)[R]) {
   u16 xv[R][32];
@@ -2131,10 +2138,10 @@ M3_DEV void s_linear_f32w(const u16* x, const float* __restrict__ w, u32 n, u32 
       if (lane == 0) part[warp][mm] = s[0];
     }
     __syncthreads();
-    for (u32 mm2 = threadIdx.x; mm2 < mc; mm2 += S_F32W_BLOCK) {
+    for (u32 m = threadIdx.x; m < mc; m += S_F32W_BLOCK) {
       float t = 0.0f;
-      for (u32 w2 = 0; w2 < nw; ++w2) t += part[w2][mm2];
-      y[(u64)(m0 + mm2) * N + n] = t;
+      for (u32 p = 0; p < nw; ++p) t += part[p][m];
+      y[(u64)(m0 + m) * N + n] = t;
     }
     __syncthreads();
   }
@@ -2327,6 +2334,7 @@ M3_KERNEL void m3s_router_warp(const float* __restrict__ z, const float* __restr
 
 /// Threads of m3s_router_small (the host's ROUTER_SMALL_BLOCK).
 #define S_ROUTER_BLOCK 256
+static_assert(S_ROUTER_BLOCK == S_F32W_BLOCK, "m3s_router_small's logits are s_linear_f32w's");
 /// Rows m3s_router_small takes at most (the host's ROUTER_SMALL_ROWS): its
 /// chosen ids also sit in shared memory for the grouping.
 #define S_ROUTER_ROWS 16

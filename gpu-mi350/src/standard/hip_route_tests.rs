@@ -842,12 +842,14 @@ fn mono_programs_of_two_rows(opts: PathOptions) -> Vec<Vec<super::mono::OpAbout>
 /// pairing on, the same ops as without, each chain in its own order, some
 /// op sharing its phase with the next, and that next op's blocks rotated
 /// past the CTAs the first fills (CUs x occupancy = 912 here); with it
-/// off, no shared phase and no rotation.
+/// off, no shared phase and no rotation (`mono_rotate_late` off: the
+/// pairing's rotation alone).
 #[test]
 fn mono_programs_pair_the_shared_expert_with_the_routed_chain() {
     let programs = |pair: bool| {
         mono_programs_of_two_rows(PathOptions {
             mono_pair_beside: pair,
+            mono_rotate_late: false,
             ..PathOptions::default()
         })
     };

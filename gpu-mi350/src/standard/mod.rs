@@ -309,7 +309,10 @@ pub struct PathOptions {
     /// the head norm runs on q|k|v's 88 second-round CTAs, the index
     /// scores on the head norm's. The same
     /// results bit for bit (which CTA runs a block does not change its
-    /// sums). Untimed: off. The CLI reads `M3_MONO_ROTATE_LATE=0|1`.
+    /// sums). On by default: -3.9% a b1 mono layer, b4 and b16 flat
+    /// (H100, 3 rounds interleaved, every gate bitwise; with the router's
+    /// one-row loop -5.3% / -1.1% / -0.6% against neither; bench/NOTES.md
+    /// session 37). The CLI reads `M3_MONO_ROTATE_LATE=0|1`.
     pub mono_rotate_late: bool,
     /// The mono kernel's shared-memory carve-out, percent of an SM's most
     /// shared memory (CUDA; a value below the fit is raised to it, and the
@@ -352,7 +355,7 @@ pub struct PathOptions {
     pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
-    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); `S_F32W_HOIST=0|1 S_F32W_ROWS=1|2` (the router logits: every load of a row before its products, 1 or 2 rows a pass; CUDA defaults 1 / 2, HIP 0); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); `S_F32W_HOIST=0|1 S_F32W_ROWS=1|2` (the router logits: every load of a row before its products, 1 or 2 rows a pass; the kernel's CUDA default 1 / HIP 0, and the mono build's row default 1, see `MONO_DEFAULTS` in mono.rs); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts
@@ -497,7 +500,7 @@ impl Default for PathOptions {
             mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
             mono_pair_beside: true,
             mono_main_first: false,
-            mono_rotate_late: false,
+            mono_rotate_late: true,
             mono_carveout: None,
             mono_router_split: false,
             mono_layers_per_launch: 1,

@@ -247,7 +247,16 @@ const PIPE_MASKS: &[&str] = &[
 /// -3.5% a b16 mono layer, -0.3% at b1 (every one-row walk pipelined: +0.5%
 /// at b1), the kernel still at 128 registers and 800 bytes of stack
 /// (NVRTC 13.0). The fast walk is CUDA's; HIP's build ignores them.
-const MONO_DEFAULTS: [(&str, &str); 2] = [("S_H_PIPE_TILE", "30"), ("S_H_PIPE_ONE", "4")];
+/// The router's logits loop takes one row a pass (`S_F32W_ROWS`; the
+/// standard build two, not timed against one there): session 37 (H100, 3
+/// rounds, every gate bitwise) had one row -1.6% a b1, -1.4% a b4 and
+/// -0.5% a b16 mono layer against two. HIP keeps the unhoisted loop,
+/// which ignores it.
+const MONO_DEFAULTS: [(&str, &str); 3] = [
+    ("S_H_PIPE_TILE", "30"),
+    ("S_H_PIPE_ONE", "4"),
+    ("S_F32W_ROWS", "1"),
+];
 
 /// The mono translation unit: `extra` (`NAME=VALUE` pairs of
 /// [`MONO_TUNABLES`]), the prelude, the standard sources with the
@@ -741,7 +750,7 @@ impl Mono {
             ids,
             pair_beside: true,
             main_first: false,
-            rotate_late: false,
+            rotate_late: true,
             spread: true,
             layers_per_launch: 1,
             programs: HashMap::new(),
@@ -1539,15 +1548,16 @@ mod tests {
         // names them
         assert!(src
             .body
-            .contains("#define S_H_PIPE_TILE 30\n#define S_H_PIPE_ONE 4\n"));
+            .contains("#define S_H_PIPE_TILE 30\n#define S_H_PIPE_ONE 4\n#define S_F32W_ROWS 1\n"));
         let off = mono_source(small, "S_H_PIPE_TILE=0 S_H_PIPE_ONE=0").expect("source");
-        assert!(off
-            .body
-            .starts_with("#define S_H_PIPE_TILE 0\n#define S_H_PIPE_ONE 0\n//"));
+        assert!(off.body.starts_with(
+            "#define S_H_PIPE_TILE 0\n#define S_H_PIPE_ONE 0\n#define S_F32W_ROWS 1\n//"
+        ));
         assert!(!off.body.contains("#define S_H_PIPE_TILE 30"));
         let mine = mono_source("S_MMA_WARPS=4 S_MMA_MAXBT=2 S_H_PIPE_ONE=2", "").expect("source");
         assert!(
-            mine.body.starts_with("#define S_H_PIPE_TILE 30\n/"),
+            mine.body
+                .starts_with("#define S_H_PIPE_TILE 30\n#define S_F32W_ROWS 1\n/"),
             "{}",
             &mine.body[..80]
         );

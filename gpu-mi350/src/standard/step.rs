@@ -1020,6 +1020,7 @@ mod tests {
         for want in [
             format!("#define S_ROUTER_BLOCK {ROUTER_SMALL_BLOCK}\n"),
             format!("#define S_ROUTER_ROWS {ROUTER_SMALL_ROWS}\n"),
+            // (both host constants pinned to the one kernel stride)
             format!("#define S_F32W_BLOCK {ROUTER_SMALL_BLOCK}u\n"),
             format!(
                 "#define S_F32W_BLOCK {}u\n",

@@ -323,6 +323,11 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
     })
 }
 
+/// Whether the define list `defines` (`NAME=VALUE` pairs) holds `kv`.
+fn sets(defines: &str, kv: &str) -> bool {
+    defines.split_whitespace().any(|x| x == kv)
+}
+
 /// Refuse mono tunables the `vendor`'s build cannot take, before the
 /// compiler does: the early start on HIP (mono_prelude.h `S_MONO_EARLY`:
 /// its waiters spin beside their poller's lane, which wave64 lockstep
@@ -331,7 +336,7 @@ pub fn mono_source(small: &str, extra: &str) -> Result<KernelSource> {
 /// interpreter has no inlining switch: on HIP, or with `S_MONO_INDIRECT=0`
 /// or `S_MONO_INLINE_SMALL=0`.
 fn defines_fit(vendor: Vendor, extra: &str) -> Result<()> {
-    let has = |kv: &str| extra.split_whitespace().any(|x| x == kv);
+    let has = |kv: &str| sets(extra, kv);
     if vendor == Vendor::Hip && has("S_MONO_EARLY=1") {
         return Err(GpuError::input(
             "mono defines",
@@ -662,10 +667,7 @@ impl Mono {
         m.pair_beside = opts.mono_pair_beside;
         m.main_first = opts.mono_main_first;
         m.rotate_late = opts.mono_rotate_late;
-        m.spread = !opts
-            .mono_defines
-            .split_whitespace()
-            .any(|kv| kv == "S_MONO_SPREAD=0");
+        m.spread = !sets(opts.mono_defines, "S_MONO_SPREAD=0");
         m.layers_per_launch = opts.mono_layers_per_launch;
         Ok(m)
     }

@@ -1020,8 +1020,7 @@ mod tests {
         for want in [
             format!("#define S_ROUTER_BLOCK {ROUTER_SMALL_BLOCK}\n"),
             format!("#define S_ROUTER_ROWS {ROUTER_SMALL_ROWS}\n"),
-            // (both host constants pinned to the one kernel stride)
-            format!("#define S_F32W_BLOCK {ROUTER_SMALL_BLOCK}u\n"),
+            // (the kernel asserts S_ROUTER_BLOCK == S_F32W_BLOCK)
             format!(
                 "#define S_F32W_BLOCK {}u\n",
                 super::super::linear::F32W_BLOCK

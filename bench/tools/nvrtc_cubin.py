@@ -33,6 +33,11 @@ def main():
         lib.nvrtcGetProgramLog(prog, log)
         sys.exit(log.value.decode()[-4000:])
     n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    if n.value > 1:  # ptxas -v's report (NVRTC_OPTS="--ptxas-options=-v"), warnings
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        sys.stderr.write(log.value.decode())
     lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
     b = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetCUBIN(prog, b)

@@ -389,7 +389,7 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 #endif
 
 // Attention bodies inlined too, a bit mask: 1 the index scores, 2 the
-// split attention partial; 0: called. Session 35's in-graph ablation
+// split attention partial, 4 the sparse one; 0: called. Session 35's in-graph ablation
 // (H100, b1): index scores 6.9 us a mono layer against 2.7 on the standard
 // path, the partial 10.5 against 5.1. Called, their functions take 752 /
 // 304-byte frames and 1440 / 292 bytes of spill stores (NVRTC 13.0; 128
@@ -398,6 +398,10 @@ S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
 // (beside S_MONO_INLINE_LIN 3). Measured with 2 against 0 (H100, session
 // 36, 2 rounds interleaved, every 16-step gate bitwise): b1 -2.8%, b4
 // -0.7%, b16 +0.6%; with the other two new defaults see S_MONO_INLINE_LIN.
+// 4: the sparse partial (steps past the split's rows); called, its function spills 920 /
+// 1324 bytes; 6 gives the interpreter 724 / 1084 (NVRTC 13.0). 6 against
+// 2 (H100, session 38, one round, gated bit for bit): b1 +0.7%, b4 -1.2%,
+// b16 -1.2%: within a round's spread, not a default.
 // 2 on CUDA's inlining switch; HIP and the switch's absence: 0.
 #ifndef S_MONO_INLINE_ATTN
 #if defined(M3_HIP) || !(S_MONO_INDIRECT && S_MONO_INLINE_SMALL)
@@ -434,6 +438,9 @@ M3_DEV void s_mono_run(u32 fn, const unsigned char* p) {
 #endif
 #if S_MONO_INLINE_ATTN & 2
     S_MONO_INLINE(m3s_attn_partial_split)
+#endif
+#if S_MONO_INLINE_ATTN & 4
+    S_MONO_INLINE(m3s_attn_partial_sparse)
 #endif
 #if S_MONO_INLINE_LIN & 1
     S_MONO_INLINE(m3s_mma_e4m3_r1)

@@ -630,7 +630,9 @@ M3_KERNEL void M3_HIP_BLOCK(SK_THREADS)
 #define SA_TILE 128      // keys per tile (32 per mma group)
 #define SA_SPLIT 4       // m3s_attn_partial_split: parts of a selected block, one CTA each (tiles of SA_TILE / SA_SPLIT)
 #define SA_MAXHG 16      // q heads per KV head (the mma's M = 16)
-#define SA_MAXD 256      // head dim
+#ifndef SA_MAXD
+#define SA_MAXD 256      // largest head dim (host-set smaller for a timing A/B: attn.rs)
+#endif
 #define SA_QS (SA_MAXD / 2 + 4)   // u32 (bf16 pairs) per q row in shared memory
 #define SA_PS (SA_TILE + 8)       // floats per score row in shared memory
 #define SA_KB 2                   // 32-wide d groups whose K codes are loaded at once (fp8; bf16: half)
@@ -798,7 +800,10 @@ M3_DEV void sa_split_bf16(float x0, float x1, u32& hi, u32& mid, u32& lo) {
 /// Caches [slot][nkv][d]: E4M3 codes, bf16 bits (S_CACHE_BF16; ks = vs =
 /// 1), or NVFP4 codes [slot][nkv][d / 2] with block scales ksc / vsc
 /// [slot][nkv][d / 16] (S_CACHE_NVFP4; ks, vs the global scales).
-template <int CK, int SPLIT>
+/// VG: 32-wide output d groups an mma group holds (SA_VG for any d up to
+/// SA_MAXD; 1 for d <= 128, the `_d128` entries: fewer registers, the same
+/// products in the same order, so the same bits).
+template <int CK, int SPLIT, int VG = SA_VG>
 M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,
                        const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc, float ks,
                        float vs, const u32* __restrict__ pos,
@@ -866,9 +871,9 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
   if (tid < SA_MAXHG) { hm[tid] = -S_INF; hl[tid] = 0.0f; }
   const u32 grp = tid / 32u, l32 = tid % 32u, lg = l32 / 4u, lt = l32 % 4u;
   const u32 ng = d / 32u;  // 32-wide d groups
-  float o[SA_VG][4][4];  // [d group][n-tile][c0..c3] of O rows lg, lg + 8
+  float o[VG][4][4];  // [d group][n-tile][c0..c3] of O rows lg, lg + 8
 #pragma unroll
-  for (int v = 0; v < SA_VG; ++v)
+  for (int v = 0; v < VG; ++v)
 #pragma unroll
     for (int n = 0; n < 4; ++n)
 #pragma unroll
@@ -979,7 +984,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
     //    steps in C::NVB batches of C::VS
     const float c0 = hc[lg], c1 = hc[lg + 8u];
 #pragma unroll
-    for (int v = 0; v < SA_VG; ++v)
+    for (int v = 0; v < VG; ++v)
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
         o[v][n][0] *= c0;
@@ -988,7 +993,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
         o[v][n][3] *= c1;
       }
 #pragma unroll
-    for (int v = 0; v < SA_VG; ++v) {
+    for (int v = 0; v < VG; ++v) {
       const u32 G = grp + 4u * (u32)v;
       if (4u * (u32)v >= ng) break;  // uniform over the CTA
 #pragma unroll
@@ -1025,7 +1030,7 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
   }
   // o columns 32G + 8lt + nt (c0 / c2) and 32G + 8lt + 4 + nt (c1 / c3)
 #pragma unroll
-  for (int v = 0; v < SA_VG; ++v) {
+  for (int v = 0; v < VG; ++v) {
     const u32 G = grp + 4u * (u32)v;
     if (G >= ng) break;
 #pragma unroll
@@ -1049,11 +1054,33 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 }
 
 #if defined(M3_CUDA)
-#define SA_BOUNDS __launch_bounds__(SA_THREADS, 4)  // 4 CTAs per SM: <= 128 registers
+// CTAs an SM the partials are built for (launch bounds: 4 is <= 128
+// registers); SA_MINB_SPLIT / SA_MINB_SPARSE for the split and sparse
+// entries alone (default SA_MINB). Host-set for a timing A/B
+// (`M3_ATTN_DEFINES`, attn.rs `AttnKernels::load`).
+#ifndef SA_MINB
+#define SA_MINB 4
+#endif
+#ifndef SA_MINB_SPLIT
+#define SA_MINB_SPLIT SA_MINB
+#endif
+#ifndef SA_MINB_SPARSE
+#define SA_MINB_SPARSE SA_MINB
+#endif
+// The `_d128` entries (d <= 128: one output d group an mma group): the
+// split partial at 8 CTAs an SM (64 registers; NVRTC 13.0), the sparse
+// one at SA_MINB_SPARSE.
+#ifndef SA_MINB_SPLIT_D128
+#define SA_MINB_SPLIT_D128 8
+#endif
+#ifndef SA_MINB_SPARSE_D128
+#define SA_MINB_SPARSE_D128 SA_MINB_SPARSE
+#endif
+#define SA_BOUNDS_N(n) __launch_bounds__(SA_THREADS, n)
 #else
 // HIP: the block size only (without bounds a kernel is built for 1024-thread
 // blocks, which caps a wave64 thread at 128 VGPRs: 1,530 spilled)
-#define SA_BOUNDS M3_HIP_BLOCK(SA_THREADS)
+#define SA_BOUNDS_N(n) M3_HIP_BLOCK(SA_THREADS)
 #endif
 /// See sa_partial. cache_kind (S_CACHE_*): what the K and V caches hold;
 /// ksc / vsc: NVFP4's block scales (unused otherwise). Uniform over the
@@ -1063,11 +1090,12 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 /// host's choice for small steps); separate kernels, not one branching,
 /// since the bodies together in one kernel spill registers that none does
 /// alone.
-#define SA_CALL(CK, SP)                                                                                            \
-  sa_partial<CK, SP>(q, nh, nkv, d, kc, vc, ksc, vsc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,  \
+#define SA_CALL(CK, SP) SA_CALL_VG(CK, SP, SA_VG)
+#define SA_CALL_VG(CK, SP, VG)                                                                                     \
+  sa_partial<CK, SP, VG>(q, nh, nkv, d, kc, vc, ksc, vsc, ks, vs, pos, row_seq, bt, bt_off, page, sel, K, B, T, part,  \
                      max_chunks, sscale, qs4, sp, roff, hm, hl, hc)
-#define SA_ENTRY(name, SP, DISPATCH)                                                                                \
-  M3_KERNEL void SA_BOUNDS name(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,       \
+#define SA_ENTRY(name, SP, DISPATCH, MINB)                                                                          \
+  M3_KERNEL void SA_BOUNDS_N(MINB) name(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const u8* __restrict__ kc,       \
                                 const u8* __restrict__ vc, const u8* __restrict__ ksc, const u8* __restrict__ vsc,  \
                                 float ks, float vs, const u32* __restrict__ pos, const u32* __restrict__ row_seq,   \
                                 const u32* __restrict__ bt, const u32* __restrict__ bt_off, u32 page,               \
@@ -1085,12 +1113,18 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
   }
 // bf16 / fp8 caches (one branch a CTA), and NVFP4 ones (S_NV_ONLY)
 #define SA_FP(SP) if (cache_kind == S_CACHE_BF16) SA_CALL(S_CACHE_BF16, SP); else SA_CALL(S_CACHE_FP8, SP)
-SA_ENTRY(m3s_attn_partial, 0, SA_FP(0))
-SA_ENTRY(m3s_attn_partial_sparse, 1, SA_FP(1))
-SA_ENTRY(m3s_attn_partial_split, SA_SPLIT, SA_FP(SA_SPLIT))
-SA_ENTRY(m3s_attn_partial_nv, 0, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 0)))
-SA_ENTRY(m3s_attn_partial_sparse_nv, 1, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 1)))
-SA_ENTRY(m3s_attn_partial_split_nv, SA_SPLIT, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, SA_SPLIT)))
+SA_ENTRY(m3s_attn_partial, 0, SA_FP(0), SA_MINB)
+SA_ENTRY(m3s_attn_partial_sparse, 1, SA_FP(1), SA_MINB_SPARSE)
+SA_ENTRY(m3s_attn_partial_split, SA_SPLIT, SA_FP(SA_SPLIT), SA_MINB_SPLIT)
+SA_ENTRY(m3s_attn_partial_nv, 0, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 0)), SA_MINB)
+SA_ENTRY(m3s_attn_partial_sparse_nv, 1, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, 1)), SA_MINB_SPARSE)
+SA_ENTRY(m3s_attn_partial_split_nv, SA_SPLIT, S_NV_ONLY(SA_CALL(S_CACHE_NVFP4, SA_SPLIT)), SA_MINB_SPLIT)
+// bf16 / fp8 caches with d <= 128 (the host's choice where the layer's d
+// fits: attn.rs)
+#define SA_FP1(SP) if (cache_kind == S_CACHE_BF16) SA_CALL_VG(S_CACHE_BF16, SP, 1); else SA_CALL_VG(S_CACHE_FP8, SP, 1)
+SA_ENTRY(m3s_attn_partial_sparse_d128, 1, SA_FP1(1), SA_MINB_SPARSE_D128)
+SA_ENTRY(m3s_attn_partial_split_d128, SA_SPLIT, SA_FP1(SA_SPLIT), SA_MINB_SPLIT_D128)
+#undef SA_FP1
 #undef SA_FP
 
 #define SC_THREADS 128  // m3s_attn_combine block size

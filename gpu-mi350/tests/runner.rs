@@ -1049,6 +1049,36 @@ fn fused_swiglu_is_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The d <= 128 attention partials (`PathOptions::attn_d128`: one output
+/// d group a warp, the split one built for more CTAs an SM) give the
+/// logits of the plain partials bit for bit over a 40-row prefill (the
+/// sparse partial) and 4 captured decode steps (the split one; with
+/// `extra` every step up to 64 rows takes the split). The check can fail:
+/// the run on a model whose shared experts have gate and up swapped
+/// differs.
+#[test]
+fn d128_attention_is_bitwise_the_same() {
+    let Some(mut gpu) = backend_or_skip("d128_attention_is_bitwise_the_same") else {
+        return;
+    };
+    let mx8 = WeightFormat::Mxfp8;
+    let failures = bitwise_over_models(
+        &mut gpu,
+        "the _d128 attention partials == the plain ones",
+        &[
+            ("tiny", WeightFormat::Mxfp4, mx8, false),
+            ("small", WeightFormat::Mxfp4, mx8, true),
+        ],
+        |o, on, extra| {
+            o.attn_d128 = on;
+            if extra {
+                o.attn_split_max_rows = 64;
+            }
+        },
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// A MoE layer's combine taken into the next layer's input RMSNorm
 /// (`PathOptions::fold_combine`: one launch a MoE layer fewer, the
 /// residual in two buffers in turn) gives the logits of the separate

@@ -68,6 +68,9 @@ const ATTN_COMBINE_BLOCK: u32 = 128;
 
 /// Index q heads the scores kernel holds in shared memory (SI_MAXH).
 pub(super) const MAX_INDEX_HEADS: usize = 8;
+/// Largest head dim the `_d128` partials take (one 32-wide output d group
+/// a warp of four: standard_attention.cu `sa_partial<.., VG = 1>`).
+pub(super) const D128_MAX_HEAD_DIM: usize = 128;
 /// Largest head dim / index head dim (SI_MAXD, SA_MAXD): bounds shared memory.
 pub(super) const MAX_HEAD_DIM: usize = 256;
 /// Most q heads per KV head (SA_MAXHG): one CTA holds all of them.
@@ -162,13 +165,75 @@ pub(crate) struct AttnKernels {
     attn_partial_nv: Func,
     attn_partial_sparse_nv: Func,
     attn_partial_split_nv: Func,
+    /// The sparse and split partials for d <= 128 (bf16 / fp8 caches): one
+    /// output d group a warp, fewer registers, more CTAs an SM; the same
+    /// bits ([`AttnKernels::d128`]).
+    attn_partial_sparse_d128: Func,
+    attn_partial_split_d128: Func,
     attn_combine: Func,
+    /// Whether layers with d <= [`D128_MAX_HEAD_DIM`] take the `_d128`
+    /// partials ([`super::PathOptions::attn_d128`]).
+    d128: bool,
+    /// The head dim the partials and the merge were compiled for
+    /// (`SA_MAXD`): a layer's must not exceed it.
+    max_head_dim: usize,
+}
+
+/// The attention kernels' compile-time settings a timing A/B may set
+/// (`M3_ATTN_DEFINES`, [`super::PathOptions::attn_defines`]): `SA_MAXD`
+/// (the largest head dim: 64, 128 or 256; the partial's output registers
+/// and shared memory scale with it) and the partials' launch bounds
+/// `SA_MINB`, `SA_MINB_SPLIT`, `SA_MINB_SPARSE`, `SA_MINB_SPLIT_D128`,
+/// `SA_MINB_SPARSE_D128` (CTAs an SM, 1..=8; CUDA launch bounds, which the
+/// HIP build does not take).
+/// Returns the source to compile and the head dim it holds.
+pub(super) fn attn_source(defines: &str) -> Result<(crate::kernels::KernelSource, usize)> {
+    let bad =
+        |why: String| GpuError::input("attention kernel defines", format!("`{defines}`: {why}"));
+    let mut prefix = String::new();
+    let mut maxd = MAX_HEAD_DIM;
+    for kv in defines.split_whitespace() {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
+        let n: usize = v
+            .parse()
+            .map_err(|_| bad(format!("`{v}` is not a number")))?;
+        match k {
+            "SA_MAXD" if [64, 128, 256].contains(&n) => maxd = n,
+            "SA_MINB"
+            | "SA_MINB_SPLIT"
+            | "SA_MINB_SPARSE"
+            | "SA_MINB_SPLIT_D128"
+            | "SA_MINB_SPARSE_D128"
+                if (1..=8).contains(&n) => {}
+            _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
+        }
+        prefix.push_str(&format!("#define {k} {n}\n"));
+    }
+    let src = if prefix.is_empty() {
+        super::STANDARD
+    } else {
+        // leaked at each load with defines (a diagnosis switch): a
+        // KernelSource holds &'static text; the module cache compiles it once
+        let body: &'static str =
+            Box::leak(format!("{prefix}{}", super::STANDARD.body).into_boxed_str());
+        crate::kernels::KernelSource {
+            body,
+            ..super::STANDARD
+        }
+    };
+    Ok((src, maxd))
 }
 
 impl AttnKernels {
-    /// Load the kernels from the standard path's module.
-    pub(super) fn load(gpu: &dyn Gpu) -> Result<Self> {
-        let f = |n: &str| gpu.kernel(&super::STANDARD, n);
+    /// Load the kernels from the standard path's module, compiled with
+    /// `defines` (empty: the module itself; see [`attn_source`]); `d128`:
+    /// whether sparse layers with d <= [`D128_MAX_HEAD_DIM`] take the
+    /// `_d128` partials.
+    pub(super) fn load(gpu: &dyn Gpu, defines: &str, d128: bool) -> Result<Self> {
+        let (src, max_head_dim) = attn_source(defines)?;
+        let f = |n: &str| gpu.kernel(&src, n);
         Ok(AttnKernels {
             index_scores: f("m3s_index_scores")?,
             index_scores_nv: f("m3s_index_scores_nv")?,
@@ -179,7 +244,11 @@ impl AttnKernels {
             attn_partial_nv: f("m3s_attn_partial_nv")?,
             attn_partial_sparse_nv: f("m3s_attn_partial_sparse_nv")?,
             attn_partial_split_nv: f("m3s_attn_partial_split_nv")?,
+            attn_partial_sparse_d128: f("m3s_attn_partial_sparse_d128")?,
+            attn_partial_split_d128: f("m3s_attn_partial_split_d128")?,
             attn_combine: f("m3s_attn_combine")?,
+            d128,
+            max_head_dim,
         })
     }
 }
@@ -540,6 +609,12 @@ pub(super) fn index_select(sp: &Launcher, k: &AttnKernels, a: &IndexArgs) -> Res
 /// Attention: per-chunk partials, then the merge into `a.out`.
 pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<()> {
     check_attn(a)?;
+    if a.d > k.max_head_dim {
+        return Err(bad(format!(
+            "head dim {} exceeds the attention kernels' compiled SA_MAXD {} (M3_ATTN_DEFINES)",
+            a.d, k.max_head_dim
+        )));
+    }
     let (t, nh, nkv, d) = (a.t as u32, a.nh as u32, a.nkv as u32, a.d as u32);
     let mc = a.max_chunks as u32;
     // a sparse layer has topk * split chunks per row: no CTAs for the rest
@@ -550,7 +625,9 @@ pub(crate) fn attention(sp: &Launcher, k: &AttnKernels, a: &AttnArgs) -> Result<
         "attn_partial",
         match (a.sel != 0, a.split, a.cache == KvKind::Nvfp4) {
             (false, _, false) => &k.attn_partial,
+            (true, 1, false) if k.d128 && a.d <= D128_MAX_HEAD_DIM => &k.attn_partial_sparse_d128,
             (true, 1, false) => &k.attn_partial_sparse,
+            (true, _, false) if k.d128 && a.d <= D128_MAX_HEAD_DIM => &k.attn_partial_split_d128,
             (true, _, false) => &k.attn_partial_split,
             (false, _, true) => &k.attn_partial_nv,
             (true, 1, true) => &k.attn_partial_sparse_nv,
@@ -631,6 +708,55 @@ mod tests {
         assert_eq!(d("S_CACHE_FP8"), Some(KvKind::Fp8 as usize));
         assert_eq!(d("S_CACHE_BF16"), Some(KvKind::Bf16 as usize));
         assert_eq!(d("S_CACHE_NVFP4"), Some(KvKind::Nvfp4 as usize));
+    }
+
+    /// `M3_ATTN_DEFINES`: the listed names and values become `#define`s
+    /// ahead of the module (which then reads them: its own are `#ifndef`
+    /// guarded), the head dim bound comes back, anything else is refused
+    /// and named.
+    #[test]
+    fn attn_defines_are_checked_and_prefixed() {
+        let (plain, d) = attn_source("").unwrap();
+        assert_eq!(
+            (plain.body.len(), d),
+            (super::super::STANDARD.body.len(), MAX_HEAD_DIM)
+        );
+        let (src, d) = attn_source("SA_MAXD=128 SA_MINB_SPLIT=8").unwrap();
+        assert_eq!(d, 128);
+        assert!(src
+            .body
+            .starts_with("#define SA_MAXD 128\n#define SA_MINB_SPLIT 8\n"));
+        // the module's own value yields to the prefix
+        for name in [
+            "SA_MAXD",
+            "SA_MINB",
+            "SA_MINB_SPLIT",
+            "SA_MINB_SPARSE",
+            "SA_MINB_SPLIT_D128",
+            "SA_MINB_SPARSE_D128",
+        ] {
+            assert!(
+                super::super::STANDARD
+                    .body
+                    .contains(&format!("#ifndef {name}\n")),
+                "{name} is not #ifndef-guarded"
+            );
+        }
+        for bad in [
+            "SA_MAXD=96",
+            "SA_MAXD=512",
+            "SA_MINB=0",
+            "SA_MINB_SPARSE=9",
+            "SA_TILE=64",
+            "SA_MAXD",
+            "SA_MINB=x",
+        ] {
+            let e = attn_source(bad)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 
     /// m3.1 at batch 1: 4 KV heads, 16 q heads each, d 128, B 128, K 16.
@@ -1082,7 +1208,7 @@ mod gpu_tests {
     fn run(gpu: &dyn Gpu, c: &Case, seed: u64) -> Outcome {
         let ctx = gpu.device();
         let l = Launcher::new(ctx, true).unwrap();
-        let k = AttnKernels::load(gpu).unwrap();
+        let k = AttnKernels::load(gpu, "", false).unwrap();
         let mut rng = TestRng(seed);
         let (t, di, b) = (c.rows.len(), c.di, c.block);
         let vb = if c.cache == KvKind::Bf16 { 2 } else { 1 };

@@ -149,6 +149,8 @@ pub const STANDARD: KernelSource = KernelSource {
         "m3s_attn_partial_nv",
         "m3s_attn_partial_sparse_nv",
         "m3s_attn_partial_split_nv",
+        "m3s_attn_partial_sparse_d128",
+        "m3s_attn_partial_split_d128",
         "m3s_attn_combine",
         "m3s_l2_prefetch",
     ],
@@ -255,13 +257,28 @@ pub struct PathOptions {
     /// instead of three launches of its own, and is added after the routed
     /// sum exactly as before (the same products, the same f32 sum).
     pub fold_shared_expert: bool,
-    /// Steps of at most `attn::SPLIT_MAX_ROWS` rows run sparse attention
+    /// Steps of at most [`PathOptions::attn_split_max_rows`] rows run sparse attention
     /// with each selected block split over `attn::SPARSE_SPLIT` CTAs
     /// (`m3s_attn_partial_split`: -10% a batch-1 step on the H200,
     /// bench/NOTES.md session 7). Its partials merge in another order than
     /// a prefill's, so with it on a decode row is not bit-identical to the
     /// same row in a larger step (as with `small_step_variant`).
     pub small_step_attn_split: bool,
+    /// Steps of at most this many rows take the split partial (with
+    /// `small_step_attn_split` on): [`attn::SPLIT_MAX_ROWS`] by default. The
+    /// CLI reads `M3_ATTN_SPLIT_MAX_ROWS` (timing A/Bs).
+    pub attn_split_max_rows: usize,
+    /// The attention kernels' compile-time settings (`SA_MAXD`, the
+    /// partials' launch bounds; empty: the standard module as it is, see
+    /// `attn::attn_source`). The CLI reads `M3_ATTN_DEFINES` (timing A/Bs).
+    pub attn_defines: &'static str,
+    /// Sparse layers whose head dim is at most 128 (bf16 and fp8 caches)
+    /// take the `_d128` attention partials (standard_attention.cu: one
+    /// output d group a warp; the split one built for 8 CTAs an SM, against
+    /// 4 for any d): the same bits. Off until timed on a device (session
+    /// 38 prepared `bench/device/s38b.sh` and got no machine). The CLI
+    /// reads `M3_ATTN_D128=0|1`.
+    pub attn_d128: bool,
     /// Load the mono path: decode steps of up to [`PathOptions::mono_rows`]
     /// rows (at most `MONO_MAX_ROWS`, 64) then run each layer as one
     /// persistent launch running the standard kernels' bodies as a
@@ -355,7 +372,7 @@ pub struct PathOptions {
     pub mono_layers_per_launch: usize,
     /// The mono build's tunables (`S_MONO_INDIRECT=0|1 S_MONO_MINB=1|2 S_UNROLL_MUL=1|2
     /// S_UNROLL_HALF=0|1 S_MONO_SPREAD=0|1 S_MONO_EARLY=0|1 S_MONO_SKIP=0|1
-    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-3` (a mask, the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); `S_F32W_HOIST=0|1 S_F32W_ROWS=1|2` (the router logits: every load of a row before its products, 1 or 2 rows a pass; the kernel's CUDA default 1 / HIP 0, and the mono build's row default 1, see `MONO_DEFAULTS` in mono.rs); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
+    /// S_MONO_INLINE_SMALL=0|1 S_MONO_OPS_SMEM=0|1 S_PDL_AHEAD=1|2|3|4|6|8|12|16 S_H_PIPE_ONE|S_H_PIPE_TILE=0..30` (even; the mono build's own defaults 4 / 30, see `MONO_DEFAULTS` in mono.rs) `S_ROUTER_FIT=0|1 S_MONO_INLINE_LIN=0-63` (a mask, the CUDA default 63) `S_MONO_INLINE_ATTN=0-7` (a mask: 1 index scores, 2 split partial, 4 sparse partial; the CUDA default 2; both turned to 0 by `S_MONO_INDIRECT=0` or `S_MONO_INLINE_SMALL=0`, which refuse a non-zero mask) `S_MONO_WAKE_ACQ=0|1` (the wait's acquire: a GPU-scope fence, or one acquire load; default 1); `S_F32W_HOIST=0|1 S_F32W_ROWS=1|2` (the router logits: every load of a row before its products, 1 or 2 rows a pass; the kernel's CUDA default 1 / HIP 0, and the mono build's row default 1, see `MONO_DEFAULTS` in mono.rs); empty: the mono build's defaults). The CLI reads `M3_MONO_DEFINES` for A/B runs.
     pub mono_defines: &'static str,
     /// Each MoE layer's shared expert (gate + up, SwiGLU, down) runs on a
     /// second stream beside the router and the routed experts
@@ -496,6 +513,9 @@ impl Default for PathOptions {
             small_step_max_rows: SMALL_TILE_MAX_ROWS,
             fold_shared_expert: false,
             small_step_attn_split: true,
+            attn_split_max_rows: attn::SPLIT_MAX_ROWS,
+            attn_defines: "",
+            attn_d128: false,
             mono: false,
             mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
             mono_pair_beside: true,
@@ -529,6 +549,10 @@ impl PathOptions {
     /// `M3_SMALL_STEP_VARIANT=0` turns the small-step variant off,
     /// `M3_SMALL_STEP_DEFINES` replaces its compile-time defines,
     /// `M3_SMALL_STEP_MAX_ROWS` sets the rows it takes,
+    /// `M3_ATTN_DEFINES` the attention kernels' defines
+    /// ([`PathOptions::attn_defines`]), `M3_ATTN_SPLIT_MAX_ROWS` the split
+    /// partial's rows ([`PathOptions::attn_split_max_rows`]),
+    /// `M3_ATTN_D128=0|1` the d <= 128 partials ([`PathOptions::attn_d128`]),
     /// `M3_MONO_DEFINES` sets the mono build's (see [`mono::mono_source`]),
     /// `M3_MONO_PAIR=0|1` its beside phases ([`PathOptions::mono_pair_beside`]),
     /// `M3_MONO_MAIN_FIRST=0|1` their order ([`PathOptions::mono_main_first`]),
@@ -559,6 +583,15 @@ impl PathOptions {
         }
         if let Some(d) = env_text("M3_SMALL_STEP_DEFINES") {
             self.small_step_defines = d;
+        }
+        if let Some(d) = env_text("M3_ATTN_DEFINES") {
+            self.attn_defines = d;
+        }
+        if let Some(on) = env_flag("M3_ATTN_D128") {
+            self.attn_d128 = on;
+        }
+        if let Some(n) = env_usize("M3_ATTN_SPLIT_MAX_ROWS") {
+            self.attn_split_max_rows = n;
         }
         if let Some(d) = env_text("M3_MONO_DEFINES") {
             self.mono_defines = d;
@@ -707,7 +740,7 @@ impl Kernels {
                 f32w: f("m3s_linear_f32w")?,
                 x_f16: f("m3s_x_f16")?,
             },
-            attn: attn::AttnKernels::load(gpu)?,
+            attn: attn::AttnKernels::load(gpu, opts.attn_defines, opts.attn_d128)?,
             route: f("m3s_route")?,
             router_warp: f("m3s_router_warp")?,
             router_small: f("m3s_router_small")?,

@@ -102,6 +102,13 @@ impl MonoCrossover {
     }
 }
 
+/// Standard-path entry points that run another op's body, as (entry, op):
+/// the d <= 128 attention partials (standard_attention.cu `_d128`).
+const ATTN_ALIASES: [(&str, &str); 2] = [
+    ("m3s_attn_partial_sparse_d128", "m3s_attn_partial_sparse"),
+    ("m3s_attn_partial_split_d128", "m3s_attn_partial_split"),
+];
+
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
 pub(crate) const MONO_THREADS: u32 = 256;
 
@@ -197,7 +204,7 @@ const MONO_TUNABLES: [(&str, Takes); 18] = [
     ("S_H_PIPE_TILE", Takes::List(PIPE_MASKS)),
     ("S_ROUTER_FIT", Takes::List(&["0", "1"])),
     ("S_MONO_INLINE_LIN", Takes::UpTo(63)),
-    ("S_MONO_INLINE_ATTN", Takes::UpTo(3)),
+    ("S_MONO_INLINE_ATTN", Takes::UpTo(7)),
     ("S_MONO_WAKE_ACQ", Takes::List(&["0", "1"])),
     ("S_F32W_HOIST", Takes::List(&["0", "1"])),
     ("S_F32W_ROWS", Takes::List(&["1", "2"])),
@@ -669,7 +676,34 @@ impl Mono {
         m.rotate_late = opts.mono_rotate_late;
         m.spread = !sets(opts.mono_defines, "S_MONO_SPREAD=0");
         m.layers_per_launch = opts.mono_layers_per_launch;
+        if !opts.attn_defines.is_empty() {
+            // the standard path's attention kernels then come from a module
+            // of their own (`M3_ATTN_DEFINES`): its launches are the same ops
+            // (mono runs its own bodies either way)
+            let (src, _) = super::attn::attn_source(opts.attn_defines)?;
+            m.alias_ops(gpu, &src, true)?;
+        }
         Ok(m)
+    }
+
+    /// Take the launches of `src`'s kernels that are another entry point's
+    /// body (the `_d128` attention partials: the split and sparse bodies
+    /// with one output d group a warp, the same bits) and, with `own` (`src`
+    /// is a module of its own: `M3_ATTN_DEFINES`), its every non-linear
+    /// kernel, as the ops they run: mono runs its own bodies either way.
+    fn alias_ops(&mut self, gpu: &dyn Gpu, src: &KernelSource, own: bool) -> Result<()> {
+        let id = |name: &str| MONO_OPS.iter().position(|n| *n == name).map(|i| i as u32);
+        for (i, name) in MONO_OPS.iter().enumerate() {
+            if own && !is_linear(name) {
+                self.ids.insert(gpu.kernel(src, name)?.handle(), i as u32);
+            }
+        }
+        for (alias, op) in ATTN_ALIASES {
+            if let Some(i) = id(op) {
+                self.ids.insert(gpu.kernel(src, alias)?.handle(), i);
+            }
+        }
+        Ok(())
     }
 
     /// Compile the mono kernel (the small-step defines `small`, the ones
@@ -741,7 +775,7 @@ impl Mono {
             let h = gpu.kernel(from, name)?;
             ids.insert(h.handle(), i as u32);
         }
-        Ok(Mono {
+        let mut m = Mono {
             f,
             about: format!(
                 "{} persistent CTAs ({per_sm} an SM) of {MONO_THREADS} threads, {regs} registers, {local} bytes of local memory a thread{carve_about}",
@@ -756,7 +790,9 @@ impl Mono {
             spread: true,
             layers_per_launch: 1,
             programs: HashMap::new(),
-        })
+        };
+        m.alias_ops(gpu, &STANDARD, false)?;
+        Ok(m)
     }
 
     /// The launch shape and resources, for reports.
@@ -1578,7 +1614,7 @@ mod tests {
             "S_MONO_INLINE_LIN=64",
             "S_MONO_INLINE_LIN=015",
             "S_MONO_INLINE_LIN=+3",
-            "S_MONO_INLINE_ATTN=4",
+            "S_MONO_INLINE_ATTN=8",
             "S_F32W_ROWS=4",
             "junk",
         ] {

@@ -501,7 +501,9 @@ impl StandardPath {
                     } else {
                         self.full_chunks
                     },
-                    split: if t <= attn::SPLIT_MAX_ROWS && self.options().small_step_attn_split {
+                    split: if t <= self.options().attn_split_max_rows
+                        && self.options().small_step_attn_split
+                    {
                         attn::SPARSE_SPLIT
                     } else {
                         1

@@ -17,6 +17,15 @@ import sys
 KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../gpu-mi350/kernels")
 
 
+def program_log(lib, prog):
+    """The program's NVRTC log (errors, warnings, ptxas -v), "" if none."""
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(max(n.value, 1))
+    lib.nvrtcGetProgramLog(prog, log)
+    return log.value.decode()
+
+
 def main():
     out, defines, files = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3:]
     lib = ctypes.CDLL(os.environ["NVRTC_LIB"])
@@ -27,17 +36,10 @@ def main():
     opts = [b"--gpu-architecture=sm_90", b"--std=c++17"] + [o.encode() for o in os.environ.get("NVRTC_OPTS", "").split()]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     if rc != 0:
-        n = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-        log = ctypes.create_string_buffer(n.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        sys.exit(log.value.decode()[-4000:])
+        sys.exit(program_log(lib, prog)[-4000:])
+    # ptxas -v's report (NVRTC_OPTS="--ptxas-options=-v"), warnings
+    sys.stderr.write(program_log(lib, prog))
     n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    if n.value > 1:  # ptxas -v's report (NVRTC_OPTS="--ptxas-options=-v"), warnings
-        log = ctypes.create_string_buffer(n.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        sys.stderr.write(log.value.decode())
     lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
     b = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetCUBIN(prog, b)

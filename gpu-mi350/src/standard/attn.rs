@@ -188,41 +188,24 @@ pub(crate) struct AttnKernels {
 /// HIP build does not take).
 /// Returns the source to compile and the head dim it holds.
 pub(super) fn attn_source(defines: &str) -> Result<(crate::kernels::KernelSource, usize)> {
-    let bad =
-        |why: String| GpuError::input("attention kernel defines", format!("`{defines}`: {why}"));
-    let mut prefix = String::new();
     let mut maxd = MAX_HEAD_DIM;
-    for kv in defines.split_whitespace() {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| bad(format!("`{kv}` is not NAME=VALUE")))?;
-        let n: usize = v
-            .parse()
-            .map_err(|_| bad(format!("`{v}` is not a number")))?;
-        match k {
-            "SA_MAXD" if [64, 128, 256].contains(&n) => maxd = n,
+    let src = super::linear::prefixed_source(
+        &super::STANDARD,
+        defines,
+        "attention kernel defines",
+        |k, n| match k {
+            "SA_MAXD" if [64, 128, 256].contains(&n) => {
+                maxd = n as usize;
+                true
+            }
             "SA_MINB"
             | "SA_MINB_SPLIT"
             | "SA_MINB_SPARSE"
             | "SA_MINB_SPLIT_D128"
-            | "SA_MINB_SPARSE_D128"
-                if (1..=8).contains(&n) => {}
-            _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
-        }
-        prefix.push_str(&format!("#define {k} {n}\n"));
-    }
-    let src = if prefix.is_empty() {
-        super::STANDARD
-    } else {
-        // leaked at each load with defines (a diagnosis switch): a
-        // KernelSource holds &'static text; the module cache compiles it once
-        let body: &'static str =
-            Box::leak(format!("{prefix}{}", super::STANDARD.body).into_boxed_str());
-        crate::kernels::KernelSource {
-            body,
-            ..super::STANDARD
-        }
-    };
+            | "SA_MINB_SPARSE_D128" => (1..=8).contains(&n),
+            _ => false,
+        },
+    )?;
     Ok((src, maxd))
 }
 

@@ -362,15 +362,19 @@ impl VariantSource {
     }
 }
 
-/// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
-/// pairs separated by spaces; see standard_decode.cu) put first, checked
-/// against the names and ranges the kernels take.
-pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<VariantSource> {
-    let bad = |why: String| GpuError::input("kernel variant", format!("`{defines}`: {why}"));
+/// `base` with compile-time `defines` (`NAME=VALUE` pairs separated by
+/// spaces, values unsigned integers) put first as `#define`s, each offered
+/// to `take` (false: a name or value the kernels do not take, refused and
+/// named; errors say `what`). Empty `defines`: `base` itself. The kernels'
+/// own values for these names are `#ifndef`-guarded.
+pub(crate) fn prefixed_source(
+    base: &KernelSource,
+    defines: &str,
+    what: &'static str,
+    mut take: impl FnMut(&str, u32) -> bool,
+) -> Result<KernelSource> {
+    let bad = |why: String| GpuError::input(what, format!("`{defines}`: {why}"));
     let mut prefix = String::new();
-    let mut warps = 8u32;
-    let mut maxbt = 8usize;
-    let mut fast = true;
     for kv in defines.split_whitespace() {
         let (k, v) = kv
             .split_once('=')
@@ -378,6 +382,29 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         let n: u32 = v
             .parse()
             .map_err(|_| bad(format!("`{v}` is not a number")))?;
+        if !take(k, n) {
+            return Err(bad(format!("unknown or out-of-range `{kv}`")));
+        }
+        prefix.push_str(&format!("#define {k} {n}\n"));
+    }
+    Ok(if prefix.is_empty() {
+        *base
+    } else {
+        // leaked once per load with defines: a KernelSource holds &'static
+        // text (the module cache compiles each text once)
+        let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
+        KernelSource { body, ..*base }
+    })
+}
+
+/// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
+/// pairs separated by spaces; see standard_decode.cu) put first, checked
+/// against the names and ranges the kernels take.
+pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<VariantSource> {
+    let mut warps = 8u32;
+    let mut maxbt = 8usize;
+    let mut fast = true;
+    let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
             "S_UNROLL_MUL" if (1..=4).contains(&n) => {}
@@ -399,17 +426,10 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_X_AHEAD" if n <= 1 => {}
             "S_NV_FOLD" if n <= 1 => {}
             "S_NV_SPLIT" if n <= 1 => {}
-            _ => return Err(bad(format!("unknown or out-of-range `{kv}`"))),
+            _ => return false,
         }
-        prefix.push_str(&format!("#define {k} {n}\n"));
-    }
-    let src = if prefix.is_empty() {
-        *base
-    } else {
-        // leaked once per variant: a KernelSource holds &'static text
-        let body: &'static str = Box::leak(format!("{prefix}{}", base.body).into_boxed_str());
-        KernelSource { body, ..*base }
-    };
+        true
+    })?;
     Ok(VariantSource {
         src,
         warps,

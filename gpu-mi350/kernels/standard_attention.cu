@@ -1068,10 +1068,13 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 #define SA_MINB_SPARSE SA_MINB
 #endif
 // The `_d128` entries (d <= 128: one output d group an mma group): the
-// split partial at 8 CTAs an SM (64 registers; NVRTC 13.0), the sparse
-// one at SA_MINB_SPARSE.
+// split partial at 6 CTAs an SM (77 registers, no spill; NVRTC 13.0), the
+// sparse one at SA_MINB_SPARSE. H200 (bench/NOTES.md session 39, 2 rounds,
+// ms a MoE layer against the plain partials): 6 -0.3 to -0.9% at b1 / b4 /
+// b16, 4 -0.8 / -0.1 / -0.8%, 8 (64 registers, 52 / 68 B of spill) +1.6 /
+// +2.8 / -0.8%.
 #ifndef SA_MINB_SPLIT_D128
-#define SA_MINB_SPLIT_D128 8
+#define SA_MINB_SPLIT_D128 6
 #endif
 #ifndef SA_MINB_SPARSE_D128
 #define SA_MINB_SPARSE_D128 SA_MINB_SPARSE

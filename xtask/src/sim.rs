@@ -161,15 +161,13 @@ pub fn sim(args: SimArgs) -> Result<()> {
     // `m3 bench --backend gpu` end to end on the device line (the HIP
     // route in the `sim` flavour): ceiling probes, the bench model, graph
     // capture and replays, standard and mono paths; times are not speeds.
-    // The standard path with the d <= 128 attention partials
-    // (`M3_ATTN_D128=1`, off by default): mono's parity gate, which runs
-    // the plain bodies, then holds them to the same bits.
-    let mut bench_env = env.clone();
-    bench_env.push(("M3_ATTN_D128".into(), "1".into()));
+    // The standard path takes the d <= 128 attention partials (the
+    // default); mono's parity gate, which runs the plain bodies, holds them
+    // to the same bits.
     both(
         "bench",
-        "m3 bench --backend gpu (tiny, both paths, M3_ATTN_D128=1)",
-        &bench_env,
+        "m3 bench --backend gpu (tiny, both paths)",
+        &env,
         &[
             "run",
             "-q",

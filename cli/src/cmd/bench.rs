@@ -32,7 +32,7 @@ GPU diagnosis switches (environment; for A/B runs, bench/NOTES.md):
   M3_MONO_DEFINES=...             the mono build's defines
   M3_ATTN_DEFINES=...             the attention kernels' (SA_MAXD=64|128|256; 1-8 CTAs an SM, CUDA:
                                   SA_MINB, SA_MINB_SPLIT, SA_MINB_SPARSE, SA_MINB_SPLIT_D128, SA_MINB_SPARSE_D128)
-  M3_ATTN_D128=0|1                sparse layers with head dim <= 128 take the _d128 attention partials (0)
+  M3_ATTN_D128=0|1                sparse layers with head dim <= 128 take the _d128 attention partials (1)
   M3_ATTN_SPLIT_MAX_ROWS=N        steps of at most N rows take the split attention partial (default 4)
 Labels are the launch names of a step's profile (`--profile`), e.g. attn_partial, index_scores,
 rmsnorm, or a linear's kernel name (m3s_mma_fp4_r1).";

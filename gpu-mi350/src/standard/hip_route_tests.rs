@@ -797,6 +797,48 @@ fn skipped_launches_are_exactly_the_named_ones() {
     assert_eq!(skipped, want);
 }
 
+/// A sparse layer of head dim <= 128 takes the `_d128` attention partials
+/// where `PathOptions::attn_d128` says so (the default) and the plain ones
+/// where not, the split and the sparse entry alike (the sparse one where
+/// the split is capped below the step's rows); no other launch changes.
+/// The runner test `d128_attention_is_bitwise_the_same` holds both to the
+/// same bits on a device; this one says which entries its two runs took.
+#[test]
+fn the_d128_partials_are_the_ones_launched() {
+    let names = |d128: bool, split_max_rows: usize| {
+        step_launch_names(PathOptions {
+            attn_d128: d128,
+            attn_split_max_rows: split_max_rows,
+            ..PathOptions::default()
+        })
+    };
+    assert!(PathOptions::default().attn_d128, "the default");
+    for (split_rows, entry) in [
+        (4, "m3s_attn_partial_split"),
+        (0, "m3s_attn_partial_sparse"),
+    ] {
+        let plain = names(false, split_rows);
+        let d128 = names(true, split_rows);
+        let count = |v: &[String], n: &str| v.iter().filter(|x| *x == n).count();
+        let wide = format!("{entry}_d128");
+        assert!(count(&plain, entry) >= 1, "{entry} in {plain:?}");
+        assert_eq!(count(&plain, &wide), 0, "{plain:?}");
+        assert_eq!(count(&d128, entry), 0, "{d128:?}");
+        assert_eq!(count(&d128, &wide), count(&plain, entry), "{d128:?}");
+        let renamed: Vec<String> = d128
+            .iter()
+            .map(|n| {
+                if *n == wide {
+                    entry.to_string()
+                } else {
+                    n.clone()
+                }
+            })
+            .collect();
+        assert_eq!(renamed, plain, "only the partials differ");
+    }
+}
+
 /// The twice diagnosis (`PathOptions::twice_launches`) repeats exactly the
 /// launches it names, each right after itself: a step with `rmsnorm` made
 /// twice has the control step's launches with every `m3s_rmsnorm` doubled

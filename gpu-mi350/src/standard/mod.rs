@@ -274,9 +274,9 @@ pub struct PathOptions {
     pub attn_defines: &'static str,
     /// Sparse layers whose head dim is at most 128 (bf16 and fp8 caches)
     /// take the `_d128` attention partials (standard_attention.cu: one
-    /// output d group a warp; the split one built for 8 CTAs an SM, against
-    /// 4 for any d): the same bits. Off until timed on a device (session
-    /// 38 prepared `bench/device/s38b.sh` and got no machine). The CLI
+    /// output d group a warp; the split one built for 6 CTAs an SM, against
+    /// 4 for any d): the same bits. On by default: 0.3-0.9% off a MoE layer
+    /// at b1 / b4 / b16 on the H200 (bench/NOTES.md session 39). The CLI
     /// reads `M3_ATTN_D128=0|1`.
     pub attn_d128: bool,
     /// Load the mono path: decode steps of up to [`PathOptions::mono_rows`]
@@ -515,7 +515,7 @@ impl Default for PathOptions {
             small_step_attn_split: true,
             attn_split_max_rows: attn::SPLIT_MAX_ROWS,
             attn_defines: "",
-            attn_d128: false,
+            attn_d128: true,
             mono: false,
             mono_rows: MonoRows::UpTo(MONO_MAX_ROWS),
             mono_pair_beside: true,

@@ -13,23 +13,27 @@
 # caches as timed, compiled in the default mode as in session 32, 100 s),
 # after the MX model's per-layer figure at b1 / b16 (the router's new form
 # on the H200; 2 rounds) -> m3-mx.json.
-# PEER_TIMEOUT (s, default 400) bounds the peer.
+# PEER_TIMEOUT (s, default 400) bounds the peer. BATCH (default 1) sets
+# the batch of the first half (session 39 ran BATCH=16 TAIL=0: 233 s on a
+# warm H200); TAIL=0 stops after the ratios.
 set -u
 . bench/device/common.sh
 m3_setup
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-M="--backend gpu --preset m3.1 --layers 8 --weights bf16 --batch 1 --context 4096"
+BT=${BATCH:-1}
+M="--backend gpu --preset m3.1 --layers 8 --weights bf16 --batch $BT --context 4096"
 { timeout 300 /tmp/bin/m3 bench $M --iters 1 --rounds 1 --warmup 1 > $OUT/m3-warm.log 2>&1; echo "m3 warm-up exit $? ($(date +%T))"; } &
-timeout ${PEER_TIMEOUT:-400} python3 bench/peer/peer.py --preset m3.1 --layers 8 --batch 1 --context 4096 --cache fp8 \
+timeout ${PEER_TIMEOUT:-400} python3 bench/peer/peer.py --preset m3.1 --layers 8 --batch $BT --context 4096 --cache fp8 \
   --compile max-autotune --iters 100 --rounds 2 --out $OUT/peer.json > $OUT/peer.log 2>&1
 echo "peer exit $? ($(date +%T))"
 wait
-grep -E "failed|check|^\| 1 " $OUT/peer.log | tail -6
+grep -E "failed|check|^\| $BT " $OUT/peer.log | tail -6
 timeout 120 /tmp/bin/m3 bench $M --iters 40 --rounds 2 --out $OUT/m3-bf16.json > $OUT/m3-bf16.log 2>&1
 echo "m3 exit $?"
 grep -E "^\| .*decode" $OUT/m3-bf16.log | tail -2
 python3 bench/peer/ratios.py --m3 $OUT/m3-bf16.json --peer $OUT/peer.json --out $OUT/ratios.json > $OUT/ratios.log 2>&1
 cat $OUT/ratios.log
+[ "${TAIL:-1}" = 1 ] || exit 0
 echo "=== m3 MX model, per layer ($(date +%T))"
 timeout 90 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,16 --context 4096 \
   --iters 40 --rounds 2 --path standard --out $OUT/m3-mx.json > $OUT/m3-mx.log 2>&1

@@ -14,8 +14,8 @@
 # after the MX model's per-layer figure at b1 / b16 (the router's new form
 # on the H200; 2 rounds) -> m3-mx.json.
 # PEER_TIMEOUT (s, default 400) bounds the peer. BATCH (default 1) sets
-# the batch of the first half (session 39 ran BATCH=16 TAIL=0: 233 s on a
-# warm H200); TAIL=0 stops after the ratios.
+# the batch of the first half (session 39 ran BATCH=16 TAIL=0
+# PEER_TIMEOUT=420: 233 s on a warm H200); TAIL=0 stops after the ratios.
 set -u
 . bench/device/common.sh
 m3_setup
@@ -40,4 +40,5 @@ timeout 90 /tmp/bin/m3 bench --backend gpu --preset m3.1 --layers 12 --per-layer
 echo "m3 mx exit $?"
 grep -E "^\| .*decode.*/" $OUT/m3-mx.log | tail -4
 echo "=== peer self-check ($(date +%T))"
-timeout 100 python3 bench/peer/peer.py --check --device cuda --cache fp8 --compile default 2>&1 | tail -6
+timeout 100 python3 bench/peer/peer.py --check --device cuda --cache fp8 --compile default > $OUT/check.log 2>&1
+tail -6 $OUT/check.log

@@ -29,7 +29,7 @@ echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/kern.log | cut -c1-150
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
 # shellcheck disable=SC2086
 m3_variants ${ROUNDS:-3} "$B" old new > $OUT/ab.log 2>&1
-grep -E "^===|compiled|\[auto\]|differ|rror|failed" $OUT/ab.log | cut -c1-120
+grep -E "^===|compiled|\[auto\]|differs|rror|failed" $OUT/ab.log | cut -c1-120
 [ "${GATE:-1}" = 1 ] || exit 0
 echo "=== gate ($(date +%T))"
 {

@@ -1071,8 +1071,8 @@ M3_DEV void sa_partial(const u16* __restrict__ q, u32 nh, u32 nkv, u32 d, const 
 // split partial at 6 CTAs an SM (77 registers, no spill; NVRTC 13.0), the
 // sparse one at SA_MINB_SPARSE. H200 (bench/NOTES.md session 39, 2 rounds,
 // ms a MoE layer against the plain partials): 6 -0.3 to -0.9% at b1 / b4 /
-// b16, 4 -0.8 / -0.1 / -0.8%, 8 (64 registers, 52 / 68 B of spill) +1.6 /
-// +2.8 / -0.8%.
+// b16, 4 -1.1 / -0.1 / -0.9%, 8 (64 registers, 52 / 68 B of spill) +1.6 /
+// +2.8 / -0.9%.
 #ifndef SA_MINB_SPLIT_D128
 #define SA_MINB_SPLIT_D128 6
 #endif

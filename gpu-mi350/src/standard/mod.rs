@@ -275,9 +275,10 @@ pub struct PathOptions {
     /// Sparse layers whose head dim is at most 128 (bf16 and fp8 caches)
     /// take the `_d128` attention partials (standard_attention.cu: one
     /// output d group a warp; the split one built for 6 CTAs an SM, against
-    /// 4 for any d): the same bits. On by default: 0.3-0.9% off a MoE layer
-    /// at b1 / b4 / b16 on the H200 (bench/NOTES.md session 39). The CLI
-    /// reads `M3_ATTN_D128=0|1`.
+    /// 4 for any d; launch bounds are CUDA's alone): the same bits. On by
+    /// default: 0.3-0.9% off a MoE layer at b1 / b4 / b16 on the H200
+    /// (bench/NOTES.md session 39); untimed on the MI350, where it is the
+    /// default too. The CLI reads `M3_ATTN_D128=0|1`.
     pub attn_d128: bool,
     /// Load the mono path: decode steps of up to [`PathOptions::mono_rows`]
     /// rows (at most `MONO_MAX_ROWS`, 64) then run each layer as one

@@ -814,7 +814,7 @@ fn the_d128_partials_are_the_ones_launched() {
     };
     assert!(PathOptions::default().attn_d128, "the default");
     for (split_rows, entry) in [
-        (4, "m3s_attn_partial_split"),
+        (super::attn::SPLIT_MAX_ROWS, "m3s_attn_partial_split"),
         (0, "m3s_attn_partial_sparse"),
     ] {
         let plain = names(false, split_rows);

@@ -13,22 +13,13 @@ set -u
 . bench/device/common.sh
 m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-variant() {
-  local v=$1
-  shift
-  case $v in
-    old) env M3_ATTN_D128=0 "$@" ;;
-    new) "$@" ;;
-    *) echo "no variant $v" >&2; return 1 ;;
-  esac
-}
 echo "=== kernel microbench ($(date +%T))"
 timeout 150 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-stack 1x49152 --kernel-experts 4,16 \
   --kernel-rows 1,16 --kernel-reps 1 --kernel-formats mxfp4,nvfp4,mxfp8 > $OUT/kern.log 2>&1
 echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/kern.log | cut -c1-150
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path both --parity-steps 16"
-# shellcheck disable=SC2086
-m3_variants ${ROUNDS:-3} "$B" old new > $OUT/ab.log 2>&1
+# old: M3_ATTN_D128=0; new: the defaults
+m3_env_ab M3_ATTN_D128 "${ROUNDS:-3}" "$B" old=0 new= > $OUT/ab.log 2>&1
 grep -E "^===|compiled|\[auto\]|differs|rror|failed" $OUT/ab.log | cut -c1-120
 [ "${GATE:-1}" = 1 ] || exit 0
 echo "=== gate ($(date +%T))"

@@ -30,11 +30,14 @@
 //!
 //! None of these code objects has run on AMD hardware.
 //!
-//! Outputs go to `target/kernels/<arch>/` (written to temp names, then
-//! renamed).
+//! The NVRTC child runs beside clang and hipcc (CI has two cores; in
+//! series the step took 249 s there, NVRTC 141 s of it); its per-kernel
+//! lines print after theirs. Outputs go to `target/kernels/<arch>/`
+//! (written to temp names, then renamed).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -82,8 +85,45 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         return nvrtc_compile_all(&args.cuda_arch, &out.join(&args.cuda_arch));
     }
     let t0 = Instant::now();
-    if !args.no_cuda {
-        let t = Instant::now();
+    // NVRTC is one thread and the slowest tool (the mono source alone takes
+    // ~90 s of CI's ~140), so its child runs beside clang and hipcc rather
+    // than before them: on CI's two cores the step took 249 s in series.
+    let nvrtc = if args.no_cuda {
+        None
+    } else {
+        Some(NvrtcChild::spawn(&args.cuda_arch)?)
+    };
+    let amd = compile_amd(&args, &out);
+    match (nvrtc, amd) {
+        (Some(child), Ok(())) => child.finish()?,
+        (Some(child), Err(e)) => {
+            child.abandon();
+            return Err(e);
+        }
+        (None, amd) => amd?,
+    }
+    eprintln!(
+        "xtask kernels: all {} kernel sources (+ the small-step standard_decode, + {} gfx950-only) compiled in {:.1} s",
+        kernels::ALL.len(),
+        mfma_mx::GFX950_ONLY.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The NVRTC compile in its child process (this binary again, with the
+/// wheel's lib directory on `LD_LIBRARY_PATH`), its stderr collected so the
+/// per-kernel lines print as one block after the AMD ones.
+struct NvrtcChild {
+    arch: String,
+    start: Instant,
+    child: std::process::Child,
+    log: std::thread::JoinHandle<std::io::Result<String>>,
+}
+
+impl NvrtcChild {
+    fn spawn(arch: &str) -> Result<Self> {
+        let start = Instant::now();
         let lib = nvrtc_lib_dir()?;
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
         let ld = if old.is_empty() {
@@ -92,20 +132,58 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             format!("{}:{old}", lib.display())
         };
         let exe = std::env::current_exe().context("locating the xtask binary")?;
-        let status = Command::new(exe)
-            .args(["kernels", "--nvrtc-child", "--cuda-arch", &args.cuda_arch])
+        let mut child = Command::new(exe)
+            .args(["kernels", "--nvrtc-child", "--cuda-arch", arch])
             .env("LD_LIBRARY_PATH", ld)
-            .status()
+            .stderr(Stdio::piped())
+            .spawn()
             .context("running the NVRTC compile child")?;
+        let mut pipe = child.stderr.take().context("the NVRTC child's stderr")?;
+        let log = std::thread::spawn(move || {
+            let mut s = String::new();
+            pipe.read_to_string(&mut s).map(|_| s)
+        });
+        Ok(Self {
+            arch: arch.to_string(),
+            start,
+            child,
+            log,
+        })
+    }
+
+    /// Stop the child (the AMD compiles failed: that error is the one to
+    /// report, not a wait for NVRTC).
+    fn abandon(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Wait for the child, print its log, fail if it failed.
+    fn finish(mut self) -> Result<()> {
+        let status = self
+            .child
+            .wait()
+            .context("waiting for the NVRTC compile child")?;
+        let log = self
+            .log
+            .join()
+            .map_err(|_| anyhow::anyhow!("the NVRTC log reader panicked"))?
+            .context("reading the NVRTC child's stderr")?;
+        eprint!("{log}");
         if !status.success() {
-            bail!("NVRTC compile for {} failed", args.cuda_arch);
+            bail!("NVRTC compile for {} failed", self.arch);
         }
         eprintln!(
-            "xtask kernels: NVRTC {} done in {:.1} s (wheel install included)",
-            args.cuda_arch,
-            t.elapsed().as_secs_f64()
+            "xtask kernels: NVRTC {} done in {:.1} s (wheel install included, beside the AMD compiles)",
+            self.arch,
+            self.start.elapsed().as_secs_f64()
         );
+        Ok(())
     }
+}
+
+/// clang 22 (gfx950, gfx942), then hipcc (gfx940), as `args` asks.
+fn compile_amd(args: &KernelsArgs, out: &Path) -> Result<()> {
     if !args.no_clang {
         let t = Instant::now();
         let tools = ensure_tools(
@@ -122,7 +200,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             readelf: &tools[2],
             objdump: &tools[3],
         };
-        clang_compile_archs(&llvm, &args.clang_arch, &out, args.warnings)?;
+        clang_compile_archs(&llvm, &args.clang_arch, out, args.warnings)?;
         eprintln!(
             "xtask kernels: clang 22 {} done in {:.1} s (install included)",
             args.clang_arch.join(", "),
@@ -139,12 +217,6 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             t.elapsed().as_secs_f64()
         );
     }
-    eprintln!(
-        "xtask kernels: all {} kernel sources (+ the small-step standard_decode, + {} gfx950-only) compiled in {:.1} s",
-        kernels::ALL.len(),
-        mfma_mx::GFX950_ONLY.len(),
-        t0.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 
@@ -218,7 +290,9 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
         ),
         ..small
     };
-    for k in kernels::ALL.iter().chain([&small_cuda, &mono]) {
+    // the slowest first (mono ~90 s, the small-step build ~25 s on CI), so
+    // the short ones fill the end while the AMD compiles run beside
+    for k in [&mono, &small_cuda].into_iter().chain(kernels::ALL.iter()) {
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;

@@ -11,10 +11,14 @@
 //! reference, in each flavour; then `m3 bench --backend gpu` on `tiny`,
 //! standard and mono paths, end to end (it must run; its times are the
 //! simulator's).
+//! The test binaries are the ones `cargo test --workspace` builds, run
+//! directly (`cargo test -p m3-gpu` would rebuild the engine with the
+//! smaller package set's features).
 //! `--full` adds the runner suite (the GPU runner against the CPU runner,
 //! and the bitwise A/B tests of every fold and fusion) and the golden
 //! cases through `m3 forward --backend gpu`: tens of minutes.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -39,6 +43,12 @@ pub struct SimArgs {
     pub poison: bool,
 }
 
+/// The engine's package directory (m3-gpu), where its test binaries run.
+const ENGINE_DIR: &str = "gpu-mi350";
+
+/// Cargo's runner for this host's binaries (AddressSanitizer's preload).
+const RUNNER_VAR: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER";
+
 /// Environment for the test runs: the flavour, and the checks asked for.
 fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
     let mut env = Vec::new();
@@ -62,42 +72,107 @@ fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
         env.push(("ASAN_OPTIONS".into(), "detect_leaks=0".into()));
         // the runtime preloaded into the test binaries only (not cargo,
         // not rustc)
-        env.push((
-            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER".into(),
-            format!("env LD_PRELOAD={lib}"),
-        ));
+        env.push((RUNNER_VAR.into(), format!("env LD_PRELOAD={lib}")));
     }
     Ok(env)
 }
 
-/// Run `cargo args` with `M3_GPU_RUNTIME=flavour`, its output into `log`.
+/// Run `program args` (cargo at the workspace root, or a test binary cargo
+/// built, in its package's directory as `cargo test` runs it) with
+/// `M3_GPU_RUNTIME=flavour`, its output into `log`.
 fn spawn(
     flavour: &str,
     env: &[(String, String)],
+    program: &Path,
     args: &[&str],
-    log: &std::path::Path,
+    log: &Path,
 ) -> Result<std::process::Child> {
+    let dir = if program == Path::new(env!("CARGO")) {
+        workspace_root()
+    } else {
+        workspace_root().join(ENGINE_DIR)
+    };
     let out = std::fs::File::create(log).with_context(|| format!("{}", log.display()))?;
     let err = out.try_clone()?;
-    Command::new(env!("CARGO"))
+    Command::new(program)
         .args(args)
         .env("M3_GPU_RUNTIME", flavour)
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(workspace_root())
+        .current_dir(dir)
         .stdout(out)
         .stderr(err)
         .spawn()
-        .with_context(|| format!("running cargo {}", args.join(" ")))
+        .with_context(|| format!("running {} {}", program.display(), args.join(" ")))
+}
+
+/// The test binaries `cargo test --workspace --no-run` builds, by target
+/// name (`m3_gpu` for the engine's unit tests, `runner`, ...). Run directly
+/// rather than through `cargo test -p m3-gpu`, which resolves the smaller
+/// package set's features and rebuilds the engine and its dependencies (67
+/// s of CI's 229-s sim step): after CI's `cargo test --workspace` this
+/// build compiles nothing.
+fn workspace_test_binaries() -> Result<Vec<(String, bool, PathBuf)>> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running cargo test --workspace --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --workspace --no-run failed");
+    }
+    let mut bins = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        if let (Some(name), Some(exe)) =
+            (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        {
+            let lib = msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "lib"));
+            bins.push((name.to_string(), lib, PathBuf::from(exe)));
+        }
+    }
+    Ok(bins)
+}
+
+/// The test binary of target `name` (a library's unit tests when `lib`).
+fn test_binary(bins: &[(String, bool, PathBuf)], name: &str, lib: bool) -> Result<PathBuf> {
+    bins.iter()
+        .find(|(n, l, _)| n == name && *l == lib)
+        .map(|(_, _, p)| p.clone())
+        .with_context(|| format!("cargo test --workspace --no-run built no test binary `{name}`"))
 }
 
 /// One step in both flavours at once (the simulator runs one launch at a
 /// time a process, so two processes use two cores); each log is printed
 /// when it ends, the whole of it on a failure, else its summary lines.
-fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Result<()> {
+fn both(
+    tag: &str,
+    what: &str,
+    env: &[(String, String)],
+    program: &Path,
+    args: &[&str],
+) -> Result<()> {
     let dir = workspace_root().join("target").join("sim-logs");
     std::fs::create_dir_all(&dir)?;
+    let shown = if program == Path::new(env!("CARGO")) {
+        "cargo".to_string()
+    } else {
+        program.display().to_string()
+    };
     eprintln!(
-        "\n=== xtask sim: {what}: cargo {} (sim-cuda and sim)",
+        "\n=== xtask sim: {what}: {shown} {} (sim-cuda and sim)",
         args.join(" ")
     );
     let start = Instant::now();
@@ -110,7 +185,7 @@ fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Resul
             .map(|a| a.replace("{flavour}", flavour))
             .collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        runs.push((flavour, spawn(flavour, env, &args, &log)?, log));
+        runs.push((flavour, spawn(flavour, env, program, &args, &log)?, log));
     }
     let mut failed = Vec::new();
     for (flavour, mut child, log) in runs {
@@ -137,26 +212,38 @@ fn both(tag: &str, what: &str, env: &[(String, String)], args: &[&str]) -> Resul
     Ok(())
 }
 
-pub fn sim(args: SimArgs) -> Result<()> {
-    // build once before the two runs share the target directory
-    for build in [
-        &["test", "-p", "m3-gpu", "--no-run"][..],
-        &["build", "-p", "m3-cli"],
-    ] {
-        let status = Command::new(env!("CARGO"))
-            .args(build)
-            .current_dir(workspace_root())
-            .status()?;
-        if !status.success() {
-            bail!("cargo {} failed", build.join(" "));
+/// `env` with AddressSanitizer's runtime preloaded into the process itself
+/// (a test binary run directly; cargo-run ones get it through the runner
+/// variable `check_env` sets).
+fn direct_env(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut out = env.to_vec();
+    if let Some((_, runner)) = env.iter().find(|(k, _)| k == RUNNER_VAR) {
+        if let Some(lib) = runner.strip_prefix("env LD_PRELOAD=") {
+            out.push(("LD_PRELOAD".into(), lib.to_string()));
         }
+    }
+    out
+}
+
+pub fn sim(args: SimArgs) -> Result<()> {
+    // build once before the two runs share the target directory: the
+    // workspace's test binaries (their features as CI's test step resolves
+    // them) and the m3 binary
+    let bins = workspace_test_binaries()?;
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "-p", "m3-cli"])
+        .current_dir(workspace_root())
+        .status()?;
+    if !status.success() {
+        bail!("cargo build -p m3-cli failed");
     }
     let env = check_env(&args)?;
     both(
         "unit",
         "the engine's GPU unit tests",
-        &env,
-        &["test", "-p", "m3-gpu", "--lib"],
+        &direct_env(&env),
+        &test_binary(&bins, "m3_gpu", true)?,
+        &[],
     )?;
     // `m3 bench --backend gpu` end to end on the device line (the HIP
     // route in the `sim` flavour): ceiling probes, the bench model, graph
@@ -168,6 +255,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
         "bench",
         "m3 bench --backend gpu (tiny, both paths)",
         &env,
+        Path::new(env!("CARGO")),
         &[
             "run",
             "-q",
@@ -199,8 +287,9 @@ pub fn sim(args: SimArgs) -> Result<()> {
         both(
             "runner",
             "the runner suite",
-            &env,
-            &["test", "-p", "m3-gpu", "--test", "runner"],
+            &direct_env(&env),
+            &test_binary(&bins, "runner", false)?,
+            &[],
         )?;
         // one flavour at a time: the golden runs share their work directory
         for flavour in ["sim-cuda", "sim"] {
@@ -208,9 +297,16 @@ pub fn sim(args: SimArgs) -> Result<()> {
                 .join("target")
                 .join("sim-logs")
                 .join(format!("golden-{flavour}.log"));
-            let ok = spawn(flavour, &[], &["xtask", "golden", "--backend", "gpu"], &log)?
-                .wait()?
-                .success();
+            let cargo = Path::new(env!("CARGO"));
+            let ok = spawn(
+                flavour,
+                &[],
+                cargo,
+                &["xtask", "golden", "--backend", "gpu"],
+                &log,
+            )?
+            .wait()?
+            .success();
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             for line in text.lines().filter(|l| !ok || l.starts_with("golden:")) {
                 eprintln!("[{flavour}] {line}");

@@ -69,7 +69,9 @@ m3_ab() {
 # NAME... runs `variant NAME /tmp/bin/m3 bench BENCH ARGS` for each name
 # in turn, ROUNDS times (the calling script defines `variant NAME CMD...`:
 # CMD with NAME's environment), printing the per-layer rows and the parity
-# gate's verdict under a header per run. Every variant's kernels are
+# gate's verdict under a header per run (the per-layer rows with or
+# without `--path both`'s `[path]` tag: session 40 lost an A/B's rows to
+# a grep that kept only the tagged ones). Every variant's kernels are
 # compiled first (the first variant's alone, then the rest at once) on
 # m3.1 --layers 4 at 1, 4 and 16 rows (a
 # tiny-model warm-up does not build m3.1's kernels: session 32's s32a.sh
@@ -96,7 +98,7 @@ m3_variants() {
     for v in "$@"; do
       echo "=== $v round $r ($(date +%T))"
       # shellcheck disable=SC2086
-      variant "$v" timeout 60 /tmp/bin/m3 bench $args 2>&1 | grep -E "^\| \[.*decode.*/|^mono parity|differ|rror"
+      variant "$v" timeout 60 /tmp/bin/m3 bench $args 2>&1 | grep -E "^\| (\[.*)?decode.*/|^mono parity|differ|rror"
     done
   done
 }

@@ -98,7 +98,7 @@ m3_variants() {
     for v in "$@"; do
       echo "=== $v round $r ($(date +%T))"
       # shellcheck disable=SC2086
-      variant "$v" timeout 60 /tmp/bin/m3 bench $args 2>&1 | grep -E "^\| (\[.*)?decode.*/|^mono parity|differ|rror"
+      variant "$v" timeout 60 /tmp/bin/m3 bench $args 2>&1 | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |^mono parity|differ|rror"
     done
   done
 }

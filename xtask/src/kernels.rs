@@ -93,14 +93,10 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     } else {
         Some(NvrtcChild::spawn(&args.cuda_arch)?)
     };
-    let amd = compile_amd(&args, &out);
-    match (nvrtc, amd) {
-        (Some(child), Ok(())) => child.finish()?,
-        (Some(child), Err(e)) => {
-            child.abandon();
-            return Err(e);
-        }
-        (None, amd) => amd?,
+    // an AMD failure returns here, dropping (stopping) the NVRTC child
+    compile_amd(&args, &out)?;
+    if let Some(child) = nvrtc {
+        child.finish()?;
     }
     eprintln!(
         "xtask kernels: all {} kernel sources (+ the small-step standard_decode, + {} gfx950-only) compiled in {:.1} s",
@@ -118,7 +114,9 @@ struct NvrtcChild {
     arch: String,
     start: Instant,
     child: std::process::Child,
-    log: std::thread::JoinHandle<std::io::Result<String>>,
+    /// The stderr reader; taken by `finish` (None: the child was waited
+    /// for, so dropping has nothing to stop).
+    log: Option<std::thread::JoinHandle<std::io::Result<String>>>,
 }
 
 impl NvrtcChild {
@@ -147,25 +145,19 @@ impl NvrtcChild {
             arch: arch.to_string(),
             start,
             child,
-            log,
+            log: Some(log),
         })
-    }
-
-    /// Stop the child (the AMD compiles failed: that error is the one to
-    /// report, not a wait for NVRTC).
-    fn abandon(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 
     /// Wait for the child, print its log, fail if it failed.
     fn finish(mut self) -> Result<()> {
+        let log = self.log.take();
         let status = self
             .child
             .wait()
             .context("waiting for the NVRTC compile child")?;
-        let log = self
-            .log
+        let log = log
+            .context("the NVRTC log reader")?
             .join()
             .map_err(|_| anyhow::anyhow!("the NVRTC log reader panicked"))?
             .context("reading the NVRTC child's stderr")?;
@@ -179,6 +171,17 @@ impl NvrtcChild {
             self.start.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+}
+
+/// Dropped before `finish` (the AMD compiles failed or panicked): stop the
+/// child, whose log would only bury that error.
+impl Drop for NvrtcChild {
+    fn drop(&mut self) {
+        if self.log.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

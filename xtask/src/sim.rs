@@ -43,7 +43,8 @@ pub struct SimArgs {
     pub poison: bool,
 }
 
-/// The engine's package directory (m3-gpu), where its test binaries run.
+/// The engine's package directory (m3-gpu): its test binaries are the
+/// ones run (cpu-ref has a `runner` test too).
 const ENGINE_DIR: &str = "gpu-mi350";
 
 /// Cargo's runner for this host's binaries (AddressSanitizer's preload).
@@ -77,21 +78,15 @@ fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-/// Run `program args` (cargo at the workspace root, or a test binary cargo
-/// built, in its package's directory as `cargo test` runs it) with
-/// `M3_GPU_RUNTIME=flavour`, its output into `log`.
+/// Run `program args` in `dir` with `M3_GPU_RUNTIME=flavour`, its output
+/// into `log`.
 fn spawn(
     flavour: &str,
     env: &[(String, String)],
-    program: &Path,
+    (program, dir): (&Path, &Path),
     args: &[&str],
     log: &Path,
 ) -> Result<std::process::Child> {
-    let dir = if program == Path::new(env!("CARGO")) {
-        workspace_root()
-    } else {
-        workspace_root().join(ENGINE_DIR)
-    };
     let out = std::fs::File::create(log).with_context(|| format!("{}", log.display()))?;
     let err = out.try_clone()?;
     Command::new(program)
@@ -105,13 +100,23 @@ fn spawn(
         .with_context(|| format!("running {} {}", program.display(), args.join(" ")))
 }
 
-/// The test binaries `cargo test --workspace --no-run` builds, by target
-/// name (`m3_gpu` for the engine's unit tests, `runner`, ...). Run directly
-/// rather than through `cargo test -p m3-gpu`, which resolves the smaller
-/// package set's features and rebuilds the engine and its dependencies (67
-/// s of CI's 229-s sim step): after CI's `cargo test --workspace` this
-/// build compiles nothing.
-fn workspace_test_binaries() -> Result<Vec<(String, bool, PathBuf)>> {
+/// One test binary `cargo test --workspace --no-run` built.
+struct TestBin {
+    /// The target's name (`m3_gpu` for a library's unit tests, `runner`).
+    name: String,
+    /// A library's unit tests (not an integration test).
+    lib: bool,
+    /// Its package's directory, where `cargo test` runs it.
+    dir: PathBuf,
+    exe: PathBuf,
+}
+
+/// The test binaries `cargo test --workspace --no-run` builds. Run
+/// directly rather than through `cargo test -p m3-gpu`, which resolves the
+/// smaller package set's features and rebuilds the engine and its
+/// dependencies (67 s of CI's 229-s sim step): after CI's `cargo test
+/// --workspace` this build compiles nothing.
+fn workspace_test_binaries() -> Result<Vec<TestBin>> {
     let out = Command::new(env!("CARGO"))
         .args([
             "test",
@@ -134,24 +139,40 @@ fn workspace_test_binaries() -> Result<Vec<(String, bool, PathBuf)>> {
         if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
             continue;
         }
-        if let (Some(name), Some(exe)) =
-            (msg["target"]["name"].as_str(), msg["executable"].as_str())
-        {
+        let name = msg["target"]["name"].as_str();
+        let exe = msg["executable"].as_str();
+        let dir = msg["manifest_path"]
+            .as_str()
+            .map(Path::new)
+            .and_then(Path::parent);
+        if let (Some(name), Some(exe), Some(dir)) = (name, exe, dir) {
             let lib = msg["target"]["kind"]
                 .as_array()
                 .is_some_and(|k| k.iter().any(|k| k == "lib"));
-            bins.push((name.to_string(), lib, PathBuf::from(exe)));
+            bins.push(TestBin {
+                name: name.to_string(),
+                lib,
+                dir: dir.to_path_buf(),
+                exe: PathBuf::from(exe),
+            });
         }
     }
     Ok(bins)
 }
 
-/// The test binary of target `name` (a library's unit tests when `lib`).
-fn test_binary(bins: &[(String, bool, PathBuf)], name: &str, lib: bool) -> Result<PathBuf> {
+/// The engine's test binary of target `name` (its unit tests when `lib`),
+/// with the directory to run it in.
+fn engine_test(bins: &[TestBin], name: &str, lib: bool) -> Result<(PathBuf, PathBuf)> {
+    // canonical paths: cargo's manifest path and the workspace root may
+    // reach the checkout through different links
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let engine = canon(&workspace_root().join(ENGINE_DIR));
     bins.iter()
-        .find(|(n, l, _)| n == name && *l == lib)
-        .map(|(_, _, p)| p.clone())
-        .with_context(|| format!("cargo test --workspace --no-run built no test binary `{name}`"))
+        .find(|b| b.name == name && b.lib == lib && canon(&b.dir) == engine)
+        .map(|b| (b.exe.clone(), b.dir.clone()))
+        .with_context(|| {
+            format!("cargo test --workspace --no-run built no test binary `{name}` in {ENGINE_DIR}")
+        })
 }
 
 /// One step in both flavours at once (the simulator runs one launch at a
@@ -161,7 +182,7 @@ fn both(
     tag: &str,
     what: &str,
     env: &[(String, String)],
-    program: &Path,
+    (program, cwd): (&Path, &Path),
     args: &[&str],
 ) -> Result<()> {
     let dir = workspace_root().join("target").join("sim-logs");
@@ -185,7 +206,11 @@ fn both(
             .map(|a| a.replace("{flavour}", flavour))
             .collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        runs.push((flavour, spawn(flavour, env, program, &args, &log)?, log));
+        runs.push((
+            flavour,
+            spawn(flavour, env, (program, cwd), &args, &log)?,
+            log,
+        ));
     }
     let mut failed = Vec::new();
     for (flavour, mut child, log) in runs {
@@ -238,11 +263,14 @@ pub fn sim(args: SimArgs) -> Result<()> {
         bail!("cargo build -p m3-cli failed");
     }
     let env = check_env(&args)?;
+    let root = workspace_root();
+    let cargo = (Path::new(env!("CARGO")), root.as_path());
+    let (unit, unit_dir) = engine_test(&bins, "m3_gpu", true)?;
     both(
         "unit",
         "the engine's GPU unit tests",
         &direct_env(&env),
-        &test_binary(&bins, "m3_gpu", true)?,
+        (&unit, &unit_dir),
         &[],
     )?;
     // `m3 bench --backend gpu` end to end on the device line (the HIP
@@ -255,7 +283,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
         "bench",
         "m3 bench --backend gpu (tiny, both paths)",
         &env,
-        Path::new(env!("CARGO")),
+        cargo,
         &[
             "run",
             "-q",
@@ -284,11 +312,12 @@ pub fn sim(args: SimArgs) -> Result<()> {
         ],
     )?;
     if args.full {
+        let (runner, runner_dir) = engine_test(&bins, "runner", false)?;
         both(
             "runner",
             "the runner suite",
             &direct_env(&env),
-            &test_binary(&bins, "runner", false)?,
+            (&runner, &runner_dir),
             &[],
         )?;
         // one flavour at a time: the golden runs share their work directory
@@ -297,7 +326,6 @@ pub fn sim(args: SimArgs) -> Result<()> {
                 .join("target")
                 .join("sim-logs")
                 .join(format!("golden-{flavour}.log"));
-            let cargo = Path::new(env!("CARGO"));
             let ok = spawn(
                 flavour,
                 &[],

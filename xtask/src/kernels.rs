@@ -30,8 +30,8 @@
 //!
 //! None of these code objects has run on AMD hardware.
 //!
-//! The NVRTC child runs beside clang and hipcc (CI has two cores; in
-//! series the step took 249 s there, NVRTC 141 s of it); its per-kernel
+//! The NVRTC child runs beside clang and hipcc (cold on two cores, CI's
+//! count, the step took 249 s in series, NVRTC 141 s of it); its per-kernel
 //! lines print after theirs. Outputs go to `target/kernels/<arch>/`
 //! (written to temp names, then renamed).
 
@@ -85,9 +85,9 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         return nvrtc_compile_all(&args.cuda_arch, &out.join(&args.cuda_arch));
     }
     let t0 = Instant::now();
-    // NVRTC is one thread and the slowest tool (the mono source alone takes
-    // ~90 s of CI's ~140), so its child runs beside clang and hipcc rather
-    // than before them: on CI's two cores the step took 249 s in series.
+    // NVRTC is one thread and the slowest tool (the mono source alone took
+    // 92 of its 141 s on two cores), so its child runs beside clang and
+    // hipcc rather than before them (249 -> 181 s, bench/NOTES.md session 40).
     let nvrtc = if args.no_cuda {
         None
     } else {
@@ -293,7 +293,7 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
         ),
         ..small
     };
-    // the slowest first (mono ~90 s, the small-step build ~25 s on CI), so
+    // the slowest first (mono 92 s, the small-step build 25 s on two cores), so
     // the short ones fill the end while the AMD compiles run beside
     for k in [&mono, &small_cuda].into_iter().chain(kernels::ALL.iter()) {
         let t = Instant::now();

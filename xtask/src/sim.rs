@@ -47,11 +47,16 @@ pub struct SimArgs {
 /// ones run (cpu-ref has a `runner` test too).
 const ENGINE_DIR: &str = "gpu-mi350";
 
-/// Cargo's runner for this host's binaries (AddressSanitizer's preload).
-const RUNNER_VAR: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER";
+/// Environment for the test runs, the checks asked for: `cargo` for the
+/// ones cargo starts (AddressSanitizer's runtime preloaded through cargo's
+/// runner, so into the binaries it runs, not into cargo or rustc), `direct`
+/// for the test binaries started here (preloaded into them).
+struct CheckEnv {
+    cargo: Vec<(String, String)>,
+    direct: Vec<(String, String)>,
+}
 
-/// Environment for the test runs: the flavour, and the checks asked for.
-fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
+fn check_env(args: &SimArgs) -> Result<CheckEnv> {
     let mut env = Vec::new();
     if args.poison {
         env.push(("M3_SIM_POISON".to_string(), "1".to_string()));
@@ -71,11 +76,18 @@ fn check_env(args: &SimArgs) -> Result<Vec<(String, String)>> {
         }
         env.push(("M3_SIM_ASAN".into(), "1".into()));
         env.push(("ASAN_OPTIONS".into(), "detect_leaks=0".into()));
-        // the runtime preloaded into the test binaries only (not cargo,
-        // not rustc)
-        env.push((RUNNER_VAR.into(), format!("env LD_PRELOAD={lib}")));
+        let (mut cargo, mut direct) = (env.clone(), env);
+        cargo.push((
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER".into(),
+            format!("env LD_PRELOAD={lib}"),
+        ));
+        direct.push(("LD_PRELOAD".into(), lib));
+        return Ok(CheckEnv { cargo, direct });
     }
-    Ok(env)
+    Ok(CheckEnv {
+        cargo: env.clone(),
+        direct: env,
+    })
 }
 
 /// Run `program args` in `dir` with `M3_GPU_RUNTIME=flavour`, its output
@@ -114,7 +126,7 @@ struct TestBin {
 /// The test binaries `cargo test --workspace --no-run` builds. Run
 /// directly rather than through `cargo test -p m3-gpu`, which resolves the
 /// smaller package set's features and rebuilds the engine and its
-/// dependencies (67 s of CI's 229-s sim step): after CI's `cargo test
+/// dependencies (67 s of the step's 229, cold on two cores): after CI's `cargo test
 /// --workspace` this build compiles nothing.
 fn workspace_test_binaries() -> Result<Vec<TestBin>> {
     let out = Command::new(env!("CARGO"))
@@ -163,12 +175,8 @@ fn workspace_test_binaries() -> Result<Vec<TestBin>> {
 /// The engine's test binary of target `name` (its unit tests when `lib`),
 /// with the directory to run it in.
 fn engine_test(bins: &[TestBin], name: &str, lib: bool) -> Result<(PathBuf, PathBuf)> {
-    // canonical paths: cargo's manifest path and the workspace root may
-    // reach the checkout through different links
-    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-    let engine = canon(&workspace_root().join(ENGINE_DIR));
     bins.iter()
-        .find(|b| b.name == name && b.lib == lib && canon(&b.dir) == engine)
+        .find(|b| b.name == name && b.lib == lib && b.dir.ends_with(ENGINE_DIR))
         .map(|b| (b.exe.clone(), b.dir.clone()))
         .with_context(|| {
             format!("cargo test --workspace --no-run built no test binary `{name}` in {ENGINE_DIR}")
@@ -237,19 +245,6 @@ fn both(
     Ok(())
 }
 
-/// `env` with AddressSanitizer's runtime preloaded into the process itself
-/// (a test binary run directly; cargo-run ones get it through the runner
-/// variable `check_env` sets).
-fn direct_env(env: &[(String, String)]) -> Vec<(String, String)> {
-    let mut out = env.to_vec();
-    if let Some((_, runner)) = env.iter().find(|(k, _)| k == RUNNER_VAR) {
-        if let Some(lib) = runner.strip_prefix("env LD_PRELOAD=") {
-            out.push(("LD_PRELOAD".into(), lib.to_string()));
-        }
-    }
-    out
-}
-
 pub fn sim(args: SimArgs) -> Result<()> {
     // build once before the two runs share the target directory: the
     // workspace's test binaries (their features as CI's test step resolves
@@ -269,7 +264,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
     both(
         "unit",
         "the engine's GPU unit tests",
-        &direct_env(&env),
+        &env.direct,
         (&unit, &unit_dir),
         &[],
     )?;
@@ -282,7 +277,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
     both(
         "bench",
         "m3 bench --backend gpu (tiny, both paths)",
-        &env,
+        &env.cargo,
         cargo,
         &[
             "run",
@@ -316,7 +311,7 @@ pub fn sim(args: SimArgs) -> Result<()> {
         both(
             "runner",
             "the runner suite",
-            &direct_env(&env),
+            &env.direct,
             (&runner, &runner_dir),
             &[],
         )?;
@@ -348,4 +343,36 @@ pub fn sim(args: SimArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bin(name: &str, lib: bool, dir: &str) -> TestBin {
+        TestBin {
+            name: name.into(),
+            lib,
+            dir: PathBuf::from(dir),
+            exe: PathBuf::from(format!("{dir}/{name}-{lib}")),
+        }
+    }
+
+    /// cpu-ref's `runner` test comes first in cargo's order; the engine's
+    /// is the one taken, and its directory is where it runs.
+    #[test]
+    fn the_engine_test_is_taken_by_package_not_by_name() {
+        let bins = [
+            bin("runner", false, "/w/cpu-ref"),
+            bin("m3_gpu", false, "/w/gpu-mi350"),
+            bin("runner", false, "/w/gpu-mi350"),
+            bin("m3_gpu", true, "/w/gpu-mi350"),
+        ];
+        let (exe, dir) = engine_test(&bins, "runner", false).unwrap();
+        assert_eq!(dir, Path::new("/w/gpu-mi350"));
+        assert_eq!(exe, Path::new("/w/gpu-mi350/runner-false"));
+        let (exe, _) = engine_test(&bins, "m3_gpu", true).unwrap();
+        assert_eq!(exe, Path::new("/w/gpu-mi350/m3_gpu-true"));
+        assert!(engine_test(&bins[..1], "runner", false).is_err());
+    }
 }

@@ -513,6 +513,14 @@ M3_DEV void m3_prefetch_l2(const void* p) {
   (void)p;
 #endif
 }
+/// Ask L1 for the line holding p (no register, no wait; nothing on HIP).
+M3_DEV void m3_prefetch_l1(const void* p) {
+#if defined(M3_CUDA) && !defined(M3_SIM)
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
 /// A global load through the read-only path (uint4, uint2, u32; plain on
 /// HIP).
 template <typename T> M3_DEV T m3_ldg(const T* p) {

@@ -986,12 +986,42 @@ M3_DEV void s_h_use(const SHPos<F, NB>& p, const SHRaw<F, UU>& r, float (&acc)[S
   }
 }
 
+// Bench variant (issue 12, session 41), a format bitmask as S_H_PIPE_ONE's:
+// the one-row walk asks L1 for the weights of the batch S_W_PF_DIST
+// batches ahead (`prefetch.global.L1`, no registers) right behind this
+// batch's loads, so a warp keeps bytes in flight while it decodes and its
+// next batch's loads hit L1. Reading behind it (bench/NOTES.md session
+// 41): a warp of the plain walk has no load in flight while it decodes,
+// and on the H200 that half of its time leaves the SM short of bytes in
+// flight; the pipelined walk (S_H_PIPE_ONE) keeps them in flight in
+// registers and spills at the one-row walks' CTAs an SM.
+#ifndef S_W_PF_L1
+#define S_W_PF_L1 0
+#endif
+#ifndef S_W_PF_DIST
+#define S_W_PF_DIST 1
+#endif
+/// L1 prefetches of `UU` super-chunks' weight codes, `OFF` super-chunks
+/// past `p` (one per lane and row: a lane quad's 64 bytes share a line).
+template <int F, int NB, u32 UU>
+M3_DEV void s_h_prefetch_l1(const SHPos<F, NB>& p, u32 off) {
+#pragma unroll
+  for (u32 v = 0; v < UU; ++v)
+#pragma unroll
+    for (u32 i = 0; i < SHRaw<F, UU>::LW; ++i) {
+      m3_prefetch_l1(p.wa + (off + v) * SHPos<F, NB>::WS + 64u * i);
+      m3_prefetch_l1(p.wc + (off + v) * SHPos<F, NB>::WS + 64u * i);
+    }
+}
+
 /// `UU` super-chunks from `p` into acc: loads first (weights, scales, x
-/// exponents, x fragments), then their products.
+/// exponents, x fragments), then their products. `pf`: the walk has the
+/// batch S_W_PF_DIST ahead (S_W_PF_L1's prefetch, one-row walks).
 template <int F, int NB, bool ONE, u32 UU, bool XR>
-M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4]) {
+M3_DEV void s_h_batch(const SHPos<F, NB>& p, float (&acc)[S_MMA_MAXBT][4], bool pf = false) {
   SHRaw<F, UU> r;
   s_h_load<F, NB, UU>(p, true, r);
+  if (ONE && ((S_W_PF_L1 >> F) & 1) != 0 && pf) s_h_prefetch_l1<F, NB, UU>(p, UU * S_W_PF_DIST);
   s_h_use<F, NB, ONE, UU, XR>(p, r, acc);
 }
 
@@ -1133,7 +1163,7 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[
   while (!W::PIPE && n >= G) {
 #pragma unroll
     for (u32 k = 0; k < G / U; ++k) {
-      s_h_batch<F, NB, ONE, U, XR>(p, acc);
+      s_h_batch<F, NB, ONE, U, XR>(p, acc, n >= (S_W_PF_DIST + 1u) * U + k * U);
       s_h_step(p, U);
     }
     s_h_step(p, gap);

@@ -416,7 +416,8 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
             // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
-            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" if n <= 30 && n.is_multiple_of(2) => {}
+            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" if n <= 30 && n.is_multiple_of(2) => {}
+            "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
             | "S_R1_MINB_NV"
                 if (1..=16).contains(&n) => {}

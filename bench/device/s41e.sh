@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 41 (issue 12), the H200 wanted (the H100 measured both, runs 1
+# and 3), ~200 s cold: the two FP4 one-row ideas where the FP4 walks sit
+# below the ceiling (H200: 75 / 71% at one row, session 32):
+# 0. bench/proto/pipes.py again, each CTA's span now read behind a barrier;
+# 1. /tmp/bin/m3 (landed decode): the defaults and S_W_PF_L1=20 (the next
+#    batch's weights prefetched into L1, MXFP4 + NVFP4), the tall launch
+#    1 x [49152, 6144] and grouped experts 4 / 16, 1 and 16 rows, MXFP4,
+#    NVFP4, MXFP8 (bin.log: also the H200's figures of record at one row);
+# 2. /tmp/logic/m3: the E2M1 decode by bit operations alone
+#    (bench/results/2026-12-07-s41/d/e2m1_logic.patch), the same cases
+#    (logic.log).
+set -u
+. bench/device/common.sh
+m3_setup logic
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+echo "=== pipes ($(date +%T))"
+timeout 60 python3 bench/proto/pipes.py > $OUT/pipes.log 2>&1
+echo "exit $?"; cat $OUT/pipes.log
+D="S_MMA_WARPS=4 S_MMA_MAXBT=2"
+K="--backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 --kernel-experts 4,16 --kernel-rows 1,16 --kernel-formats mxfp4,nvfp4,mxfp8"
+echo "=== bin ($(date +%T))"
+# shellcheck disable=SC2086
+timeout 240 /tmp/bin/m3 bench $K --variants "$D S_W_PF_L1=20" > $OUT/bin.log 2>&1
+echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/bin.log | cut -c1-150
+echo "=== logic ($(date +%T))"
+# shellcheck disable=SC2086
+timeout 150 /tmp/logic/m3 bench $K > $OUT/logic.log 2>&1
+echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/logic.log | cut -c1-150

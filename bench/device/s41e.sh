@@ -14,11 +14,15 @@ set -u
 . bench/device/common.sh
 m3_setup logic
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-echo "=== pipes ($(date +%T))"
-timeout 60 python3 bench/proto/pipes.py > $OUT/pipes.log 2>&1
-echo "exit $?"; cat $OUT/pipes.log
+if [ "${QUICK:-0}" != 1 ]; then
+  echo "=== pipes ($(date +%T))"
+  timeout 60 python3 bench/proto/pipes.py > $OUT/pipes.log 2>&1
+  echo "exit $?"; cat $OUT/pipes.log
+fi
 D="S_MMA_WARPS=4 S_MMA_MAXBT=2"
 K="--backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 --kernel-experts 4,16 --kernel-rows 1,16 --kernel-formats mxfp4,nvfp4,mxfp8"
+# QUICK=1 (~120 s cold): one row, 4 experts, no pipes
+[ "${QUICK:-0}" = 1 ] && K="--backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 --kernel-experts 4 --kernel-rows 1 --kernel-formats mxfp4,nvfp4,mxfp8"
 echo "=== bin ($(date +%T))"
 # shellcheck disable=SC2086
 timeout 240 /tmp/bin/m3 bench $K --variants "$D S_W_PF_L1=20" > $OUT/bin.log 2>&1

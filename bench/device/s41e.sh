@@ -4,7 +4,8 @@
 # below the ceiling (H200: 75 / 71% at one row, session 32):
 # 0. bench/proto/pipes.py again, each CTA's span now read behind a barrier;
 # 1. /tmp/bin/m3 (landed decode): the defaults and S_W_PF_L1=20 (the next
-#    batch's weights prefetched into L1, MXFP4 + NVFP4), the tall launch
+#    batch's weights prefetched into L1, MXFP4 + NVFP4; with
+#    S_W_PF_MODE=1 in the gate + up pairs only), the tall launch
 #    1 x [49152, 6144] and grouped experts 4 / 16, 1 and 16 rows, MXFP4,
 #    NVFP4, MXFP8 (bin.log: also the H200's figures of record at one row);
 # 2. /tmp/logic/m3: the E2M1 decode by bit operations alone
@@ -25,7 +26,7 @@ K="--backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 
 [ "${QUICK:-0}" = 1 ] && K="--backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 --kernel-experts 4 --kernel-rows 1 --kernel-formats mxfp4,nvfp4,mxfp8"
 echo "=== bin ($(date +%T))"
 # shellcheck disable=SC2086
-timeout 240 /tmp/bin/m3 bench $K --variants "$D S_W_PF_L1=20" > $OUT/bin.log 2>&1
+timeout 240 /tmp/bin/m3 bench $K --variants "$D S_W_PF_L1=20;$D S_W_PF_L1=20 S_W_PF_MODE=1" > $OUT/bin.log 2>&1
 echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/bin.log | cut -c1-150
 echo "=== logic ($(date +%T))"
 # shellcheck disable=SC2086

@@ -1001,6 +1001,13 @@ M3_DEV void s_h_use(const SHPos<F, NB>& p, const SHRaw<F, UU>& r, float (&acc)[S
 #ifndef S_W_PF_DIST
 #define S_W_PF_DIST 1
 #endif
+// Which launches prefetch: 0 every one-row walk, 1 only the fused gate +
+// up pairs (the routed experts' first linear: +9-12 points on the
+// microbench's grouped experts at one row, H100, where the tall plain
+// launch lost 5-12), 2 only the others.
+#ifndef S_W_PF_MODE
+#define S_W_PF_MODE 0
+#endif
 /// L1 prefetches of `UU` super-chunks' weight codes, `OFF` super-chunks
 /// past `p` (one per lane and row: a lane quad's 64 bytes share a line).
 template <int F, int NB, u32 UU>
@@ -1134,7 +1141,8 @@ template <int F, int NB, bool ONE> struct SHWalk {
 /// U, then the rest in batches of U, then one at a time. Either way a
 /// warp sums its super-chunks in ascending order.
 template <int F, int NB, bool ONE, bool XR = false>
-M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[S_MMA_MAXBT][4]) {
+M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[S_MMA_MAXBT][4],
+                     bool pf_ok = true) {
   using W = SHWalk<F, NB, ONE>;
   const u32 U = W::U, G = W::ILV ? W::G : W::U, per = (nsc + nwarp - 1u) / nwarp;
   const u32 q0 = W::ILV ? min(warp * G, nsc) : min(warp * per, nsc);
@@ -1163,7 +1171,7 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[
   while (!W::PIPE && n >= G) {
 #pragma unroll
     for (u32 k = 0; k < G / U; ++k) {
-      s_h_batch<F, NB, ONE, U, XR>(p, acc, n >= (S_W_PF_DIST + 1u) * U + k * U);
+      s_h_batch<F, NB, ONE, U, XR>(p, acc, pf_ok && n >= (S_W_PF_DIST + 1u) * U + k * U);
       s_h_step(p, U);
     }
     s_h_step(p, gap);
@@ -1328,8 +1336,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
     if (one) {
-      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
-      else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
+      const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == pair;
+      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
+      else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
     } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
       if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
       else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);

@@ -418,6 +418,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
             "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" if n <= 30 && n.is_multiple_of(2) => {}
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
+            "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
             | "S_R1_MINB_NV"
                 if (1..=16).contains(&n) => {}

@@ -5,7 +5,7 @@
 # 0. bench/proto/pipes.py again, each CTA's span now read behind a barrier;
 # 1. /tmp/bin/m3 (landed decode): the defaults and S_W_PF_L1=20 (the next
 #    batch's weights prefetched into L1, MXFP4 + NVFP4; with
-#    S_W_PF_MODE=1 in the gate + up pairs only), the tall launch
+#    S_W_PF_MODE=1 in the routed experts' launches only), the tall launch
 #    1 x [49152, 6144] and grouped experts 4 / 16, 1 and 16 rows, MXFP4,
 #    NVFP4, MXFP8 (bin.log: also the H200's figures of record at one row);
 # 2. /tmp/logic/m3: the E2M1 decode by bit operations alone

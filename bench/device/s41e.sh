@@ -10,7 +10,9 @@
 #    NVFP4, MXFP8 (bin.log: also the H200's figures of record at one row);
 # 2. /tmp/logic/m3: the E2M1 decode by bit operations alone
 #    (bench/results/2026-12-07-s41/d/e2m1_logic.patch), the same cases
-#    (logic.log).
+#    (logic.log);
+# 3. LAYER=1: the MoE layer with the prefetch in routed launches only
+#    (layer.log, below).
 set -u
 . bench/device/common.sh
 m3_setup logic
@@ -32,3 +34,24 @@ echo "=== logic ($(date +%T))"
 # shellcheck disable=SC2086
 timeout 150 /tmp/logic/m3 bench $K > $OUT/logic.log 2>&1
 echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/logic.log | cut -c1-150
+# LAYER=1 (~90 s warm): the MoE layer (m3.1 --layers 12 minus 6, b1 / b4 /
+# b16, standard path) with the prefetch in the routed experts' launches
+# only (S_W_PF_MODE=1) against the defaults, interleaved, 2 rounds
+# (session 41 run 2 had it in every one-row launch: b1 2.7% slower on the
+# H100, though the microbench's grouped experts gained 12 points).
+[ "${LAYER:-0}" = 1 ] || exit 0
+B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
+for r in 1 2; do
+  for v in base pf; do
+    echo "=== layer $v round $r ($(date +%T))"
+    if [ $v = base ]; then
+      # shellcheck disable=SC2086
+      timeout 150 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
+    else
+      # shellcheck disable=SC2086
+      M3_SMALL_STEP_DEFINES="$D S_W_PF_L1=20 S_W_PF_MODE=1" timeout 150 /tmp/bin/m3 bench $B 2>&1 \
+        | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
+    fi
+  done
+done > $OUT/layer.log 2>&1
+cut -c1-150 $OUT/layer.log

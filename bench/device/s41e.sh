@@ -36,9 +36,11 @@ timeout 150 /tmp/logic/m3 bench $K > $OUT/logic.log 2>&1
 echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/logic.log | cut -c1-150
 # LAYER=1 (~90 s warm): the MoE layer (m3.1 --layers 12 minus 6, b1 / b4 /
 # b16, standard path) with the prefetch in the routed experts' launches
-# only (S_W_PF_MODE=1) against the defaults, interleaved, 2 rounds
-# (session 41 run 2 had it in every one-row launch: b1 2.7% slower on the
-# H100, though the microbench's grouped experts gained 12 points).
+# only (S_W_PF_MODE=1) against the defaults, interleaved, 2 rounds: run 2
+# of session 41 on the H200 (b1 2.7% slower on the H100, though the
+# microbench's grouped experts gained 12 points). The bench model's shared
+# expert is MXFP8 (`--shared-expert dense`), so its FP4 launches are all
+# routed and mode 1 is mode 0 here.
 [ "${LAYER:-0}" = 1 ] || exit 0
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
 for r in 1 2; do

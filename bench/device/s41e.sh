@@ -5,14 +5,15 @@
 # 0. bench/proto/pipes.py again, each CTA's span now read behind a barrier;
 # 1. /tmp/bin/m3 (landed decode): the defaults and S_W_PF_L1=20 (the next
 #    batch's weights prefetched into L1, MXFP4 + NVFP4; with
-#    S_W_PF_MODE=1 in the routed experts' launches only), the tall launch
+#    S_W_PF_MODE=1 in launches of several segments, the gate + up pairs,
+#    only), the tall launch
 #    1 x [49152, 6144] and grouped experts 4 / 16, 1 and 16 rows, MXFP4,
 #    NVFP4, MXFP8 (bin.log: also the H200's figures of record at one row);
 # 2. /tmp/logic/m3: the E2M1 decode by bit operations alone
 #    (bench/results/2026-12-07-s41/d/e2m1_logic.patch), the same cases
 #    (logic.log);
-# 3. LAYER=1: the MoE layer with the prefetch in routed launches only
-#    (layer.log, below).
+# 3. LAYER=1: the MoE layer with the prefetch in the gate + up launches
+#    only (layer.log, below).
 set -u
 . bench/device/common.sh
 m3_setup logic
@@ -35,12 +36,12 @@ echo "=== logic ($(date +%T))"
 timeout 150 /tmp/logic/m3 bench $K > $OUT/logic.log 2>&1
 echo "exit $?"; grep -E "x/row|rror|^ceiling" $OUT/logic.log | cut -c1-150
 # LAYER=1 (~90 s warm): the MoE layer (m3.1 --layers 12 minus 6, b1 / b4 /
-# b16, standard path) with the prefetch in the routed experts' launches
-# only (S_W_PF_MODE=1) against the defaults, interleaved, 2 rounds: run 2
-# of session 41 on the H200 (b1 2.7% slower on the H100, though the
-# microbench's grouped experts gained 12 points). The bench model's shared
-# expert is MXFP8 (`--shared-expert dense`), so its FP4 launches are all
-# routed and mode 1 is mode 0 here.
+# b16, standard path) with the prefetch in the launches of several
+# segments only (S_W_PF_MODE=1: the routed gate + up; the bench model's
+# shared expert is MXFP8) against the defaults, interleaved, 2 rounds.
+# Session 41's run 2 had it in every FP4 one-row launch, the routed down
+# projections too: b1 2.7% slower on the H100, though the microbench's
+# grouped gate + up gained 12 points.
 [ "${LAYER:-0}" = 1 ] || exit 0
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
 for r in 1 2; do

@@ -1001,10 +1001,11 @@ M3_DEV void s_h_use(const SHPos<F, NB>& p, const SHRaw<F, UU>& r, float (&acc)[S
 #ifndef S_W_PF_DIST
 #define S_W_PF_DIST 1
 #endif
-// Which launches prefetch: 0 every one-row walk, 1 only the routed
-// experts' launches (the microbench's grouped experts gained 9-12 points
-// at one row on the H100, where the plain tall launch lost 5-13), 2 only
-// the plain ones.
+// Which launches prefetch: 0 every one-row walk, 1 only launches of
+// several segments (the gate + up pairs: the microbench's grouped experts
+// gained 9-12 points at one row on the H100, where its one-segment tall
+// launch lost 5-13; in a step the routed and shared gate + up, not the
+// down projections), 2 only one-segment launches.
 #ifndef S_W_PF_MODE
 #define S_W_PF_MODE 0
 #endif
@@ -1336,7 +1337,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
     if (one) {
-      const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (route != nullptr);
+      const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (segs.nseg > 1u);
       if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
       else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
     } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {

@@ -12,8 +12,9 @@ them F2FP) would be faster there. Measured (session 41, H100; the SASS read
 after the run): F2FP costs one ALU slot, as LOP3 does.
 
 Each case runs one 1024-thread CTA an SM, 8 independent chains a thread, a
-loop of N rounds; the CTA reads `clock64` around its loop, so the figure is
-thread-instructions a clock an SM, whatever the SM clock. Cases:
+loop of N rounds; the CTA reads `clock64` before its loop and behind a
+barrier after it (its last warp's end), so the figure is thread-instructions
+a clock an SM, whatever the SM clock. Cases:
 
 - `f2fp`: one `cvt.rn.f16x2.e4m3x2` a chain a round (its input the low
   half of the chain's register); `f2fp_h1` the same from the high half,
@@ -57,35 +58,22 @@ __device__ __forceinline__ u32 f2fp_lo(u32 v) {
   asm volatile("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(d) : "r"(v));
   return d;
 }
-__device__ __forceinline__ u32 lop3(u32 a, u32 b) {
-  u32 d;
-  asm volatile("lop3.b32 %0, %1, %2, 0x5a5a5a5a, 0x96;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ u32 shf(u32 a, u32 b) {
-  u32 d;
-  asm volatile("shf.l.wrap.b32 %0, %1, %2, 3;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ u32 prmt(u32 a, u32 b) {
-  u32 d;
-  asm volatile("prmt.b32 %0, %1, %2, 0x5140;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-__device__ __forceinline__ u32 iadd3(u32 a, u32 b) {
-  u32 d;
-  asm volatile("add.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
+// one PTX instruction of two u32 registers: d = OP(a, b)
+#define OP2(name, text)                                                       \
+  __device__ __forceinline__ u32 name(u32 a, u32 b) {                         \
+    u32 d;                                                                    \
+    asm volatile(text : "=r"(d) : "r"(a), "r"(b));                            \
+    return d;                                                                 \
+  }
+OP2(lop3, "lop3.b32 %0, %1, %2, 0x5a5a5a5a, 0x96;")
+OP2(shf, "shf.l.wrap.b32 %0, %1, %2, 3;")
+OP2(prmt, "prmt.b32 %0, %1, %2, 0x5140;")
+OP2(iadd3, "add.u32 %0, %1, %2;")
+OP2(hfma2, "fma.rn.f16x2 %0, %1, %2, %1;")
 __device__ __forceinline__ u32 ffma(u32 a, u32 b) {
   float d;
   asm volatile("fma.rn.f32 %0, %1, %2, 0f3F800000;" : "=f"(d) : "f"(__uint_as_float(a)), "f"(__uint_as_float(b)));
   return __float_as_uint(d);
-}
-__device__ __forceinline__ u32 hfma2(u32 a, u32 b) {
-  u32 d;
-  asm volatile("fma.rn.f16x2 %0, %1, %2, %1;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
 }
 
 // The engine's decode (standard_decode.cu s_h_e2m1_lo / _hi + m3_e4m3x4_f16).

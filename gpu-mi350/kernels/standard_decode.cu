@@ -990,11 +990,11 @@ M3_DEV void s_h_use(const SHPos<F, NB>& p, const SHRaw<F, UU>& r, float (&acc)[S
 // the one-row walk asks L1 for the weights of the batch S_W_PF_DIST
 // batches ahead (`prefetch.global.L1`, no registers) right behind this
 // batch's loads, so a warp keeps bytes in flight while it decodes and its
-// next batch's loads hit L1. Reading behind it (bench/NOTES.md session
-// 41): a warp of the plain walk has no load in flight while it decodes,
-// and on the H200 that half of its time leaves the SM short of bytes in
-// flight; the pipelined walk (S_H_PIPE_ONE) keeps them in flight in
-// registers and spills at the one-row walks' CTAs an SM.
+// next batch's loads hit L1. The reading behind it (not measured): a warp
+// of the plain walk has no load in flight while it decodes, which on the
+// H200 may leave the SM short of bytes in flight; the pipelined walk
+// (S_H_PIPE_ONE) keeps them in flight in registers and spills at the
+// one-row walks' CTAs an SM (bench/NOTES.md session 33).
 #ifndef S_W_PF_L1
 #define S_W_PF_L1 0
 #endif

@@ -976,6 +976,7 @@ fn engine_linears_take_k_past_whole_chunks() {
             expert_n: 40,
             top_k: 2,
             distinct: vec![2],
+            l2: true,
             iters: 1,
             reps: 2,
             variants: vec![],

@@ -170,6 +170,22 @@ pub struct Args {
     /// none).
     #[arg(long, default_value = "4,16,64")]
     pub kernel_experts: String,
+    /// GPU, --kernels: rows of each expert matrix (0 = the model's
+    /// intermediate size). Small with --kernel-l2, so one gate + up pair
+    /// fits in L2.
+    #[arg(long, default_value_t = 0)]
+    pub kernel_expert_n: usize,
+    /// GPU, --kernels: experts each x row picks (0 = the model's top-k).
+    /// One row with many picks (e.g. `--kernel-rows 1 --kernel-top-k 64
+    /// --kernel-experts 64`) makes a long one-row grouped launch.
+    #[arg(long, default_value_t = 0)]
+    pub kernel_top_k: usize,
+    /// GPU, --kernels: time each experts case a second time L2-fed, every
+    /// slot routed to expert 0 (its weights then come from L2 after the
+    /// first read): the kernel's own rate with the memory bus out of the
+    /// way; its % of the ceiling may pass 100.
+    #[arg(long)]
+    pub kernel_l2: bool,
     /// GPU, --kernels: launches of each case per graph replay, timed as
     /// one and divided (1: one launch between two events, its launch
     /// latency and ramp included; more: spread as in a step of many

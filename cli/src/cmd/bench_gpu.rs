@@ -312,9 +312,16 @@ fn run_kernels(args: &Args, cfg: &ModelConfig) -> Result<()> {
         k: cfg.hidden_size,
         stack,
         experts: cfg.num_local_experts,
-        expert_n: cfg.intermediate_size,
-        top_k: cfg.num_experts_per_tok,
+        expert_n: match args.kernel_expert_n {
+            0 => cfg.intermediate_size,
+            n => n,
+        },
+        top_k: match args.kernel_top_k {
+            0 => cfg.num_experts_per_tok,
+            k => k,
+        },
         distinct: list("--kernel-experts", &args.kernel_experts)?,
+        l2: args.kernel_l2,
         iters: args.iters,
         reps: args.kernel_reps,
         variants: args

@@ -14,6 +14,13 @@
 //! Bytes are the stored bytes the launch must read (codes + scales of every
 //! matrix it touches); x and the outputs are not counted.
 //!
+//! `l2` adds, after each experts case, the same launch with every slot
+//! routed to expert 0 (labelled `L2-fed`): one gate + up pair, read once
+//! from memory and then from L2 by every other slot, so its GB/s (bytes
+//! counted per slot, as above) is the kernel's own rate with the bus out of
+//! the way, and may pass 100% of the memory ceiling. Keep the pair well
+//! under L2 (`expert_n` small) for that reading to hold.
+//!
 //! `reps` > 1 captures each case that many times back to back in its graph
 //! and reports a replay's time divided by it: the launch's own latency
 //! (graph launch, the first CTAs' ramp, the last wave's tail) is then
@@ -67,6 +74,8 @@ pub struct KernelBenchSpec {
     pub expert_n: usize,
     pub top_k: usize,
     pub distinct: Vec<usize>,
+    /// Also time each experts case L2-fed (module doc).
+    pub l2: bool,
     pub iters: usize,
     /// Launches of a case per graph replay (module doc); 1 = one.
     pub reps: usize,
@@ -422,8 +431,13 @@ pub fn kernel_bench(
             let pairs = m * spec.top_k.max(1);
             let mut ds: Vec<usize> = spec.distinct.iter().map(|&d| d.min(pairs)).collect();
             ds.dedup();
-            for d in ds {
-                let (table, slots, first) = route(&c, spec.experts, d, m, spec.top_k.max(1))?;
+            let fed: &[bool] = if spec.l2 { &[false, true] } else { &[false] };
+            for (d, alias) in ds
+                .into_iter()
+                .flat_map(|d| fed.iter().map(move |&a| (d, a)))
+            {
+                let (table, slots, first) =
+                    route(&c, spec.experts, d, m, spec.top_k.max(1), alias)?;
                 let per_expert = gate.matrix_bytes() as u64 * 2;
                 let host_g = HostMatrix::download(&l, &gate, first.0)?;
                 for (v, lx, label) in forms(fmt) {
@@ -455,8 +469,15 @@ pub fn kernel_bench(
                     let samples_ms = time(&c, &mut graphs, key, spec.iters, spec.reps, &enqueue)?;
                     let row = KernelRow {
                         case: format!(
-                            "experts gate+up {d} of {} x 2 x [{}, {}] m{m}",
-                            spec.experts, spec.expert_n, spec.k
+                            "experts gate+up {d} of {} x 2 x [{}, {}] m{m}{}",
+                            spec.experts,
+                            spec.expert_n,
+                            spec.k,
+                            if alias {
+                                " L2-fed (every slot expert 0)"
+                            } else {
+                                ""
+                            }
                         ),
                         fmt,
                         rows: m,
@@ -479,7 +500,8 @@ pub fn kernel_bench(
 
 /// The route of `m` rows choosing `top_k` experts each, `distinct` experts
 /// in all (pair p goes to expert slot p % distinct; experts spread over the
-/// stack): (device records, slots, (slot 0's expert, its pair ids)).
+/// stack; `alias`: every slot names expert 0, the L2-fed case): (device
+/// records, slots, (slot 0's expert, its pair ids)).
 #[allow(clippy::type_complexity)]
 fn route(
     c: &Ctx<'_>,
@@ -487,12 +509,13 @@ fn route(
     distinct: usize,
     m: usize,
     top_k: usize,
+    alias: bool,
 ) -> Result<(DevBuf, usize, (usize, Vec<usize>))> {
     let stride = 2 + m;
     let mut rec = vec![0i32; distinct * stride];
     let mut first = (0usize, Vec::new());
     for s in 0..distinct {
-        let e = s * (experts / distinct);
+        let e = if alias { 0 } else { s * (experts / distinct) };
         let ps: Vec<usize> = (0..m * top_k).filter(|p| p % distinct == s).collect();
         // a row may pick an expert once: keep the first pair of each row
         let mut seen = std::collections::BTreeSet::new();

@@ -597,7 +597,20 @@ M3_DEV void s_xh_put(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk) {
 /// 4t..4t+3) sits in bits 2, 3, 4, 7 of each byte (m, e0, e1, s) already;
 /// half 1 (values 16+4t..) in bits 0, 1, 5, 6 (m, e0, s, e1).
 M3_DEV u32 s_h_e2m1_lo(u32 q) { return q & 0x9c9c9c9cu; }
+// S_E2M1_HI_FMA (bench define, CUDA): half 1's right shift as a multiply-
+// high by 2^30 read from constant memory, where ptxas cannot fold it back
+// into a shift: one ALU-pipe instruction a code word moved to the FMA
+// pipe (session 42: the FP4 walks' own rate on the H200 stops with the
+// ALU pipe 77% busy and the FMA pipe ~12%).
+#ifndef S_E2M1_HI_FMA
+#define S_E2M1_HI_FMA 0
+#endif
+#if S_E2M1_HI_FMA && !defined(M3_HIP) && !defined(M3_SIM)
+__constant__ u32 s_e2m1_2p30 = 0x40000000u;
+M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | (__umulhi(q, s_e2m1_2p30) & 0x10101010u); }
+#else
 M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | ((q >> 2) & 0x10101010u); }
+#endif
 
 // HIP: the tile product is emulated by lane shuffles (compat.h), which
 // holds many registers: one load batch, x loaded per block, one walk

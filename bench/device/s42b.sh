@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Session 42 (issue 12), the H200 wanted (~150 s cold), one row:
-# 1. the plain walk in a launch long enough that its ramp and tail stop
-#    mattering (1 x [131072, 6144]: 428 MB MXFP4, ~110 us) beside the
+# Session 42 (issue 12), the H200 wanted (~240 s cold), prepared after the
+# session's device time:
+# 1. the plain one-row walk in a launch long enough that its ramp and tail
+#    stop mattering (1 x [131072, 6144]: 428 MB MXFP4, ~110 us) beside the
 #    figure of record's 1 x [49152, 6144] (~46 us), MXFP4, NVFP4, MXFP8
 #    (tall-*.log). Session 42 run 1: the MXFP4 walk reads 76% of the
 #    ceiling in the tall launch and 85% in a 111-us grouped launch, of a
 #    91% own rate (L2-fed): how much of that is the plain launch's length;
-# 2. S_E2M1_HI_FMA=1 (half 1's right shift as IMAD.HI on the FMA pipe:
-#    the MXFP4 loop's ALU-pipe instructions 178 -> 162, all 283 -> 288,
-#    NVRTC 13.0) against the defaults, tall, grouped memory-fed and
-#    L2-fed, MXFP4 and NVFP4 (hi.log): does the walk's own rate, ALU-pipe
-#    bound there (session 42 run 5), move with one ALU instruction of
-#    eleven a code word taken off?
+# 2. ALU-pipe work moved to the FMA pipe, the walk's own rate being ALU-
+#    pipe bound (session 42 run 5): S_E2M1_HI_FMA=1 (half 1's right shift
+#    as IMAD.HI), S_SCALE_FMA=1 (the block scale factors by multiplies),
+#    both; the MXFP4 x/row loop's ALU-pipe / all instructions 169 / 246
+#    (defaults), 153 / 249, 137 / 287, 126 / 289 (NVRTC 13.0, no new
+#    spills). Tall, grouped memory-fed and L2-fed, MXFP4, NVFP4, MXFP8
+#    (fma.log);
+# 3. the MoE layer (b1 / b4 / b16, 2 rounds interleaved) with both
+#    against the defaults (fma-layer.log; LAYER=0 leaves it out, ~70 s).
 # Writes names no other script here writes.
 set -u
 . bench/device/common.sh
@@ -24,8 +28,26 @@ for s in 1x131072 1x49152; do
     --kernel-experts "" --kernel-rows 1 --kernel-formats mxfp4,nvfp4,mxfp8 --out "$OUT/tall-$s.json" > "$OUT/tall-$s.log" 2>&1
   echo "exit $?"; grep -E "x/row|rror|^ceiling" "$OUT/tall-$s.log" | cut -c1-150
 done
-echo "=== hi ($(date +%T))"
-timeout 200 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 \
+echo "=== fma ($(date +%T))"
+timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x49152 \
   --kernel-rows 1 --kernel-experts 64 --kernel-top-k 64 --kernel-expert-n 1024 --kernel-l2 \
-  --kernel-formats mxfp4,nvfp4 --variants "$D S_E2M1_HI_FMA=1" --out "$OUT/hi.json" > "$OUT/hi.log" 2>&1
-echo "exit $?"; grep -E "x/row|rror|^ceiling" "$OUT/hi.log" | cut -c1-170
+  --kernel-formats mxfp4,nvfp4,mxfp8 \
+  --variants "$D S_E2M1_HI_FMA=1;$D S_SCALE_FMA=1;$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" \
+  --out "$OUT/fma.json" > "$OUT/fma.log" 2>&1
+echo "exit $?"; grep -E "x/row|rror|^ceiling" "$OUT/fma.log" | cut -c1-190
+[ "${LAYER:-1}" = 1 ] || exit 0
+B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
+for r in 1 2; do
+  for v in base fma; do
+    echo "=== layer $v round $r ($(date +%T))"
+    if [ $v = base ]; then
+      # shellcheck disable=SC2086
+      timeout 150 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
+    else
+      # shellcheck disable=SC2086
+      M3_SMALL_STEP_DEFINES="$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" timeout 150 /tmp/bin/m3 bench $B 2>&1 \
+        | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
+    fi
+  done
+done > "$OUT/fma-layer.log" 2>&1
+cut -c1-150 "$OUT/fma-layer.log"

@@ -605,9 +605,32 @@ M3_DEV u32 s_h_e2m1_lo(u32 q) { return q & 0x9c9c9c9cu; }
 #ifndef S_E2M1_HI_FMA
 #define S_E2M1_HI_FMA 0
 #endif
+// S_SCALE_FMA (bench define, CUDA): each block's MX scale factor
+// ((byte j of the scale word) << 23, plus the format's exponent offset)
+// by multiplies on the FMA pipe instead of a byte permute and a shift-add
+// on the ALU pipe (s_h_scale23).
+#ifndef S_SCALE_FMA
+#define S_SCALE_FMA 0
+#endif
+#if (S_E2M1_HI_FMA || S_SCALE_FMA) && !defined(M3_HIP) && !defined(M3_SIM)
+/// Powers of two ptxas cannot fold into shifts ([i] = 2^i; constant
+/// memory), so a multiply-high by one stays on the FMA pipe.
+__constant__ u32 s_pow2[32] = {1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+                               1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+                               1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+                               1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+/// (byte j of w) << 23, plus c: w >> 8j as a multiply-high, its low byte
+/// to the top by a multiply by 2^24, then one place down with c added
+/// (`mad.hi`): three FMA-pipe instructions (two for j = 0).
+M3_DEV u32 s_h_scale23(u32 w, u32 j, u32 c) {
+  const u32 a = j == 0u ? w : __umulhi(w, s_pow2[32u - 8u * j]);
+  u32 d;
+  asm("mad.hi.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a << 24), "r"(s_pow2[31]), "r"(c));
+  return d;
+}
+#endif
 #if S_E2M1_HI_FMA && !defined(M3_HIP) && !defined(M3_SIM)
-__constant__ u32 s_e2m1_2p30 = 0x40000000u;
-M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | (__umulhi(q, s_e2m1_2p30) & 0x10101010u); }
+M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | (__umulhi(q, s_pow2[30]) & 0x10101010u); }
 #else
 M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | ((q >> 2) & 0x10101010u); }
 #endif
@@ -775,8 +798,18 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
   } else {
-    s_h_factor<F, ANY>(m3_byte(sg[0], j), fg0, fgx);
-    s_h_factor<F, ANY>(m3_byte(s8[0], j), f80, f8x);
+#if S_SCALE_FMA && !defined(M3_HIP) && !defined(M3_SIM)
+    if (!ANY) {
+      // s_h_factor's !ANY arm, the same bits
+      const u32 add = (F == S_FMT_FP4 ? 6u : 0u) << 23;
+      fg0 = m3_f32(s_h_scale23(sg[0], j, add));
+      f80 = m3_f32(s_h_scale23(s8[0], j, add));
+    } else
+#endif
+    {
+      s_h_factor<F, ANY>(m3_byte(sg[0], j), fg0, fgx);
+      s_h_factor<F, ANY>(m3_byte(s8[0], j), f80, f8x);
+    }
     fg1 = fg0; f81 = f80;
   }
   S_H_UNROLL

@@ -736,6 +736,47 @@ mod tests {
         assert!(super::super::STANDARD.body.contains(&want));
     }
 
+    /// Every `#ifndef S_*` default in standard_decode.cu is a define
+    /// `--variants` / `M3_SMALL_STEP_DEFINES` can set, unless it belongs to
+    /// another kernel (session 42: two new bench defines were missing from
+    /// `variant_source`'s list, so their device script would have been
+    /// refused there).
+    #[test]
+    fn every_bench_define_is_a_variant() {
+        // set by the engine or by other kernels' entry points, not variants
+        const NOT_VARIANTS: [&str; 5] = [
+            "S_F32W_HOIST",
+            "S_F32W_ROWS",
+            "S_L2PF_CHUNK",
+            "S_ROUTER_FIT",
+            "S_SHARED",
+        ];
+        let body = include_str!("../../kernels/standard_decode.cu");
+        let names: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("#ifndef "))
+            .map(str::trim)
+            .filter(|n| n.starts_with("S_") && !NOT_VARIANTS.contains(n))
+            .collect();
+        assert!(names.len() > 20, "found only {names:?}");
+        let base = &super::super::STANDARD;
+        let refused: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| {
+                ![0u32, 1, 2, 4, 8]
+                    .iter()
+                    .any(|v| variant_source(base, &format!("{n}={v}")).is_ok())
+            })
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "defines no variant can set: {refused:?}"
+        );
+        // and the check can fail: a name the kernels do not take is refused
+        assert!(variant_source(base, "S_NO_SUCH_DEFINE=1").is_err());
+    }
+
     #[test]
     fn job_tables_have_the_kernel_layout() {
         // SSeg1: 8 u64 + 4 u32 + 3 u64 + 2 f32 = 112 bytes; SSegs: 5 of

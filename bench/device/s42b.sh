@@ -14,8 +14,9 @@
 #    (defaults), 153 / 249, 137 / 287, 126 / 289 (NVRTC 13.0, no new
 #    spills). Tall, grouped memory-fed and L2-fed, MXFP4, NVFP4, MXFP8
 #    (fma.log);
-# 3. the MoE layer (b1 / b4 / b16, 2 rounds interleaved) with both
-#    against the defaults (fma-layer.log; LAYER=0 leaves it out, ~70 s).
+# 3. the MoE layer (b1 / b4 / b16, 2 rounds interleaved, common.sh's
+#    m3_defines_ab: both variants compiled first) with both against the
+#    defaults (fma-layer.log; LAYER=0 leaves it out, ~90 s).
 # Writes names no other script here writes.
 set -u
 . bench/device/common.sh
@@ -37,17 +38,5 @@ timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-rep
 echo "exit $?"; grep -E "x/row|rror|^ceiling" "$OUT/fma.log" | cut -c1-190
 [ "${LAYER:-1}" = 1 ] || exit 0
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
-for r in 1 2; do
-  for v in base fma; do
-    echo "=== layer $v round $r ($(date +%T))"
-    if [ $v = base ]; then
-      # shellcheck disable=SC2086
-      timeout 150 /tmp/bin/m3 bench $B 2>&1 | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
-    else
-      # shellcheck disable=SC2086
-      M3_SMALL_STEP_DEFINES="$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" timeout 150 /tmp/bin/m3 bench $B 2>&1 \
-        | grep -E "^\| (\[[^]]*\] )?decode[^|]*\| [0-9.]+ / |rror"
-    fi
-  done
-done > "$OUT/fma-layer.log" 2>&1
+m3_defines_ab 2 "$B" base= "fma=$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" > "$OUT/fma-layer.log" 2>&1
 cut -c1-150 "$OUT/fma-layer.log"

@@ -332,13 +332,11 @@ pub fn kernel_bench(
         .ok_or_else(|| bad("rows x top-k x expert rows overflow".into()))?;
     let y = DevBuf::zeroed(&ctx, ybytes)?;
     let y2 = DevBuf::zeroed(&ctx, ybytes)?;
-    // every check launch writes over NaN, so an output it skipped fails the
-    // check instead of passing on the case before's value
+    // every check launch writes over NaN in y (the checked output), so an
+    // output it skipped fails the check instead of passing on the case
+    // before's value
     let nan = vec![0xffu8; ybytes];
-    let poison = || -> Result<()> {
-        y.write_sync(0, &nan)?;
-        y2.write_sync(0, &nan)
-    };
+    let poison = || y.write_sync(0, &nan);
     g.sync()?;
     let mut xh = vec![0u16; max_rows * spec.k];
     x.read(l.stream(), 0, &mut xh)?;
@@ -447,6 +445,8 @@ pub fn kernel_bench(
         let gate = gen_stack(&g, fmt, spec.expert_n, spec.k, spec.experts, &mut tid)?;
         let up = gen_stack(&g, fmt, spec.expert_n, spec.k, spec.experts, &mut tid)?;
         g.sync()?;
+        // every route's slot 0 is expert 0 (`route`): the checked matrix
+        let host_g = HostMatrix::download(&l, &gate, 0)?;
         for &m in &spec.rows {
             let pairs = m * spec.top_k.max(1);
             let mut ds: Vec<usize> = spec.distinct.iter().map(|&d| d.min(pairs)).collect();
@@ -461,7 +461,6 @@ pub fn kernel_bench(
                 let (table, slots, routed) =
                     route(&c, spec.experts, d, m, spec.top_k.max(1), alias)?;
                 let per_expert = gate.matrix_bytes() as u64 * 2;
-                let host_g = HostMatrix::download(&l, &gate, routed[0].0)?;
                 for (v, lx, label) in forms(fmt) {
                     let mats = [(&gate, LinOut::F32(y.ptr())), (&up, LinOut::F32(y2.ptr()))];
                     let r = Some(Route {
@@ -475,13 +474,13 @@ pub fn kernel_bench(
                     l.sync()?;
                     let mut yh = vec![0f32; pairs * spec.expert_n];
                     y.read(l.stream(), 0, &mut yh)?;
-                    // the pairs of every slot routed to slot 0's expert (all
-                    // of them when L2-fed): output row = pair id, x row =
-                    // pair / top_k
+                    // the pairs of every slot routed to expert 0 (slot 0's;
+                    // all of them when L2-fed): output row = pair id, x row
+                    // = pair / top_k
                     let top_k = spec.top_k.max(1);
                     let rows: Vec<(usize, usize)> = routed
                         .iter()
-                        .filter(|(e, _)| *e == routed[0].0)
+                        .filter(|(e, _)| *e == 0)
                         .flat_map(|(_, ps)| ps.iter().map(|&p| (p / top_k, p)))
                         .collect();
                     let (checked, worst) =
@@ -531,8 +530,9 @@ pub fn kernel_bench(
 
 /// The route of `m` rows choosing `top_k` experts each, `distinct` experts
 /// in all (pair p goes to expert slot p % distinct; experts spread over the
-/// stack; `alias`: every slot names expert 0, the L2-fed case): (device
-/// records, slots, each slot's (expert, pair ids)).
+/// stack, so slot 0's is expert 0; `alias`: every slot names expert 0,
+/// the L2-fed case): (device records, slots, each slot's (expert, pair
+/// ids)).
 #[allow(clippy::type_complexity)]
 fn route(
     c: &Ctx<'_>,

@@ -14,9 +14,13 @@
 #    (defaults), 153 / 249, 137 / 287, 126 / 289 (NVRTC 13.0, no new
 #    spills). Tall, grouped memory-fed and L2-fed, MXFP4, NVFP4, MXFP8
 #    (fma.log);
+#    (The defines are bitmasks over the walks since session 43: 1 the
+#    one-row walks, 2 the tile walks, 3 both; the one-row cases here run
+#    the one-row walks only, so 1 and 3 time the same kernels.)
 # 3. the MoE layer (b1 / b4 / b16, 2 rounds interleaved, common.sh's
-#    m3_defines_ab: both variants compiled first) with both against the
-#    defaults (fma-layer.log; LAYER=0 leaves it out, ~90 s).
+#    m3_defines_ab: every variant compiled first) with both in the one-row
+#    walks (fma1) and in every walk (fma3) against the defaults
+#    (fma-layer.log; LAYER=0 leaves it out, ~120 s).
 # Writes names no other script here writes.
 set -u
 . bench/device/common.sh
@@ -38,5 +42,6 @@ timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-rep
 echo "exit $?"; grep -E "x/row|rror|^ceiling" "$OUT/fma.log" | cut -c1-190
 [ "${LAYER:-1}" = 1 ] || exit 0
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,4,16 --context 4096 --iters 40 --rounds 1 --path standard"
-m3_defines_ab 2 "$B" base= "fma=$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" > "$OUT/fma-layer.log" 2>&1
+m3_defines_ab 2 "$B" base= "fma1=$D S_E2M1_HI_FMA=1 S_SCALE_FMA=1" "fma3=$D S_E2M1_HI_FMA=3 S_SCALE_FMA=3" \
+  > "$OUT/fma-layer.log" 2>&1
 cut -c1-150 "$OUT/fma-layer.log"

@@ -597,53 +597,7 @@ M3_DEV void s_xh_put(float v, u32 l, u8* __restrict__ row, u32 K, u32 blk) {
 /// 4t..4t+3) sits in bits 2, 3, 4, 7 of each byte (m, e0, e1, s) already;
 /// half 1 (values 16+4t..) in bits 0, 1, 5, 6 (m, e0, s, e1).
 M3_DEV u32 s_h_e2m1_lo(u32 q) { return q & 0x9c9c9c9cu; }
-// S_E2M1_HI_FMA (bench define, CUDA): half 1's right shift as a multiply-
-// high by 2^30 read from constant memory, where ptxas cannot fold it back
-// into a shift: one ALU-pipe instruction a code word moved to the FMA
-// pipe (session 42: the FP4 walks' own rate on the H200 stops with the
-// ALU pipe 77% busy and the FMA pipe ~12%).
-// S_SCALE_FMA (bench define, CUDA): each block's MX scale factor
-// ((byte j of the scale word) << 23, plus the format's exponent offset)
-// by multiplies on the FMA pipe instead of a byte permute and a shift-add
-// on the ALU pipe (s_h_scale23).
-// Both are bitmasks over the walks: 1 the one-row walks, 2 the others
-// (tiles of x rows: their loops issue ~1.3x the one-row loop's
-// instructions for the same ALU work, so moving work off the ALU pipe may
-// only add issue slots there), 3 both; default 0.
-#ifndef S_E2M1_HI_FMA
-#define S_E2M1_HI_FMA 0
-#endif
-#ifndef S_SCALE_FMA
-#define S_SCALE_FMA 0
-#endif
-/// Whether bitmask `mask` (S_E2M1_HI_FMA, S_SCALE_FMA) covers the one-row
-/// walks (`one`) or the tile walks.
-#define S_FMA_FOR(mask, one) ((((mask) >> ((one) ? 0 : 1)) & 1) != 0)
-#if (S_E2M1_HI_FMA || S_SCALE_FMA) && !defined(M3_HIP) && !defined(M3_SIM)
-/// Powers of two ptxas cannot fold into shifts ([i] = 2^i; constant
-/// memory), so a multiply-high by one stays on the FMA pipe.
-__constant__ u32 s_pow2[32] = {1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
-                               1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
-                               1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
-                               1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
-/// (byte j of w) << 23, plus c: w >> 8j as a multiply-high, its low byte
-/// to the top by a multiply by 2^24, then one place down with c added
-/// (`mad.hi`): three FMA-pipe instructions (two for j = 0).
-M3_DEV u32 s_h_scale23(u32 w, u32 j, u32 c) {
-  const u32 a = j == 0u ? w : __umulhi(w, s_pow2[32u - 8u * j]);
-  u32 d;
-  asm("mad.hi.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a << 24), "r"(s_pow2[31]), "r"(c));
-  return d;
-}
-#endif
-/// Half 1 of s_h_e2m1_lo's word; FMA: its right shift as a multiply-high
-/// (S_E2M1_HI_FMA), the same bits.
-template <bool FMA> M3_DEV u32 s_h_e2m1_hi(u32 q) {
-#if S_E2M1_HI_FMA && !defined(M3_HIP) && !defined(M3_SIM)
-  if (FMA) return ((q << 2) & 0x8c8c8c8cu) | (__umulhi(q, s_pow2[30]) & 0x10101010u);
-#endif
-  return ((q << 2) & 0x8c8c8c8cu) | ((q >> 2) & 0x10101010u);
-}
+M3_DEV u32 s_h_e2m1_hi(u32 q) { return ((q << 2) & 0x8c8c8c8cu) | ((q >> 2) & 0x10101010u); }
 
 // HIP: the tile product is emulated by lane shuffles (compat.h), which
 // holds many registers: one load batch, x loaded per block, one walk
@@ -771,9 +725,8 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
                       const XExp& xexp, float (&acc)[S_MMA_MAXBT][4]) {
   u32 a0, a1, a2, a3;
   if (SHalf<F>::NIB) {
-    constexpr bool HF = S_FMA_FOR(S_E2M1_HI_FMA, ONE);
-    a0 = s_h_e2m1_lo(wg[j]); a2 = s_h_e2m1_hi<HF>(wg[j]);
-    a1 = s_h_e2m1_lo(w8[j]); a3 = s_h_e2m1_hi<HF>(w8[j]);
+    a0 = s_h_e2m1_lo(wg[j]); a2 = s_h_e2m1_hi(wg[j]);
+    a1 = s_h_e2m1_lo(w8[j]); a3 = s_h_e2m1_hi(w8[j]);
   } else {
     a0 = wg[2u * j]; a2 = wg[2u * j + 1u];
     a1 = w8[2u * j]; a3 = w8[2u * j + 1u];
@@ -809,18 +762,8 @@ M3_DEV void s_h_block(const u32* wg, const u32* w8, const u32 (&sg)[2], const u3
     m3_e4m3x2_f32(sg[j / 2u] >> (16u * (j % 2u)), fg0, fg1);
     m3_e4m3x2_f32(s8[j / 2u] >> (16u * (j % 2u)), f80, f81);
   } else {
-#if S_SCALE_FMA && !defined(M3_HIP) && !defined(M3_SIM)
-    if (!ANY && S_FMA_FOR(S_SCALE_FMA, ONE)) {
-      // s_h_factor's !ANY arm, the same bits
-      const u32 add = (F == S_FMT_FP4 ? 6u : 0u) << 23;
-      fg0 = m3_f32(s_h_scale23(sg[0], j, add));
-      f80 = m3_f32(s_h_scale23(s8[0], j, add));
-    } else
-#endif
-    {
-      s_h_factor<F, ANY>(m3_byte(sg[0], j), fg0, fgx);
-      s_h_factor<F, ANY>(m3_byte(s8[0], j), f80, f8x);
-    }
+    s_h_factor<F, ANY>(m3_byte(sg[0], j), fg0, fgx);
+    s_h_factor<F, ANY>(m3_byte(s8[0], j), f80, f8x);
     fg1 = fg0; f81 = f80;
   }
   S_H_UNROLL

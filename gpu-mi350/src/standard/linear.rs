@@ -428,7 +428,6 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_X_AHEAD" if n <= 1 => {}
             "S_NV_FOLD" if n <= 1 => {}
             "S_NV_SPLIT" if n <= 1 => {}
-            "S_E2M1_HI_FMA" | "S_SCALE_FMA" if n <= 3 => {}
             _ => return false,
         }
         true

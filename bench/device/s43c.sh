@@ -3,7 +3,7 @@
 # CTAs an SM. Run 1 (Nsight Compute, H100) found the walk at 16 warps an
 # SM with no unit saturated: `m3s_mma_fp4` (the small-step build's entry
 # for 9-16 rows) takes 128 registers, 4 CTAs an SM. With S_MMA_MINB=5 it
-# takes 96 with 64 bytes of spill (NVRTC 13.0; 2 local stores and loads a
+# takes 96 with 64 bytes of spill (NVRTC 13.0; 1-3 local stores and loads a
 # 16-row loop). The microbench's grouped gate + up at 16 rows over 4, 16
 # and 64 of 128 experts (and L2-fed), MXFP4, small-step build against the
 # same at 5 CTAs an SM (minb5.log). The index lists S_MMA_MINB as

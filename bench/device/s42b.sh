@@ -14,9 +14,10 @@
 #    (defaults), 153 / 249, 137 / 287, 126 / 289 (NVRTC 13.0, no new
 #    spills). Tall, grouped memory-fed and L2-fed, MXFP4, NVFP4, MXFP8
 #    (fma.log);
-#    (The defines are bitmasks over the walks since session 43: 1 the
-#    one-row walks, 2 the tile walks, 3 both; the one-row cases here run
-#    the one-row walks only, so 1 and 3 time the same kernels.)
+#    (Session 43 made the defines bitmasks over the walks, 1 the one-row
+#    walks, 2 the tile walks, 3 both, ran this script on an H100, and
+#    removed both defines as negative: the script cannot run again as it
+#    stands; it is the record of what ran.)
 # 3. the MoE layer (b1 / b4 / b16, 2 rounds interleaved, common.sh's
 #    m3_defines_ab: every variant compiled first) with both in the one-row
 #    walks (fma1) and in every walk (fma3) against the defaults

@@ -6,9 +6,11 @@
 # takes 96 with 64 bytes of spill (NVRTC 13.0; 1-3 local stores and loads a
 # 16-row loop). The microbench's grouped gate + up at 16 rows over 4, 16
 # and 64 of 128 experts (and L2-fed), MXFP4, small-step build against the
-# same at 5 CTAs an SM (minb5.log). The index lists S_MMA_MINB as
-# negative, measured on one-row launches of older kernels (sessions 2, 5,
-# 12), never on this walk.
+# same at 5 CTAs an SM (minb5.log): top-k 4 of [3072, 6144] experts gives
+# 16 rows an expert at 4 experts (the 16-row walk), 4 and ~1 at 16 and
+# 64, where the same entry point runs its one-tile and one-row walks at
+# the same bound. The index lists S_MMA_MINB as negative, measured on
+# older walks (sessions 2, 5, 12), never on this one.
 set -u
 . bench/device/common.sh
 m3_setup

@@ -416,8 +416,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
             // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
-            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" | "S_H_ASYNC_ONE"
-            | "S_H_ASYNC_TILE"
+            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" | "S_H_ASYNC_ONE" | "S_H_ASYNC_TILE"
                 if n <= 30 && n.is_multiple_of(2) => {}
             "S_H_ASYNC_D" if (2..=4).contains(&n) => {}
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
@@ -1354,10 +1353,16 @@ mod gpu_tests {
         // batches a warp for the FP4 formats, 2 for FP8's
         let ring = format!("{SMALL_STEP_VARIANT} S_H_ASYNC_ONE=30 S_H_ASYNC_TILE=30");
         let k = LinearKernels {
-            mma: [SMALL_STEP_VARIANT, half.as_str(), "", pipe.as_str(), ring.as_str()]
-                .iter()
-                .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
-                .collect(),
+            mma: [
+                SMALL_STEP_VARIANT,
+                half.as_str(),
+                "",
+                pipe.as_str(),
+                ring.as_str(),
+            ]
+            .iter()
+            .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
+            .collect(),
             f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
             x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
         };

@@ -542,43 +542,6 @@ M3_DEV uint4 m3_ldg_stream_u4(const uint4* p) {
   return *p;
 #endif
 }
-// ---- asynchronous copies, global -> shared (CUDA sm_80+) ---------------------
-// `cp.async`: the copy holds no register while in flight and the issuing
-// warp does not wait for it until `m3_cp_wait`; each thread's copies are
-// visible to that thread once a wait covers their group. The simulator (and
-// HIP, which never enables a caller) copies at once, so every wait holds.
-#if defined(M3_CUDA) && !defined(M3_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define M3_CP_ASYNC 1
-M3_DEV u32 m3_smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-/// 16 bytes, L2 only (`.cg`: streamed weights are not kept in L1).
-M3_DEV void m3_cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(m3_smem_addr(dst)), "l"(src) : "memory");
-}
-/// 4 or 8 bytes (`.ca`, the only form for fewer than 16).
-template <u32 BYTES> M3_DEV void m3_cp_async_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(m3_smem_addr(dst)), "l"(src), "n"(BYTES)
-               : "memory");
-}
-/// Close this thread's copies issued since the last commit into one group.
-M3_DEV void m3_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/// Wait until at most N of this thread's groups are still in flight.
-template <int N> M3_DEV void m3_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#else
-#define M3_CP_ASYNC 0
-M3_DEV void m3_cp_async16(void* dst, const void* src) {
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-}
-template <u32 BYTES> M3_DEV void m3_cp_async_small(void* dst, const void* src) {
-  if (BYTES == 8u) *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
-  else *reinterpret_cast<u32*>(dst) = *reinterpret_cast<const u32*>(src);
-}
-M3_DEV void m3_cp_commit() {}
-template <int N> M3_DEV void m3_cp_wait() {}
-#endif
 /// Four E5M2 codes -> f16x2 of bytes 0, 1 and 2, 3 (an E5M2 code is the
 /// top byte of its f16).
 M3_DEV void m3_e5m2x4_f16(u32 a, u32& lo, u32& hi) {

@@ -1190,154 +1190,6 @@ M3_DEV void s_h_fast(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[
   }
 }
 
-/// Row classes of the small-step entry points: any count up to 16 (the
-/// walk chosen per CTA), one row, or one 8-row tile.
-#define S_RC_ANY 0
-#define S_RC_ONE 1
-#define S_RC_TILE 8
-
-// Bench variants (issue 12, session 44), format bitmasks as S_H_PIPE_ONE's:
-// the one-row walks (S_H_ASYNC_ONE) and the E2M1 formats' one- and two-tile
-// walks (S_H_ASYNC_TILE) stream their weights and scales through a ring of
-// S_H_ASYNC_D batches a warp in shared memory, filled by `cp.async`, so
-// D - 1 batches stay in flight while one is decoded, holding no registers. The readings behind it (bench/NOTES.md sessions 42-43): the
-// FP4 one-row walk is latency-bound (long scoreboard 3.5 a issue from
-// memory; not bound by the ALU pipe's throughput), and the plain walk has
-// no load in flight while it decodes; the register-pipelined walk
-// (S_H_PIPE_ONE) spills at the one-row entries' CTAs an SM. Session 6's
-// cp.async ring (S_MMA_ASYNC, removed) capped the walk of that time at
-// ~46% of the ceiling; this ring is a different walk (tensor-core tiles,
-// the E2M1 tile layout) and the same summation order as the plain one:
-// each warp's super-chunks in ascending order, so the same bits. Each lane
-// copies exactly the bytes it reads back, so its own wait is the only
-// synchronisation. The standard build's entry points only (CUDA; the
-// simulator copies at once): each entry holding a ring walk holds one ring
-// (static shared memory), whichever of its walks runs.
-#ifndef S_H_ASYNC_ONE
-#define S_H_ASYNC_ONE 0
-#endif
-#ifndef S_H_ASYNC_TILE
-#define S_H_ASYNC_TILE 0
-#endif
-#ifndef S_H_ASYNC_D
-#define S_H_ASYNC_D 3
-#endif
-/// One warp's ring: slots of one batch of UU super-chunks, element-major
-/// (word w of lane l at 16 (32 w + l): conflict-free copies and reads),
-/// codes [batch chunk][row a, c][word] then scales [batch chunk][row].
-template <int F> struct SHRing {
-  static const u32 UU = SHalf<F>::U;
-  static const u32 LW = SHalf<F>::LB / 16u;
-  static const u32 SB = F == S_FMT_NVFP4 ? 8u : 4u;  // scale bytes a lane, row and super-chunk
-  static const u32 CODE = UU * 2u * LW * 32u * 16u;
-  static const u32 SLOT = CODE + UU * 2u * 32u * SB;
-  /// Slots: S_H_ASYNC_D, fewer where a CTA's ring would pass 40 KiB (static
-  /// shared memory stops at 48 KiB a block).
-  static const u32 DMAX = 40960u / (S_MMA_WARPS * SLOT);
-  static const u32 D = S_H_ASYNC_D < DMAX ? S_H_ASYNC_D : DMAX;
-  static_assert(D >= 2u, "a ring holds two batches at least");
-  static const u32 WARP = D * SLOT;
-};
-
-/// Which fast walks of an entry point (format F, row class RC, the fast
-/// walk on: FAST) take the ring: ONE the one-row walk (S_H_ASYNC_ONE), TILE
-/// the one- and two-tile walks of the E2M1 formats (S_H_ASYNC_TILE; FP8's
-/// tile walks are interleaved), ANY either. Contiguous walks only; the
-/// standard build's (the mono build carves its shared memory otherwise).
-template <int F, bool FAST, int RC> struct SRingIn {
-#if !defined(S_MONO) && !defined(M3_HIP)
-  static const bool ONE =
-      FAST && RC != S_RC_TILE && ((S_H_ASYNC_ONE >> F) & 1) != 0 && !SHWalk<F, 1, true>::ILV;
-  static const bool TILE = FAST && RC != S_RC_ONE && SHalf<F>::NIB && ((S_H_ASYNC_TILE >> F) & 1) != 0 &&
-                           !SHWalk<F, 1, false>::ILV && !SHWalk<F, S_MMA_MAXBT, false>::ILV;
-#else
-  static const bool ONE = false, TILE = false;
-#endif
-  static const bool ANY = ONE || TILE;
-};
-
-/// Copy the batch `off` super-chunks past `p` into ring slot `slot`.
-template <int F, int NB> M3_DEV void s_h_ring_issue(const SHPos<F, NB>& p, u32 off, u8* slot, u32 lane) {
-  using R = SHRing<F>;
-#pragma unroll
-  for (u32 v = 0; v < R::UU; ++v) {
-    const u32 u = off + v;
-#pragma unroll
-    for (u32 i = 0; i < R::LW; ++i) {
-      m3_cp_async16(slot + 16u * (32u * ((2u * v) * R::LW + i) + lane), p.wa + u * SHPos<F, NB>::WS + 64u * i);
-      m3_cp_async16(slot + 16u * (32u * ((2u * v + 1u) * R::LW + i) + lane), p.wc + u * SHPos<F, NB>::WS + 64u * i);
-    }
-    m3_cp_async_small<R::SB>(slot + R::CODE + R::SB * (32u * (2u * v) + lane), p.sa + u * R::SB);
-    m3_cp_async_small<R::SB>(slot + R::CODE + R::SB * (32u * (2u * v + 1u) + lane), p.sc + u * R::SB);
-  }
-}
-
-/// Ring slot `slot`'s batch for this lane, into registers.
-template <int F> M3_DEV void s_h_ring_read(const u8* slot, u32 lane, SHRaw<F, SHRing<F>::UU>& r) {
-  using R = SHRing<F>;
-#pragma unroll
-  for (u32 v = 0; v < R::UU; ++v) {
-#pragma unroll
-    for (u32 i = 0; i < R::LW; ++i) {
-      r.wa[v][i] = *reinterpret_cast<const uint4*>(slot + 16u * (32u * ((2u * v) * R::LW + i) + lane));
-      r.wc[v][i] = *reinterpret_cast<const uint4*>(slot + 16u * (32u * ((2u * v + 1u) * R::LW + i) + lane));
-    }
-    if (R::SB == 8u) {
-      const uint2 a = *reinterpret_cast<const uint2*>(slot + R::CODE + 8u * (32u * (2u * v) + lane));
-      const uint2 c = *reinterpret_cast<const uint2*>(slot + R::CODE + 8u * (32u * (2u * v + 1u) + lane));
-      r.sa[v][0] = a.x; r.sa[v][1] = a.y; r.sc[v][0] = c.x; r.sc[v][1] = c.y;
-    } else {
-      r.sa[v][0] = *reinterpret_cast<const u32*>(slot + R::CODE + 4u * (32u * (2u * v) + lane));
-      r.sc[v][0] = *reinterpret_cast<const u32*>(slot + R::CODE + 4u * (32u * (2u * v + 1u) + lane));
-      r.sa[v][1] = r.sc[v][1] = 0u;
-    }
-  }
-}
-
-/// A fast walk through the ring (`ring`: this CTA's, S_MMA_WARPS x
-/// SHRing::WARP bytes; NB x tiles, ONE: one x row, as s_h_fast): the
-/// warp's contiguous run of super-chunks in batches of SHRing::UU, D - 1
-/// batches copied ahead, then the rest one super-chunk at a time as the
-/// plain walk takes it.
-template <int F, int NB, bool ONE, bool XR>
-M3_DEV void s_h_fast_ring(SHPos<F, NB> p, u32 warp, u32 nwarp, u32 nsc, float (&acc)[S_MMA_MAXBT][4], u8* ring) {
-  using R = SHRing<F>;
-  static_assert(!SHWalk<F, NB, ONE>::ILV, "the ring walks contiguous runs");
-  const u32 U = R::UU, D = R::D, per = (nsc + nwarp - 1u) / nwarp;
-  const u32 q0 = min(warp * per, nsc), lane = threadIdx.x % 32u;
-  u32 n = min(per, nsc - q0);
-  s_h_step(p, q0);
-  u8* const wr = ring + warp * R::WARP;
-  const u32 nb = n / U;
-  // one commit a batch, empty past the run, so that every wait counts alike
-#pragma unroll
-  for (u32 s = 0; s + 1u < D; ++s) {
-    if (s < nb) s_h_ring_issue<F, NB>(p, s * U, wr + s * R::SLOT, lane);
-    m3_cp_commit();
-  }
-  // D batches a pass, so that every slot's offset is an immediate: batch
-  // b + s reads slot s and refills slot s - 1 (mod D), read a batch ago
-  for (u32 b = 0; b < nb; b += D) {
-#pragma unroll
-    for (u32 s = 0; s < D; ++s) {
-      if (b + s < nb) {
-        if (b + s + D - 1u < nb) s_h_ring_issue<F, NB>(p, (D - 1u) * U, wr + ((s + D - 1u) % D) * R::SLOT, lane);
-        m3_cp_commit();
-        m3_cp_wait<(int)R::D - 1>();
-        SHRaw<F, R::UU> r;
-        s_h_ring_read<F>(wr + s * R::SLOT, lane, r);
-        s_h_use<F, NB, ONE, R::UU, XR>(p, r, acc);
-        s_h_step(p, U);
-      }
-    }
-  }
-  n -= nb * U;
-  for (u32 i = 0; i < n; ++i) {
-    s_h_batch<F, NB, ONE, 1, XR>(p, acc);
-    s_h_step(p, 1u);
-  }
-}
-
 /// Tile 0's positions of p (the one-tile walks).
 template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
   SHPos<F, 1> o;
@@ -1346,6 +1198,11 @@ template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
   return o;
 }
 
+/// Row classes of the small-step entry points: any count up to 16 (the
+/// walk chosen per CTA), one row, or one 8-row tile.
+#define S_RC_ANY 0
+#define S_RC_ONE 1
+#define S_RC_TILE 8
 
 template <int F, bool ANY, int RC = S_RC_ANY>
 M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u32 M, const int* __restrict__ route,
@@ -1477,34 +1334,15 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       p.xe[b][0] = reinterpret_cast<const u8*>(xe[b][0]);
       p.xe[b][1] = reinterpret_cast<const u8*>(xe[b][1]);
     }
-    // a cp.async ring for the walks S_H_ASYNC_ONE / S_H_ASYNC_TILE name
-    u8* ring = nullptr;
-    if constexpr (SRingIn<F, FAST, RC>::ANY) {
-      __shared__ __align__(16) u8 pool[S_MMA_WARPS * SHRing<F>::WARP];
-      ring = pool;
-    }
     // one walk per row class: the one-row and one-tile entry points hold
     // only theirs (fewer registers: more CTAs an SM); a row-scaled x its own
     if (one) {
-      if constexpr (SRingIn<F, FAST, RC>::ONE) {
-        if (xr) s_h_fast_ring<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, ring);
-        else s_h_fast_ring<F, 1, true, false>(s_h_pos1(p), warp, nwarp, nsc, acc, ring);
-      } else {
-        const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (segs.nseg > 1u);
-        if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
-        else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
-      }
+      const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (segs.nseg > 1u);
+      if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
+      else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
     } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
-      if constexpr (SRingIn<F, FAST, RC>::TILE) {
-        if (xr) s_h_fast_ring<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc, ring);
-        else s_h_fast_ring<F, 1, false, false>(s_h_pos1(p), warp, nwarp, nsc, acc, ring);
-      } else {
-        if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
-        else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);
-      }
-    } else if constexpr (SRingIn<F, FAST, RC>::TILE) {
-      if (xr) s_h_fast_ring<F, S_MMA_MAXBT, false, true>(p, warp, nwarp, nsc, acc, ring);
-      else s_h_fast_ring<F, S_MMA_MAXBT, false, false>(p, warp, nwarp, nsc, acc, ring);
+      if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
+      else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);
     } else if (xr) {
       s_h_fast<F, S_MMA_MAXBT, false, true>(p, warp, nwarp, nsc, acc);
     } else {

@@ -416,9 +416,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_UNROLL_HALF" if n <= 1 => {}
             "S_PDL_AHEAD" if [1, 2, 3, 4, 6, 8, 12, 16].contains(&n) => {}
             // format bitmasks (bit 1 << S_FMT_*: the MX formats, 2..=16)
-            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" | "S_H_ASYNC_ONE" | "S_H_ASYNC_TILE"
-                if n <= 30 && n.is_multiple_of(2) => {}
-            "S_H_ASYNC_D" if (2..=4).contains(&n) => {}
+            "S_H_PIPE_ONE" | "S_H_PIPE_TILE" | "S_W_PF_L1" if n <= 30 && n.is_multiple_of(2) => {}
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
@@ -1337,9 +1335,7 @@ mod gpu_tests {
     /// pipelined (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`; FP8's one-tile walks are
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
-    /// 10, so the pipelined walks end in a part batch. The walks through
-    /// a cp.async ring (`S_H_ASYNC_ONE`, `S_H_ASYNC_TILE`) move loads too:
-    /// the same bits.
+    /// 10, so the pipelined walks end in a part batch.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1348,21 +1344,11 @@ mod gpu_tests {
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
-        // the walks through a cp.async ring (bench variants S_H_ASYNC_ONE,
-        // S_H_ASYNC_TILE: every one-row walk, the E2M1 tile walks): 3
-        // batches a warp for the FP4 formats, 2 for FP8's
-        let ring = format!("{SMALL_STEP_VARIANT} S_H_ASYNC_ONE=30 S_H_ASYNC_TILE=30");
         let k = LinearKernels {
-            mma: [
-                SMALL_STEP_VARIANT,
-                half.as_str(),
-                "",
-                pipe.as_str(),
-                ring.as_str(),
-            ]
-            .iter()
-            .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
-            .collect(),
+            mma: [SMALL_STEP_VARIANT, half.as_str(), "", pipe.as_str()]
+                .iter()
+                .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
+                .collect(),
             f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
             x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
         };
@@ -1402,12 +1388,11 @@ mod gpu_tests {
                 let full = out(0);
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
                 let piped = differ(&full, &out(3));
-                let ringed = differ(&full, &out(4));
-                if halved > 0 || piped > 0 || ringed > 0 || eight_warps == 0 {
+                if halved > 0 || piped > 0 || eight_warps == 0 {
                     failures.push(format!(
                         "{fmt} K {kk} m {m}: {halved} of {} outputs differ with the halved batch \
-                         (mono's pipelined walks), {piped} pipelined, {ringed} through the \
-                         cp.async ring ({eight_warps} with K over 8 warps, which must differ)",
+                         (mono's pipelined walks), {piped} pipelined ({eight_warps} with K over \
+                         8 warps, which must differ)",
                         m * n
                     ));
                 }

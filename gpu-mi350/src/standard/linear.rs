@@ -337,6 +337,9 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
+    /// Routed launches of 2-16 rows take the `_rs` entry points
+    /// ([`WFmt::mma_kernel_routed`]; `S_ROUTED_SMALL=1`, where loaded).
+    pub routed_small: bool,
     f: HashMap<&'static str, Func>,
 }
 
@@ -350,6 +353,9 @@ pub(crate) struct VariantSource {
     /// The small-step shape with the fast walk, whose CUDA build has the
     /// one-row and one-tile entry points ([`VariantSource::row_entries`]).
     pub small_fast: bool,
+    /// `S_ROUTED_SMALL=1`: the host's choice of the routed entry points
+    /// for 2-16 rows ([`MmaVariant::routed_small`]; no kernel reads it).
+    pub routed_small: bool,
 }
 
 impl VariantSource {
@@ -404,6 +410,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut warps = 8u32;
     let mut maxbt = 8usize;
     let mut fast = true;
+    let mut routed_small = false;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -420,7 +427,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
-            | "S_R1_MINB_NV"
+            | "S_R1_MINB_NV" | "S_RS_MINB_FP4" | "S_RS_MINB_NV"
                 if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
@@ -428,6 +435,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_X_AHEAD" if n <= 1 => {}
             "S_NV_FOLD" if n <= 1 => {}
             "S_NV_SPLIT" if n <= 1 => {}
+            "S_ROUTED_SMALL" if n <= 1 => routed_small = n == 1,
             _ => return false,
         }
         true
@@ -437,6 +445,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         warps,
         maxbt,
         small_fast: maxbt == 2 && fast,
+        routed_small,
     })
 }
 
@@ -447,14 +456,22 @@ impl MmaVariant {
         let vs = variant_source(base, defines)?;
         let row_entries = vs.row_entries(gpu.vendor());
         let VariantSource {
-            src, warps, maxbt, ..
+            src,
+            warps,
+            maxbt,
+            routed_small,
+            ..
         } = vs;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
             let rows = if row_entries {
-                [fm.mma_kernel_rows(1), fm.mma_kernel_rows(8)]
+                [
+                    fm.mma_kernel_rows(1),
+                    fm.mma_kernel_rows(8),
+                    fm.mma_kernel_routed(16),
+                ]
             } else {
-                [None, None]
+                [None, None, None]
             };
             for n in [fm.mma_kernel(), fm.mma_kernel_any_scale()]
                 .into_iter()
@@ -474,6 +491,7 @@ impl MmaVariant {
             },
             block: warps * 32,
             rows: maxbt * 8,
+            routed_small: routed_small && row_entries,
             f,
         })
     }
@@ -616,9 +634,16 @@ pub(crate) fn linears(
         }
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
-        // only that walk (small-step build, fast entry point only)
+        // only that walk (small-step build, fast entry point only); a
+        // routed step of 2-16 rows under S_ROUTED_SMALL: the one holding
+        // the one-row and one-tile walks
         if Some(name) == w0.fmt.mma_kernel() {
-            if let Some(n) = w0.fmt.mma_kernel_rows(m).filter(|n| mv.f.contains_key(n)) {
+            let rows = if route.is_some() && mv.routed_small && m > 1 {
+                w0.fmt.mma_kernel_routed(m)
+            } else {
+                w0.fmt.mma_kernel_rows(m)
+            };
+            if let Some(n) = rows.filter(|n| mv.f.contains_key(n)) {
                 name = n;
             }
         }
@@ -1335,7 +1360,9 @@ mod gpu_tests {
     /// pipelined (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`; FP8's one-tile walks are
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
-    /// 10, so the pipelined walks end in a part batch.
+    /// 10, so the pipelined walks end in a part batch. Routed launches of
+    /// m rows an expert on the `_rs` entry points (`S_ROUTED_SMALL`: 16
+    /// rows by the one-tile walk twice) give the small-step entries' bits.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1344,8 +1371,16 @@ mod gpu_tests {
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
+        // routed launches of 2-16 rows on the `_rs` entry points
+        let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=1");
         let k = LinearKernels {
-            mma: [SMALL_STEP_VARIANT, half.as_str(), "", pipe.as_str()]
+            mma: [
+                SMALL_STEP_VARIANT,
+                half.as_str(),
+                "",
+                pipe.as_str(),
+                routed.as_str(),
+            ]
                 .iter()
                 .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
                 .collect(),
@@ -1396,6 +1431,35 @@ mod gpu_tests {
                         m * n
                     ));
                 }
+                // routed, m rows a slot (two slots, both routed to the one
+                // matrix here): the `_rs` entry's walks (16 rows: the
+                // one-tile walk twice) against the small-step entries'
+                let mut table = two_expert_route(m);
+                table[2 + 2 * m] = 0;
+                let routed_out = |vi: usize| {
+                    let rt = DevBuf::from_slice(ctx, &table).unwrap();
+                    let y = DevBuf::zeroed(ctx, 2 * m * n * 4).unwrap();
+                    let route = Route {
+                        table: rt.ptr(),
+                        slots: 2,
+                        xdiv: 2,
+                        x_rows: m,
+                    };
+                    let mats = [(&dw, LinOut::F32(y.ptr()))];
+                    linears(&l, &k, vi, &mats, lx, m, Some(route), 2 * m).unwrap();
+                    l.sync().unwrap();
+                    let mut v = vec![0f32; 2 * m * n];
+                    y.read(l.stream(), 0, &mut v).unwrap();
+                    v
+                };
+                let rs_differ = differ(&routed_out(0), &routed_out(4));
+                if rs_differ > 0 {
+                    failures.push(format!(
+                        "{fmt} K {kk} m {m}: {rs_differ} of {} routed outputs differ on the `_rs` \
+                         entry points",
+                        2 * m * n
+                    ));
+                }
             }
         }
         assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1424,6 +1488,8 @@ mod gpu_tests {
             // interleaved over the warps, the one-tile walk's single batch,
             // NVFP4's chained sum
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_INTERLEAVE=1 S_H_TILE_UMUL=1 S_NV_SPLIT=0",
+            // routed launches of 2-16 rows on the `_rs` entry points
+            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_ROUTED_SMALL=1",
         ];
         for v in variants {
             k.mma

@@ -174,7 +174,13 @@ pub fn small_step_source() -> Result<KernelSource> {
 pub fn small_step_cuda_entries() -> Vec<&'static str> {
     crate::model::WFmt::MMA
         .iter()
-        .flat_map(|f| [f.mma_kernel_rows(1), f.mma_kernel_rows(8)])
+        .flat_map(|f| {
+            [
+                f.mma_kernel_rows(1),
+                f.mma_kernel_rows(8),
+                f.mma_kernel_routed(16),
+            ]
+        })
         .flatten()
         .collect()
 }

@@ -110,19 +110,12 @@ impl WFmt {
     }
 
     /// The small-step build's entry point for a routed launch of `rows`
-    /// rows (2-16; `S_ROUTED_SMALL`): each slot's rows by the one-row or
-    /// the one-tile walk (9-16 rows: the one-tile walk twice), at the
-    /// one-tile entries' CTAs an SM. `None` for other counts and for bf16
-    /// / f32.
+    /// rows under `S_ROUTED_SMALL` (bench option): MXFP4's general walks at
+    /// more CTAs an SM for 9-16 rows, where most slots hold 1-4 rows.
+    /// `None` for other formats and counts (the general entry, or the
+    /// one-row / one-tile ones of [`WFmt::mma_kernel_rows`]).
     pub fn mma_kernel_routed(self, rows: usize) -> Option<&'static str> {
-        let name = match self {
-            WFmt::Mxfp8E4M3 | WFmt::Ptpc => "m3s_mma_e4m3_rs",
-            WFmt::Mxfp8E5M2 => "m3s_mma_e5m2_rs",
-            WFmt::Mxfp4 => "m3s_mma_fp4_rs",
-            WFmt::Nvfp4 => "m3s_mma_nvfp4_rs",
-            WFmt::Bf16 | WFmt::F32 => return None,
-        };
-        (2..=16).contains(&rows).then_some(name)
+        (self == WFmt::Mxfp4 && (9..=16).contains(&rows)).then_some("m3s_mma_fp4_rs")
     }
 
     /// The entry point for any block scale and code: MXFP4, MXFP8 E4M3 and

@@ -403,7 +403,8 @@ pub fn kernel_bench(
                 let mut yh = vec![0f32; m * spec.n];
                 y.read(l.stream(), 0, &mut yh)?;
                 let rows: Vec<(usize, usize)> = (0..m).map(|r| (r, r)).collect();
-                let (checked, worst) = check(&host0, &xh, &yh, &rows, spec.k, spec.n, "plain")?;
+                let what = format!("plain, {m} rows, variant `{label}`");
+                let (checked, worst) = check(&host0, &xh, &yh, &rows, spec.k, spec.n, &what)?;
                 if !planted_checked {
                     planted_self_check(&host0, &xh, &yh, spec.k)?;
                     planted_checked = true;
@@ -483,8 +484,9 @@ pub fn kernel_bench(
                         .filter(|(e, _)| *e == 0)
                         .flat_map(|(_, ps)| ps.iter().map(|&p| (p / top_k, p)))
                         .collect();
+                    let what = format!("experts, {m} rows, variant `{label}`");
                     let (checked, worst) =
-                        check(&host_g, &xh, &yh, &rows, spec.k, spec.expert_n, "experts")?;
+                        check(&host_g, &xh, &yh, &rows, spec.k, spec.expert_n, &what)?;
                     let enqueue = || linears(c.l, c.kern, v, &mats, lx, m, r, m);
                     key_n += 1;
                     let key = GraphKey {
@@ -580,11 +582,17 @@ fn check(
 ) -> Result<(usize, f64)> {
     let mut worst = 0f64;
     let mut checked = 0;
+    // the first output at the worst error: (output row, feature, value)
+    let mut at = (0usize, 0usize, 0f32);
     for o in features(n) {
         let (row, global) = w.row(o)?;
         for &(x, out) in rows {
-            let e = rel_err(&row, global, &xh[x * k..(x + 1) * k], yh[out * n + o]);
+            let y = yh[out * n + o];
+            let e = rel_err(&row, global, &xh[x * k..(x + 1) * k], y);
             // f64::max drops a NaN: keep it, so fail_if sees it
+            if !worst.is_nan() && (e.is_nan() || e > worst) {
+                at = (out, o, y);
+            }
             worst = if e.is_nan() || worst.is_nan() {
                 f64::NAN
             } else {
@@ -593,7 +601,13 @@ fn check(
             checked += 1;
         }
     }
-    fail_if(worst, checked, w.fmt, what)
+    let (out, o, y) = at;
+    fail_if(
+        worst,
+        checked,
+        w.fmt,
+        &format!("{what} (output row {out}, feature {o}: {y:e})"),
+    )
 }
 
 fn fail_if(worst: f64, checked: usize, fmt: WFmt, what: &str) -> Result<(usize, f64)> {

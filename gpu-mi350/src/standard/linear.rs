@@ -337,7 +337,7 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
-    /// Routed launches of 2-16 rows take the `_rs` entry points
+    /// MXFP4 routed launches of 9-16 rows take the `_rs` entry point
     /// ([`WFmt::mma_kernel_routed`]; `S_ROUTED_SMALL=1`, where loaded).
     pub routed_small: bool,
     f: HashMap<&'static str, Func>,
@@ -353,8 +353,8 @@ pub(crate) struct VariantSource {
     /// The small-step shape with the fast walk, whose CUDA build has the
     /// one-row and one-tile entry points ([`VariantSource::row_entries`]).
     pub small_fast: bool,
-    /// `S_ROUTED_SMALL=1`: the host's choice of the routed entry points
-    /// for 2-16 rows ([`MmaVariant::routed_small`]; no kernel reads it).
+    /// `S_ROUTED_SMALL=1`: the host's choice of the routed entry point
+    /// ([`MmaVariant::routed_small`]; no kernel reads it).
     pub routed_small: bool,
 }
 
@@ -427,7 +427,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
-            | "S_R1_MINB_NV" | "S_RS_MINB_FP4" | "S_RS_MINB_NV"
+            | "S_R1_MINB_NV" | "S_RS_MINB_FP4"
                 if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
@@ -634,16 +634,17 @@ pub(crate) fn linears(
         }
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
-        // only that walk (small-step build, fast entry point only); a
-        // routed step of 2-16 rows under S_ROUTED_SMALL: the one holding
-        // the one-row and one-tile walks
+        // only that walk (small-step build, fast entry point only); an
+        // MXFP4 routed step of 9-16 rows under S_ROUTED_SMALL: the general
+        // walks at more CTAs an SM
         if Some(name) == w0.fmt.mma_kernel() {
-            let rows = if route.is_some() && mv.routed_small && m > 1 {
-                w0.fmt.mma_kernel_routed(m)
-            } else {
-                w0.fmt.mma_kernel_rows(m)
-            };
-            if let Some(n) = rows.filter(|n| mv.f.contains_key(n)) {
+            let routed = route
+                .filter(|_| mv.routed_small)
+                .and_then(|_| w0.fmt.mma_kernel_routed(m));
+            if let Some(n) = routed
+                .or(w0.fmt.mma_kernel_rows(m))
+                .filter(|n| mv.f.contains_key(n))
+            {
                 name = n;
             }
         }
@@ -1360,9 +1361,9 @@ mod gpu_tests {
     /// pipelined (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`; FP8's one-tile walks are
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
-    /// 10, so the pipelined walks end in a part batch. Routed launches of
-    /// m rows an expert on the `_rs` entry points (`S_ROUTED_SMALL`: 16
-    /// rows by the one-tile walk twice) give the small-step entries' bits.
+    /// 10, so the pipelined walks end in a part batch. Routed launches
+    /// under `S_ROUTED_SMALL` (MXFP4 at 16 rows: the `_rs` entry) give the
+    /// small-step entries' bits.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1371,7 +1372,7 @@ mod gpu_tests {
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
-        // routed launches of 2-16 rows on the `_rs` entry points
+        // MXFP4 routed launches of 9-16 rows on the `_rs` entry point
         let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=1");
         let k = LinearKernels {
             mma: [
@@ -1432,8 +1433,8 @@ mod gpu_tests {
                     ));
                 }
                 // routed, m rows a slot (two slots, both routed to the one
-                // matrix here): the `_rs` entry's walks (16 rows: the
-                // one-tile walk twice) against the small-step entries'
+                // matrix here): the `_rs` entry (MXFP4 at 16 rows) against
+                // the small-step entries
                 let mut table = two_expert_route(m);
                 table[2 + 2 * m] = 0;
                 let routed_out = |vi: usize| {
@@ -1488,7 +1489,7 @@ mod gpu_tests {
             // interleaved over the warps, the one-tile walk's single batch,
             // NVFP4's chained sum
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_INTERLEAVE=1 S_H_TILE_UMUL=1 S_NV_SPLIT=0",
-            // routed launches of 2-16 rows on the `_rs` entry points
+            // MXFP4 routed launches of 9-16 rows on the `_rs` entry point
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_ROUTED_SMALL=1",
         ];
         for v in variants {

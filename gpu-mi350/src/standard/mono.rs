@@ -114,7 +114,7 @@ pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 45] = [
+pub(crate) const MONO_OPS: [&str; 42] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -162,11 +162,8 @@ pub(crate) const MONO_OPS: [&str; 45] = [
     "m3s_mma_fp4_r8",
     "m3s_mma_nvfp4_r1",
     "m3s_mma_nvfp4_r8",
-    // and their routed entry points of 2-16 rows (`S_ROUTED_SMALL`)
-    "m3s_mma_e4m3_rs",
-    "m3s_mma_e5m2_rs",
+    // MXFP4's routed entry point of 9-16 rows (`S_ROUTED_SMALL`)
     "m3s_mma_fp4_rs",
-    "m3s_mma_nvfp4_rs",
     // the o projection's L2 prefetch beside the attention chain
     // (`PathOptions::mono_l2_prefetch_mib`)
     "m3s_l2_prefetch",

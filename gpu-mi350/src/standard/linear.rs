@@ -1382,9 +1382,9 @@ mod gpu_tests {
                 pipe.as_str(),
                 routed.as_str(),
             ]
-                .iter()
-                .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
-                .collect(),
+            .iter()
+            .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
+            .collect(),
             f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
             x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
         };

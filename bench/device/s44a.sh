@@ -17,6 +17,8 @@
 # stalls: ncu-ring.csv). Then the tile walks through the ring
 # (S_H_ASYNC_TILE) on the grouped m16 cases (ring16.log). LAYER=1 adds
 # s44b.sh (the MoE layer A/B; better its own call).
+# (Ran once, session 44, H100; the S_H_ASYNC_* defines were removed after
+# it as negative: the script cannot run again as it is; it is the record.)
 set -u
 . bench/device/common.sh
 m3_setup

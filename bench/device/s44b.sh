@@ -5,6 +5,8 @@
 # against the defaults: ring1 = every one-row walk (S_H_ASYNC_ONE=22:
 # E4M3, MXFP4, NVFP4), ring2 = that and the E2M1 tile walks
 # (S_H_ASYNC_TILE=20) (ring-layer.log).
+# (Never ran: the S_H_ASYNC_* defines were removed after s44a.sh measured
+# them negative; kept as the record of what was prepared.)
 set -u
 . bench/device/common.sh
 m3_setup

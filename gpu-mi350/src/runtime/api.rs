@@ -283,14 +283,21 @@ impl Device {
         }
     }
 
-    /// Copy `src` to device address `dst`, synchronously.
+    /// Copy `src` to device address `dst`, synchronously: the bytes are in
+    /// device memory on return, so work on any stream launched after sees
+    /// them. (`cuMemcpyHtoD` alone returns once a pageable source is
+    /// staged, before the DMA lands, and the engine's streams do not wait
+    /// for the legacy stream it runs on: the context is synchronized after
+    /// it. Session 44 saw the kernel microbench's NaN poison, written so,
+    /// land after the checked launch had written its outputs.)
     ///
     /// # Safety
     /// `dst .. dst + src.len()` lies inside a live allocation.
     pub unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<()> {
         match &self.0 {
             Dev::Cuda(_) => {
-                result::memcpy_htod_sync(dst, src).map_err(|e| GpuError::driver("cuMemcpyHtoD", e))
+                result::memcpy_htod_sync(dst, src).map_err(|e| GpuError::driver("cuMemcpyHtoD", e))?;
+                result::ctx::synchronize().map_err(|e| GpuError::driver("cuCtxSynchronize", e))
             }
             Dev::Hip(h) => h.htod(dst, src),
         }

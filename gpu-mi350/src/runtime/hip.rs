@@ -807,7 +807,10 @@ impl HipApi {
         check(
             "hipMemcpy",
             (self.fns.memcpy)(dptr(dst), src.as_ptr().cast(), src.len(), HIP_MEMCPY_H2D),
-        )
+        )?;
+        // as CUDA's (runtime/api.rs `Device::htod`): the bytes in device
+        // memory before any stream's later work, whatever the source
+        check("hipDeviceSynchronize", (self.fns.device_synchronize)())
     }
 
     /// Device-to-host copy, synchronous (hipMemcpy).

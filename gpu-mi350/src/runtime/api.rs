@@ -296,7 +296,8 @@ impl Device {
     pub unsafe fn htod(&self, dst: u64, src: &[u8]) -> Result<()> {
         match &self.0 {
             Dev::Cuda(_) => {
-                result::memcpy_htod_sync(dst, src).map_err(|e| GpuError::driver("cuMemcpyHtoD", e))?;
+                result::memcpy_htod_sync(dst, src)
+                    .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))?;
                 result::ctx::synchronize().map_err(|e| GpuError::driver("cuCtxSynchronize", e))
             }
             Dev::Hip(h) => h.htod(dst, src),

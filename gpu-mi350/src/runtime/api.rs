@@ -270,14 +270,18 @@ impl Device {
         }
     }
 
-    /// Zero `bytes` at `ptr`, synchronously.
+    /// Zero `bytes` at `ptr`, synchronously: zero on return, as
+    /// [`Device::htod`]'s bytes are (`cuMemsetD8` alone is asynchronous to
+    /// the host, on the legacy stream).
     ///
     /// # Safety
     /// The range lies inside a live allocation.
     pub unsafe fn zero(&self, ptr: u64, bytes: usize) -> Result<()> {
         match &self.0 {
             Dev::Cuda(_) => {
-                result::memset_d8_sync(ptr, 0, bytes).map_err(|e| GpuError::driver("cuMemsetD8", e))
+                result::memset_d8_sync(ptr, 0, bytes)
+                    .map_err(|e| GpuError::driver("cuMemsetD8", e))?;
+                result::ctx::synchronize().map_err(|e| GpuError::driver("cuCtxSynchronize", e))
             }
             Dev::Hip(h) => h.zero(ptr, bytes),
         }
@@ -285,11 +289,12 @@ impl Device {
 
     /// Copy `src` to device address `dst`, synchronously: the bytes are in
     /// device memory on return, so work on any stream launched after sees
-    /// them. (`cuMemcpyHtoD` alone returns once a pageable source is
-    /// staged, before the DMA lands, and the engine's streams do not wait
-    /// for the legacy stream it runs on: the context is synchronized after
-    /// it. Session 44 saw the kernel microbench's NaN poison, written so,
-    /// land after the checked launch had written its outputs.)
+    /// them. (`cuMemcpyHtoD` alone may return once a pageable source is
+    /// staged, before the DMA has landed, and the engine's streams do not
+    /// wait for the legacy stream it runs on: the context is synchronized
+    /// after it. Suspected in session 44: the kernel microbench's NaN
+    /// poison, written so, landing after the checked launch had written
+    /// its outputs.)
     ///
     /// # Safety
     /// `dst .. dst + src.len()` lies inside a live allocation.

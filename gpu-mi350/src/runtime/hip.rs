@@ -796,7 +796,9 @@ impl HipApi {
     /// # Safety
     /// The range lies inside a live allocation.
     pub(crate) unsafe fn zero(&self, p: u64, bytes: usize) -> Result<()> {
-        check("hipMemsetD8", (self.fns.memset_d8)(dptr(p), 0, bytes))
+        check("hipMemsetD8", (self.fns.memset_d8)(dptr(p), 0, bytes))?;
+        // zero before any stream's later work (runtime/api.rs `Device::zero`)
+        check("hipDeviceSynchronize", (self.fns.device_synchronize)())
     }
 
     /// Host-to-device copy, synchronous (hipMemcpy).

@@ -1432,34 +1432,49 @@ mod gpu_tests {
                         m * n
                     ));
                 }
-                // routed, m rows a slot (two slots, both routed to the one
-                // matrix here): the `_rs` entry (MXFP4 at 16 rows) against
-                // the small-step entries
-                let mut table = two_expert_route(m);
-                table[2 + 2 * m] = 0;
-                let routed_out = |vi: usize| {
-                    let rt = DevBuf::from_slice(ctx, &table).unwrap();
-                    let y = DevBuf::zeroed(ctx, 2 * m * n * 4).unwrap();
-                    let route = Route {
-                        table: rt.ptr(),
-                        slots: 2,
-                        xdiv: 2,
-                        x_rows: m,
+                // routed at 16 rows (where `_rs` takes MXFP4): three slots of
+                // 12, 1 and 3 of the 32 pairs, all routed to the one matrix
+                // here (the 16-row, one-row and one-tile walks); the other
+                // pairs' rows stay NaN in both, the routed ones must not
+                if m == 16 {
+                    let pairs = 2 * m;
+                    let stride = 2 + pairs;
+                    let mut table = vec![0i32; 3 * stride];
+                    for (slot, ids) in [(0usize, 0..12), (1, 12..13), (2, 13..16)] {
+                        table[slot * stride + 1] = ids.len() as i32;
+                        for (i, p) in ids.enumerate() {
+                            table[slot * stride + 2 + i] = p as i32;
+                        }
+                    }
+                    let routed_out = |vi: usize| {
+                        let rt = DevBuf::from_slice(ctx, &table).unwrap();
+                        let y = DevBuf::from_slice(ctx, &vec![f32::NAN; pairs * n]).unwrap();
+                        let route = Route {
+                            table: rt.ptr(),
+                            slots: 3,
+                            xdiv: 2,
+                            x_rows: m,
+                        };
+                        let mats = [(&dw, LinOut::F32(y.ptr()))];
+                        linears(&l, &k, vi, &mats, lx, m, Some(route), pairs).unwrap();
+                        l.sync().unwrap();
+                        let mut v = vec![0f32; pairs * n];
+                        y.read(l.stream(), 0, &mut v).unwrap();
+                        v
                     };
-                    let mats = [(&dw, LinOut::F32(y.ptr()))];
-                    linears(&l, &k, vi, &mats, lx, m, Some(route), 2 * m).unwrap();
-                    l.sync().unwrap();
-                    let mut v = vec![0f32; 2 * m * n];
-                    y.read(l.stream(), 0, &mut v).unwrap();
-                    v
-                };
-                let rs_differ = differ(&routed_out(0), &routed_out(4));
-                if rs_differ > 0 {
-                    failures.push(format!(
-                        "{fmt} K {kk} m {m}: {rs_differ} of {} routed outputs differ on the `_rs` \
-                         entry points",
-                        2 * m * n
-                    ));
+                    let (base, rs) = (routed_out(0), routed_out(4));
+                    let unwritten = [&base, &rs]
+                        .iter()
+                        .map(|v| v[..16 * n].iter().filter(|x| !x.is_finite()).count())
+                        .sum::<usize>();
+                    let rs_differ = differ(&base, &rs);
+                    if rs_differ > 0 || unwritten > 0 {
+                        failures.push(format!(
+                            "{fmt} K {kk}: {rs_differ} of {} routed outputs differ on the `_rs` \
+                             entry point, {unwritten} routed outputs not finite",
+                            pairs * n
+                        ));
+                    }
                 }
             }
         }

@@ -1443,7 +1443,7 @@ mod gpu_tests {
                     for (slot, ids) in [(0usize, 0..12), (1, 12..13), (2, 13..16)] {
                         table[slot * stride + 1] = ids.len() as i32;
                         for (i, p) in ids.enumerate() {
-                            table[slot * stride + 2 + i] = p as i32;
+                            table[slot * stride + 2 + i] = p;
                         }
                     }
                     let routed_out = |vi: usize| {

@@ -130,8 +130,7 @@ template <typename... A> struct SMonoSig<void (*)(A...)> {
   X(37, m3s_mma_fp4_r8)           \
   X(38, m3s_mma_nvfp4_r1)         \
   X(39, m3s_mma_nvfp4_r8)         \
-  X(40, m3s_mma_fp4_rs)           \
-  X(41, m3s_l2_prefetch)
+  X(40, m3s_l2_prefetch)
 
 /// Each op's index in S_MONO_OPS by name (S_MONO_ID_m3s_rmsnorm = 0, ...).
 #define S_MONO_ENUM(i, name) S_MONO_ID_##name = i,
@@ -321,7 +320,6 @@ S_MONO_LIN_RC(m3s_mma_fp4_r1, S_FMT_FP4, S_RC_ONE)
 S_MONO_LIN_RC(m3s_mma_fp4_r8, S_FMT_FP4, S_RC_TILE)
 S_MONO_LIN_RC(m3s_mma_nvfp4_r1, S_FMT_NVFP4, S_RC_ONE)
 S_MONO_LIN_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, S_RC_TILE)
-S_MONO_LIN_RC(m3s_mma_fp4_rs, S_FMT_FP4, S_RC_ANY)
 #undef S_MONO_LIN_RC
 
 // How the interpreter calls an op body. 1: through a table of function

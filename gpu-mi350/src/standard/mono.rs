@@ -109,12 +109,18 @@ const ATTN_ALIASES: [(&str, &str); 2] = [
     ("m3s_attn_partial_split_d128", "m3s_attn_partial_split"),
 ];
 
+/// Small-step entry points that run another linear op's body, as (entry,
+/// op): MXFP4's routed entry of 9-16 rows under `S_ROUTED_SMALL` is the
+/// general entry's walks at more CTAs an SM, which in the persistent
+/// kernel are the general body's (the same bits).
+const LINEAR_ALIASES: [(&str, &str); 1] = [("m3s_mma_fp4_rs", "m3s_mma_fp4")];
+
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
 pub(crate) const MONO_THREADS: u32 = 256;
 
 /// The op bodies a program may name, by index: kernels/mono.cu's
 /// `S_MONO_OPS` in the same order (a test holds the two lists equal).
-pub(crate) const MONO_OPS: [&str; 42] = [
+pub(crate) const MONO_OPS: [&str; 41] = [
     "m3s_rmsnorm",
     "m3s_headnorm_rope",
     "m3s_cache_write",
@@ -162,8 +168,6 @@ pub(crate) const MONO_OPS: [&str; 42] = [
     "m3s_mma_fp4_r8",
     "m3s_mma_nvfp4_r1",
     "m3s_mma_nvfp4_r8",
-    // MXFP4's routed entry point of 9-16 rows (`S_ROUTED_SMALL`)
-    "m3s_mma_fp4_rs",
     // the o projection's L2 prefetch beside the attention chain
     // (`PathOptions::mono_l2_prefetch_mib`)
     "m3s_l2_prefetch",
@@ -776,6 +780,13 @@ impl Mono {
             };
             let h = gpu.kernel(from, name)?;
             ids.insert(h.handle(), i as u32);
+        }
+        for (alias, op) in LINEAR_ALIASES {
+            if rows {
+                if let Some(i) = MONO_OPS.iter().position(|n| *n == op) {
+                    ids.insert(gpu.kernel(&std_small, alias)?.handle(), i as u32);
+                }
+            }
         }
         let mut m = Mono {
             f,
@@ -1544,8 +1555,9 @@ mod tests {
             );
         }
         assert!(
-            rows.iter().all(|r| MONO_OPS.contains(r)),
-            "every row-class entry point is an op"
+            rows.iter()
+                .all(|r| MONO_OPS.contains(r) || LINEAR_ALIASES.iter().any(|(a, _)| a == r)),
+            "every row-class entry point is an op or an alias of one"
         );
     }
 

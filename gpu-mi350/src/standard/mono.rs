@@ -781,11 +781,10 @@ impl Mono {
             let h = gpu.kernel(from, name)?;
             ids.insert(h.handle(), i as u32);
         }
-        for (alias, op) in LINEAR_ALIASES {
-            if rows {
-                if let Some(i) = MONO_OPS.iter().position(|n| *n == op) {
-                    ids.insert(gpu.kernel(&std_small, alias)?.handle(), i as u32);
-                }
+        // entries that run another op's body, where the build has them
+        for (alias, op) in LINEAR_ALIASES.into_iter().filter(|_| rows) {
+            if let Some(i) = MONO_OPS.iter().position(|n| *n == op) {
+                ids.insert(gpu.kernel(&std_small, alias)?.handle(), i as u32);
             }
         }
         let mut m = Mono {

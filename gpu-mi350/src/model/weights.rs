@@ -15,6 +15,14 @@ use super::devmem::DevBuf;
 use crate::error::{GpuError, Result};
 use crate::runtime::api::Device;
 
+/// Rows of a routed launch (the step's x rows) that take the FP4 formats'
+/// [`WFmt::mma_kernel_routed_entry`]: past one 8-row tile, where the tile
+/// entry no longer holds the step, up to the wide steps of 64 rows. Such a
+/// step routes most slots 1-4 rows, whose one-row and one-tile walks ran
+/// 8-10% faster L2-fed at 5 CTAs an SM than at the general entry's 4, the
+/// 16-row walk 12% slower (H100, bench/NOTES.md sessions 44-45).
+pub const ROUTED_SMALL_ROWS: std::ops::RangeInclusive<usize> = 9..=64;
+
 /// Storage format of a device weight (what the standard path's linear
 /// kernels read; the same bytes as the checkpoint stores).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,13 +117,26 @@ impl WFmt {
         }
     }
 
-    /// The small-step build's entry point for a routed launch of `rows`
-    /// rows under `S_ROUTED_SMALL` (bench option): MXFP4's general walks at
-    /// more CTAs an SM for 9-16 rows, where most slots hold 1-4 rows.
-    /// `None` for other formats and counts (the general entry, or the
+    /// The small-step build's entry point for routed launches of
+    /// [`ROUTED_SMALL_ROWS`] rows (`S_ROUTED_SMALL`, default on), where most
+    /// slots hold 1-4 rows: MXFP4's general walks at more CTAs an SM;
+    /// NVFP4's one-row and one-tile walks alone (9-16 rows of a slot by the
+    /// tile walk twice: its 16-row walk spills). `None` for the other
+    /// formats (the general entry).
+    pub fn mma_kernel_routed_entry(self) -> Option<&'static str> {
+        match self {
+            WFmt::Mxfp4 => Some("m3s_mma_fp4_rs"),
+            WFmt::Nvfp4 => Some("m3s_mma_nvfp4_rs"),
+            _ => None,
+        }
+    }
+
+    /// [`WFmt::mma_kernel_routed_entry`] where a routed launch of `rows`
+    /// rows takes it; `None` for other counts (the general entry, or the
     /// one-row / one-tile ones of [`WFmt::mma_kernel_rows`]).
     pub fn mma_kernel_routed(self, rows: usize) -> Option<&'static str> {
-        (self == WFmt::Mxfp4 && (9..=16).contains(&rows)).then_some("m3s_mma_fp4_rs")
+        self.mma_kernel_routed_entry()
+            .filter(|_| ROUTED_SMALL_ROWS.contains(&rows))
     }
 
     /// The entry point for any block scale and code: MXFP4, MXFP8 E4M3 and

@@ -337,8 +337,9 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
-    /// MXFP4 routed launches of 9-16 rows take the `_rs` entry point
-    /// ([`WFmt::mma_kernel_routed`]; `S_ROUTED_SMALL=1`, where loaded).
+    /// FP4 routed launches of [`crate::model::weights::ROUTED_SMALL_ROWS`]
+    /// rows take the `_rs` entry point ([`WFmt::mma_kernel_routed`];
+    /// `S_ROUTED_SMALL`, default 1, where loaded).
     pub routed_small: bool,
     f: HashMap<&'static str, Func>,
 }
@@ -353,8 +354,8 @@ pub(crate) struct VariantSource {
     /// The small-step shape with the fast walk, whose CUDA build has the
     /// one-row and one-tile entry points ([`VariantSource::row_entries`]).
     pub small_fast: bool,
-    /// `S_ROUTED_SMALL=1`: the host's choice of the routed entry point
-    /// ([`MmaVariant::routed_small`]; no kernel reads it).
+    /// `S_ROUTED_SMALL` (default 1): the host's choice of the routed entry
+    /// point ([`MmaVariant::routed_small`]; no kernel reads it).
     pub routed_small: bool,
 }
 
@@ -410,7 +411,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut warps = 8u32;
     let mut maxbt = 8usize;
     let mut fast = true;
-    let mut routed_small = false;
+    let mut routed_small = true;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -427,7 +428,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
-            | "S_R1_MINB_NV" | "S_RS_MINB_FP4"
+            | "S_R1_MINB_NV" | "S_RS_MINB_FP4" | "S_RS_MINB_NV"
                 if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
@@ -468,7 +469,7 @@ impl MmaVariant {
                 [
                     fm.mma_kernel_rows(1),
                     fm.mma_kernel_rows(8),
-                    fm.mma_kernel_routed(16),
+                    fm.mma_kernel_routed_entry(),
                 ]
             } else {
                 [None, None, None]
@@ -635,8 +636,8 @@ pub(crate) fn linears(
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
         // only that walk (small-step build, fast entry point only); an
-        // MXFP4 routed step of 9-16 rows under S_ROUTED_SMALL: the general
-        // walks at more CTAs an SM
+        // an FP4 routed step of 9-64 rows (S_ROUTED_SMALL): the `_rs`
+        // entry (WFmt::mma_kernel_routed_entry)
         if Some(name) == w0.fmt.mma_kernel() {
             let routed = route
                 .filter(|_| mv.routed_small)
@@ -1209,7 +1210,7 @@ mod gpu_tests {
                     DevLinear::upload(ctx, "test", &ws.iter().collect::<Vec<_>>()).unwrap()
                 };
                 let (gate, up) = (stack(&mut rng), stack(&mut rng));
-                for &m in &[1usize, 4, 16] {
+                for &m in &[1usize, 4, 16, 32] {
                     // gate and up outputs large enough to meet the clamp
                     let xs: Vec<u16> = (0..m * kk)
                         .map(|_| bf16::from_f32(8.0 * rng.unit()))
@@ -1351,7 +1352,7 @@ mod gpu_tests {
     /// standard path's bits, so the fast walk deals K to the warps in
     /// granules of the full batch (`SHWalk::G`). Dealt by the halved batch,
     /// MXFP8's interleaved walks (2-16 rows) summed in another order
-    /// (bench/NOTES.md session 28). Every MX format at 1, 4 and 16 rows
+    /// (bench/NOTES.md session 28). Every MX format at 1, 4, 16 and 32 rows
     /// (the one-row, one-tile and two-tile walks), K = 6144 with x over
     /// 2^-6..2^6 so the f32 sums round: the default build, which splits K
     /// over 8 warps, must differ from the small-step one (the comparison
@@ -1361,9 +1362,9 @@ mod gpu_tests {
     /// pipelined (`S_H_PIPE_ONE` / `S_H_PIPE_TILE`; FP8's one-tile walks are
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
-    /// 10, so the pipelined walks end in a part batch. Routed launches
-    /// under `S_ROUTED_SMALL` (MXFP4 at 16 rows: the `_rs` entry) give the
-    /// small-step entries' bits.
+    /// 10, so the pipelined walks end in a part batch. Routed launches of
+    /// 16 and 32 rows (MXFP4 / NVFP4: the `_rs` entries, `S_ROUTED_SMALL`'s default)
+    /// give the general entry's bits (`S_ROUTED_SMALL=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1372,8 +1373,9 @@ mod gpu_tests {
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
-        // MXFP4 routed launches of 9-16 rows on the `_rs` entry point
-        let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=1");
+        // FP4 routed launches of 9-64 rows on the general entry point
+        // (variant 0 takes the `_rs` ones)
+        let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=0");
         let k = LinearKernels {
             mma: [
                 SMALL_STEP_VARIANT,
@@ -1398,7 +1400,7 @@ mod gpu_tests {
         {
             let w = weight(fmt, n, kk, &mut rng);
             let dw = DevLinear::upload(ctx, "test", &[&w]).unwrap();
-            for &m in &[1usize, 4, 16] {
+            for &m in &[1usize, 4, 16, 32] {
                 let xs: Vec<u16> = (0..m * kk)
                     .map(|_| {
                         let e = (rng.next_u32() % 13) as i32 - 6;
@@ -1432,15 +1434,18 @@ mod gpu_tests {
                         m * n
                     ));
                 }
-                // routed at 16 rows (where `_rs` takes MXFP4): three slots of
-                // 12, 1 and 3 of the 32 pairs, all routed to the one matrix
-                // here (the 16-row, one-row and one-tile walks); the other
-                // pairs' rows stay NaN in both, the routed ones must not
-                if m == 16 {
+                // routed at 16 and 32 rows (where `_rs` takes FP4): three
+                // slots of 3m/4, 1 and m/4 - 1 of the 2m pairs (at 32 rows
+                // the first slot's 24 span two 16-row CTAs), all routed to
+                // the one matrix here (the 16-row, one-row and one-tile
+                // walks); the other pairs' rows stay NaN in both, the
+                // routed ones must not
+                if m >= 16 {
                     let pairs = 2 * m;
                     let stride = 2 + pairs;
                     let mut table = vec![0i32; 3 * stride];
-                    for (slot, ids) in [(0usize, 0..12), (1, 12..13), (2, 13..16)] {
+                    let (a, b) = (3 * m as i32 / 4, 3 * m as i32 / 4 + 1);
+                    for (slot, ids) in [(0usize, 0..a), (1, a..b), (2, b..m as i32)] {
                         table[slot * stride + 1] = ids.len() as i32;
                         for (i, p) in ids.enumerate() {
                             table[slot * stride + 2 + i] = p;
@@ -1462,16 +1467,16 @@ mod gpu_tests {
                         y.read(l.stream(), 0, &mut v).unwrap();
                         v
                     };
-                    let (base, rs) = (routed_out(0), routed_out(4));
-                    let unwritten = [&base, &rs]
+                    let (rs, general) = (routed_out(0), routed_out(4));
+                    let unwritten = [&rs, &general]
                         .iter()
-                        .map(|v| v[..16 * n].iter().filter(|x| !x.is_finite()).count())
+                        .map(|v| v[..m * n].iter().filter(|x| !x.is_finite()).count())
                         .sum::<usize>();
-                    let rs_differ = differ(&base, &rs);
+                    let rs_differ = differ(&general, &rs);
                     if rs_differ > 0 || unwritten > 0 {
                         failures.push(format!(
-                            "{fmt} K {kk}: {rs_differ} of {} routed outputs differ on the `_rs` \
-                             entry point, {unwritten} routed outputs not finite",
+                            "{fmt} K {kk} m {m}: {rs_differ} of {} routed outputs differ on the \
+                             `_rs` entry point, {unwritten} routed outputs not finite",
                             pairs * n
                         ));
                     }
@@ -1504,8 +1509,8 @@ mod gpu_tests {
             // interleaved over the warps, the one-tile walk's single batch,
             // NVFP4's chained sum
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_INTERLEAVE=1 S_H_TILE_UMUL=1 S_NV_SPLIT=0",
-            // MXFP4 routed launches of 9-16 rows on the `_rs` entry point
-            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_ROUTED_SMALL=1",
+            // FP4 routed launches of 9-64 rows on the general entry point
+            "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_ROUTED_SMALL=0",
         ];
         for v in variants {
             k.mma

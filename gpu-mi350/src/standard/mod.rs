@@ -178,7 +178,7 @@ pub fn small_step_cuda_entries() -> Vec<&'static str> {
             [
                 f.mma_kernel_rows(1),
                 f.mma_kernel_rows(8),
-                f.mma_kernel_routed(16),
+                f.mma_kernel_routed_entry(),
             ]
         })
         .flatten()

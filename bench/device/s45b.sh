@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Record of a run at commit 7a96e40: the NVFP4 `_rs` entry it times was
+# removed after it (bench/NOTES.md session 45), so S_RS_MINB_NV is refused now.
 # Session 45 (issue 12), any card, ~400 s cold: NVFP4 routed launches of
 # 9-64 rows on `m3s_mma_nvfp4_rs` (the one-row and one-tile walks alone at
 # 4 CTAs an SM, 100 bytes of spill; a slot's 9-16 rows a CTA by the tile

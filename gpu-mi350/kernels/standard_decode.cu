@@ -1199,14 +1199,9 @@ template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
 }
 
 /// Row classes of the small-step entry points: any count up to 16 (the
-/// walk chosen per CTA), one row, one 8-row tile, or a routed launch's
-/// slots of up to 16 rows a CTA walked as one row or one tile at a time
-/// (SMALL: 9-16 rows take the one-tile walk twice, tile 0 then tile 1,
-/// reading the weights a second time; the entry then needs only the
-/// one-row and one-tile walks' registers).
+/// walk chosen per CTA), one row, or one 8-row tile.
 #define S_RC_ANY 0
 #define S_RC_ONE 1
-#define S_RC_SMALL 2
 #define S_RC_TILE 8
 
 template <int F, bool ANY, int RC = S_RC_ANY>
@@ -1268,8 +1263,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       // the previous kernel drains; a plain launch's row count, so its
       // walk, is known before the wait (s_lin_rows)
       const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u, c0 = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-      const bool one0 = RC == S_RC_ONE || (RC != S_RC_TILE && c0 == 1u);
-      const bool tile0 = RC == S_RC_TILE || RC == S_RC_SMALL || c0 <= 8u;
+      const bool one0 = RC == S_RC_ONE || (RC == S_RC_ANY && c0 == 1u);
+      const bool tile0 = RC == S_RC_TILE || (RC == S_RC_ANY && c0 <= 8u);
       const u32 u0 = one0 ? SHWalk<F, 1, true>::U : tile0 ? SHWalk<F, 1, false>::U : SHWalk<F, 2, false>::U;
       const bool il0 =
           one0 ? SHWalk<F, 1, true>::ILV : tile0 ? SHWalk<F, 1, false>::ILV : SHWalk<F, 2, false>::ILV;
@@ -1323,7 +1318,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   // while the second walk raised its entry's registers 116 -> 126
   // (bench/NOTES.md session 25): it reads the row-scaled x's block bytes as
   // any x's
-  const bool one = RC == S_RC_ONE || (RC != S_RC_TILE && cnt == 1u);
+  const bool one = RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u);
   const bool xr = (segs.flags & S_SEGS_XROW) != 0u && (SHalf<F>::NIB || !one);
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
@@ -1345,26 +1340,9 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (segs.nseg > 1u);
       if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
       else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
-    } else if (RC == S_RC_TILE || RC == S_RC_SMALL || nbt == 1u) {
+    } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
       if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
       else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);
-      if constexpr (RC == S_RC_SMALL && S_MMA_MAXBT >= 2) {
-        if (nbt > 1u) {
-          // rows 8..15: the one-tile walk again over tile 1's x rows (each
-          // output column's sums formed as the two-tile walk forms them)
-          SHPos<F, 1> p1 = s_h_pos1(p);
-          p1.x[0] = p.x[1];
-          p1.xe[0][0] = p.xe[1][0];
-          p1.xe[0][1] = p.xe[1][1];
-          float a1[S_MMA_MAXBT][4];
-#pragma unroll
-          for (int b = 0; b < S_MMA_MAXBT; ++b) a1[b][0] = a1[b][1] = a1[b][2] = a1[b][3] = 0.0f;
-          if (xr) s_h_fast<F, 1, false, true>(p1, warp, nwarp, nsc, a1);
-          else s_h_fast<F, 1, false>(p1, warp, nwarp, nsc, a1);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[1][i] = a1[0][i];
-        }
-      }
     } else if (xr) {
       s_h_fast<F, S_MMA_MAXBT, false, true>(p, warp, nwarp, nsc, acc);
     } else {
@@ -1458,27 +1436,22 @@ S_MMH_LINEAR_RC(m3s_mma_fp4_r1, S_FMT_FP4, false, S_RC_ONE, S_R1_MINB_FP4)
 S_MMH_LINEAR_RC(m3s_mma_fp4_r8, S_FMT_FP4, false, S_RC_TILE, S_R8_MINB_FP4)
 S_MMH_LINEAR_RC(m3s_mma_nvfp4_r1, S_FMT_NVFP4, false, S_RC_ONE, S_R1_MINB_NV)
 S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, false, S_RC_TILE, S_R8_MINB_NV)
-// FP4 routed launches of 9-64 rows (host: WFmt::mma_kernel_routed,
-// ROUTED_SMALL_ROWS; S_ROUTED_SMALL=0 turns them off). Such a step routes
-// most slots 1-4 rows. The same walks, so the same bits. Registers and
-// spills, NVRTC 13.0:
-// - MXFP4: the general entry's walks at S_RS_MINB_FP4 CTAs an SM (5: 96
-//   registers, 64 bytes of spill in the 16-row walk alone) where the
-//   general entry runs at 4 (128 registers, 16 bytes). Its one-row and
-//   one-tile walks ran 8-10% faster L2-fed at 5 CTAs an SM, the 16-row
-//   walk 12% slower (H100, bench/NOTES.md sessions 44-45).
-// - NVFP4: the general entry spills 416 bytes at 4 CTAs an SM (its 16-row
-//   walk), 652 at 5; the one-row and one-tile walks alone (S_RC_SMALL: a
-//   slot's 9-16 rows a CTA by the one-tile walk twice) spill 100 at 4
-//   (S_RS_MINB_NV), 592 at 5.
+// MXFP4 routed launches of 9-64 rows (host: WFmt::mma_kernel_routed,
+// ROUTED_SMALL_ROWS; S_ROUTED_SMALL=0 turns it off): the general entry's
+// walks at S_RS_MINB_FP4 CTAs an SM (5: 96 registers, 64 bytes of spill in
+// the 16-row walk alone; NVRTC 13.0) where the general entry runs at 4
+// (128 registers, 16 bytes). Such a step routes most slots 1-4 rows, whose
+// one-row and one-tile walks ran 8-10% faster L2-fed at 5 CTAs an SM, the
+// 16-row walk 12% slower; the MoE layer 4.6-5.2% faster at b12-b64 (H100,
+// bench/NOTES.md sessions 44-45). The same walks, so the same bits.
+// NVFP4 has none: its general entry spills 416 bytes at 4 CTAs an SM, and
+// its one-row and one-tile walks alone (9-16 rows of a slot by the tile
+// walk twice, 100 bytes at 4) gained under 1% a layer and lost 28% on
+// 16-row slots (session 45, commit 7a96e40).
 #ifndef S_RS_MINB_FP4
 #define S_RS_MINB_FP4 5
 #endif
-#ifndef S_RS_MINB_NV
-#define S_RS_MINB_NV 4
-#endif
 S_MMH_LINEAR_RC(m3s_mma_fp4_rs, S_FMT_FP4, false, S_RC_ANY, S_RS_MINB_FP4)
-S_MMH_LINEAR_RC(m3s_mma_nvfp4_rs, S_FMT_NVFP4, false, S_RC_SMALL, S_RS_MINB_NV)
 #endif
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode

@@ -111,9 +111,8 @@ pub struct Args {
     /// S_H_FAST=0|1: the MX small-step fast walk and its one-row / one-tile entry points;
     /// S_R1_MINB / S_R8_MINB=1..16: those entry points' CTAs an SM, every format
     /// (S_R1_MINB_FP8 / _FP4 / _NV: one format's one-row entry points);
-    /// S_ROUTED_SMALL=0|1: MXFP4 / NVFP4 routed launches of 9-64 rows on their `_rs` entry
-    /// points (default 1; 0: the general entries): MXFP4's general walks at S_RS_MINB_FP4=1..16
-    /// CTAs an SM (default 5), NVFP4's one-row and one-tile walks alone at S_RS_MINB_NV (default 4);
+    /// S_ROUTED_SMALL=0|1: MXFP4 routed launches of 9-64 rows on the general walks at
+    /// S_RS_MINB_FP4=1..16 CTAs an SM (default 1, 5; 0: the general entry's 4);
     /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile
     /// loaded a super-chunk ahead), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]

@@ -15,7 +15,7 @@ use super::devmem::DevBuf;
 use crate::error::{GpuError, Result};
 use crate::runtime::api::Device;
 
-/// Rows of a routed launch (the step's x rows) that take the FP4 formats'
+/// Rows of a routed launch (the step's x rows) that take MXFP4's
 /// [`WFmt::mma_kernel_routed_entry`]: past one 8-row tile, where the tile
 /// entry no longer holds the step, up to the wide steps of 64 rows. Such a
 /// step routes most slots 1-4 rows, whose one-row and one-tile walks ran
@@ -119,16 +119,11 @@ impl WFmt {
 
     /// The small-step build's entry point for routed launches of
     /// [`ROUTED_SMALL_ROWS`] rows (`S_ROUTED_SMALL`, default on), where most
-    /// slots hold 1-4 rows: MXFP4's general walks at more CTAs an SM;
-    /// NVFP4's one-row and one-tile walks alone (9-16 rows of a slot by the
-    /// tile walk twice: its 16-row walk spills). `None` for the other
-    /// formats (the general entry).
+    /// slots hold 1-4 rows: MXFP4's general walks at more CTAs an SM.
+    /// `None` for the other formats (the general entry; NVFP4's form was
+    /// measured and not kept, bench/NOTES.md session 45).
     pub fn mma_kernel_routed_entry(self) -> Option<&'static str> {
-        match self {
-            WFmt::Mxfp4 => Some("m3s_mma_fp4_rs"),
-            WFmt::Nvfp4 => Some("m3s_mma_nvfp4_rs"),
-            _ => None,
-        }
+        (self == WFmt::Mxfp4).then_some("m3s_mma_fp4_rs")
     }
 
     /// [`WFmt::mma_kernel_routed_entry`] where a routed launch of `rows`

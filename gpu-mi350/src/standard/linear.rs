@@ -337,7 +337,7 @@ pub(crate) struct MmaVariant {
     pub block: u32,
     /// Most x rows one CTA takes (8 * S_MMA_MAXBT of that compile).
     pub rows: usize,
-    /// FP4 routed launches of [`crate::model::weights::ROUTED_SMALL_ROWS`]
+    /// MXFP4 routed launches of [`crate::model::weights::ROUTED_SMALL_ROWS`]
     /// rows take the `_rs` entry point ([`WFmt::mma_kernel_routed`];
     /// `S_ROUTED_SMALL`, default 1, where loaded).
     pub routed_small: bool,
@@ -428,7 +428,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
-            | "S_R1_MINB_NV" | "S_RS_MINB_FP4" | "S_RS_MINB_NV"
+            | "S_R1_MINB_NV" | "S_RS_MINB_FP4"
                 if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
@@ -636,8 +636,8 @@ pub(crate) fn linears(
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
         // only that walk (small-step build, fast entry point only); an
-        // an FP4 routed step of 9-64 rows (S_ROUTED_SMALL): the `_rs`
-        // entry (WFmt::mma_kernel_routed_entry)
+        // an MXFP4 routed step of 9-64 rows (S_ROUTED_SMALL): the general
+        // walks at more CTAs an SM (WFmt::mma_kernel_routed_entry)
         if Some(name) == w0.fmt.mma_kernel() {
             let routed = route
                 .filter(|_| mv.routed_small)
@@ -1363,7 +1363,7 @@ mod gpu_tests {
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
     /// 10, so the pipelined walks end in a part batch. Routed launches of
-    /// 16 and 32 rows (MXFP4 / NVFP4: the `_rs` entries, `S_ROUTED_SMALL`'s default)
+    /// 16 and 32 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
     /// give the general entry's bits (`S_ROUTED_SMALL=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
@@ -1373,8 +1373,8 @@ mod gpu_tests {
         let half = format!("{SMALL_STEP_VARIANT} S_UNROLL_HALF=1 S_H_PIPE_TILE=30 S_H_PIPE_ONE=4");
         let pipe =
             format!("{SMALL_STEP_VARIANT} S_H_PIPE_ONE=30 S_H_PIPE_TILE=30 S_H_ONE_UMUL_NV=1");
-        // FP4 routed launches of 9-64 rows on the general entry point
-        // (variant 0 takes the `_rs` ones)
+        // MXFP4 routed launches of 9-64 rows on the general entry point
+        // (variant 0 takes the `_rs` one)
         let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=0");
         let k = LinearKernels {
             mma: [
@@ -1434,7 +1434,7 @@ mod gpu_tests {
                         m * n
                     ));
                 }
-                // routed at 16 and 32 rows (where `_rs` takes FP4): three
+                // routed at 16 and 32 rows (where `_rs` takes MXFP4): three
                 // slots of 3m/4, 1 and m/4 - 1 of the 2m pairs (at 32 rows
                 // the first slot's 24 span two 16-row CTAs), all routed to
                 // the one matrix here (the 16-row, one-row and one-tile
@@ -1509,7 +1509,7 @@ mod gpu_tests {
             // interleaved over the warps, the one-tile walk's single batch,
             // NVFP4's chained sum
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_MMA_INTERLEAVE=1 S_H_TILE_UMUL=1 S_NV_SPLIT=0",
-            // FP4 routed launches of 9-64 rows on the general entry point
+            // MXFP4 routed launches of 9-64 rows on the general entry point
             "S_MMA_WARPS=4 S_MMA_MAXBT=2 S_ROUTED_SMALL=0",
         ];
         for v in variants {

@@ -110,14 +110,10 @@ const ATTN_ALIASES: [(&str, &str); 2] = [
 ];
 
 /// Small-step entry points that run another linear op's body, as (entry,
-/// op): the FP4 routed entries of 9-64 rows (`S_ROUTED_SMALL`) give the
-/// general entry's bits (MXFP4: its walks at more CTAs an SM; NVFP4: its
-/// one-row and one-tile walks alone), so in the persistent kernel they
-/// are the general body.
-const LINEAR_ALIASES: [(&str, &str); 2] = [
-    ("m3s_mma_fp4_rs", "m3s_mma_fp4"),
-    ("m3s_mma_nvfp4_rs", "m3s_mma_nvfp4"),
-];
+/// op): MXFP4's routed entry of 9-64 rows (`S_ROUTED_SMALL`) is the
+/// general entry's walks at more CTAs an SM, which in the persistent
+/// kernel are the general body's (the same bits).
+const LINEAR_ALIASES: [(&str, &str); 1] = [("m3s_mma_fp4_rs", "m3s_mma_fp4")];
 
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
 pub(crate) const MONO_THREADS: u32 = 256;

@@ -3,8 +3,8 @@
 # 9-64 rows on `m3s_mma_fp4_rs` (the general walks at 5 CTAs an SM), now
 # the default (`S_ROUTED_SMALL`, ROUTED_SMALL_ROWS), against the general
 # entry at 4 (`S_ROUTED_SMALL=0`): the MoE layer at b12 / b16 / b32 / b64,
-# 2 rounds interleaved (ab.log). Session 44 measured b16 only (-3.4%,
-# H100, the option then 9-16 rows). The warm-up runs --path both at 1 / 4
+# 2 rounds interleaved (ab.log). Session 44 measured the first form at b16
+# (-3.3%, H100); s44d.sh the second, then 9-16 rows (b16 -3.8%). The warm-up runs --path both at 1 / 4
 # / 16 rows, so mono's parity gate sees the alias too (compile-*.log).
 set -u
 . bench/device/common.sh

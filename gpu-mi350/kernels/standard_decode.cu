@@ -1402,8 +1402,8 @@ S_MMH_LINEAR(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 // class, measured (bench/NOTES.md session 12 run 3: 4, 5 and 6 timed on the
 // kernel microbench's stacks and expert launches at 1 and 4 rows; 5 was
 // the slowest of the three in 8 of 15 cases and the fastest in 1);
-// S_R1_MINB / S_R8_MINB set all of them, S_R1_MINB_FP8 (..._FP4, _NV) one
-// format's (bench variants).
+// S_R1_MINB / S_R8_MINB set all of them, S_R1_MINB_FP8 / S_R8_MINB_FP8
+// (..._FP4, _NV) one format's (bench variants).
 #if S_MMA_MAXBT == 2 && S_H_FAST && !defined(S_MONO) && !defined(M3_HIP)
 #ifdef S_R1_MINB
 #define S_R1_MINB_FP8 S_R1_MINB
@@ -1423,9 +1423,14 @@ S_MMH_LINEAR(m3s_mma_nvfp4_any, S_FMT_NVFP4, true)
 #define S_R8_MINB_FP8 S_R8_MINB
 #define S_R8_MINB_FP4 S_R8_MINB
 #define S_R8_MINB_NV S_R8_MINB
-#else
+#endif
+#ifndef S_R8_MINB_FP8
 #define S_R8_MINB_FP8 4
+#endif
+#ifndef S_R8_MINB_FP4
 #define S_R8_MINB_FP4 6
+#endif
+#ifndef S_R8_MINB_NV
 #define S_R8_MINB_NV 6
 #endif
 S_MMH_LINEAR_RC(m3s_mma_e4m3_r1, S_FMT_E4M3, false, S_RC_ONE, S_R1_MINB_FP8)

@@ -110,7 +110,8 @@ pub struct Args {
     /// S_UNROLL_MUL=1..4, S_FORCE_ANY=0|1: the MX any-scale entry points everywhere; S_NV_FOLD=0|1: NVFP4 block scales in the f16 weights past one x row (default 1); S_NV_SPLIT=0|1: with them and a row-scaled x, a block's two products summed apart (default 1);
     /// S_H_FAST=0|1: the MX small-step fast walk and its one-row / one-tile entry points;
     /// S_R1_MINB / S_R8_MINB=1..16: those entry points' CTAs an SM, every format
-    /// (S_R1_MINB_FP8 / _FP4 / _NV: one format's one-row entry points);
+    /// (S_R1_MINB_FP8 / _FP4 / _NV, S_R8_MINB_FP8 / _FP4 / _NV: one format's one-row or
+    /// one-tile entry points);
     /// S_ROUTED_SMALL=0|1: MXFP4 routed launches of 9-64 rows on the general walks at
     /// S_RS_MINB_FP4=1..16 CTAs an SM (default 1, 5; 0: the general entry's 4);
     /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile

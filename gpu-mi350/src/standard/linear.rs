@@ -428,7 +428,8 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_W_PF_DIST" if (1..=4).contains(&n) => {}
             "S_W_PF_MODE" if n <= 2 => {}
             "S_MMA_MINB" | "S_R1_MINB" | "S_R8_MINB" | "S_R1_MINB_FP8" | "S_R1_MINB_FP4"
-            | "S_R1_MINB_NV" | "S_RS_MINB_FP4"
+            | "S_R1_MINB_NV" | "S_R8_MINB_FP8" | "S_R8_MINB_FP4" | "S_R8_MINB_NV"
+            | "S_RS_MINB_FP4"
                 if (1..=16).contains(&n) => {}
             "S_MMA_MAXBT" if [1, 2, 4, 8].contains(&n) => maxbt = n as usize,
             "S_H_FAST" if n <= 1 => fast = n == 1,
@@ -636,7 +637,7 @@ pub(crate) fn linears(
         let mv = &k.mma[variant];
         // a step of one row or of one 8-row tile: the entry point holding
         // only that walk (small-step build, fast entry point only); an
-        // an MXFP4 routed step of 9-64 rows (S_ROUTED_SMALL): the general
+        // MXFP4 routed step of 9-64 rows (S_ROUTED_SMALL): the general
         // walks at more CTAs an SM (WFmt::mma_kernel_routed_entry)
         if Some(name) == w0.fmt.mma_kernel() {
             let routed = route
@@ -1390,6 +1391,14 @@ mod gpu_tests {
             f32w: gpu.kernel(st, "m3s_linear_f32w").unwrap(),
             x_f16: gpu.kernel(st, "m3s_x_f16").unwrap(),
         };
+        // the routed comparison below is `_rs` against the general entry
+        // only where the build has `_rs` (CUDA); elsewhere both are general
+        let cuda = gpu.vendor() == Vendor::Cuda;
+        assert_eq!(
+            (k.mma[0].routed_small, k.mma[4].routed_small),
+            (cuda, false),
+            "which variants route MXFP4's 9-64-row launches to `_rs`"
+        );
         let ctx = gpu.device();
         let mut rng = TestRng(43);
         let n = 32usize;
@@ -1472,11 +1481,17 @@ mod gpu_tests {
                         .iter()
                         .map(|v| v[..m * n].iter().filter(|x| !x.is_finite()).count())
                         .sum::<usize>();
+                    // the pairs no slot holds: never written
+                    let stray = [&rs, &general]
+                        .iter()
+                        .map(|v| v[m * n..].iter().filter(|x| !x.is_nan()).count())
+                        .sum::<usize>();
                     let rs_differ = differ(&general, &rs);
-                    if rs_differ > 0 || unwritten > 0 {
+                    if rs_differ > 0 || unwritten > 0 || stray > 0 {
                         failures.push(format!(
                             "{fmt} K {kk} m {m}: {rs_differ} of {} routed outputs differ on the \
-                             `_rs` entry point, {unwritten} routed outputs not finite",
+                             `_rs` entry point, {unwritten} routed outputs not finite, {stray} \
+                             outputs of unrouted pairs written",
                             pairs * n
                         ));
                     }

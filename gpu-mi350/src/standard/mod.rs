@@ -169,8 +169,8 @@ pub fn small_step_source() -> Result<KernelSource> {
 }
 
 /// The entry points [`small_step_source`] adds in CUDA builds only: the
-/// one-row and one-tile MX linears (the fast walk is CUDA's; HIP runs
-/// the general entry points).
+/// one-row and one-tile MX linears and MXFP4's routed 9-64-row entry
+/// (the fast walk is CUDA's; HIP runs the general entry points).
 pub fn small_step_cuda_entries() -> Vec<&'static str> {
     crate::model::WFmt::MMA
         .iter()

@@ -764,8 +764,9 @@ impl Mono {
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
         let std_small = small_src.src;
-        // the row-class entry points (`_r1` / `_r8`) exist, and are
-        // recorded, only where the small-step build has them
+        // the row-class entry points (`_r1` / `_r8`, and `_rs` as an
+        // alias below) exist, and are recorded, only where the small-step
+        // build has them
         let row_entries = super::small_step_cuda_entries();
         let rows = small_src.row_entries(gpu.vendor());
         let mut ids = HashMap::new();
@@ -1545,7 +1546,7 @@ mod tests {
             "a missing op went unseen"
         );
         // every op is a standard kernel, or a row-class entry point of the
-        // small-step build's CUDA form
+        // small-step build's CUDA form (`_rs` is an alias, never an op)
         let rows = crate::standard::small_step_cuda_entries();
         for n in MONO_OPS {
             assert!(

@@ -1199,9 +1199,12 @@ template <int F, int NB> M3_DEV SHPos<F, 1> s_h_pos1(const SHPos<F, NB>& p) {
 }
 
 /// Row classes of the small-step entry points: any count up to 16 (the
-/// walk chosen per CTA), one row, or one 8-row tile.
+/// walk chosen per CTA), one row, one 8-row tile, or a routed launch of
+/// 2-8 rows (a slot of one row by the one-row walk, more by the one-tile
+/// walk: the general entry's choice, without its 16-row walk).
 #define S_RC_ANY 0
 #define S_RC_ONE 1
+#define S_RC_ROUTED8 2
 #define S_RC_TILE 8
 
 template <int F, bool ANY, int RC = S_RC_ANY>
@@ -1263,8 +1266,8 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       // the previous kernel drains; a plain launch's row count, so its
       // walk, is known before the wait (s_lin_rows)
       const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u, c0 = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
-      const bool one0 = RC == S_RC_ONE || (RC == S_RC_ANY && c0 == 1u);
-      const bool tile0 = RC == S_RC_TILE || (RC == S_RC_ANY && c0 <= 8u);
+      const bool one0 = RC == S_RC_ONE || (RC != S_RC_TILE && c0 == 1u);
+      const bool tile0 = RC == S_RC_TILE || RC == S_RC_ROUTED8 || c0 <= 8u;
       const u32 u0 = one0 ? SHWalk<F, 1, true>::U : tile0 ? SHWalk<F, 1, false>::U : SHWalk<F, 2, false>::U;
       const bool il0 =
           one0 ? SHWalk<F, 1, true>::ILV : tile0 ? SHWalk<F, 1, false>::ILV : SHWalk<F, 2, false>::ILV;
@@ -1318,7 +1321,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   // while the second walk raised its entry's registers 116 -> 126
   // (bench/NOTES.md session 25): it reads the row-scaled x's block bytes as
   // any x's
-  const bool one = RC == S_RC_ONE || (RC == S_RC_ANY && cnt == 1u);
+  const bool one = RC == S_RC_ONE || (RC != S_RC_TILE && cnt == 1u);
   const bool xr = (segs.flags & S_SEGS_XROW) != 0u && (SHalf<F>::NIB || !one);
   const uint4* const(&xc)[S_MMA_MAXBT] = xp;
   const u32* const(&ec)[S_MMA_MAXBT][2] = xe;
@@ -1340,7 +1343,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       const bool pf_ok = S_W_PF_MODE == 0 || (S_W_PF_MODE == 1) == (segs.nseg > 1u);
       if (xr) s_h_fast<F, 1, true, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
       else s_h_fast<F, 1, true>(s_h_pos1(p), warp, nwarp, nsc, acc, pf_ok);
-    } else if (RC == S_RC_TILE || (RC == S_RC_ANY && nbt == 1u)) {
+    } else if (RC == S_RC_TILE || RC == S_RC_ROUTED8 || nbt == 1u) {
       if (xr) s_h_fast<F, 1, false, true>(s_h_pos1(p), warp, nwarp, nsc, acc);
       else s_h_fast<F, 1, false>(s_h_pos1(p), warp, nwarp, nsc, acc);
     } else if (xr) {
@@ -1457,6 +1460,23 @@ S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8, S_FMT_NVFP4, false, S_RC_TILE, S_R8_MINB_NV)
 #define S_RS_MINB_FP4 5
 #endif
 S_MMH_LINEAR_RC(m3s_mma_fp4_rs, S_FMT_FP4, false, S_RC_ANY, S_RS_MINB_FP4)
+// FP4 routed launches of 2-8 rows under S_ROUTED_TILE=1 (a bench option;
+// host: WFmt::mma_kernel_routed_tile): the `_r8` entries run every slot
+// by the one-tile walk, a slot of one row too, where such a step puts
+// most slots (b4: 16 pairs over 128 experts); these run it by the one-row
+// walk, as the general entry does. NVRTC 13.0: MXFP4 80 registers, 32
+// bytes of spill at 6 CTAs an SM (`_r8`'s own); NVFP4 128 and none at 4
+// (`_r8` at 6: 80 and 292). Built only under the option.
+#ifndef S_ROUTED_TILE
+#define S_ROUTED_TILE 0
+#endif
+#ifndef S_R8S_MINB_NV
+#define S_R8S_MINB_NV 4
+#endif
+#if S_ROUTED_TILE
+S_MMH_LINEAR_RC(m3s_mma_fp4_r8s, S_FMT_FP4, false, S_RC_ROUTED8, S_R8_MINB_FP4)
+S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8s, S_FMT_NVFP4, false, S_RC_ROUTED8, S_R8S_MINB_NV)
+#endif
 #endif
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode

@@ -126,6 +126,19 @@ impl WFmt {
         (self == WFmt::Mxfp4).then_some("m3s_mma_fp4_rs")
     }
 
+    /// The small-step build's entry point for routed launches of 2-8 rows
+    /// under `S_ROUTED_TILE=1` (a bench option): a slot of one row by the
+    /// one-row walk, as the general entry runs it, where the `_r8` entry
+    /// runs every slot by the one-tile walk. `None` for formats without
+    /// one.
+    pub fn mma_kernel_routed_tile(self) -> Option<&'static str> {
+        match self {
+            WFmt::Mxfp4 => Some("m3s_mma_fp4_r8s"),
+            WFmt::Nvfp4 => Some("m3s_mma_nvfp4_r8s"),
+            _ => None,
+        }
+    }
+
     /// [`WFmt::mma_kernel_routed_entry`] where a routed launch of `rows`
     /// rows takes it; `None` for other counts (the general entry, or the
     /// one-row / one-tile ones of [`WFmt::mma_kernel_rows`]).

@@ -341,6 +341,9 @@ pub(crate) struct MmaVariant {
     /// rows take the `_rs` entry point ([`WFmt::mma_kernel_routed`];
     /// `S_ROUTED_SMALL`, default 1, where loaded).
     pub routed_small: bool,
+    /// FP4 routed launches of 2-8 rows take the `_r8s` entry points
+    /// ([`WFmt::mma_kernel_routed_tile`]; `S_ROUTED_TILE=1`, where loaded).
+    pub routed_tile: bool,
     f: HashMap<&'static str, Func>,
 }
 
@@ -357,6 +360,10 @@ pub(crate) struct VariantSource {
     /// `S_ROUTED_SMALL` (default 1): the host's choice of the routed entry
     /// point ([`MmaVariant::routed_small`]; no kernel reads it).
     pub routed_small: bool,
+    /// `S_ROUTED_TILE=1` (a bench option): the `_r8s` entry points are
+    /// built, and routed launches of 2-8 rows take them
+    /// ([`MmaVariant::routed_tile`]).
+    pub routed_tile: bool,
 }
 
 impl VariantSource {
@@ -412,6 +419,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut maxbt = 8usize;
     let mut fast = true;
     let mut routed_small = true;
+    let mut routed_tile = false;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -438,6 +446,8 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_NV_FOLD" if n <= 1 => {}
             "S_NV_SPLIT" if n <= 1 => {}
             "S_ROUTED_SMALL" if n <= 1 => routed_small = n == 1,
+            "S_ROUTED_TILE" if n <= 1 => routed_tile = n == 1,
+            "S_R8S_MINB_NV" if (1..=16).contains(&n) => {}
             _ => return false,
         }
         true
@@ -448,6 +458,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         maxbt,
         small_fast: maxbt == 2 && fast,
         routed_small,
+        routed_tile,
     })
 }
 
@@ -462,8 +473,10 @@ impl MmaVariant {
             warps,
             maxbt,
             routed_small,
+            routed_tile,
             ..
         } = vs;
+        let routed_tile = routed_tile && row_entries;
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
             let rows = if row_entries {
@@ -471,9 +484,10 @@ impl MmaVariant {
                     fm.mma_kernel_rows(1),
                     fm.mma_kernel_rows(8),
                     fm.mma_kernel_routed_entry(),
+                    fm.mma_kernel_routed_tile().filter(|_| routed_tile),
                 ]
             } else {
-                [None, None, None]
+                [None; 4]
             };
             for n in [fm.mma_kernel(), fm.mma_kernel_any_scale()]
                 .into_iter()
@@ -494,6 +508,7 @@ impl MmaVariant {
             block: warps * 32,
             rows: maxbt * 8,
             routed_small: routed_small && row_entries,
+            routed_tile,
             f,
         })
     }
@@ -638,11 +653,15 @@ pub(crate) fn linears(
         // a step of one row or of one 8-row tile: the entry point holding
         // only that walk (small-step build, fast entry point only); an
         // MXFP4 routed step of 9-64 rows (S_ROUTED_SMALL): the general
-        // walks at more CTAs an SM (WFmt::mma_kernel_routed_entry)
+        // walks at more CTAs an SM (WFmt::mma_kernel_routed_entry); an FP4
+        // routed step of 2-8 rows under S_ROUTED_TILE: one-row slots by
+        // the one-row walk (WFmt::mma_kernel_routed_tile)
         if Some(name) == w0.fmt.mma_kernel() {
-            let routed = route
-                .filter(|_| mv.routed_small)
-                .and_then(|_| w0.fmt.mma_kernel_routed(m));
+            let routed = route.and_then(|_| match m {
+                2..=8 if mv.routed_tile => w0.fmt.mma_kernel_routed_tile(),
+                _ if mv.routed_small => w0.fmt.mma_kernel_routed(m),
+                _ => None,
+            });
             if let Some(n) = routed
                 .or(w0.fmt.mma_kernel_rows(m))
                 .filter(|n| mv.f.contains_key(n))
@@ -1365,7 +1384,8 @@ mod gpu_tests {
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
     /// 10, so the pipelined walks end in a part batch. Routed launches of
     /// 16 and 32 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
-    /// give the general entry's bits (`S_ROUTED_SMALL=0`).
+    /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
+    /// general entry's bits (`S_ROUTED_SMALL=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1377,6 +1397,8 @@ mod gpu_tests {
         // MXFP4 routed launches of 9-64 rows on the general entry point
         // (variant 0 takes the `_rs` one)
         let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=0");
+        // FP4 routed launches of 2-8 rows on the `_r8s` entry points
+        let routed_tile = format!("{SMALL_STEP_VARIANT} S_ROUTED_TILE=1");
         let k = LinearKernels {
             mma: [
                 SMALL_STEP_VARIANT,
@@ -1384,6 +1406,7 @@ mod gpu_tests {
                 "",
                 pipe.as_str(),
                 routed.as_str(),
+                routed_tile.as_str(),
             ]
             .iter()
             .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
@@ -1398,6 +1421,11 @@ mod gpu_tests {
             (k.mma[0].routed_small, k.mma[4].routed_small),
             (cuda, false),
             "which variants route MXFP4's 9-64-row launches to `_rs`"
+        );
+        assert_eq!(
+            (k.mma[0].routed_tile, k.mma[5].routed_tile),
+            (false, cuda),
+            "which variants route FP4's 2-8-row launches to `_r8s`"
         );
         let ctx = gpu.device();
         let mut rng = TestRng(43);
@@ -1443,13 +1471,14 @@ mod gpu_tests {
                         m * n
                     ));
                 }
-                // routed at 16 and 32 rows (where `_rs` takes MXFP4): three
+                // routed at 16 and 32 rows (where `_rs` takes MXFP4), and at
+                // 4 for the FP4 formats (`_r8s` under S_ROUTED_TILE): three
                 // slots of 3m/4, 1 and m/4 - 1 of the 2m pairs (at 32 rows
                 // the first slot's 24 span two 16-row CTAs), all routed to
                 // the one matrix here (the 16-row, one-row and one-tile
                 // walks); the other pairs' rows stay NaN in both, the
                 // routed ones must not
-                if m >= 16 {
+                if m >= 16 || (m == 4 && dw.fmt.mma_kernel_routed_tile().is_some()) {
                     let pairs = 2 * m;
                     let stride = 2 + pairs;
                     let mut table = vec![0i32; 3 * stride];
@@ -1460,7 +1489,9 @@ mod gpu_tests {
                             table[slot * stride + 2 + i] = p;
                         }
                     }
-                    let routed_out = |vi: usize| {
+                    // `launch_m`: the launch's row count, which picks the
+                    // entry point (the slots' rows come from the table)
+                    let routed_out = |vi: usize, launch_m: usize| {
                         let rt = DevBuf::from_slice(ctx, &table).unwrap();
                         let y = DevBuf::from_slice(ctx, &vec![f32::NAN; pairs * n]).unwrap();
                         let route = Route {
@@ -1470,13 +1501,22 @@ mod gpu_tests {
                             x_rows: m,
                         };
                         let mats = [(&dw, LinOut::F32(y.ptr()))];
-                        linears(&l, &k, vi, &mats, lx, m, Some(route), pairs).unwrap();
+                        linears(&l, &k, vi, &mats, lx, launch_m, Some(route), pairs).unwrap();
                         l.sync().unwrap();
                         let mut v = vec![0f32; pairs * n];
                         y.read(l.stream(), 0, &mut v).unwrap();
                         v
                     };
-                    let (rs, general) = (routed_out(0), routed_out(4));
+                    // against the general entry (variant 4), which picks a
+                    // slot's walk by its rows: at 4 rows `_r8s` (variant
+                    // 5; the general entry by a 16-row launch of the same
+                    // table: NVFP4's one-row walk gives other bits than
+                    // `_r8`'s one-tile walk), at 16 and 32 `_rs` (0)
+                    let (entry, rs, general) = if m <= 8 {
+                        ("`_r8s`", routed_out(5, m), routed_out(4, 16))
+                    } else {
+                        ("`_rs`", routed_out(0, m), routed_out(4, m))
+                    };
                     let unwritten = [&rs, &general]
                         .iter()
                         .map(|v| v[..m * n].iter().filter(|x| !x.is_finite()).count())
@@ -1490,7 +1530,7 @@ mod gpu_tests {
                     if rs_differ > 0 || unwritten > 0 || stray > 0 {
                         failures.push(format!(
                             "{fmt} K {kk} m {m}: {rs_differ} of {} routed outputs differ on the \
-                             `_rs` entry point, {unwritten} routed outputs not finite, {stray} \
+                             {entry} entry point, {unwritten} routed outputs not finite, {stray} \
                              outputs of unrouted pairs written",
                             pairs * n
                         ));

@@ -115,6 +115,15 @@ const ATTN_ALIASES: [(&str, &str); 2] = [
 /// kernel are the general body's (the same bits).
 const LINEAR_ALIASES: [(&str, &str); 1] = [("m3s_mma_fp4_rs", "m3s_mma_fp4")];
 
+/// The same for the FP4 routed entries of 2-8 rows, built only under
+/// `S_ROUTED_TILE=1` (a bench option): they run each slot by the walk the
+/// general entry picks for its rows (one-row or one-tile), so in the
+/// persistent kernel they are the general body.
+const ROUTED_TILE_ALIASES: [(&str, &str); 2] = [
+    ("m3s_mma_fp4_r8s", "m3s_mma_fp4"),
+    ("m3s_mma_nvfp4_r8s", "m3s_mma_nvfp4"),
+];
+
 /// Threads of a persistent CTA (`S_MONO_THREADS`).
 pub(crate) const MONO_THREADS: u32 = 256;
 
@@ -763,6 +772,7 @@ impl Mono {
         };
         let sms = gpu.multiprocessors();
         let small_src = variant_source(&STANDARD, small)?;
+        let routed_tile = small_src.routed_tile;
         let std_small = small_src.src;
         // the row-class entry points (`_r1` / `_r8`, and `_rs` as an
         // alias below) exist, and are recorded, only where the small-step
@@ -783,7 +793,12 @@ impl Mono {
             ids.insert(h.handle(), i as u32);
         }
         // entries that run another op's body, where the build has them
-        for (alias, op) in LINEAR_ALIASES.into_iter().filter(|_| rows) {
+        let tile_aliases = ROUTED_TILE_ALIASES.into_iter().filter(|_| routed_tile);
+        for (alias, op) in LINEAR_ALIASES
+            .into_iter()
+            .chain(tile_aliases)
+            .filter(|_| rows)
+        {
             if let Some(i) = MONO_OPS.iter().position(|n| *n == op) {
                 ids.insert(gpu.kernel(&std_small, alias)?.handle(), i as u32);
             }

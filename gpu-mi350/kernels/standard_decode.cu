@@ -288,23 +288,39 @@ M3_DEV void s_tile_mma(float (&acc)[4], const u32 (&fa)[16], const u32 (&fc)[16]
   }
 }
 
+/// A linear CTA's tile (of 16 output features, over the launch's
+/// matrices) and, in a plain launch, its row chunk: blockIdx.x and
+/// blockIdx.y; but a plain launch of more than one row chunk on a grid one
+/// block high (the host's chunk-minor launches, `S_CHUNK_MINOR`) deals the
+/// chunks in x, blockIdx.x = tile * chunks + chunk, so that the CTAs that
+/// read one weight tile run together and all but the first find it in L2
+/// (blockIdx.y-major, a chunk's re-read comes a whole matrix later).
+struct SLinPlace {
+  u32 tile, chunk;
+};
+M3_DEV SLinPlace s_lin_place(const int* route, u32 M) {
+  const u32 chunks = (M + S_MMA_MAXBT * 8u - 1u) / (S_MMA_MAXBT * 8u);
+  if (route == nullptr && gridDim.y == 1u && chunks > 1u) return {blockIdx.x / chunks, blockIdx.x % chunks};
+  return {blockIdx.x, blockIdx.y};
+}
+
 /// This CTA's matrix of a fused launch (constant indices only: the table
-/// stays in the parameter bank).
-M3_DEV SSeg1 s_lin_seg(const SSegs& segs) {
+/// stays in the parameter bank); `tile` from s_lin_place.
+M3_DEV SSeg1 s_lin_seg(const SSegs& segs, u32 tile) {
   SSeg1 sg = segs.s[0];
 #pragma unroll
   for (int i = 1; i < S_MAX_SEGS; ++i)
-    if ((u32)i < segs.nseg && blockIdx.x >= segs.s[i].tile0) sg = segs.s[i];
+    if ((u32)i < segs.nseg && tile >= segs.s[i].tile0) sg = segs.s[i];
   return sg;
 }
 
 /// The CTA's rows (shared `xrow`: x rows, `yrow`: output rows, `cnt` of
 /// them), read after the dependency wait: a routed launch reads its slot's
 /// record (`e`: the expert; its pairs from this z-block's on), a plain one
-/// takes rows blockIdx.y * 8 * S_MMA_MAXBT on. False (for the whole CTA)
-/// when it has none.
-M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u32 M, int* head, u32* xrow,
-                       u32* yrow, u32& cnt, u32& e) {
+/// takes rows `chunk` * 8 * S_MMA_MAXBT on (s_lin_place). False (for the
+/// whole CTA) when it has none.
+M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u32 M, u32 chunk, int* head,
+                       u32* xrow, u32* yrow, u32& cnt, u32& e) {
   const u32 z0 = blockIdx.z * S_MMA_MAXBT * 8u;
   if (route) {
     // one round trip: every thread reads its word of the slot's record
@@ -321,7 +337,7 @@ M3_DEV bool s_lin_rows(const int* __restrict__ route, u32 max_rows, u32 xdiv, u3
     e = (u32)head[0];
     return cnt != 0u;
   }
-  const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u;
+  const u32 m0 = chunk * S_MMA_MAXBT * 8u;
   cnt = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
   e = 0u;
   if (cnt == 0u) return false;
@@ -424,9 +440,10 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  const SSeg1 sg = s_lin_seg(segs);
+  const SLinPlace at = s_lin_place(route, M);
+  const SSeg1 sg = s_lin_seg(segs, at.tile);
   const u32 N = sg.n;
-  const u32 n0 = (blockIdx.x - sg.tile0) * 16u;
+  const u32 n0 = (at.tile - sg.tile0) * 16u;
   const u32 U = SUnroll<F>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = F == S_FMT_BF16 ? 2ull * K : (SFmt<F>::FP8 ? (u64)K : K / 2ull);  // code bytes a row
@@ -452,7 +469,7 @@ M3_DEV void s_mma_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     s_mma_fetch<F>(0u, warp, nwarp, t, nsc, K, wa, wc, sa, sc, oka, okc, raw, sca);
   }
   M3_PDL_WAIT();
-  if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
+  if (!s_lin_rows(route, max_rows, xdiv, M, at.chunk, head, xrow, yrow, cnt, ge)) return;
   if (route) {
     W += (u64)ge * sg.w_es;
     if (S) S += (u64)ge * sg.ws_es;
@@ -1216,11 +1233,12 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
   M3_PDL_TRIGGER();
   const u32 lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, nwarp = blockDim.x / 32u;
   const u32 g = lane / 4u, t = lane % 4u;
-  const SSeg1 sg = s_lin_seg(segs);
+  const SLinPlace at = s_lin_place(route, M);
+  const SSeg1 sg = s_lin_seg(segs, at.tile);
   const u32 N = sg.n;
   // mode 3: 8 features a CTA, tile rows g of the gate stack, g + 8 of up
   const bool pair = sg.mode == S_MODE_SWIGLU;
-  const u32 n0 = (blockIdx.x - sg.tile0) * (pair ? 8u : 16u);
+  const u32 n0 = (at.tile - sg.tile0) * (pair ? 8u : 16u);
   const u32 U = SHalf<F, ANY>::U;
   const u32 nsc = (K + 127u) / 128u;
   const u64 rb = SHalf<F>::NIB ? K / 2ull : (u64)K;   // code bytes a row
@@ -1265,7 +1283,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
       // the first batch of the warp's fast walk (s_h_fast) into L2 while
       // the previous kernel drains; a plain launch's row count, so its
       // walk, is known before the wait (s_lin_rows)
-      const u32 m0 = blockIdx.y * S_MMA_MAXBT * 8u, c0 = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
+      const u32 m0 = at.chunk * S_MMA_MAXBT * 8u, c0 = m0 < M ? min(S_MMA_MAXBT * 8u, M - m0) : 0u;
       const bool one0 = RC == S_RC_ONE || (RC != S_RC_TILE && c0 == 1u);
       const bool tile0 = RC == S_RC_TILE || RC == S_RC_ROUTED8 || c0 <= 8u;
       const u32 u0 = one0 ? SHWalk<F, 1, true>::U : tile0 ? SHWalk<F, 1, false>::U : SHWalk<F, 2, false>::U;
@@ -1287,7 +1305,7 @@ M3_DEV void s_mmh_linear(const u16* __restrict__ x, const SSegs& segs, u32 K, u3
     }
   }
   M3_PDL_WAIT();
-  if (!s_lin_rows(route, max_rows, xdiv, M, head, xrow, yrow, cnt, ge)) return;
+  if (!s_lin_rows(route, max_rows, xdiv, M, at.chunk, head, xrow, yrow, cnt, ge)) return;
   if (route) {
     W += (u64)ge * sg.w_es;
     Wc += (u64)ge * sg.w_es;

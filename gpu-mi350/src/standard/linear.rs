@@ -344,6 +344,10 @@ pub(crate) struct MmaVariant {
     /// FP4 routed launches of 2-8 rows take the `_r8s` entry points
     /// ([`WFmt::mma_kernel_routed_tile`]; `S_ROUTED_TILE=1`, where loaded).
     pub routed_tile: bool,
+    /// Plain launches of more than one row chunk deal the chunks in x
+    /// (`S_CHUNK_MINOR=1`, a bench option; standard_decode.cu
+    /// `s_lin_place`): the CTAs of one weight tile run together.
+    pub chunk_minor: bool,
     f: HashMap<&'static str, Func>,
 }
 
@@ -364,6 +368,9 @@ pub(crate) struct VariantSource {
     /// built, and routed launches of 2-8 rows take them
     /// ([`MmaVariant::routed_tile`]).
     pub routed_tile: bool,
+    /// `S_CHUNK_MINOR=1` (a bench option): [`MmaVariant::chunk_minor`]; no
+    /// kernel reads it (they tell the launch shape by its grid).
+    pub chunk_minor: bool,
 }
 
 impl VariantSource {
@@ -420,6 +427,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut fast = true;
     let mut routed_small = true;
     let mut routed_tile = false;
+    let mut chunk_minor = false;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -447,6 +455,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_NV_SPLIT" if n <= 1 => {}
             "S_ROUTED_SMALL" if n <= 1 => routed_small = n == 1,
             "S_ROUTED_TILE" if n <= 1 => routed_tile = n == 1,
+            "S_CHUNK_MINOR" if n <= 1 => chunk_minor = n == 1,
             "S_R8S_MINB_NV" if (1..=16).contains(&n) => {}
             _ => return false,
         }
@@ -459,6 +468,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         small_fast: maxbt == 2 && fast,
         routed_small,
         routed_tile,
+        chunk_minor,
     })
 }
 
@@ -474,6 +484,7 @@ impl MmaVariant {
             maxbt,
             routed_small,
             routed_tile,
+            chunk_minor,
             ..
         } = vs;
         let routed_tile = routed_tile && row_entries;
@@ -509,6 +520,7 @@ impl MmaVariant {
             rows: maxbt * 8,
             routed_small: routed_small && row_entries,
             routed_tile,
+            chunk_minor,
             f,
         })
     }
@@ -670,9 +682,12 @@ pub(crate) fn linears(
             }
         }
         let chunks = m.div_ceil(mv.rows) as u32;
-        let (gy, gz, rp, xdiv) = match route {
-            Some(r) => (r.slots as u32, chunks, r.table, r.xdiv),
-            None => (chunks, 1, 0, 1),
+        let (gx, gy, gz, rp, xdiv) = match route {
+            Some(r) => (tiles, r.slots as u32, chunks, r.table, r.xdiv),
+            // chunk-minor: the kernels read a plain launch of more than one
+            // chunk on a grid one block high as x = tile * chunks + chunk
+            None if mv.chunk_minor && chunks > 1 => (tiles * chunks, 1, 1, 0, 1),
+            None => (tiles, chunks, 1, 0, 1),
         };
         let f = mv
             .f
@@ -681,7 +696,7 @@ pub(crate) fn linears(
         l.launch(
             name,
             f,
-            (tiles, gy, gz),
+            (gx, gy, gz),
             mv.block,
             0,
             &[
@@ -1385,7 +1400,8 @@ mod gpu_tests {
     /// 10, so the pipelined walks end in a part batch. Routed launches of
     /// 16 and 32 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
     /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
-    /// general entry's bits (`S_ROUTED_SMALL=0`).
+    /// general entry's bits (`S_ROUTED_SMALL=0`); plain launches dealt
+    /// chunk-minor (`S_CHUNK_MINOR=1`) the default's.
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1399,6 +1415,8 @@ mod gpu_tests {
         let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=0");
         // FP4 routed launches of 2-8 rows on the `_r8s` entry points
         let routed_tile = format!("{SMALL_STEP_VARIANT} S_ROUTED_TILE=1");
+        // plain launches of several row chunks dealt chunk-minor
+        let chunk_minor = format!("{SMALL_STEP_VARIANT} S_CHUNK_MINOR=1");
         let k = LinearKernels {
             mma: [
                 SMALL_STEP_VARIANT,
@@ -1407,6 +1425,7 @@ mod gpu_tests {
                 pipe.as_str(),
                 routed.as_str(),
                 routed_tile.as_str(),
+                chunk_minor.as_str(),
             ]
             .iter()
             .map(|v| MmaVariant::load(&gpu, st, v).unwrap())
@@ -1463,11 +1482,14 @@ mod gpu_tests {
                 let full = out(0);
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
                 let piped = differ(&full, &out(3));
-                if halved > 0 || piped > 0 || eight_warps == 0 {
+                // (two row chunks at 32 rows: the same CTAs' work, dealt
+                // chunk-minor)
+                let minor = differ(&full, &out(6));
+                if halved > 0 || piped > 0 || eight_warps == 0 || minor > 0 {
                     failures.push(format!(
                         "{fmt} K {kk} m {m}: {halved} of {} outputs differ with the halved batch \
-                         (mono's pipelined walks), {piped} pipelined ({eight_warps} with K over \
-                         8 warps, which must differ)",
+                         (mono's pipelined walks), {piped} pipelined, {minor} chunk-minor \
+                         ({eight_warps} with K over 8 warps, which must differ)",
                         m * n
                     ));
                 }

@@ -185,7 +185,8 @@ template <int F> M3_DEV void s_seg_load(const u8* p, bool ok, uint4* raw) {
 }
 
 /// One weight matrix of a fused launch (kernel parameter, by value): its
-/// CTAs are blockIdx.x in [tile0, tile0 + ceil(n / 16)). mode: 0 = bf16
+/// CTAs are the tiles [tile0, tile0 + ceil(n / 16)) (s_lin_place: blockIdx.x,
+/// or its tile in a chunk-minor launch). mode: 0 = bf16
 /// store to yb, 1 = f32 store to yf, 2 = yf += f32(bf16(y)) (the residual
 /// add of MODEL.md, fused).
 /// Scales: ws + row * (K / 32) E8M0 bytes (MX) or ws + row * (K / 16) E4M3

@@ -1446,6 +1446,10 @@ mod gpu_tests {
             (false, cuda),
             "which variants route FP4's 2-8-row launches to `_r8s`"
         );
+        assert!(
+            k.mma[6].chunk_minor && !k.mma[0].chunk_minor,
+            "which variants deal row chunks chunk-minor"
+        );
         let ctx = gpu.device();
         let mut rng = TestRng(43);
         let n = 32usize;
@@ -1483,8 +1487,27 @@ mod gpu_tests {
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
                 let piped = differ(&full, &out(3));
                 // (two row chunks at 32 rows: the same CTAs' work, dealt
-                // chunk-minor)
-                let minor = differ(&full, &out(6));
+                // chunk-minor; and below, a fused launch of two matrices,
+                // 2 + 3 tiles, over 24 rows: a part chunk)
+                let mut minor = differ(&full, &out(6));
+                if m == 32 {
+                    let n2 = 48usize;
+                    let w2 = weight(fmt, n2, kk, &mut rng);
+                    let dw2 = DevLinear::upload(ctx, "test", &[&w2]).unwrap();
+                    let m2 = 24usize;
+                    let fused = |vi: usize| {
+                        let y1 = DevBuf::zeroed(ctx, m2 * n * 4).unwrap();
+                        let y2 = DevBuf::zeroed(ctx, m2 * n2 * 4).unwrap();
+                        let mats = [(&dw, LinOut::F32(y1.ptr())), (&dw2, LinOut::F32(y2.ptr()))];
+                        linears(&l, &k, vi, &mats, lx, m2, None, m2).unwrap();
+                        l.sync().unwrap();
+                        let mut v = vec![0f32; m2 * (n + n2)];
+                        y1.read(l.stream(), 0, &mut v[..m2 * n]).unwrap();
+                        y2.read(l.stream(), 0, &mut v[m2 * n..]).unwrap();
+                        v
+                    };
+                    minor += differ(&fused(0), &fused(6));
+                }
                 if halved > 0 || piped > 0 || eight_warps == 0 || minor > 0 {
                     failures.push(format!(
                         "{fmt} K {kk} m {m}: {halved} of {} outputs differ with the halved batch \

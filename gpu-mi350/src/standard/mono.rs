@@ -117,10 +117,12 @@ const LINEAR_ALIASES: [(&str, &str); 1] = [("m3s_mma_fp4_rs", "m3s_mma_fp4")];
 
 /// The same for the FP4 routed entries of 2-8 rows, built only under
 /// `S_ROUTED_TILE=1` (a bench option): they run each slot by the walk the
-/// general entry picks for its rows (one-row or one-tile), so in the
-/// persistent kernel they are the general body.
+/// general entry picks for its rows (one-row or one-tile). MXFP4's
+/// one-row walk gives its one-tile walk's bits, so it runs as the `_r8`
+/// op (one walk, no spill under the mono bound); NVFP4's does not, so it
+/// runs as the general body (which spills there: slower, the same bits).
 const ROUTED_TILE_ALIASES: [(&str, &str); 2] = [
-    ("m3s_mma_fp4_r8s", "m3s_mma_fp4"),
+    ("m3s_mma_fp4_r8s", "m3s_mma_fp4_r8"),
     ("m3s_mma_nvfp4_r8s", "m3s_mma_nvfp4"),
 ];
 

@@ -48,6 +48,18 @@ m3_verify() {
   done
 }
 
+# The kernel microbench on m3.1's shapes: m3_kernels NAME SECS ARGS...
+# runs `m3 bench --kernels --kernel-reps 1 ARGS` (within SECS) into
+# $OUT/NAME.log and prints its exit status and the cases' x/row rows.
+m3_kernels() {
+  local name=$1 secs=$2
+  shift 2
+  echo "=== $name ($(date +%T))"
+  timeout "$secs" /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-reps 1 "$@" > "$OUT/$name.log" 2>&1
+  echo "exit $?"
+  grep -E "x/row|rror|^ceiling" "$OUT/$name.log" | cut -c1-200
+}
+
 # Interleaved A/B of `m3 bench`: m3_ab ROUNDS "BENCH ARGS" BIN... runs
 # `BIN bench BENCH ARGS` for each binary in turn, ROUNDS times, and prints
 # the per-layer rows (`| decode ... / ...`) under a header naming the

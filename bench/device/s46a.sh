@@ -6,7 +6,7 @@
 # on older walks (before session 19's coalesced FP8 layout and session
 # 26's per-block one-row walk); session 45's MXFP4 routed entry gained
 # 4.6-5.2% a layer from one more CTA an SM. The microbench's E4M3 tall
-# launch and 8 x 6144 stack at 1 / 4 / 8 rows (fp8.log), then the MoE
+# launch and 8 x 6144 stack at 1 / 4 / 8 rows (fp8-*.log), then the MoE
 # layer at b1 / b2 / b4 / b8, 2 rounds interleaved (fp8-layer.log;
 # LAYER=0 leaves it out).
 set -u
@@ -15,13 +15,9 @@ m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 D="S_MMA_WARPS=4 S_MMA_MAXBT=2"
 for st in 1x49152 8x6144; do
-  echo "=== fp8 $st ($(date +%T))"
-  timeout 240 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack $st \
-    --kernel-rows 1,4,8 --kernel-experts "" --kernel-formats mxfp8 \
-    --variants "$D S_R1_MINB_FP8=5 S_R8_MINB_FP8=5;$D S_R1_MINB_FP8=6 S_R8_MINB_FP8=6" >> "$OUT/fp8.log" 2>&1
-  echo "exit $?"
+  m3_kernels "fp8-$st" 240 --kernel-stack $st --kernel-rows 1,4,8 --kernel-experts "" --kernel-formats mxfp8 \
+    --variants "$D S_R1_MINB_FP8=5 S_R8_MINB_FP8=5;$D S_R1_MINB_FP8=6 S_R8_MINB_FP8=6"
 done
-grep -E "x/row|rror|^ceiling" "$OUT/fp8.log" | cut -c1-160
 [ "${LAYER:-1}" = 1 ] || exit 0
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1,2,4,8 --context 4096 --iters 40 --rounds 1 --path standard"
 m3_defines_ab 2 "$B" base= "fp8m5=$D S_R1_MINB_FP8=5 S_R8_MINB_FP8=5" \

@@ -17,11 +17,8 @@ set -u
 m3_setup
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 D="S_MMA_WARPS=4 S_MMA_MAXBT=2"
-echo "=== tile ($(date +%T))"
-timeout 300 /tmp/bin/m3 bench --backend gpu --preset m3.1 --kernels --kernel-reps 1 --kernel-stack 1x16 \
-  --kernel-rows 4,8 --kernel-experts 4,16,64 --kernel-l2 --kernel-formats mxfp4,nvfp4 \
-  --variants "$D S_ROUTED_TILE=1" --out "$OUT/tile.json" > "$OUT/tile.log" 2>&1
-echo "exit $?"; grep -E "experts.*x/row|rror|^ceiling" "$OUT/tile.log" | cut -c1-200
+m3_kernels tile 300 --kernel-stack 1x16 --kernel-rows 4,8 --kernel-experts 4,16,64 --kernel-l2 \
+  --kernel-formats mxfp4,nvfp4 --variants "$D S_ROUTED_TILE=1" --out "$OUT/tile.json"
 [ "${LAYER:-1}" = 1 ] || exit 0
 for w in mxfp4 nvfp4; do
   B="--backend gpu --preset m3.1 --weights $w --layers 12 --per-layer 6 --batch 2,4,8 --context 4096 --iters 40 --rounds 1 --path standard"

@@ -487,7 +487,8 @@ impl MmaVariant {
             chunk_minor,
             ..
         } = vs;
-        let routed_tile = routed_tile && row_entries;
+        // the routed entries exist only where the row-class ones do
+        let (routed_small, routed_tile) = (routed_small && row_entries, routed_tile && row_entries);
         let mut f = HashMap::new();
         for fm in WFmt::MMA {
             let rows = if row_entries {
@@ -518,7 +519,7 @@ impl MmaVariant {
             },
             block: warps * 32,
             rows: maxbt * 8,
-            routed_small: routed_small && row_entries,
+            routed_small,
             routed_tile,
             chunk_minor,
             f,

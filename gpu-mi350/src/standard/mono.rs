@@ -1576,6 +1576,14 @@ mod tests {
                 .all(|r| MONO_OPS.contains(r) || LINEAR_ALIASES.iter().any(|(a, _)| a == r)),
             "every row-class entry point is an op or an alias of one"
         );
+        // an alias whose op is not in the list would be skipped at load
+        // (`Mono::new`), and its launches then leave mono's program
+        for (alias, op) in LINEAR_ALIASES.iter().chain(&ROUTED_TILE_ALIASES) {
+            assert!(
+                MONO_OPS.contains(op),
+                "{alias} runs {op}, which is no mono op"
+            );
+        }
     }
 
     /// The mono build takes its tunables' listed values and refuses

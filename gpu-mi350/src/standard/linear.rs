@@ -32,6 +32,14 @@ pub(crate) const SMALL_STEP_ROWS: usize = 16;
 pub(crate) const SMALL_TILE_MAX_ROWS: usize = 512;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
+/// Plain launches of more than one row chunk and at most this many rows
+/// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): a
+/// decode step's sizes. Measured on the H100 (bench/NOTES.md session 46,
+/// run 1; m3.1 --layers 12, 2 rounds): whole steps -3.7% at b32 and -3.5%
+/// at b64, MoE layers -1.1% / -0.6%, b16 (one chunk) unchanged. Prefill's
+/// launches keep the tile-major grid: there x is no longer small and
+/// chunk-minor trades the weights' re-reads for x's (not measured).
+pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 64;
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).
@@ -344,9 +352,10 @@ pub(crate) struct MmaVariant {
     /// FP4 routed launches of 2-8 rows take the `_r8s` entry points
     /// ([`WFmt::mma_kernel_routed_tile`]; `S_ROUTED_TILE=1`, where loaded).
     pub routed_tile: bool,
-    /// Plain launches of more than one row chunk deal the chunks in x
-    /// (`S_CHUNK_MINOR=1`, a bench option; standard_decode.cu
-    /// `s_lin_place`): the CTAs of one weight tile run together.
+    /// Plain launches of more than one row chunk and at most
+    /// [`CHUNK_MINOR_MAX_ROWS`] rows deal the chunks in x (standard_decode.cu
+    /// `s_lin_place`): the CTAs of one weight tile run together
+    /// (`S_CHUNK_MINOR`, default 1; 0 gives the tile-major grid).
     pub chunk_minor: bool,
     f: HashMap<&'static str, Func>,
 }
@@ -368,8 +377,8 @@ pub(crate) struct VariantSource {
     /// built, and routed launches of 2-8 rows take them
     /// ([`MmaVariant::routed_tile`]).
     pub routed_tile: bool,
-    /// `S_CHUNK_MINOR=1` (a bench option): [`MmaVariant::chunk_minor`]; no
-    /// kernel reads it (they tell the launch shape by its grid).
+    /// `S_CHUNK_MINOR` (default 1): [`MmaVariant::chunk_minor`]; no kernel
+    /// reads it (they tell the launch shape by its grid).
     pub chunk_minor: bool,
 }
 
@@ -427,7 +436,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut fast = true;
     let mut routed_small = true;
     let mut routed_tile = false;
-    let mut chunk_minor = false;
+    let mut chunk_minor = true;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -687,7 +696,9 @@ pub(crate) fn linears(
             Some(r) => (tiles, r.slots as u32, chunks, r.table, r.xdiv),
             // chunk-minor: the kernels read a plain launch of more than one
             // chunk on a grid one block high as x = tile * chunks + chunk
-            None if mv.chunk_minor && chunks > 1 => (tiles * chunks, 1, 1, 0, 1),
+            None if mv.chunk_minor && chunks > 1 && m <= CHUNK_MINOR_MAX_ROWS => {
+                (tiles * chunks, 1, 1, 0, 1)
+            }
             None => (tiles, chunks, 1, 0, 1),
         };
         let f = mv
@@ -1402,7 +1413,8 @@ mod gpu_tests {
     /// 16 and 32 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
     /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
     /// general entry's bits (`S_ROUTED_SMALL=0`); plain launches dealt
-    /// chunk-minor (`S_CHUNK_MINOR=1`) the default's.
+    /// chunk-minor (the default at 32 rows) the tile-major grid's
+    /// (`S_CHUNK_MINOR=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1416,8 +1428,9 @@ mod gpu_tests {
         let routed = format!("{SMALL_STEP_VARIANT} S_ROUTED_SMALL=0");
         // FP4 routed launches of 2-8 rows on the `_r8s` entry points
         let routed_tile = format!("{SMALL_STEP_VARIANT} S_ROUTED_TILE=1");
-        // plain launches of several row chunks dealt chunk-minor
-        let chunk_minor = format!("{SMALL_STEP_VARIANT} S_CHUNK_MINOR=1");
+        // plain launches of several row chunks on the tile-major grid
+        // (variant 0 deals them chunk-minor)
+        let chunk_minor = format!("{SMALL_STEP_VARIANT} S_CHUNK_MINOR=0");
         let k = LinearKernels {
             mma: [
                 SMALL_STEP_VARIANT,
@@ -1448,7 +1461,7 @@ mod gpu_tests {
             "which variants route FP4's 2-8-row launches to `_r8s`"
         );
         assert!(
-            k.mma[6].chunk_minor && !k.mma[0].chunk_minor,
+            k.mma[0].chunk_minor && !k.mma[6].chunk_minor,
             "which variants deal row chunks chunk-minor"
         );
         let ctx = gpu.device();

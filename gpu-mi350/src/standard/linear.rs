@@ -38,7 +38,8 @@ pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// run 1; m3.1 --layers 12, 2 rounds): whole steps -3.7% at b32 and -3.5%
 /// at b64, MoE layers -1.1% / -0.6%, b16 (one chunk) unchanged. Prefill's
 /// launches keep the tile-major grid: there x is no longer small and
-/// chunk-minor trades the weights' re-reads for x's (not measured).
+/// chunk-minor trades the weights' re-reads for x's (not measured;
+/// `S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound).
 pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 64;
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
@@ -357,6 +358,9 @@ pub(crate) struct MmaVariant {
     /// `s_lin_place`): the CTAs of one weight tile run together
     /// (`S_CHUNK_MINOR`, default 1; 0 gives the tile-major grid).
     pub chunk_minor: bool,
+    /// The most rows a chunk-minor launch takes (`S_CHUNK_MINOR_MAX`,
+    /// default [`CHUNK_MINOR_MAX_ROWS`]).
+    pub chunk_minor_max_rows: usize,
     f: HashMap<&'static str, Func>,
 }
 
@@ -380,6 +384,9 @@ pub(crate) struct VariantSource {
     /// `S_CHUNK_MINOR` (default 1): [`MmaVariant::chunk_minor`]; no kernel
     /// reads it (they tell the launch shape by its grid).
     pub chunk_minor: bool,
+    /// `S_CHUNK_MINOR_MAX` (a bench option, 17-65536 rows):
+    /// [`MmaVariant::chunk_minor_max_rows`].
+    pub chunk_minor_max_rows: usize,
 }
 
 impl VariantSource {
@@ -437,6 +444,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
     let mut routed_small = true;
     let mut routed_tile = false;
     let mut chunk_minor = true;
+    let mut chunk_minor_max_rows = CHUNK_MINOR_MAX_ROWS;
     let src = prefixed_source(base, defines, "kernel variant", |k, n| {
         match k {
             "S_MMA_WARPS" if [2, 4, 8].contains(&n) => warps = n,
@@ -465,6 +473,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_ROUTED_SMALL" if n <= 1 => routed_small = n == 1,
             "S_ROUTED_TILE" if n <= 1 => routed_tile = n == 1,
             "S_CHUNK_MINOR" if n <= 1 => chunk_minor = n == 1,
+            "S_CHUNK_MINOR_MAX" if (17..=65536).contains(&n) => chunk_minor_max_rows = n as usize,
             "S_R8S_MINB_NV" if (1..=16).contains(&n) => {}
             _ => return false,
         }
@@ -478,6 +487,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
         routed_small,
         routed_tile,
         chunk_minor,
+        chunk_minor_max_rows,
     })
 }
 
@@ -494,6 +504,7 @@ impl MmaVariant {
             routed_small,
             routed_tile,
             chunk_minor,
+            chunk_minor_max_rows,
             ..
         } = vs;
         // the routed entries exist only where the row-class ones do
@@ -531,6 +542,7 @@ impl MmaVariant {
             routed_small,
             routed_tile,
             chunk_minor,
+            chunk_minor_max_rows,
             f,
         })
     }
@@ -696,7 +708,7 @@ pub(crate) fn linears(
             Some(r) => (tiles, r.slots as u32, chunks, r.table, r.xdiv),
             // chunk-minor: the kernels read a plain launch of more than one
             // chunk on a grid one block high as x = tile * chunks + chunk
-            None if mv.chunk_minor && chunks > 1 && m <= CHUNK_MINOR_MAX_ROWS => {
+            None if mv.chunk_minor && chunks > 1 && m <= mv.chunk_minor_max_rows => {
                 (tiles * chunks, 1, 1, 0, 1)
             }
             None => (tiles, chunks, 1, 0, 1),

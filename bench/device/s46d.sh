@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran in session 46 (run 1), a record: chunk-minor became the default for
+# 17-64 rows after it, so its `base=` now runs chunk-minor too (the
+# tile-major grid is `S_CHUNK_MINOR=0`).
 # Prepared in session 45 (issue 12), any card, ~250 s cold: plain linear
 # launches of more than one 16-row chunk dealt chunk-minor
 # (`S_CHUNK_MINOR=1`, a bench option: grid (tiles x chunks, 1, 1), the

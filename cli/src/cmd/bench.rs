@@ -118,7 +118,7 @@ pub struct Args {
     /// run a one-row slot by the one-row walk (default 0; NVFP4's at S_R8S_MINB_NV=1..16, default 4);
     /// S_CHUNK_MINOR=0|1: plain launches of several 16-row chunks (17-64 rows) deal the chunks
     /// in x, so the CTAs of one weight tile run together (default 1; 0: the tile-major grid;
-    /// S_CHUNK_MINOR_MAX=17..65536: the most rows such a launch takes, default 64);
+    /// S_CHUNK_MINOR_MAX=17..4096: the most rows such a launch takes, default 64);
     /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile
     /// loaded a super-chunk ahead), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]

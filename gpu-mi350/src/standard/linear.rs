@@ -384,7 +384,7 @@ pub(crate) struct VariantSource {
     /// `S_CHUNK_MINOR` (default 1): [`MmaVariant::chunk_minor`]; no kernel
     /// reads it (they tell the launch shape by its grid).
     pub chunk_minor: bool,
-    /// `S_CHUNK_MINOR_MAX` (a bench option, 17-65536 rows):
+    /// `S_CHUNK_MINOR_MAX` (a bench option, 17-4096 rows):
     /// [`MmaVariant::chunk_minor_max_rows`].
     pub chunk_minor_max_rows: usize,
 }
@@ -473,7 +473,7 @@ pub(crate) fn variant_source(base: &KernelSource, defines: &str) -> Result<Varia
             "S_ROUTED_SMALL" if n <= 1 => routed_small = n == 1,
             "S_ROUTED_TILE" if n <= 1 => routed_tile = n == 1,
             "S_CHUNK_MINOR" if n <= 1 => chunk_minor = n == 1,
-            "S_CHUNK_MINOR_MAX" if (17..=65536).contains(&n) => chunk_minor_max_rows = n as usize,
+            "S_CHUNK_MINOR_MAX" if (17..=4096).contains(&n) => chunk_minor_max_rows = n as usize,
             "S_R8S_MINB_NV" if (1..=16).contains(&n) => {}
             _ => return false,
         }
@@ -1442,7 +1442,7 @@ mod gpu_tests {
         let routed_tile = format!("{SMALL_STEP_VARIANT} S_ROUTED_TILE=1");
         // plain launches of several row chunks on the tile-major grid
         // (variant 0 deals them chunk-minor)
-        let chunk_minor = format!("{SMALL_STEP_VARIANT} S_CHUNK_MINOR=0");
+        let tile_major = format!("{SMALL_STEP_VARIANT} S_CHUNK_MINOR=0");
         let k = LinearKernels {
             mma: [
                 SMALL_STEP_VARIANT,
@@ -1451,7 +1451,7 @@ mod gpu_tests {
                 pipe.as_str(),
                 routed.as_str(),
                 routed_tile.as_str(),
-                chunk_minor.as_str(),
+                tile_major.as_str(),
             ]
             .iter()
             .map(|v| MmaVariant::load(&gpu, st, v).unwrap())

@@ -1411,8 +1411,8 @@ mod gpu_tests {
     /// standard path's bits, so the fast walk deals K to the warps in
     /// granules of the full batch (`SHWalk::G`). Dealt by the halved batch,
     /// MXFP8's interleaved walks (2-16 rows) summed in another order
-    /// (bench/NOTES.md session 28). Every MX format at 1, 4, 16 and 32 rows
-    /// (the one-row, one-tile and two-tile walks), K = 6144 with x over
+    /// (bench/NOTES.md session 28). Every MX format at 1, 4, 16, 32 and 64
+    /// rows (the one-row, one-tile and two-tile walks), K = 6144 with x over
     /// 2^-6..2^6 so the f32 sums round: the default build, which splits K
     /// over 8 warps, must differ from the small-step one (the comparison
     /// sees an order change). The halved batch is tested as the mono build
@@ -1422,10 +1422,11 @@ mod gpu_tests {
     /// interleaved, never pipelined) must give the same bits too: they move
     /// loads, not sums. K = 6272 too: 49 super-chunks, warp runs of 13 and
     /// 10, so the pipelined walks end in a part batch. Routed launches of
-    /// 16 and 32 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
+    /// 16, 32 and 64 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
     /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
     /// general entry's bits (`S_ROUTED_SMALL=0`); plain launches dealt
-    /// chunk-minor (the default at 32 rows) the tile-major grid's
+    /// chunk-minor (the default at 32 and 64 rows: 2 and 4 chunks) the
+    /// tile-major grid's
     /// (`S_CHUNK_MINOR=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
@@ -1486,7 +1487,7 @@ mod gpu_tests {
         {
             let w = weight(fmt, n, kk, &mut rng);
             let dw = DevLinear::upload(ctx, "test", &[&w]).unwrap();
-            for &m in &[1usize, 4, 16, 32] {
+            for &m in &[1usize, 4, 16, 32, 64] {
                 let xs: Vec<u16> = (0..m * kk)
                     .map(|_| {
                         let e = (rng.next_u32() % 13) as i32 - 6;
@@ -1512,9 +1513,9 @@ mod gpu_tests {
                 let full = out(0);
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
                 let piped = differ(&full, &out(3));
-                // (two row chunks at 32 rows: the same CTAs' work, dealt
-                // chunk-minor; and below, a fused launch of two matrices,
-                // 2 + 3 tiles, over 24 rows: a part chunk)
+                // (2 and 4 row chunks at 32 and 64 rows: the same CTAs'
+                // work, dealt chunk-minor; and below, a fused launch of two
+                // matrices, 2 + 3 tiles, over 24 rows: a part chunk)
                 let mut minor = differ(&full, &out(6));
                 if m == 32 {
                     let n2 = 48usize;
@@ -1542,7 +1543,7 @@ mod gpu_tests {
                         m * n
                     ));
                 }
-                // routed at 16 and 32 rows (where `_rs` takes MXFP4), and at
+                // routed at 16, 32 and 64 rows (where `_rs` takes MXFP4), and at
                 // 4 for the FP4 formats (`_r8s` under S_ROUTED_TILE): three
                 // slots of 3m/4, 1 and m/4 - 1 of the 2m pairs (at 32 rows
                 // the first slot's 24 span two 16-row CTAs), all routed to

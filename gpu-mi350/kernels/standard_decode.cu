@@ -1500,7 +1500,11 @@ S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8s, S_FMT_NVFP4, false, S_RC_ROUTED8, S_R8S_MINB_
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record
-/// [expert, rows, pair ids ascending]; slots D..nslots get rows 0. The
+/// [expert, rows, pair ids ascending]; slots D..nslots get rows 0. With
+/// `chunk` C > 0 (the host's `PathOptions::route_chunk`), an expert of c
+/// pairs takes ceil(c / C) consecutive slots of at most C pairs each (C =
+/// the linear's rows a CTA), so the linears launch one z-block and no CTA
+/// of an expert with few pairs is empty; D is then the records. The
 /// pairs of row t are t * kk + c, kk = k + fold: c < k the router's choice
 /// ids[t * k + c] (negative: none, skipped), c = k (fold = 1) expert ne, the
 /// shared expert folded into the table. One CTA, ne + fold <= 1024.
@@ -1514,8 +1518,11 @@ M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
 /// Slots go to the chosen experts in ascending id: lane
 /// l of warp 0 counts the chosen experts of its run of ceil(nt / M3_WARP)
 /// ids and takes the sum of the runs before its own.
-M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, int* out,
-                    int* cnt, int* slot, int* part) {
+M3_DEV u32 s_route_recs(int c, u32 chunk) {
+  return c <= 0 ? 0u : (chunk == 0u ? 1u : ((u32)c + chunk - 1u) / chunk);
+}
+M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, u32 chunk,
+                    int* out, int* cnt, int* slot, int* part) {
   const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
@@ -1528,41 +1535,60 @@ M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslot
   if (threadIdx.x < M3_WARP) {
     const u32 e0 = threadIdx.x * run, e1 = min(nt, e0 + run);
     int c = 0;
-    for (u32 e = e0; e < e1; ++e) c += cnt[e] > 0 ? 1 : 0;
+    for (u32 e = e0; e < e1; ++e) c += (int)s_route_recs(cnt[e], chunk);
     part[threadIdx.x] = c;
     M3_SYNC_WARP();
     int d = 0;
     for (u32 l = 0; l < threadIdx.x; ++l) d += part[l];
-    for (u32 e = e0; e < e1; ++e) slot[e] = cnt[e] > 0 ? d++ : -1;
-    if (threadIdx.x == M3_WARP - 1u) part[M3_WARP] = d;  // the distinct experts
+    for (u32 e = e0; e < e1; ++e) {
+      slot[e] = cnt[e] > 0 ? d : -1;
+      d += (int)s_route_recs(cnt[e], chunk);
+    }
+    if (threadIdx.x == M3_WARP - 1u) part[M3_WARP] = d;  // the records
   }
   __syncthreads();
   const u32 stride = S_ROUTE_STRIDE(max_rows);
-  // each chosen expert's record, pairs in ascending order
+  // each chosen expert's record(s), pairs in ascending order
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) {
     const int s = slot[e];
     if (s < 0 || (u32)s >= nslots) continue;
-    int* rec = out + (u64)s * stride;
-    rec[0] = (int)e;
-    rec[1] = cnt[e];
-    int o = 0;
-    for (u32 p = 0; p < pairs; ++p)
-      if (s_pair_expert(ids, p, k, kk, ne) == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
+    if (chunk == 0u) {
+      int* rec = out + (u64)s * stride;
+      rec[0] = (int)e;
+      rec[1] = cnt[e];
+      int o = 0;
+      for (u32 p = 0; p < pairs; ++p)
+        if (s_pair_expert(ids, p, k, kk, ne) == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
+      continue;
+    }
+    const u32 c = (u32)cnt[e];
+    for (u32 j = 0; j * chunk < c && (u32)s + j < nslots; ++j) {
+      int* rec = out + ((u64)s + j) * stride;
+      rec[0] = (int)e;
+      rec[1] = (int)min(chunk, c - j * chunk);
+    }
+    u32 o = 0;
+    for (u32 p = 0; p < pairs; ++p) {
+      if (s_pair_expert(ids, p, k, kk, ne) != (int)e) continue;
+      const u32 j = o / chunk, i = o - j * chunk;
+      if ((u32)s + j < nslots && i < max_rows) out[((u64)s + j) * stride + 2u + i] = (int)p;
+      ++o;
+    }
   }
-  // slots past the distinct experts: no rows
+  // slots past the records: no rows
   for (u32 s = (u32)part[M3_WARP] + threadIdx.x; s < nslots; s += blockDim.x) {
     out[(u64)s * stride] = 0;
     out[(u64)s * stride + 1] = 0;
   }
 }
 M3_KERNEL void m3s_route(const int* __restrict__ ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows,
-                         int* __restrict__ out) {
+                         u32 chunk, int* __restrict__ out) {
   M3_PDL_TRIGGER();
   M3_PDL_WAIT();
   S_SMEM_SCOPE; S_SHARED(int, cnt, [1024]);
   S_SHARED(int, slot, [1024]);
   S_SHARED(int, part, [M3_WARP + 1]);
-  s_route(ids, rows, k, fold, ne, nslots, max_rows, out, cnt, slot, part);
+  s_route(ids, rows, k, fold, ne, nslots, max_rows, chunk, out, cnt, slot, part);
 }
 
 /// r[t] = f32(embed[tok[t]]). Grid T.
@@ -2473,7 +2499,7 @@ M3_KERNEL void M3_HIP_BLOCK(S_ROUTER_BLOCK) m3s_router_small(
   for (u32 t = warp; t < M; t += blockDim.x / M3_WARP)
     s_router_row(z, bias, ne, k, scaling, t, ids, wts, sh[warp], sids);
   __syncthreads();
-  s_route(sids, M, k, fold, ne, nslots, max_rows, route, cnt, slot, rpart);
+  s_route(sids, M, k, fold, ne, nslots, max_rows, 0u, route, cnt, slot, rpart);
 }
 
 /// Greedy, phase 1: the best (value, id) of slice blockIdx.y of row

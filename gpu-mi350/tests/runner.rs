@@ -1049,6 +1049,35 @@ fn fused_swiglu_is_bitwise_the_same() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Route records of at most a CTA's rows (`PathOptions::route_chunk`: an
+/// expert of c pairs on ceil(c / 16) slots, the routed linears on one
+/// z-block) give the logits of one record an expert bit for bit over a
+/// 40-row prefill (experts of more than 16 of its pairs: several records)
+/// and 4 captured decode steps, in each MX expert format. The check can
+/// fail: the run on a model whose shared experts have gate and up swapped
+/// differs.
+#[test]
+fn chunked_routes_are_bitwise_the_same() {
+    let Some(mut gpu) = backend_or_skip("chunked_routes_are_bitwise_the_same") else {
+        return;
+    };
+    let mx8 = WeightFormat::Mxfp8;
+    let failures = bitwise_over_models(
+        &mut gpu,
+        "route records of at most 16 pairs == one record an expert",
+        &[
+            ("tiny", WeightFormat::Mxfp4, mx8, false),
+            ("small", WeightFormat::Mxfp4, mx8, true),
+            ("small", WeightFormat::Nvfp4, mx8, false),
+        ],
+        |o, on, swiglu| {
+            o.route_chunk = on;
+            o.fuse_swiglu = swiglu;
+        },
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// The d <= 128 attention partials (`PathOptions::attn_d128`: one output
 /// d group a warp, the split one built for more CTAs an SM) give the
 /// logits of the plain partials bit for bit over a 40-row prefill (the

@@ -570,6 +570,9 @@ pub(crate) struct Route {
     pub xdiv: usize,
     /// Rows of x (pairs / xdiv).
     pub x_rows: usize,
+    /// Records of at most a CTA's rows (`m3s_route`'s `chunk`,
+    /// `PathOptions::route_chunk`): one z-block.
+    pub chunked: bool,
 }
 
 /// `y_i = x W_i^T` for matrices that share `x` and `K`, fused into one
@@ -705,7 +708,10 @@ pub(crate) fn linears(
         }
         let chunks = m.div_ceil(mv.rows) as u32;
         let (gx, gy, gz, rp, xdiv) = match route {
-            Some(r) => (tiles, r.slots as u32, chunks, r.table, r.xdiv),
+            Some(r) => {
+                let z = if r.chunked { 1 } else { chunks };
+                (tiles, r.slots as u32, z, r.table, r.xdiv)
+            }
             // chunk-minor: the kernels read a plain launch of more than one
             // chunk on a grid one block high as x = tile * chunks + chunk
             None if mv.chunk_minor && chunks > 1 && m <= mv.chunk_minor_max_rows => {
@@ -1291,6 +1297,7 @@ mod gpu_tests {
                         slots: 2,
                         xdiv: 2,
                         x_rows: m,
+                        chunked: false,
                     };
                     for (vi, lxv, route, rows) in [
                         (0usize, lx, None, m),
@@ -1571,6 +1578,7 @@ mod gpu_tests {
                             slots: 3,
                             xdiv: 2,
                             x_rows: m,
+                            chunked: false,
                         };
                         let mats = [(&dw, LinOut::F32(y.ptr()))];
                         linears(&l, &k, vi, &mats, lx, launch_m, Some(route), pairs).unwrap();
@@ -1808,6 +1816,7 @@ mod gpu_tests {
                                     slots: 2,
                                     xdiv: 2,
                                     x_rows: m,
+                                    chunked: false,
                                 }),
                                 pairs,
                             )

@@ -456,6 +456,16 @@ pub struct PathOptions {
     /// -2.4% at 16 rows, -0.7% at 32 and 64, +2-3% at 1 row, +-0 at 4.
     /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
     pub routed_pdl_max_rows: usize,
+    /// Routed launches of steps with more rows than one CTA takes (16 in
+    /// the small-step build) read route records of at most that many pairs
+    /// (`m3s_route`'s `chunk`: an expert of c pairs takes ceil(c / 16)
+    /// consecutive slots) on one z-block, instead of one record an expert
+    /// on ceil(rows / 16) z-blocks, where every z-block past an expert's
+    /// pairs is a CTA that reads its record and exits (at b64, 3 of 4 of a
+    /// routed launch's CTAs). The same CTAs' work: the same bits. A bench
+    /// option until timed (bench/NOTES.md session 46); the CLI reads
+    /// `M3_ROUTE_CHUNK=0|1`.
+    pub route_chunk: bool,
     /// Launch the o projection without PDL (untapped steps). Session 17
     /// run 4 found that the o prefetch's gain is mostly the full edge its
     /// fork / join puts before the o projection; this switch with
@@ -540,6 +550,7 @@ impl Default for PathOptions {
             no_pdl_launches: "",
             twice_launches: "",
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
+            route_chunk: false,
             o_full_edge: false,
             index_prewait: true,
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,
@@ -576,6 +587,7 @@ impl PathOptions {
     /// ([`PathOptions::no_pdl_launches`]), `M3_TWICE_LAUNCHES` launches
     /// made twice ([`PathOptions::twice_launches`]),
     /// `M3_ROUTED_PDL_MAX_ROWS` the routed experts' PDL ([`PathOptions::routed_pdl_max_rows`]),
+    /// `M3_ROUTE_CHUNK=0|1` the route records' size ([`PathOptions::route_chunk`]),
     /// `M3_O_FULL_EDGE=0|1` the o projection's ([`PathOptions::o_full_edge`]),
     /// `M3_INDEX_PREWAIT=0|1` and `M3_INDEX_GRID_X` the index scores'
     /// ([`PathOptions::index_prewait`], [`PathOptions::index_grid_x`]),
@@ -651,6 +663,9 @@ impl PathOptions {
         if let Some(n) = env_usize("M3_ROUTED_PDL_MAX_ROWS") {
             self.routed_pdl_max_rows = n;
         }
+        if let Some(on) = env_flag("M3_ROUTE_CHUNK") {
+            self.route_chunk = on;
+        }
         if let Some(on) = env_flag("M3_O_FULL_EDGE") {
             self.o_full_edge = on;
         }
@@ -702,6 +717,19 @@ fn env_flag(name: &str) -> Option<bool> {
         "0" | "off" => Some(false),
         _ => None,
     }
+}
+
+/// Route records (`m3s_route`) of a step's `pairs` over `experts`
+/// (the routed ones and a folded shared one): one an expert (`chunk` 0),
+/// or, records of at most `chunk` pairs ([`PathOptions::route_chunk`]),
+/// the bound sum ceil(c_e / chunk) <= (pairs + (chunk - 1) D) / chunk for
+/// D <= min(pairs, experts) experts chosen. At least 1.
+pub(crate) fn route_records(pairs: usize, experts: usize, chunk: usize) -> usize {
+    let d = pairs.min(experts);
+    (pairs + chunk.saturating_sub(1) * d)
+        .checked_div(chunk)
+        .unwrap_or(d)
+        .max(1)
 }
 
 /// [`PathOptions::routed_pdl_max_rows`]'s default: the one-tile steps (up
@@ -1153,11 +1181,9 @@ impl StandardPath {
             tok_out: z(&ctx, t * 4)?,
             route: z(
                 &ctx,
-                (t * kp)
-                    .min(c.num_local_experts + usize::from(folded))
-                    .max(1)
-                    * (2 + t)
-                    * 4,
+                // records for the smallest CTA (8 rows: S_MMA_MAXBT=1),
+                // at least those of one record an expert
+                route_records(t * kp, c.num_local_experts + usize::from(folded), 8) * (2 + t) * 4,
             )?,
             router_done: z(&ctx, 4)?,
             amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,

@@ -21,7 +21,7 @@ use super::linear::{
     linears, prepare_x, LinOut, LinX, PtpcX, Route, SwiGluOut, F16X, F32W_MAX_K, SMALL_STEP_ROWS,
 };
 use super::pointwise::{self as pw, CombineIn, CwSpec, HnCache, HnCaches, HnSpec};
-use super::{StandardPath, ARGMAX_PARTS};
+use super::{route_records, StandardPath, ARGMAX_PARTS};
 use crate::error::{GpuError, Result};
 use crate::model::{DevBuf, DevFfn, DevLinear, DevMlp, DevNorm, WFmt};
 
@@ -576,13 +576,14 @@ impl StandardPath {
                 let ids_l = a.ids.at(li * cap_t * k * 4);
                 // group the (row, expert) pairs by expert: each chosen
                 // expert is then read once
-                let slots = (t * kk).min(ne + fold).max(1);
                 let pairs = t * kk;
+                let (slots, chunk) = self.route_shape(t, kk, ne + fold);
                 let route = |xdiv: usize| Route {
                     table: a.route.ptr(),
                     slots,
                     xdiv,
                     x_rows: pairs.div_ceil(xdiv.max(1)),
+                    chunked: chunk != 0,
                 };
                 // past a few rows the expert launches go without PDL: their
                 // CTAs cannot load weights before the route exists
@@ -590,7 +591,7 @@ impl StandardPath {
                 let wi = experts.gate.rows;
                 // the routed experts: router, gate + up, SwiGLU, down
                 let routed = || -> Result<()> {
-                    self.router(router, bias, ids_l, t, fold, slots)?;
+                    self.router(router, bias, ids_l, t, fold)?;
                     let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
                     match self.fused_swiglu(experts, a.ea.ptr(), &a.xh_a) {
                         Some(o) => {
@@ -758,6 +759,20 @@ impl StandardPath {
         )
     }
 
+    /// The route of a `t`-row step's pairs (`kk` a row) over `experts`:
+    /// (records, pairs a record, 0 = one record an expert). Records of at
+    /// most a CTA's rows ([`PathOptions::route_chunk`](super::PathOptions))
+    /// where the step has more rows than one CTA of its linears takes.
+    fn route_shape(&self, t: usize, kk: usize, experts: usize) -> (usize, usize) {
+        let cta_rows = self.kern.lin.mma[self.variant_for(t)].rows;
+        let chunk = if self.opts.route_chunk && t > cta_rows {
+            cta_rows
+        } else {
+            0
+        };
+        (route_records(t * kk, experts, chunk), chunk)
+    }
+
     /// The router of the rows of `h2`: logits into `z`, the top-k ids and
     /// weights into `ids_l` / `wts`, the route table into `route`. Small
     /// steps with f32 router weights take one launch (`m3s_router_small`),
@@ -770,16 +785,21 @@ impl StandardPath {
         ids_l: u64,
         t: usize,
         fold: usize,
-        slots: usize,
     ) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let (ne, k) = (router.rows, c.num_experts_per_tok);
+        let (slots, chunk) = self.route_shape(t, k + fold, ne + fold);
         let cap_t = self.cap.max_rows;
         // (a mono program may take the three launches' form instead:
         // PathOptions::mono_router_split)
         let split = self.l.recording() && self.opts.mono_router_split;
-        if t <= ROUTER_SMALL_ROWS && router.fmt == WFmt::F32 && router.cols <= F32W_MAX_K && !split
+        // (m3s_router_small writes one record an expert: chunk 0 only)
+        if t <= ROUTER_SMALL_ROWS
+            && router.fmt == WFmt::F32
+            && router.cols <= F32W_MAX_K
+            && !split
+            && chunk == 0
         {
             return self.l.launch(
                 "router_small",
@@ -838,6 +858,7 @@ impl StandardPath {
                 Arg::U32(ne as u32),
                 Arg::U32(slots as u32),
                 Arg::U32(cap_t as u32),
+                Arg::U32(chunk as u32),
                 Arg::U64(a.route.ptr()),
             ],
         )

@@ -1512,15 +1512,17 @@ M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
   const u32 t = p / kk, c = p - t * kk;
   return c < k ? ids[t * k + c] : (int)ne;
 }
-/// m3s_route's work for the calling CTA (any block of whole warps): the
-/// arrays are the caller's shared memory (nt = ne + fold <= 1024 entries
-/// each, part M3_WARP + 1: the runs' counts, then the distinct experts).
-/// Slots go to the chosen experts in ascending id: lane
-/// l of warp 0 counts the chosen experts of its run of ceil(nt / M3_WARP)
-/// ids and takes the sum of the runs before its own.
+/// Records of an expert of c pairs (s_route): 1 (chunk 0) or ceil(c /
+/// chunk); none for an expert not chosen.
 M3_DEV u32 s_route_recs(int c, u32 chunk) {
   return c <= 0 ? 0u : (chunk == 0u ? 1u : ((u32)c + chunk - 1u) / chunk);
 }
+/// m3s_route's work for the calling CTA (any block of whole warps): the
+/// arrays are the caller's shared memory (nt = ne + fold <= 1024 entries
+/// each, part M3_WARP + 1: the runs' record counts, then all the records).
+/// Slots go to the chosen experts in ascending id: lane l of warp 0 counts
+/// the records of the chosen experts of its run of ceil(nt / M3_WARP) ids
+/// and takes the sum of the runs before its own.
 M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, u32 chunk,
                     int* out, int* cnt, int* slot, int* part) {
   const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;

@@ -20,7 +20,7 @@ GPU diagnosis switches (environment; for A/B runs, bench/NOTES.md):
   M3_TWICE_LAUNCHES=label,...     make those twice in a row (mono: the op twice), to time a cold
                                   run against its warm repeat (outputs may be wrong: DIAGNOSIS)
   M3_ROUTED_PDL_MAX_ROWS=N|max    routed experts of steps past N rows go without PDL (8)
-  M3_ROUTE_CHUNK=0|1              routed linears past 16 rows on one z-block, same results (0)
+  M3_ROUTE_CHUNK=0|1              routed linears past a CTA's rows on one z-block, same results (0)
   M3_O_FULL_EDGE=0|1              the o projection without PDL (0)
   M3_INDEX_PREWAIT=0|1            index scores load their first keys before the wait (1)
   M3_INDEX_GRID_X=N               most index-score CTAs a row, 0: 2048 / rows, at least 256 (256)

@@ -456,11 +456,11 @@ pub struct PathOptions {
     /// -2.4% at 16 rows, -0.7% at 32 and 64, +2-3% at 1 row, +-0 at 4.
     /// The CLI reads `M3_ROUTED_PDL_MAX_ROWS` (`max`: PDL always).
     pub routed_pdl_max_rows: usize,
-    /// Routed launches of steps with more rows than one CTA takes (16 in
-    /// the small-step build) read route records of at most that many pairs
-    /// (`m3s_route`'s `chunk`: an expert of c pairs takes ceil(c / 16)
-    /// consecutive slots) on one z-block, instead of one record an expert
-    /// on ceil(rows / 16) z-blocks, where every z-block past an expert's
+    /// Routed launches of steps with more rows than one CTA takes (C: 16 in
+    /// the small-step build, 64 in the 8-warp one) read route records of at
+    /// most C pairs (`m3s_route`'s `chunk`: an expert of c pairs takes
+    /// ceil(c / C) consecutive slots) on one z-block, instead of one record
+    /// an expert on ceil(rows / C) z-blocks, where every z-block past an expert's
     /// pairs is a CTA that reads its record and exits (at b64, 3 of 4 of a
     /// routed launch's CTAs). The same CTAs' work: the same bits. A bench
     /// option until timed (bench/NOTES.md session 46); the CLI reads

@@ -1512,11 +1512,9 @@ M3_DEV int s_pair_expert(const int* ids, u32 p, u32 k, u32 kk, u32 ne) {
   const u32 t = p / kk, c = p - t * kk;
   return c < k ? ids[t * k + c] : (int)ne;
 }
-/// Records of an expert of c pairs (s_route): 1 (chunk 0) or ceil(c /
-/// chunk); none for an expert not chosen.
-M3_DEV u32 s_route_recs(int c, u32 chunk) {
-  return c <= 0 ? 0u : (chunk == 0u ? 1u : ((u32)c + chunk - 1u) / chunk);
-}
+/// Records of an expert of c pairs, at most `per` a record (s_route):
+/// ceil(c / per); none for an expert not chosen.
+M3_DEV u32 s_route_recs(int c, u32 per) { return c > 0 ? 1u + ((u32)c - 1u) / per : 0u; }
 /// m3s_route's work for the calling CTA (any block of whole warps): the
 /// arrays are the caller's shared memory (nt = ne + fold <= 1024 entries
 /// each, part M3_WARP + 1: the runs' record counts, then all the records).
@@ -1526,6 +1524,7 @@ M3_DEV u32 s_route_recs(int c, u32 chunk) {
 M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslots, u32 max_rows, u32 chunk,
                     int* out, int* cnt, int* slot, int* part) {
   const u32 kk = k + fold, pairs = rows * kk, nt = ne + fold;
+  const u32 per = chunk != 0u ? chunk : 0xffffffffu;  // pairs a record at most
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
   for (u32 p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -1537,14 +1536,14 @@ M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslot
   if (threadIdx.x < M3_WARP) {
     const u32 e0 = threadIdx.x * run, e1 = min(nt, e0 + run);
     int c = 0;
-    for (u32 e = e0; e < e1; ++e) c += (int)s_route_recs(cnt[e], chunk);
+    for (u32 e = e0; e < e1; ++e) c += (int)s_route_recs(cnt[e], per);
     part[threadIdx.x] = c;
     M3_SYNC_WARP();
     int d = 0;
     for (u32 l = 0; l < threadIdx.x; ++l) d += part[l];
     for (u32 e = e0; e < e1; ++e) {
       slot[e] = cnt[e] > 0 ? d : -1;
-      d += (int)s_route_recs(cnt[e], chunk);
+      d += (int)s_route_recs(cnt[e], per);
     }
     if (threadIdx.x == M3_WARP - 1u) part[M3_WARP] = d;  // the records
   }
@@ -1554,25 +1553,16 @@ M3_DEV void s_route(const int* ids, u32 rows, u32 k, u32 fold, u32 ne, u32 nslot
   for (u32 e = threadIdx.x; e < nt; e += blockDim.x) {
     const int s = slot[e];
     if (s < 0 || (u32)s >= nslots) continue;
-    if (chunk == 0u) {
-      int* rec = out + (u64)s * stride;
-      rec[0] = (int)e;
-      rec[1] = cnt[e];
-      int o = 0;
-      for (u32 p = 0; p < pairs; ++p)
-        if (s_pair_expert(ids, p, k, kk, ne) == (int)e && (u32)o < max_rows) rec[2 + o++] = (int)p;
-      continue;
-    }
-    const u32 c = (u32)cnt[e];
-    for (u32 j = 0; j * chunk < c && (u32)s + j < nslots; ++j) {
+    const u32 c = (u32)cnt[e], nrec = s_route_recs(cnt[e], per);
+    for (u32 j = 0; j < nrec && (u32)s + j < nslots; ++j) {
       int* rec = out + ((u64)s + j) * stride;
       rec[0] = (int)e;
-      rec[1] = (int)min(chunk, c - j * chunk);
+      rec[1] = (int)min(per, c - j * per);
     }
     u32 o = 0;
     for (u32 p = 0; p < pairs; ++p) {
       if (s_pair_expert(ids, p, k, kk, ne) != (int)e) continue;
-      const u32 j = o / chunk, i = o - j * chunk;
+      const u32 j = o / per, i = o - j * per;
       if ((u32)s + j < nslots && i < max_rows) out[((u64)s + j) * stride + 2u + i] = (int)p;
       ++o;
     }

@@ -36,10 +36,9 @@ pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): a
 /// decode step's sizes. Measured on the H100 (bench/NOTES.md session 46,
 /// run 1; m3.1 --layers 12, 2 rounds): whole steps -3.7% at b32 and -3.5%
-/// at b64, MoE layers -1.1% / -0.6%, b16 (one chunk) unchanged. Prefill's
-/// launches keep the tile-major grid: there x is no longer small and
-/// chunk-minor trades the weights' re-reads for x's (not measured;
-/// `S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound).
+/// at b64, MoE layers -1.1% / -0.6%, b16 (one chunk) unchanged. Larger
+/// launches (prefill) keep the tile-major grid until measured there
+/// (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound; s46f.sh).
 pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 64;
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
@@ -1433,8 +1432,7 @@ mod gpu_tests {
     /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
     /// general entry's bits (`S_ROUTED_SMALL=0`); plain launches dealt
     /// chunk-minor (the default at 32 and 64 rows: 2 and 4 chunks) the
-    /// tile-major grid's
-    /// (`S_CHUNK_MINOR=0`).
+    /// tile-major grid's (`S_CHUNK_MINOR=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1591,7 +1589,7 @@ mod gpu_tests {
                     // slot's walk by its rows: at 4 rows `_r8s` (variant
                     // 5; the general entry by a 16-row launch of the same
                     // table: NVFP4's one-row walk gives other bits than
-                    // `_r8`'s one-tile walk), at 16 and 32 `_rs` (0)
+                    // `_r8`'s one-tile walk), at 16, 32 and 64 `_rs` (0)
                     let (entry, rs, general) = if m <= 8 {
                         ("`_r8s`", routed_out(5, m), routed_out(4, 16))
                     } else {

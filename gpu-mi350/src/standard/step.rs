@@ -577,7 +577,8 @@ impl StandardPath {
                 // group the (row, expert) pairs by expert: each chosen
                 // expert is then read once
                 let pairs = t * kk;
-                let (slots, chunk) = self.route_shape(t, kk, ne + fold);
+                let shape = self.route_shape(t, kk, ne + fold);
+                let (slots, chunk) = shape;
                 let route = |xdiv: usize| Route {
                     table: a.route.ptr(),
                     slots,
@@ -591,7 +592,7 @@ impl StandardPath {
                 let wi = experts.gate.rows;
                 // the routed experts: router, gate + up, SwiGLU, down
                 let routed = || -> Result<()> {
-                    self.router(router, bias, ids_l, t, fold)?;
+                    self.router(router, bias, ids_l, t, fold, shape)?;
                     let x_in = self.expert_input(a.h2.ptr(), t, h, a.xq.ptr())?;
                     match self.fused_swiglu(experts, a.ea.ptr(), &a.xh_a) {
                         Some(o) => {
@@ -777,7 +778,9 @@ impl StandardPath {
     /// weights into `ids_l` / `wts`, the route table into `route`. Small
     /// steps with f32 router weights take one launch (`m3s_router_small`),
     /// others the linear, the top-k and the grouping launched apart; both
-    /// compute the same bits.
+    /// compute the same bits. `(slots, chunk)`: the route's shape
+    /// ([`StandardPath::route_shape`]), which the step's routed linears
+    /// launch by.
     fn router(
         &self,
         router: &DevLinear,
@@ -785,11 +788,11 @@ impl StandardPath {
         ids_l: u64,
         t: usize,
         fold: usize,
+        (slots, chunk): (usize, usize),
     ) -> Result<()> {
         let c = &self.model.config;
         let a = &self.acts;
         let (ne, k) = (router.rows, c.num_experts_per_tok);
-        let (slots, chunk) = self.route_shape(t, k + fold, ne + fold);
         let cap_t = self.cap.max_rows;
         // (a mono program may take the three launches' form instead:
         // PathOptions::mono_router_split)

@@ -33,13 +33,15 @@ pub(crate) const SMALL_TILE_MAX_ROWS: usize = 512;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// Plain launches of more than one row chunk and at most this many rows
-/// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): a
-/// decode step's sizes. Measured on the H100 (bench/NOTES.md session 46,
-/// run 1; m3.1 --layers 12, 2 rounds): whole steps -3.7% at b32 and -3.5%
-/// at b64, MoE layers -1.1% / -0.6%, b16 (one chunk) unchanged. Larger
-/// launches (prefill) keep the tile-major grid until measured there
-/// (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound; s46f.sh).
-pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 64;
+/// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): every
+/// small-step launch ([`SMALL_TILE_MAX_ROWS`]). Measured on the H100
+/// (bench/NOTES.md session 46 run 1 and session 47 run 2; m3.1 --layers
+/// 12, 2 rounds): whole steps -3.7% at b32, -3.5% at b64, -4.0% at b128,
+/// -4.0% at b256 and -4.4% at b512 (context 512), MoE layers within
+/// +-1%, b16 (one chunk) unchanged. The 8-warp build's launches (more
+/// rows, x past a few MB) keep the tile-major grid: not measured there
+/// (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound).
+pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 512;
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).
@@ -1431,8 +1433,8 @@ mod gpu_tests {
     /// 16, 32 and 64 rows (MXFP4: the `_rs` entry, `S_ROUTED_SMALL`'s default)
     /// and of 4 rows under `S_ROUTED_TILE=1` (FP4: `_r8s`) give the
     /// general entry's bits (`S_ROUTED_SMALL=0`); plain launches dealt
-    /// chunk-minor (the default at 32 and 64 rows: 2 and 4 chunks) the
-    /// tile-major grid's (`S_CHUNK_MINOR=0`).
+    /// chunk-minor (the default at 32, 64 and 128 rows: 2, 4 and 8
+    /// chunks) the tile-major grid's (`S_CHUNK_MINOR=0`).
     #[test]
     fn the_halved_batch_is_bitwise_the_full_one() {
         let Some(gpu) = gpu() else { return };
@@ -1492,7 +1494,7 @@ mod gpu_tests {
         {
             let w = weight(fmt, n, kk, &mut rng);
             let dw = DevLinear::upload(ctx, "test", &[&w]).unwrap();
-            for &m in &[1usize, 4, 16, 32, 64] {
+            for &m in &[1usize, 4, 16, 32, 64, 128] {
                 let xs: Vec<u16> = (0..m * kk)
                     .map(|_| {
                         let e = (rng.next_u32() % 13) as i32 - 6;
@@ -1518,7 +1520,7 @@ mod gpu_tests {
                 let full = out(0);
                 let (halved, eight_warps) = (differ(&full, &out(1)), differ(&full, &out(2)));
                 let piped = differ(&full, &out(3));
-                // (2 and 4 row chunks at 32 and 64 rows: the same CTAs'
+                // (2, 4 and 8 row chunks at 32, 64 and 128 rows: the same CTAs'
                 // work, dealt chunk-minor; and below, a fused launch of two
                 // matrices, 2 + 3 tiles, over 24 rows: a part chunk)
                 let mut minor = differ(&full, &out(6));
@@ -1555,7 +1557,7 @@ mod gpu_tests {
                 // the one matrix here (the 16-row, one-row and one-tile
                 // walks); the other pairs' rows stay NaN in both, the
                 // routed ones must not
-                if m >= 16 || (m == 4 && dw.fmt.mma_kernel_routed_tile().is_some()) {
+                if (16..=64).contains(&m) || (m == 4 && dw.fmt.mma_kernel_routed_tile().is_some()) {
                     let pairs = 2 * m;
                     let stride = 2 + pairs;
                     let mut table = vec![0i32; 3 * stride];

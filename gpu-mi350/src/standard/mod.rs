@@ -462,9 +462,10 @@ pub struct PathOptions {
     /// ceil(c / C) consecutive slots) on one z-block, instead of one record
     /// an expert on ceil(rows / C) z-blocks, where every z-block past an expert's
     /// pairs is a CTA that reads its record and exits (at b64, 3 of 4 of a
-    /// routed launch's CTAs). The same CTAs' work: the same bits. A bench
-    /// option until timed (bench/NOTES.md session 46); the CLI reads
-    /// `M3_ROUTE_CHUNK=0|1`.
+    /// routed launch's CTAs). The same CTAs' work: the same bits. Measured
+    /// on the H100 (bench/NOTES.md session 47 run 1; m3.1 --layers 12, 2
+    /// rounds): a MoE layer -10% at b32, -19% at b64, -28% at b128, b16
+    /// (one z-block either way) unchanged. The CLI reads `M3_ROUTE_CHUNK=0|1`.
     pub route_chunk: bool,
     /// Launch the o projection without PDL (untapped steps). Session 17
     /// run 4 found that the o prefetch's gain is mostly the full edge its
@@ -550,7 +551,7 @@ impl Default for PathOptions {
             no_pdl_launches: "",
             twice_launches: "",
             routed_pdl_max_rows: ROUTED_PDL_MAX_ROWS,
-            route_chunk: false,
+            route_chunk: true,
             o_full_edge: false,
             index_prewait: true,
             index_grid_x: attn::INDEX_SCORES_GRID_X as usize,

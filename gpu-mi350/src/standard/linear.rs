@@ -36,8 +36,8 @@ pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): every
 /// small-step launch ([`SMALL_TILE_MAX_ROWS`]). Measured on the H100
 /// (bench/NOTES.md session 46 run 1 and session 47 run 2; m3.1 --layers
-/// 12, 2 rounds): whole steps -3.7% at b32, -3.5% at b64, -4.0% at b128,
-/// -4.0% at b256 and -4.4% at b512 (context 512), MoE layers within
+/// 12, 2 rounds): whole steps -3.7% at b32, -3.5% at b64, -3.9% at b128,
+/// -3.9% at b256 and -4.2% at b512 (context 512), MoE layers within
 /// +-1%, b16 (one chunk) unchanged. The 8-warp build's launches (more
 /// rows, x past a few MB) keep the tile-major grid: not measured there
 /// (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound).

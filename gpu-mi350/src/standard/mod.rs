@@ -463,9 +463,11 @@ pub struct PathOptions {
     /// an expert on ceil(rows / C) z-blocks, where every z-block past an expert's
     /// pairs is a CTA that reads its record and exits (at b64, 3 of 4 of a
     /// routed launch's CTAs). The same CTAs' work: the same bits. Measured
-    /// on the H100 (bench/NOTES.md session 47 run 1; m3.1 --layers 12, 2
-    /// rounds): a MoE layer -10% at b32, -19% at b64, -28% at b128, b16
-    /// (one z-block either way) unchanged. The CLI reads `M3_ROUTE_CHUNK=0|1`.
+    /// on the H100 (bench/NOTES.md session 47 runs 1 and 4; m3.1 --layers
+    /// 12): a MoE layer -11% at b32, -19% at b64, -28% at b128 (2 rounds),
+    /// -30 / -38 / -42% at 128 / 256 / 512-row steps and -19% at 1024 (the
+    /// 8-warp build, 64-row CTAs; 1 round, context 512), b16 (one z-block
+    /// either way) unchanged. The CLI reads `M3_ROUTE_CHUNK=0|1`.
     pub route_chunk: bool,
     /// Launch the o projection without PDL (untapped steps). Session 17
     /// run 4 found that the o prefetch's gain is mostly the full edge its

@@ -1504,7 +1504,8 @@ S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8s, S_FMT_NVFP4, false, S_RC_ROUTED8, S_R8S_MINB_
 /// `chunk` C > 0 (the host's `PathOptions::route_chunk`), an expert of c
 /// pairs takes ceil(c / C) consecutive slots of at most C pairs each (C =
 /// the linear's rows a CTA), so the linears launch one z-block and no CTA
-/// of an expert with few pairs is empty; D is then the records. The
+/// of an expert with few pairs is empty; D is then the records, and the
+/// host passes max_rows = C (records of 2 + C ints). The
 /// pairs of row t are t * kk + c, kk = k + fold: c < k the router's choice
 /// ids[t * k + c] (negative: none, skipped), c = k (fold = 1) expert ne, the
 /// shared expert folded into the table. One CTA, ne + fold <= 1024.

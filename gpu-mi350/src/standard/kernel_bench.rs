@@ -469,7 +469,7 @@ pub fn kernel_bench(
                         slots,
                         xdiv: spec.top_k.max(1),
                         x_rows: m,
-                        chunked: false,
+                        chunk: 0,
                     });
                     poison()?;
                     linears(c.l, c.kern, v, &mats, lx, m, r, m)?;

@@ -571,15 +571,18 @@ pub(crate) struct Route {
     pub xdiv: usize,
     /// Rows of x (pairs / xdiv).
     pub x_rows: usize,
-    /// Records of at most a CTA's rows (`m3s_route`'s `chunk`,
-    /// `PathOptions::route_chunk`): one z-block.
-    pub chunked: bool,
+    /// Pairs a record at most (`m3s_route`'s `chunk`,
+    /// `PathOptions::route_chunk`; at most the launch's CTA rows): records
+    /// of 2 + chunk ints on one z-block. 0: one record an expert, of the
+    /// runner's row capacity, on z-blocks by the step's rows.
+    pub chunk: usize,
 }
 
 /// `y_i = x W_i^T` for matrices that share `x` and `K`, fused into one
 /// launch per weight format. `m` rows (plain), or with `route` the layer's
 /// expert pairs grouped by the device-built route (`m` = the step's rows).
-/// `max_rows` is the runner's row capacity (the route record stride).
+/// `max_rows` is the runner's row capacity (the stride of a route of one
+/// record an expert: [`Route::chunk`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linears(
     l: &Launcher,
@@ -708,17 +711,25 @@ pub(crate) fn linears(
             }
         }
         let chunks = m.div_ceil(mv.rows) as u32;
-        let (gx, gy, gz, rp, xdiv) = match route {
-            Some(r) => {
-                let z = if r.chunked { 1 } else { chunks };
-                (tiles, r.slots as u32, z, r.table, r.xdiv)
+        // (the kernels' `max_rows`: the pairs a route record holds)
+        let (gx, gy, gz, rp, xdiv, rec_rows) = match route {
+            Some(r) if r.chunk > mv.rows => {
+                return Err(GpuError::input(
+                    "standard path",
+                    format!(
+                        "route records of {} pairs for CTAs of {} rows",
+                        r.chunk, mv.rows
+                    ),
+                ))
             }
+            Some(r) if r.chunk > 0 => (tiles, r.slots as u32, 1, r.table, r.xdiv, r.chunk),
+            Some(r) => (tiles, r.slots as u32, chunks, r.table, r.xdiv, max_rows),
             // chunk-minor: the kernels read a plain launch of more than one
             // chunk on a grid one block high as x = tile * chunks + chunk
             None if mv.chunk_minor && chunks > 1 && m <= mv.chunk_minor_max_rows => {
-                (tiles * chunks, 1, 1, 0, 1)
+                (tiles * chunks, 1, 1, 0, 1, max_rows)
             }
-            None => (tiles, chunks, 1, 0, 1),
+            None => (tiles, chunks, 1, 0, 1, max_rows),
         };
         let f = mv
             .f
@@ -736,7 +747,7 @@ pub(crate) fn linears(
                 Arg::U32(w0.cols as u32),
                 Arg::U32(m as u32),
                 Arg::U64(rp),
-                Arg::U32(max_rows as u32),
+                Arg::U32(rec_rows as u32),
                 Arg::U32(xdiv.max(1) as u32),
                 Arg::U64(ts),
             ],
@@ -1298,7 +1309,7 @@ mod gpu_tests {
                         slots: 2,
                         xdiv: 2,
                         x_rows: m,
-                        chunked: false,
+                        chunk: 0,
                     };
                     for (vi, lxv, route, rows) in [
                         (0usize, lx, None, m),
@@ -1578,7 +1589,7 @@ mod gpu_tests {
                             slots: 3,
                             xdiv: 2,
                             x_rows: m,
-                            chunked: false,
+                            chunk: 0,
                         };
                         let mats = [(&dw, LinOut::F32(y.ptr()))];
                         linears(&l, &k, vi, &mats, lx, launch_m, Some(route), pairs).unwrap();
@@ -1816,7 +1827,7 @@ mod gpu_tests {
                                     slots: 2,
                                     xdiv: 2,
                                     x_rows: m,
-                                    chunked: false,
+                                    chunk: 0,
                                 }),
                                 pairs,
                             )

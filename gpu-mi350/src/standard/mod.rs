@@ -722,6 +722,25 @@ fn env_flag(name: &str) -> Option<bool> {
     }
 }
 
+/// The pairs a chunked route record may hold: a routed launch's CTA rows
+/// (8 x `S_MMA_MAXBT`, 1, 2, 4 or 8 row tiles).
+const ROUTE_CHUNKS: [usize; 4] = [8, 16, 32, 64];
+
+/// Ints of the route table of a step of at most `max_rows` rows, `pairs`
+/// pairs over `experts`: the larger of one record an expert (2 + max_rows
+/// ints each) and records of at most c pairs (2 + c ints each) for every
+/// CTA's rows c. Linear in the rows (one record an expert is at most
+/// `experts` records).
+fn route_table_ints(pairs: usize, experts: usize, max_rows: usize) -> usize {
+    ROUTE_CHUNKS
+        .iter()
+        .map(|&c| route_records(pairs, experts, c) * (2 + c))
+        .fold(
+            route_records(pairs, experts, 0) * (2 + max_rows),
+            usize::max,
+        )
+}
+
 /// Route records (`m3s_route`) of a step's `pairs` over `experts`
 /// (the routed ones and a folded shared one): one an expert (`chunk` 0),
 /// or, records of at most `chunk` pairs ([`PathOptions::route_chunk`]),
@@ -1184,9 +1203,7 @@ impl StandardPath {
             tok_out: z(&ctx, t * 4)?,
             route: z(
                 &ctx,
-                // records for the smallest CTA (8 rows: S_MMA_MAXBT=1),
-                // at least those of one record an expert
-                route_records(t * kp, c.num_local_experts + usize::from(folded), 8) * (2 + t) * 4,
+                route_table_ints(t * kp, c.num_local_experts + usize::from(folded), t) * 4,
             )?,
             router_done: z(&ctx, 4)?,
             amax_v: z(&ctx, t * ARGMAX_PARTS * 4)?,
@@ -1365,5 +1382,65 @@ mod env_switch_tests {
         set("M3_TEST_SW_BLANK", "  ");
         assert_eq!(env_text("M3_TEST_SW_TEXT"), Some("rmsnorm,swiglu"));
         assert_eq!(env_text("M3_TEST_SW_BLANK"), None);
+    }
+}
+
+#[cfg(test)]
+mod route_bound_tests {
+    use super::{route_records, route_table_ints, TestRng, ROUTE_CHUNKS};
+
+    /// `m3s_route` drops records past its slots, so the bound the host
+    /// sizes the route by must hold for every choice of experts. Random
+    /// steps: each row picks k distinct experts, half of them from a few
+    /// hot ones (the skew that makes many part-filled records), plus the
+    /// folded shared expert; for one record an expert and every CTA's
+    /// rows, the records `m3s_route` writes (distinct experts, or the sum
+    /// of ceil(c_e / chunk)) against `route_records`, and their ints
+    /// against `route_table_ints`.
+    #[test]
+    fn route_records_bound_every_step() {
+        let mut rng = TestRng(7);
+        let mut checked = 0;
+        for _ in 0..400 {
+            let ne = [8usize, 64, 256][rng.next_u32() as usize % 3];
+            let k = [1usize, 4, 8][rng.next_u32() as usize % 3];
+            let fold = (rng.next_u32() % 2) as usize;
+            let t = 1 + rng.next_u32() as usize % 300;
+            let mut cnt = vec![0usize; ne + fold];
+            for _ in 0..t {
+                let mut row: Vec<usize> = Vec::with_capacity(k);
+                while row.len() < k {
+                    let hot = rng.next_u32() & 1 == 0;
+                    let e = rng.next_u32() as usize % if hot { (k + 3).min(ne) } else { ne };
+                    if !row.contains(&e) {
+                        row.push(e);
+                    }
+                }
+                row.iter().for_each(|&e| cnt[e] += 1);
+                cnt[ne..].iter_mut().for_each(|c| *c += 1);
+            }
+            let pairs = t * (k + fold);
+            for chunk in std::iter::once(0).chain(ROUTE_CHUNKS) {
+                let recs: usize = cnt
+                    .iter()
+                    .map(|&c| {
+                        if chunk == 0 {
+                            usize::from(c > 0)
+                        } else {
+                            c.div_ceil(chunk)
+                        }
+                    })
+                    .sum();
+                let bound = route_records(pairs, ne + fold, chunk);
+                assert!(
+                    recs <= bound,
+                    "{t} rows, k {k}, {ne} experts + {fold}, chunk {chunk}: {recs} records > {bound}"
+                );
+                let stride = 2 + if chunk == 0 { t } else { chunk };
+                assert!(recs * stride <= route_table_ints(pairs, ne + fold, t));
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 2000);
     }
 }

@@ -584,7 +584,7 @@ impl StandardPath {
                     slots,
                     xdiv,
                     x_rows: pairs.div_ceil(xdiv.max(1)),
-                    chunked: chunk != 0,
+                    chunk,
                 };
                 // past a few rows the expert launches go without PDL: their
                 // CTAs cannot load weights before the route exists
@@ -860,7 +860,8 @@ impl StandardPath {
                 Arg::U32(fold as u32),
                 Arg::U32(ne as u32),
                 Arg::U32(slots as u32),
-                Arg::U32(cap_t as u32),
+                // a record's pairs at most: its stride (Route::chunk)
+                Arg::U32(if chunk > 0 { chunk } else { cap_t } as u32),
                 Arg::U32(chunk as u32),
                 Arg::U64(a.route.ptr()),
             ],

@@ -11,6 +11,12 @@ m3_setup() {
   mkdir -p /tmp/bin && tar -C /tmp/bin -xJf .carry/bin.tar.xz
   for n in "$@"; do mkdir -p "/tmp/$n" && tar -C "/tmp/$n" -xJf ".carry/$n.tar.xz"; done
   export XDG_CACHE_HOME=/tmp/xdg M3_KERNEL_CACHE=/tmp/kc
+  # the seeded kernel cache (pack.sh: the default CUDA units by NVRTC 13.0,
+  # the device's), so a fresh card loads them instead of compiling
+  if [ -f .carry/kc.tar.xz ] && [ ! -e /tmp/kc/.seeded ]; then
+    mkdir -p /tmp/kc && tar -C /tmp/kc -xJf .carry/kc.tar.xz && ls /tmp/kc > /tmp/kc/.seeded
+    echo "kernel cache seeded: $(wc -l < /tmp/kc/.seeded) CUBINs"
+  fi
   [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 }
 
@@ -173,4 +179,12 @@ m3_ncu_mono() {
   $ncu -i $OUT/mono1.ncu-rep --page source --print-source sass --csv 2>/dev/null | xz -9 > $OUT/mono1-sass.csv.xz
   rm -f $OUT/*.ncu-rep
   tail -2 $OUT/ncu-mono.txt
+}
+
+# The kernel-cache files written since the seed (compiled on this card:
+# variants, wide builds, or a seed that missed its key).
+m3_cache_report() {
+  [ -e /tmp/kc/.seeded ] || return 0
+  ls /tmp/kc | grep -v -x -F -f /tmp/kc/.seeded | grep -v '^\.seeded$' | wc -l \
+    | xargs -I{} echo "kernel cache: {} CUBINs compiled on this card beside $(wc -l < /tmp/kc/.seeded) seeded"
 }

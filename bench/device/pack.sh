@@ -16,3 +16,17 @@ mkdir -p .carry
 tar -C "$d" -cJf .carry/bin.tar.xz .
 rm -rf "$d"
 ls -la .carry/bin.tar.xz
+# The kernel cache a fresh card starts from (common.sh's m3_setup): the
+# default CUDA units compiled by the device's NVRTC (13.0, from PyPI;
+# kept under target/kc-seed, only changed units recompile, ~5 min for
+# all on two cores). M3_NO_SEED=1 skips it.
+if [ "${M3_NO_SEED:-0}" != 1 ]; then
+  lib=/tmp/nvrtc130/nvidia/cu13/lib
+  if [ ! -e $lib/libnvrtc.so.13 ]; then
+    pip download -q --no-deps -d /tmp/whl130 nvidia-cuda-nvrtc==13.0.88
+    mkdir -p /tmp/nvrtc130 && python3 -m zipfile -e /tmp/whl130/nvidia_cuda_nvrtc-13.0.88-*.whl /tmp/nvrtc130
+  fi
+  target/release/xtask kernels --seed-cache target/kc-seed --nvrtc-lib $lib
+  tar -C target/kc-seed -cJf .carry/kc.tar.xz .
+  ls -la .carry/kc.tar.xz
+fi

@@ -19,6 +19,7 @@ m3_setup
   echo "=== golden --backend gpu ($(date +%T))"
   REQUIRE_GPU=1 M3_BIN=/tmp/bin/m3 M3_ROOT=$PWD timeout 200 /tmp/bin/xtask golden --backend gpu --no-free-run 2>&1 \
     | grep -E "golden:|FAIL|fail" | tail -4
+  m3_cache_report
 } > "$OUT/check.log" 2>&1
 cat "$OUT/check.log"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -27,3 +28,4 @@ case "$card" in
   *H200*) GATE=0 bash bench/device/s40a.sh; bash bench/device/s45c.sh ;;
   *) bash bench/device/s48a.sh ;;
 esac
+m3_cache_report

@@ -30,6 +30,11 @@
 //!
 //! None of these code objects has run on AMD hardware.
 //!
+//! `--seed-cache DIR` (not part of CI) compiles instead the CUDA units a
+//! default GPU runner loads into DIR under the engine's disk-cache names;
+//! `bench/device/pack.sh` carries that cache, built by the device's NVRTC
+//! (13.0), so a fresh card skips ~6 minutes of one core's compiling.
+//!
 //! The NVRTC child runs beside clang and hipcc (cold on two cores, CI's
 //! count, the step took 249 s in series, NVRTC 141 s of it); its per-kernel
 //! lines print after theirs. Outputs go to `target/kernels/<arch>/`
@@ -73,6 +78,22 @@ pub struct KernelsArgs {
     /// Print the clang 22 compile warnings (they are counted either way).
     #[arg(long)]
     pub warnings: bool,
+    /// Compile only these sources (comma-separated names, e.g.
+    /// `standard_mono,linear`; default: all of them).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Instead of the CI compile: fill DIR as the engine's kernel disk
+    /// cache (`M3_KERNEL_CACHE=DIR`) with the CUDA translation units a GPU
+    /// runner compiles under its default options, for `--cuda-arch` and
+    /// this NVRTC's major.minor (a card with that NVRTC then loads them
+    /// instead of compiling: the mono kernel alone is ~3 minutes of one
+    /// core). Units already in DIR are kept; other files in it removed.
+    #[arg(long, value_name = "DIR")]
+    pub seed_cache: Option<PathBuf>,
+    /// The directory holding the libnvrtc.so to use (default: the PyPI
+    /// wheel's, installed into the project venv).
+    #[arg(long, value_name = "DIR")]
+    pub nvrtc_lib: Option<PathBuf>,
     /// Internal: compile with NVRTC in this process (the parent has set
     /// LD_LIBRARY_PATH to the wheel's lib directory).
     #[arg(long, hide = true)]
@@ -82,7 +103,20 @@ pub struct KernelsArgs {
 pub fn kernels(args: KernelsArgs) -> Result<()> {
     let out = venv::workspace_root().join("target").join("kernels");
     if args.nvrtc_child {
-        return nvrtc_compile_all(&args.cuda_arch, &out.join(&args.cuda_arch));
+        return match &args.seed_cache {
+            Some(dir) => nvrtc_seed(&args.cuda_arch, dir, &args.only),
+            None => nvrtc_compile_all(&args.cuda_arch, &out.join(&args.cuda_arch), &args.only),
+        };
+    }
+    check_only(&args.only)?;
+    if args.seed_cache.is_some() {
+        let t0 = Instant::now();
+        NvrtcChild::spawn(&args)?.finish()?;
+        eprintln!(
+            "xtask kernels: cache seeded in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(());
     }
     let t0 = Instant::now();
     // NVRTC is one thread and the slowest tool (the mono source alone took
@@ -91,7 +125,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     let nvrtc = if args.no_cuda {
         None
     } else {
-        Some(NvrtcChild::spawn(&args.cuda_arch)?)
+        Some(NvrtcChild::spawn(&args)?)
     };
     // an AMD failure returns here, dropping (stopping) the NVRTC child
     compile_amd(&args, &out)?;
@@ -112,6 +146,8 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
 /// per-kernel lines print as one block after the AMD ones.
 struct NvrtcChild {
     arch: String,
+    /// `--seed-cache` (no AMD compiles beside it).
+    seeding: bool,
     start: Instant,
     child: std::process::Child,
     /// The stderr reader; taken by `finish` (None: the child was waited
@@ -120,9 +156,13 @@ struct NvrtcChild {
 }
 
 impl NvrtcChild {
-    fn spawn(arch: &str) -> Result<Self> {
+    fn spawn(args: &KernelsArgs) -> Result<Self> {
         let start = Instant::now();
-        let lib = nvrtc_lib_dir()?;
+        let arch = args.cuda_arch.as_str();
+        let lib = match &args.nvrtc_lib {
+            Some(d) => d.clone(),
+            None => nvrtc_lib_dir()?,
+        };
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
         let ld = if old.is_empty() {
             lib.display().to_string()
@@ -130,8 +170,15 @@ impl NvrtcChild {
             format!("{}:{old}", lib.display())
         };
         let exe = std::env::current_exe().context("locating the xtask binary")?;
-        let mut child = Command::new(exe)
-            .args(["kernels", "--nvrtc-child", "--cuda-arch", arch])
+        let mut cmd = Command::new(exe);
+        cmd.args(["kernels", "--nvrtc-child", "--cuda-arch", arch]);
+        if !args.only.is_empty() {
+            cmd.arg("--only").arg(args.only.join(","));
+        }
+        if let Some(d) = &args.seed_cache {
+            cmd.arg("--seed-cache").arg(d);
+        }
+        let mut child = cmd
             .env("LD_LIBRARY_PATH", ld)
             .stderr(Stdio::piped())
             .spawn()
@@ -143,6 +190,7 @@ impl NvrtcChild {
         });
         Ok(Self {
             arch: arch.to_string(),
+            seeding: args.seed_cache.is_some(),
             start,
             child,
             log: Some(log),
@@ -166,9 +214,14 @@ impl NvrtcChild {
             bail!("NVRTC compile for {} failed", self.arch);
         }
         eprintln!(
-            "xtask kernels: NVRTC {} done in {:.1} s (wheel install included, beside the AMD compiles)",
+            "xtask kernels: NVRTC {} done in {:.1} s ({})",
             self.arch,
-            self.start.elapsed().as_secs_f64()
+            self.start.elapsed().as_secs_f64(),
+            if self.seeding {
+                "cache seeding"
+            } else {
+                "wheel install included, beside the AMD compiles"
+            }
         );
         Ok(())
     }
@@ -203,7 +256,7 @@ fn compile_amd(args: &KernelsArgs, out: &Path) -> Result<()> {
             readelf: &tools[2],
             objdump: &tools[3],
         };
-        clang_compile_archs(&llvm, &args.clang_arch, out, args.warnings)?;
+        clang_compile_archs(&llvm, &args.clang_arch, out, args.warnings, &args.only)?;
         eprintln!(
             "xtask kernels: clang 22 {} done in {:.1} s (install included)",
             args.clang_arch.join(", "),
@@ -213,7 +266,12 @@ fn compile_amd(args: &KernelsArgs, out: &Path) -> Result<()> {
     if !args.no_hip {
         let t = Instant::now();
         let hipcc = ensure_tools(&["hipcc"], &["hipcc"])?.remove(0);
-        hip_compile_all(&hipcc, &args.hip_arch, &out.join(&args.hip_arch))?;
+        hip_compile_all(
+            &hipcc,
+            &args.hip_arch,
+            &out.join(&args.hip_arch),
+            &args.only,
+        )?;
         eprintln!(
             "xtask kernels: hipcc {} done in {:.1} s (install included)",
             args.hip_arch,
@@ -272,7 +330,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
-fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
+fn nvrtc_compile_all(arch: &str, out: &Path, only: &[String]) -> Result<()> {
     nvrtc::available()?;
     let (ma, mi) = nvrtc::version()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -296,6 +354,9 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
     // the slowest first (mono 92 s, the small-step build 25 s on two cores), so
     // the short ones fill the end while the AMD compiles run beside
     for k in [&mono, &small_cuda].into_iter().chain(kernels::ALL.iter()) {
+        if !selected(only, k.name) {
+            continue;
+        }
         let t = Instant::now();
         let bin = nvrtc::compile_cubin(k.name, &k.full_source(), arch, &k.nvrtc_options(arch))?;
         check_entries(k, &bin)?;
@@ -308,6 +369,80 @@ fn nvrtc_compile_all(arch: &str, out: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--seed-cache`: [`m3_gpu::standard::runner_cuda_sources`] compiled into
+/// `dir` under the engine's cache names ([`m3_gpu::cuda::cubin_key`]).
+fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
+    nvrtc::available()?;
+    let ver = nvrtc::version()?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!(
+        "xtask kernels: NVRTC {}.{} -> {arch}, seeding {}",
+        ver.0,
+        ver.1,
+        dir.display()
+    );
+    let mut keep = Vec::new();
+    for k in m3_gpu::standard::runner_cuda_sources()? {
+        if !selected(only, k.name) {
+            continue;
+        }
+        let (full, opts) = (k.full_source(), k.nvrtc_options(arch));
+        let file = format!("{}.cubin", m3_gpu::cuda::cubin_key(&full, arch, &opts, ver));
+        let path = dir.join(&file);
+        keep.push(file);
+        if path.is_file() {
+            eprintln!("  {:16} already in the cache", k.name);
+            continue;
+        }
+        let t = Instant::now();
+        let bin = nvrtc::compile_cubin(k.name, &full, arch, &opts)?;
+        check_entries(&k, &bin)?;
+        write_atomic(&path, &bin)?;
+        eprintln!(
+            "  {:16} {:>8} B CUBIN in {:6.0} ms",
+            k.name,
+            bin.len(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    if only.is_empty() {
+        for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.ends_with(".cubin") && !keep.contains(&name) {
+                std::fs::remove_file(e.path())
+                    .with_context(|| format!("removing the stale {}", e.path().display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every `--only` name must be a kernel source (a typo would compile
+/// nothing and pass).
+fn check_only(only: &[String]) -> Result<()> {
+    let known: Vec<&str> = kernels::ALL
+        .iter()
+        .chain(mfma_mx::GFX950_ONLY)
+        .map(|k| k.name)
+        .chain(["standard_decode_small", "standard_mono"])
+        .collect();
+    for o in only {
+        if !known.contains(&o.as_str()) {
+            bail!(
+                "--only {o}: no such kernel source (known: {})",
+                known.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether `--only` (empty: everything) takes the source `name`.
+fn selected(only: &[String], name: &str) -> bool {
+    only.is_empty() || only.iter().any(|o| o == name)
 }
 
 /// Every declared entry point must be in the binary (catches a kernel that
@@ -370,10 +505,10 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path) -> Result<()> {
+fn hip_compile_all(hipcc: &Path, arch: &str, out: &Path, only: &[String]) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     eprintln!("xtask kernels: hipcc (HIP headers, ROCm 5.2 device libs) -> {arch}");
-    for k in kernels::ALL {
+    for k in kernels::ALL.iter().filter(|k| selected(only, k.name)) {
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
         write_atomic(&src, k.full_source().as_bytes())?;
@@ -437,6 +572,7 @@ fn clang_compile_archs(
     archs: &[String],
     out: &Path,
     show_warnings: bool,
+    only: &[String],
 ) -> Result<()> {
     if archs.is_empty() {
         bail!("--clang-arch: no target given");
@@ -444,7 +580,7 @@ fn clang_compile_archs(
     let results: Vec<Result<Vec<ClangObject>>> = std::thread::scope(|s| {
         let handles: Vec<_> = archs
             .iter()
-            .map(|a| s.spawn(move || clang_compile_all(llvm, a, &out.join(a), show_warnings)))
+            .map(|a| s.spawn(move || clang_compile_all(llvm, a, &out.join(a), show_warnings, only)))
             .collect();
         handles
             .into_iter()
@@ -491,6 +627,7 @@ fn clang_compile_all(
     arch: &str,
     out: &Path,
     show_warnings: bool,
+    only: &[String],
 ) -> Result<Vec<ClangObject>> {
     let (clang, readelf) = (llvm.clang, llvm.readelf);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -503,6 +640,9 @@ fn clang_compile_all(
     let mono = m3_gpu::standard::mono_step_source()?;
     let mut objs = Vec::new();
     for k in kernels::ALL.iter().chain([&small, &mono]).chain(extra) {
+        if !selected(only, k.name) {
+            continue;
+        }
         let t = Instant::now();
         let src = out.join(format!("{}.hip", k.name));
         write_atomic(&src, k.hip_freestanding_source().as_bytes())?;

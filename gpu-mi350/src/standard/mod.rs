@@ -192,6 +192,18 @@ pub fn mono_step_source() -> Result<KernelSource> {
     mono::mono_source(SMALL_STEP_VARIANT, "")
 }
 
+/// The CUDA translation units a GPU runner under its default options
+/// compiles, exactly as it compiles them (names and define prefixes, so
+/// the same disk-cache keys): [`crate::kernels::ALL`], the small-step build
+/// and the mono kernel. Variants from `M3_*_DEFINES` and the wide builds
+/// are not here. `cargo xtask kernels --seed-cache` compiles these.
+pub fn runner_cuda_sources() -> Result<Vec<KernelSource>> {
+    let mut v = crate::kernels::ALL.to_vec();
+    v.push(linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?.src);
+    v.push(mono_step_source()?);
+    Ok(v)
+}
+
 /// Device-side weight and cache generation (`kernels/gen.cu`).
 pub const GEN: KernelSource = KernelSource {
     name: "gen",

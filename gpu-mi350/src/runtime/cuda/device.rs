@@ -172,8 +172,7 @@ impl CudaGpu {
     pub fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
         let full = src.full_source();
         let opts = src.nvrtc_options(&self.info.arch);
-        let ver = format!("nvrtc {}.{}", self.info.nvrtc.0, self.info.nvrtc.1);
-        let key = cache::key(&full, &self.info.arch, &opts, &ver);
+        let key = cubin_key(&full, &self.info.arch, &opts, self.info.nvrtc);
         if let Some(m) = self.modules.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(m);
         }
@@ -231,4 +230,15 @@ impl CudaGpu {
             .synchronize()
             .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
     }
+}
+
+/// The disk-cache key of a translation unit (`full_source`, `opts`:
+/// [`KernelSource::full_source`] and [`KernelSource::nvrtc_options`])
+/// compiled by NVRTC `nvrtc` (major, minor) for `arch`: what
+/// [`CudaGpu::module`] looks up, so a cache filled on another machine
+/// (`cargo xtask kernels --cache-dir`: the device scripts' seeded cache)
+/// is found under the same name.
+pub fn cubin_key(full_source: &str, arch: &str, opts: &[String], nvrtc: (i32, i32)) -> String {
+    let ver = format!("nvrtc {}.{}", nvrtc.0, nvrtc.1);
+    cache::key(full_source, arch, opts, &ver)
 }

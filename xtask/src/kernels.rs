@@ -384,27 +384,42 @@ fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
         dir.display()
     );
     let mut keep = Vec::new();
+    let mut todo = Vec::new();
     for k in m3_gpu::standard::runner_cuda_sources()? {
         if !selected(only, k.name) {
             continue;
         }
         let (full, opts) = (k.full_source(), k.nvrtc_options(arch));
         let file = format!("{}.cubin", m3_gpu::cuda::cubin_key(&full, arch, &opts, ver));
-        let path = dir.join(&file);
-        keep.push(file);
-        if path.is_file() {
+        keep.push(file.clone());
+        if dir.join(&file).is_file() {
             eprintln!("  {:16} already in the cache", k.name);
-            continue;
+        } else {
+            todo.push((k, full, opts, file));
         }
-        let t = Instant::now();
-        let bin = nvrtc::compile_cubin(k.name, &full, arch, &opts)?;
-        check_entries(&k, &bin)?;
-        write_atomic(&path, &bin)?;
+    }
+    // every unit on a thread of its own (the mono unit sets the time)
+    let t = Instant::now();
+    let jobs: Vec<nvrtc::CompileJob<'_>> = todo
+        .iter()
+        .map(|(k, full, opts, _)| nvrtc::CompileJob {
+            name: k.name,
+            src: full,
+            opts,
+        })
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for ((k, _, _, file), bin) in todo.iter().zip(nvrtc::compile_many(&jobs, arch, threads)) {
+        let bin = bin?;
+        check_entries(k, &bin)?;
+        write_atomic(&dir.join(file), &bin)?;
+        eprintln!("  {:16} {:>8} B CUBIN", k.name, bin.len());
+    }
+    if !todo.is_empty() {
         eprintln!(
-            "  {:16} {:>8} B CUBIN in {:6.0} ms",
-            k.name,
-            bin.len(),
-            t.elapsed().as_secs_f64() * 1e3
+            "  {} units in {:.1} s on {threads} threads",
+            todo.len(),
+            t.elapsed().as_secs_f64()
         );
     }
     if only.is_empty() {

@@ -54,6 +54,12 @@ pub trait Gpu {
     fn device(&self) -> &Device;
     /// Kernel `entry` of `src`, compiled for this device on first use.
     fn kernel(&self, src: &KernelSource, entry: &str) -> Result<Func>;
+    /// Compile `srcs` ahead of their [`Gpu::kernel`] calls where this
+    /// runtime can compile several at once (CUDA: NVRTC on one thread a
+    /// unit); a hint: failures are left to those calls to report.
+    fn precompile(&self, srcs: &[KernelSource]) {
+        let _ = srcs;
+    }
     /// Which compiler the kernels meet (compat.h's `M3_CUDA` / `M3_HIP`).
     fn vendor(&self) -> Vendor;
     /// Whether launches may use programmatic dependent launch (CUDA sm_90+).
@@ -105,6 +111,9 @@ impl<G: Gpu + ?Sized> Gpu for Box<G> {
     fn kernel(&self, src: &KernelSource, entry: &str) -> Result<Func> {
         (**self).kernel(src, entry)
     }
+    fn precompile(&self, srcs: &[KernelSource]) {
+        (**self).precompile(srcs)
+    }
     fn vendor(&self) -> Vendor {
         (**self).vendor()
     }
@@ -137,6 +146,9 @@ impl Gpu for CudaGpu {
     }
     fn kernel(&self, src: &KernelSource, entry: &str) -> Result<Func> {
         self.function(src, entry).map(|f| Func(Fun::Cuda(f)))
+    }
+    fn precompile(&self, srcs: &[KernelSource]) {
+        CudaGpu::precompile(self, srcs)
     }
     fn vendor(&self) -> Vendor {
         Vendor::Cuda

@@ -62,6 +62,11 @@ impl DiskCache {
         std::fs::read(self.path(key)).ok().filter(|b| !b.is_empty())
     }
 
+    /// Whether a non-empty binary for `key` is there (without reading it).
+    pub fn contains(&self, key: &str) -> bool {
+        std::fs::metadata(self.path(key)).is_ok_and(|m| m.is_file() && m.len() > 0)
+    }
+
     /// Store `bin` for `key` (temp file in the same directory, then rename).
     pub fn put(&self, key: &str, bin: &[u8]) -> Result<()> {
         let err = |p: &Path, e: std::io::Error| GpuError::Cache {

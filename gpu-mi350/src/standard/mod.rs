@@ -204,6 +204,28 @@ pub fn runner_cuda_sources() -> Result<Vec<KernelSource>> {
     Ok(v)
 }
 
+/// The translation units a path under `opts` loads (its modules; the
+/// small-step build as `opts` sets it, and the mono build where `mono`), for
+/// [`Gpu::precompile`]: on a fresh machine they then compile side by side.
+fn step_sources(gpu: &dyn Gpu, opts: &PathOptions, mono: bool) -> Result<Vec<KernelSource>> {
+    let mut v = vec![
+        STANDARD,
+        linear::variant_source(&STANDARD, opts.small_step_defines)?.src,
+        crate::sampling::SAMPLE_KEYED,
+    ];
+    if !opts.attn_defines.is_empty() {
+        v.push(attn::attn_source(opts.attn_defines)?.0);
+    }
+    if mono && gpu.mono_unsupported().is_none() {
+        // a bad mono define is reported by the mono load (or, with --path
+        // auto, warned about there): nothing to precompile then
+        if let Ok(m) = mono::mono_source(opts.small_step_defines, opts.mono_defines) {
+            v.push(m);
+        }
+    }
+    Ok(v)
+}
+
 /// Device-side weight and cache generation (`kernels/gen.cu`).
 pub const GEN: KernelSource = KernelSource {
     name: "gen",
@@ -1053,6 +1075,27 @@ impl StandardPath {
             opts.l2_prefetch_mib = 0;
             opts.mono_l2_prefetch_mib = 0;
         }
+        // widest input of a PTPC linear (0: the model has none)
+        let ptpc_k = model
+            .layers
+            .iter()
+            .flat_map(|l| {
+                let mut v = vec![&l.q, &l.k, &l.v, &l.o];
+                if let Some(ix) = &l.indexer {
+                    v.extend([&ix.q, &ix.k]);
+                }
+                if let DevFfn::Dense(m) = &l.ffn {
+                    v.extend([&m.gate, &m.up, &m.down]);
+                }
+                v
+            })
+            .filter(|w| w.fmt == crate::model::WFmt::Ptpc)
+            .map(|w| w.cols)
+            .max()
+            .unwrap_or(0);
+        // the units Mono::load_for would compile (its refusals first)
+        let mono_unit = opts.mono && opts.small_step_variant && ptpc_k == 0;
+        gpu.precompile(&step_sources(gpu, &opts, mono_unit)?);
         let kern = Kernels::load(gpu, &opts)?;
         let t = cap.max_rows;
         let h = c.hidden_size;
@@ -1082,24 +1125,6 @@ impl StandardPath {
             nkv
         };
         let pages_per_seq = cap.max_context.div_ceil(cap.page_size);
-        // widest input of a PTPC linear (0: the model has none)
-        let ptpc_k = model
-            .layers
-            .iter()
-            .flat_map(|l| {
-                let mut v = vec![&l.q, &l.k, &l.v, &l.o];
-                if let Some(ix) = &l.indexer {
-                    v.extend([&ix.q, &ix.k]);
-                }
-                if let DevFfn::Dense(m) = &l.ffn {
-                    v.extend([&m.gate, &m.up, &m.down]);
-                }
-                v
-            })
-            .filter(|w| w.fmt == crate::model::WFmt::Ptpc)
-            .map(|w| w.cols)
-            .max()
-            .unwrap_or(0);
         let mono = if opts.mono {
             match mono::Mono::load_for(gpu, &opts, ptpc_k > 0) {
                 Ok(m) => Some(m),

@@ -61,6 +61,9 @@ pub struct CudaGpu {
     info: DeviceInfo,
     disk: Option<DiskCache>,
     modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// CUBINs [`CudaGpu::precompile`] made and no module has loaded yet
+    /// (by cache key; memory only where the disk cache is off).
+    compiled: Mutex<HashMap<String, Vec<u8>>>,
     loads: Mutex<Vec<ModuleLoad>>,
     /// The context as the runtime line's handle (`api::Gpu::device`).
     device: crate::runtime::api::Device,
@@ -130,6 +133,7 @@ impl CudaGpu {
             info,
             disk: cache::default_dir().map(|d| DiskCache::new(d, "cubin")),
             modules: Mutex::new(HashMap::new()),
+            compiled: Mutex::new(HashMap::new()),
             loads: Mutex::new(Vec::new()),
         })
     }
@@ -180,7 +184,8 @@ impl CudaGpu {
         let mut from = LoadedFrom::Disk;
         let mut module = None;
         let mut bytes = 0;
-        if let Some(bin) = self.disk.as_ref().and_then(|d| d.get(&key)) {
+        let ready = self.compiled.lock().ok().and_then(|mut c| c.remove(&key));
+        if let Some(bin) = ready.or_else(|| self.disk.as_ref().and_then(|d| d.get(&key))) {
             bytes = bin.len();
             // a corrupt or foreign file just falls through to a compile
             module = self.ctx.load_module(Ptx::from_binary(bin)).ok();
@@ -189,7 +194,13 @@ impl CudaGpu {
             Some(m) => m,
             None => {
                 from = LoadedFrom::Compiled;
+                self.say_compiling(&[src.name]);
                 let bin = nvrtc::compile_cubin(src.name, &full, &self.info.arch, &opts)?;
+                tracing::info!(
+                    "compiled {} in {:.1} s",
+                    src.name,
+                    t0.elapsed().as_secs_f64()
+                );
                 bytes = bin.len();
                 if let Some(d) = &self.disk {
                     if let Err(e) = d.put(&key, &bin) {
@@ -214,6 +225,85 @@ impl CudaGpu {
             m.insert(key, module.clone());
         }
         Ok(module)
+    }
+
+    /// Compile those of `srcs` that neither memory nor the disk cache
+    /// holds, all at once on up to one thread each
+    /// ([`nvrtc::compile_many`]), so the [`CudaGpu::module`] calls that
+    /// follow load them: a fresh machine's first load then waits for its
+    /// slowest unit, not their sum. A unit that fails here is left for
+    /// `module` to compile again and report where it is used.
+    pub fn precompile(&self, srcs: &[KernelSource]) {
+        let arch = self.info.arch.as_str();
+        let mut todo: Vec<(String, KernelSource, String, Vec<String>)> = Vec::new();
+        for src in srcs {
+            let (full, opts) = (src.full_source(), src.nvrtc_options(arch));
+            let key = cubin_key(&full, arch, &opts, self.info.nvrtc);
+            let have = self.modules.lock().is_ok_and(|m| m.contains_key(&key))
+                || self.compiled.lock().is_ok_and(|c| c.contains_key(&key))
+                || self.disk.as_ref().is_some_and(|d| d.contains(&key))
+                || todo.iter().any(|t| t.0 == key);
+            if !have {
+                todo.push((key, *src, full, opts));
+            }
+        }
+        if todo.is_empty() {
+            return;
+        }
+        let names: Vec<&str> = todo.iter().map(|t| t.1.name).collect();
+        self.say_compiling(&names);
+        let t0 = Instant::now();
+        let jobs: Vec<nvrtc::CompileJob<'_>> = todo
+            .iter()
+            .map(|(_, src, full, opts)| nvrtc::CompileJob {
+                name: src.name,
+                src: full,
+                opts,
+            })
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let bins = nvrtc::compile_many(&jobs, arch, threads);
+        let mut ok = 0;
+        for ((key, src, _, _), bin) in todo.iter().zip(bins) {
+            match bin {
+                Ok(bin) => {
+                    ok += 1;
+                    if let Some(d) = &self.disk {
+                        if let Err(e) = d.put(key, &bin) {
+                            tracing::warn!("kernel cache not written: {e}");
+                        }
+                    }
+                    if let Ok(mut c) = self.compiled.lock() {
+                        c.insert(key.clone(), bin);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("precompile of {} failed (left to its load): {e}", src.name)
+                }
+            }
+        }
+        tracing::info!(
+            "compiled {ok} of {} kernel modules in {:.1} s",
+            todo.len(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Say on stderr (tracing, info) that `names` compile now: the first
+    /// use on a machine takes minutes (the mono unit alone ~3.4 minutes of
+    /// one core), so a silent wait would look like a hang.
+    fn say_compiling(&self, names: &[&str]) {
+        let cache = match &self.disk {
+            Some(d) => format!("cached in {} for the next run", d.dir().display()),
+            None => "the disk cache is off (M3_KERNEL_CACHE=off): every run compiles".to_string(),
+        };
+        tracing::info!(
+            "compiling GPU kernels {} for {} with NVRTC {}.{} (first use on this machine, up to a few minutes; {cache})",
+            names.join(", "),
+            self.info.arch,
+            self.info.nvrtc.0,
+            self.info.nvrtc.1
+        );
     }
 
     /// Kernel `entry` of module `src`.

@@ -298,7 +298,7 @@ impl CudaGpu {
             None => "the disk cache is off (M3_KERNEL_CACHE=off): every run compiles".to_string(),
         };
         tracing::info!(
-            "compiling GPU kernels {} for {} with NVRTC {}.{} (first use on this machine, up to a few minutes; {cache})",
+            "compiling GPU kernels {} for {} with NVRTC {}.{} (once a machine; the largest take minutes; {cache})",
             names.join(", "),
             self.info.arch,
             self.info.nvrtc.0,

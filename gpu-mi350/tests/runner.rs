@@ -412,7 +412,7 @@ fn gpu_runner_matches_the_cpu_runner_case_by_case() {
     }
     // the first case with the prefill on the default (8-warp) tensor-core
     // build: the prompt is past `PathOptions::small_step_max_rows` here, as
-    // steps of over 512 rows are by default
+    // steps of over 2048 rows are by default
     let wide = Case {
         name: "mxfp4/mxfp8, fp8 cache, prefill on the 8-warp build",
         ..CASES[0]

@@ -117,9 +117,9 @@ pub struct Args {
     /// S_RS_MINB_FP4=1..16 CTAs an SM (default 1, 5; 0: the general entry's 4);
     /// S_ROUTED_TILE=0|1: MXFP4 / NVFP4 routed launches of 2-8 rows on `_r8s` entry points that
     /// run a one-row slot by the one-row walk (default 0; NVFP4's at S_R8S_MINB_NV=1..16, default 4);
-    /// S_CHUNK_MINOR=0|1: plain launches of several 16-row chunks (17-512 rows) deal the chunks
+    /// S_CHUNK_MINOR=0|1: plain launches of several 16-row chunks (17-2048 rows) deal the chunks
     /// in x, so the CTAs of one weight tile run together (default 1; 0: the tile-major grid;
-    /// S_CHUNK_MINOR_MAX=17..4096: the most rows such a launch takes, default 512);
+    /// S_CHUNK_MINOR_MAX=17..4096: the most rows such a launch takes, default 2048);
     /// bf16 weights only: S_MMA_DBUF=0|1, S_X_AHEAD=0|1: x of the first row tile
     /// loaded a super-chunk ahead), e.g. "S_MMA_WARPS=4;S_UNROLL_MUL=2".
     #[arg(long, default_value = "")]

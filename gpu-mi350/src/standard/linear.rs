@@ -23,25 +23,32 @@ pub(crate) const MAX_SEGS: usize = 5;
 pub(crate) const SMALL_STEP_ROWS: usize = 16;
 /// Steps of at most this many rows run the small-step tensor-core variant
 /// (4 warps per CTA, at most 2 row tiles: `SMALL_STEP_VARIANT`); larger
-/// ones the default 8-warp build. Measured on the H200 (bench/NOTES.md
-/// session 15, runs 1-2; m3.1 --layers 12, whole steps): faster at every
-/// step of 32-512 rows (context 4096: 32 rows 15.5 against 39.7 ms, 256
-/// rows 80.0 against 107.6; context 512: 512 rows 131.3 against 145.5),
-/// slower from 1024 rows (context 512: 268.6 against 255.4; 2048 rows
-/// 533.7 against 481.5).
-pub(crate) const SMALL_TILE_MAX_ROWS: usize = 512;
+/// ones the default 8-warp build. Session 15 (H200) put the crossover at
+/// 512 rows (context 512: 1024 rows 268.6 against 255.4 ms on the 8-warp
+/// build); since then the small-step build's routed launches lost their
+/// empty CTAs (route records, session 47) and its plain launches deal
+/// chunk-minor. Measured again on the H100 (bench/NOTES.md session 48,
+/// m3.1 --layers 12, whole steps, 2 rounds, with chunk-minor to the same
+/// bound): 1024 rows (context 512) 171.3 against 199.5 ms (-14.1%), 2048
+/// rows 348.5 against 368.4 (-5.4%); 4096 rows (context 128) 692.8
+/// against 692.9 with tile-major launches and +14.4% chunk-minor, so the
+/// bound stays at 2048. Not re-measured on the H200.
+pub(crate) const SMALL_TILE_MAX_ROWS: usize = 2048;
 /// The small-step variant's compile-time settings.
 pub(crate) const SMALL_STEP_VARIANT: &str = "S_MMA_WARPS=4 S_MMA_MAXBT=2";
 /// Plain launches of more than one row chunk and at most this many rows
 /// deal the chunks in x (chunk-minor, [`MmaVariant::chunk_minor`]): every
 /// small-step launch ([`SMALL_TILE_MAX_ROWS`]). Measured on the H100
-/// (bench/NOTES.md session 46 run 1 and session 47 run 2; m3.1 --layers
-/// 12, 2 rounds): whole steps -3.7% at b32, -3.5% at b64, -3.9% at b128,
-/// -3.9% at b256 and -4.2% at b512 (context 512), MoE layers within
-/// +-1%, b16 (one chunk) unchanged. The 8-warp build's launches (more
-/// rows, x past a few MB) keep the tile-major grid: not measured there
-/// (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the bound).
-pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 512;
+/// (bench/NOTES.md session 46 run 1, session 47 run 2, session 48; m3.1
+/// --layers 12, 2 rounds): whole steps -3.7% at b32, -3.5% at b64, -3.9%
+/// at b128, -3.9% at b256 and -4.2% at b512 (context 512), -4.6% at 1024
+/// rows and -1.8% at 2048 against the small-step build's tile-major
+/// grid; MoE layers within +-1% to 1024 rows, +3.8% at 2048 (the whole
+/// step still faster); b16 (one chunk) unchanged. At 4096 rows it lost
+/// 14.4% (session 48), past this bound. The 8-warp build's launches keep
+/// the tile-major grid (`S_CHUNK_MINOR_MAX=N`, a bench option, moves the
+/// bound).
+pub(crate) const CHUNK_MINOR_MAX_ROWS: usize = 2048;
 /// Threads of `m3s_act_ptpc` (`S_PTPC_BLOCK`; one CTA per row).
 pub(crate) const PTPC_BLOCK: u32 = 1024;
 /// Threads of `m3s_linear_f32w` (one CTA per output feature).

@@ -283,13 +283,11 @@ pub struct PathOptions {
     /// The small-step variant's compile-time settings.
     pub small_step_defines: &'static str,
     /// Steps of at most this many rows take the small-step variant (with
-    /// `small_step_variant` on); larger ones the default build. 512 by
-    /// default, the measured crossover on the H200 (bench/NOTES.md session
-    /// 15 runs 1-2: m3.1 --layers 12 steps of 32 / 64 / 256 rows at
-    /// context 4096 take 15.5 / 25.6 / 80.0 ms on it against 39.7 / 54.5 /
-    /// 107.6 ms on the default build, 512 rows at context 512 131.3 against
-    /// 145.5; from 1024 rows the default build is faster). The CLI
-    /// reads `M3_SMALL_STEP_MAX_ROWS`.
+    /// `small_step_variant` on); larger ones the default build. 2048 by
+    /// default (`linear::SMALL_TILE_MAX_ROWS`: the crossover measured on
+    /// the H100 in session 48, bench/NOTES.md; session 15's H200 crossover
+    /// was 512, before the route records and chunk-minor launches). The
+    /// CLI reads `M3_SMALL_STEP_MAX_ROWS`.
     pub small_step_max_rows: usize,
     /// Load each MoE layer's shared expert as one more matrix of its expert
     /// stacks (`--fold-shared-expert`; it needs the experts' format and

@@ -46,7 +46,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use m3_gpu::cuda::nvrtc;
+use m3_gpu::cuda::{compile_units, nvrtc, CubinUnit};
 use m3_gpu::kernels::{self, KernelSource};
 use m3_gpu::mfma_mx;
 
@@ -372,7 +372,7 @@ fn nvrtc_compile_all(arch: &str, out: &Path, only: &[String]) -> Result<()> {
 }
 
 /// `--seed-cache`: [`m3_gpu::standard::runner_cuda_sources`] compiled into
-/// `dir` under the engine's cache names ([`m3_gpu::cuda::cubin_key`]).
+/// `dir` under the engine's cache names ([`m3_gpu::cuda::CubinUnit`]).
 fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
     nvrtc::available()?;
     let ver = nvrtc::version()?;
@@ -389,35 +389,26 @@ fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
         if !selected(only, k.name) {
             continue;
         }
-        let (full, opts) = (k.full_source(), k.nvrtc_options(arch));
-        let file = format!("{}.cubin", m3_gpu::cuda::cubin_key(&full, arch, &opts, ver));
-        keep.push(file.clone());
+        let u = CubinUnit::new(k, arch, ver);
+        let file = format!("{}.cubin", u.key);
         if dir.join(&file).is_file() {
             eprintln!("  {:16} already in the cache", k.name);
         } else {
-            todo.push((k, full, opts, file));
+            todo.push(u);
         }
+        keep.push(file);
     }
     // every unit on a thread of its own (the mono unit sets the time)
     let t = Instant::now();
-    let jobs: Vec<nvrtc::CompileJob<'_>> = todo
-        .iter()
-        .map(|(k, full, opts, _)| nvrtc::CompileJob {
-            name: k.name,
-            src: full,
-            opts,
-        })
-        .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for ((k, _, _, file), bin) in todo.iter().zip(nvrtc::compile_many(&jobs, arch, threads)) {
+    for (u, bin) in todo.iter().zip(compile_units(&todo, arch)) {
         let bin = bin?;
-        check_entries(k, &bin)?;
-        write_atomic(&dir.join(file), &bin)?;
-        eprintln!("  {:16} {:>8} B CUBIN", k.name, bin.len());
+        check_entries(&u.src, &bin)?;
+        write_atomic(&dir.join(format!("{}.cubin", u.key)), &bin)?;
+        eprintln!("  {:16} {:>8} B CUBIN", u.src.name, bin.len());
     }
     if !todo.is_empty() {
         eprintln!(
-            "  {} units in {:.1} s on {threads} threads",
+            "  {} units in {:.1} s",
             todo.len(),
             t.elapsed().as_secs_f64()
         );

@@ -174,9 +174,9 @@ impl CudaGpu {
 
     /// The module for `src`, compiled for this device's arch on first use.
     pub fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
-        let full = src.full_source();
-        let opts = src.nvrtc_options(&self.info.arch);
-        let key = cubin_key(&full, &self.info.arch, &opts, self.info.nvrtc);
+        let CubinUnit {
+            full, opts, key, ..
+        } = CubinUnit::new(*src, &self.info.arch, self.info.nvrtc);
         if let Some(m) = self.modules.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(m);
         }
@@ -235,50 +235,43 @@ impl CudaGpu {
     /// `module` to compile again and report where it is used.
     pub fn precompile(&self, srcs: &[KernelSource]) {
         let arch = self.info.arch.as_str();
-        let mut todo: Vec<(String, KernelSource, String, Vec<String>)> = Vec::new();
+        let mut todo: Vec<CubinUnit> = Vec::new();
         for src in srcs {
-            let (full, opts) = (src.full_source(), src.nvrtc_options(arch));
-            let key = cubin_key(&full, arch, &opts, self.info.nvrtc);
-            let have = self.modules.lock().is_ok_and(|m| m.contains_key(&key))
-                || self.compiled.lock().is_ok_and(|c| c.contains_key(&key))
-                || self.disk.as_ref().is_some_and(|d| d.contains(&key))
-                || todo.iter().any(|t| t.0 == key);
+            let u = CubinUnit::new(*src, arch, self.info.nvrtc);
+            let have = self.modules.lock().is_ok_and(|m| m.contains_key(&u.key))
+                || self.compiled.lock().is_ok_and(|c| c.contains_key(&u.key))
+                || self.disk.as_ref().is_some_and(|d| d.contains(&u.key))
+                || todo.iter().any(|t| t.key == u.key);
             if !have {
-                todo.push((key, *src, full, opts));
+                todo.push(u);
             }
         }
         if todo.is_empty() {
             return;
         }
-        let names: Vec<&str> = todo.iter().map(|t| t.1.name).collect();
+        let names: Vec<&str> = todo.iter().map(|u| u.src.name).collect();
         self.say_compiling(&names);
         let t0 = Instant::now();
-        let jobs: Vec<nvrtc::CompileJob<'_>> = todo
-            .iter()
-            .map(|(_, src, full, opts)| nvrtc::CompileJob {
-                name: src.name,
-                src: full,
-                opts,
-            })
-            .collect();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let bins = nvrtc::compile_many(&jobs, arch, threads);
+        let bins = compile_units(&todo, arch);
         let mut ok = 0;
-        for ((key, src, _, _), bin) in todo.iter().zip(bins) {
+        for (u, bin) in todo.iter().zip(bins) {
             match bin {
                 Ok(bin) => {
                     ok += 1;
                     if let Some(d) = &self.disk {
-                        if let Err(e) = d.put(key, &bin) {
+                        if let Err(e) = d.put(&u.key, &bin) {
                             tracing::warn!("kernel cache not written: {e}");
                         }
                     }
                     if let Ok(mut c) = self.compiled.lock() {
-                        c.insert(key.clone(), bin);
+                        c.insert(u.key.clone(), bin);
                     }
                 }
                 Err(e) => {
-                    tracing::debug!("precompile of {} failed (left to its load): {e}", src.name)
+                    tracing::debug!(
+                        "precompile of {} failed (left to its load): {e}",
+                        u.src.name
+                    )
                 }
             }
         }
@@ -322,13 +315,43 @@ impl CudaGpu {
     }
 }
 
-/// The disk-cache key of a translation unit (`full_source`, `opts`:
-/// [`KernelSource::full_source`] and [`KernelSource::nvrtc_options`])
-/// compiled by NVRTC `nvrtc` (major, minor) for `arch`: what
-/// [`CudaGpu::module`] looks up, so a cache filled on another machine
-/// (`cargo xtask kernels --cache-dir`: the device scripts' seeded cache)
-/// is found under the same name.
-pub fn cubin_key(full_source: &str, arch: &str, opts: &[String], nvrtc: (i32, i32)) -> String {
-    let ver = format!("nvrtc {}.{}", nvrtc.0, nvrtc.1);
-    cache::key(full_source, arch, opts, &ver)
+/// One translation unit as NVRTC takes it for `arch`: its full text,
+/// options and disk-cache key (source, arch, flags, "nvrtc MAJOR.MINOR"),
+/// the name [`CudaGpu::module`] looks up, so a cache filled on another
+/// machine (`cargo xtask kernels --seed-cache`: the device scripts' seeded
+/// cache) is found under the same name.
+pub struct CubinUnit {
+    pub src: KernelSource,
+    pub full: String,
+    pub opts: Vec<String>,
+    pub key: String,
+}
+
+impl CubinUnit {
+    pub fn new(src: KernelSource, arch: &str, nvrtc: (i32, i32)) -> Self {
+        let (full, opts) = (src.full_source(), src.nvrtc_options(arch));
+        let ver = format!("nvrtc {}.{}", nvrtc.0, nvrtc.1);
+        let key = cache::key(&full, arch, &opts, &ver);
+        CubinUnit {
+            src,
+            full,
+            opts,
+            key,
+        }
+    }
+}
+
+/// `units` compiled for `arch`, each on a thread of its own up to the
+/// machine's cores ([`nvrtc::compile_many`]); results in their order.
+pub fn compile_units(units: &[CubinUnit], arch: &str) -> Vec<Result<Vec<u8>>> {
+    let jobs: Vec<nvrtc::CompileJob<'_>> = units
+        .iter()
+        .map(|u| nvrtc::CompileJob {
+            name: u.src.name,
+            src: &u.full,
+            opts: &u.opts,
+        })
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    nvrtc::compile_many(&jobs, arch, threads)
 }

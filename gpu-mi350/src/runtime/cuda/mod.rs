@@ -3,4 +3,4 @@
 pub mod device;
 pub mod nvrtc;
 
-pub use device::{cubin_key, CudaGpu, DeviceInfo, LoadedFrom, ModuleLoad};
+pub use device::{compile_units, CubinUnit, CudaGpu, DeviceInfo, LoadedFrom, ModuleLoad};

@@ -6,6 +6,8 @@
 # a row, context 512), 2 rounds interleaved. `old` is the session-47
 # default: the 8-warp build past 512 rows, chunk-minor to 512
 # (bound.log). On the H200 this is the first measurement of the bound.
+# The `old` variant's units compile on the card through Gpu::precompile
+# (side by side; its "compiling GPU kernels" lines are printed).
 set -u
 . bench/device/common.sh
 m3_setup
@@ -22,4 +24,4 @@ variant() {
 }
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1024,2048 --context 512 --iters 5 --warmup 2 --rounds 1 --path standard"
 m3_variants 2 "$B" new old > "$OUT/bound.log" 2>&1
-grep -E "^\| decode|===|rror" "$OUT/bound.log" | cut -c1-150
+grep -E "^\| decode|===|rror|compil" "$OUT/bound.log" | cut -c1-200

@@ -25,3 +25,4 @@ variant() {
 B="--backend gpu --preset m3.1 --layers 12 --per-layer 6 --batch 1024,2048 --context 512 --iters 5 --warmup 2 --rounds 1 --path standard"
 m3_variants 2 "$B" new old > "$OUT/bound.log" 2>&1
 grep -E "^\| decode|===|rror|compil" "$OUT/bound.log" | cut -c1-200
+grep -h "compil" /tmp/compile-new.log /tmp/compile-old.log | cut -c1-200 | tee "$OUT/precompile.log"

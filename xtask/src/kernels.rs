@@ -398,6 +398,13 @@ fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
         }
         keep.push(file);
     }
+    if keep.is_empty() {
+        // (the runner's small-step unit is named standard_decode)
+        bail!(
+            "--seed-cache: --only {} names none of the runner's units",
+            only.join(",")
+        );
+    }
     // every unit on a thread of its own (the mono unit sets the time)
     let t = Instant::now();
     for (u, bin) in todo.iter().zip(compile_units(&todo, arch)) {
@@ -429,11 +436,15 @@ fn nvrtc_seed(arch: &str, dir: &Path, only: &[String]) -> Result<()> {
 /// Every `--only` name must be a kernel source (a typo would compile
 /// nothing and pass).
 fn check_only(only: &[String]) -> Result<()> {
+    let (small, mono) = (
+        m3_gpu::standard::small_step_source()?,
+        m3_gpu::standard::mono_step_source()?,
+    );
     let known: Vec<&str> = kernels::ALL
         .iter()
         .chain(mfma_mx::GFX950_ONLY)
+        .chain([&small, &mono])
         .map(|k| k.name)
-        .chain(["standard_decode_small", "standard_mono"])
         .collect();
     for o in only {
         if !known.contains(&o.as_str()) {

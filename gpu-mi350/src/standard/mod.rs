@@ -194,20 +194,27 @@ pub fn mono_step_source() -> Result<KernelSource> {
 
 /// The CUDA translation units a GPU runner under its default options
 /// compiles, exactly as it compiles them (names and define prefixes, so
-/// the same disk-cache keys): [`crate::kernels::ALL`], the small-step build
-/// and the mono kernel. Variants from `M3_*_DEFINES` and the wide builds
-/// are not here. `cargo xtask kernels --seed-cache` compiles these.
+/// the same disk-cache keys): [`crate::kernels::ALL`] and
+/// [`path_sources`] with the mono unit. Variants from `M3_*_DEFINES` and
+/// the wide builds are not here. `cargo xtask kernels --seed-cache`
+/// compiles these.
 pub fn runner_cuda_sources() -> Result<Vec<KernelSource>> {
     let mut v = crate::kernels::ALL.to_vec();
-    v.push(linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?.src);
-    v.push(mono_step_source()?);
+    for s in path_sources(&PathOptions::default(), true)? {
+        if !v.iter().any(|k| k.full_source() == s.full_source()) {
+            v.push(s);
+        }
+    }
     Ok(v)
 }
 
-/// The translation units a path under `opts` loads (its modules; the
-/// small-step build as `opts` sets it, and the mono build where `mono`), for
-/// [`Gpu::precompile`]: on a fresh machine they then compile side by side.
-fn step_sources(gpu: &dyn Gpu, opts: &PathOptions, mono: bool) -> Result<Vec<KernelSource>> {
+/// The translation units a path under `opts` loads ([`Kernels::load`]:
+/// the default build, the small-step build as `opts` sets it, keyed
+/// sampling, the attention module of `opts.attn_defines`; with `mono`,
+/// [`mono::Mono::load`]'s unit), for [`Gpu::precompile`]: on a fresh
+/// machine they then compile side by side. A hint: a unit missing here
+/// compiles at its load.
+fn path_sources(opts: &PathOptions, mono: bool) -> Result<Vec<KernelSource>> {
     let mut v = vec![
         STANDARD,
         linear::variant_source(&STANDARD, opts.small_step_defines)?.src,
@@ -216,7 +223,7 @@ fn step_sources(gpu: &dyn Gpu, opts: &PathOptions, mono: bool) -> Result<Vec<Ker
     if !opts.attn_defines.is_empty() {
         v.push(attn::attn_source(opts.attn_defines)?.0);
     }
-    if mono && gpu.mono_unsupported().is_none() {
+    if mono {
         // a bad mono define is reported by the mono load (or, with --path
         // auto, warned about there): nothing to precompile then
         if let Ok(m) = mono::mono_source(opts.small_step_defines, opts.mono_defines) {
@@ -1091,9 +1098,8 @@ impl StandardPath {
             .map(|w| w.cols)
             .max()
             .unwrap_or(0);
-        // the units Mono::load_for would compile (its refusals first)
-        let mono_unit = opts.mono && opts.small_step_variant && ptpc_k == 0;
-        gpu.precompile(&step_sources(gpu, &opts, mono_unit)?);
+        let mono_unit = opts.mono && mono::Mono::refusal(gpu, &opts, ptpc_k > 0).is_none();
+        gpu.precompile(&path_sources(&opts, mono_unit)?);
         let kern = Kernels::load(gpu, &opts)?;
         let t = cap.max_rows;
         let h = c.hidden_size;

@@ -664,23 +664,31 @@ fn concat_layers(layers: Vec<Vec<Recorded>>) -> Vec<Recorded> {
 impl Mono {
     /// The mono path for a standard path built with `opts`, or why it
     /// cannot run (`ptpc`: the model has a per-token FP8 linear).
-    pub(crate) fn load_for(gpu: &dyn Gpu, opts: &super::PathOptions, ptpc: bool) -> Result<Self> {
-        let bad = |why: String| GpuError::input("standard path", why);
+    /// Why [`Mono::load_for`] would refuse the mono path here before
+    /// compiling anything (`None`: it goes on to compile and load).
+    pub(crate) fn refusal(gpu: &dyn Gpu, opts: &super::PathOptions, ptpc: bool) -> Option<String> {
         if let Some(why) = gpu.mono_unsupported() {
-            return Err(bad(format!(
+            return Some(format!(
                 "the mono path needs its all-resident grid sized on this device, and {why}; use --path standard"
-            )));
+            ));
         }
         if !opts.small_step_variant {
-            return Err(bad(
+            return Some(
                 "the mono path runs the small-step linears: it needs the small-step variant on"
                     .into(),
-            ));
+            );
         }
         if ptpc {
-            return Err(bad(
+            return Some(
                 "the mono path with --online-quant ptpc_fp8: the per-token FP8 quantize runs 1024-thread blocks, which the mono build does not take (its CTAs have 256 threads); use --path standard".into(),
-            ));
+            );
+        }
+        None
+    }
+
+    pub(crate) fn load_for(gpu: &dyn Gpu, opts: &super::PathOptions, ptpc: bool) -> Result<Self> {
+        if let Some(why) = Mono::refusal(gpu, opts, ptpc) {
+            return Err(GpuError::input("standard path", why));
         }
         let mut m = Mono::load(
             gpu,

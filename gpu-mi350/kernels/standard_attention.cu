@@ -45,6 +45,7 @@
 #define S_NV_ONLY(call) __builtin_trap()
 #endif
 
+#if !S_MMA_ONLY  // a tensor-core variant's unit has no attention (standard_decode.cu)
 // ---- indexer ---------------------------------------------------------------
 #define SI_THREADS 256   // m3s_index_scores block size (4 threads per key)
 #define SI_KPT 2         // fp8 keys per thread per pass (SI_THREADS / 4 * SI_KPT keys a pass)
@@ -1223,3 +1224,4 @@ M3_KERNEL void M3_HIP_BLOCK(SC_THREADS)
     }
   }
 }
+#endif  // !S_MMA_ONLY

@@ -12,6 +12,9 @@
 #define S_SMEM_SCOPE ((void)0)
 #define S_SHARED(T, name, dims) __shared__ T name dims
 #endif
+#ifndef S_MMA_ONLY
+#define S_MMA_ONLY 0  // 1: the tensor-core linears alone (see "the step's other kernels")
+#endif
 
 // Weight formats of the tensor-core linear (compile-time template argument;
 // the Rust side picks the entry point by name, see WFmt::mma_kernel).
@@ -1498,6 +1501,15 @@ S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8s, S_FMT_NVFP4, false, S_RC_ROUTED8, S_R8S_MINB_
 #endif
 #endif
 
+// ---- the step's other kernels (not in an MMA-only unit) ---------------------
+// S_MMA_ONLY = 1 (put first by the host for a tensor-core variant: the
+// small-step build and the bench variants, linear.rs `variant_source`):
+// the unit then holds only the tensor-core linears above, which is all the
+// host loads from it; the default unit holds the rest (and the mono unit,
+// which never sets it). Leaving the rest out took ~40% off the small-step
+// unit's NVRTC compile (bench/NOTES.md, session 49).
+#if !S_MMA_ONLY
+
 /// Group the step's (row, expert) pairs by expert for the expert-mode
 /// linear: slot s < D (D = distinct experts, ascending ids) gets the record
 /// [expert, rows, pair ids ascending]; slots D..nslots get rows 0. With
@@ -2544,3 +2556,4 @@ M3_KERNEL void m3s_argmax_final(const float* __restrict__ pv, const u32* __restr
   }
   tok[blockIdx.x] = besti == 0xffffffffu ? 0u : besti;
 }
+#endif  // !S_MMA_ONLY

@@ -442,6 +442,38 @@ pub(crate) fn prefixed_source(
     })
 }
 
+/// The unit a tensor-core variant loads its linears from: with `defines`,
+/// [`variant_source`]'s text with `S_MMA_ONLY` set (the tensor-core
+/// linears alone: the host takes nothing else from a variant's unit, and
+/// the rest, attention above all, is ~40% of the small-step unit's
+/// compile), its entry points the `m3s_mma_*` ones; without, `base`
+/// itself (the default unit, which holds every kernel of a step). The
+/// mono unit is built from [`variant_source`]'s full text instead.
+pub(crate) fn mma_unit_source(base: &KernelSource, defines: &str) -> Result<VariantSource> {
+    let vs = variant_source(base, defines)?;
+    if defines.trim().is_empty() {
+        return Ok(vs);
+    }
+    let body: &'static str =
+        Box::leak(format!("#define S_MMA_ONLY 1\n{}", vs.src.body).into_boxed_str());
+    let entries: &'static [&'static str] = Box::leak(
+        base.entries
+            .iter()
+            .copied()
+            .filter(|e| e.starts_with("m3s_mma_"))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
+    );
+    Ok(VariantSource {
+        src: KernelSource {
+            body,
+            entries,
+            ..vs.src
+        },
+        ..vs
+    })
+}
+
 /// `base` with a tensor-core variant's compile-time `defines` (`NAME=VALUE`
 /// pairs separated by spaces; see standard_decode.cu) put first, checked
 /// against the names and ranges the kernels take.
@@ -503,7 +535,7 @@ impl MmaVariant {
     /// Load the tensor-core entry points of `src` compiled with `defines`
     /// (`NAME=VALUE` pairs separated by spaces; see standard_decode.cu).
     pub fn load(gpu: &dyn Gpu, base: &KernelSource, defines: &str) -> Result<Self> {
-        let vs = variant_source(base, defines)?;
+        let vs = mma_unit_source(base, defines)?;
         let row_entries = vs.row_entries(gpu.vendor());
         let VariantSource {
             src,

@@ -156,12 +156,13 @@ pub const STANDARD: KernelSource = KernelSource {
     ],
 };
 
-/// [`STANDARD`] as the runner compiles it for steps of at most 16 rows
-/// (the small-step variant's defines first, by `linear::variant_source`
-/// like every variant): CI compiles it beside [`crate::kernels::ALL`], so
-/// the kernels a decode step runs are the kernels CI checks.
+/// [`STANDARD`]'s tensor-core linears as the runner compiles them for
+/// steps of at most 2048 rows (the small-step variant's defines first, by
+/// `linear::mma_unit_source` like every variant): CI compiles it beside
+/// [`crate::kernels::ALL`], so the kernels a decode step runs are the
+/// kernels CI checks.
 pub fn small_step_source() -> Result<KernelSource> {
-    let src = linear::variant_source(&STANDARD, SMALL_STEP_VARIANT)?.src;
+    let src = linear::mma_unit_source(&STANDARD, SMALL_STEP_VARIANT)?.src;
     Ok(KernelSource {
         name: "standard_decode_small",
         ..src
@@ -217,7 +218,7 @@ pub fn runner_cuda_sources() -> Result<Vec<KernelSource>> {
 fn path_sources(opts: &PathOptions, mono: bool) -> Result<Vec<KernelSource>> {
     let mut v = vec![
         STANDARD,
-        linear::variant_source(&STANDARD, opts.small_step_defines)?.src,
+        linear::mma_unit_source(&STANDARD, opts.small_step_defines)?.src,
         crate::sampling::SAMPLE_KEYED,
     ];
     if !opts.attn_defines.is_empty() {

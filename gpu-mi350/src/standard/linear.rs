@@ -878,6 +878,28 @@ mod tests {
         assert!(super::super::STANDARD.body.contains(&want));
     }
 
+    /// A variant's unit is the tensor-core linears alone (its text asks
+    /// for it, its entry list is theirs); no defines: the default unit,
+    /// every kernel of a step.
+    #[test]
+    fn a_variant_unit_holds_the_linears_alone() {
+        let base = &super::super::STANDARD;
+        let v = mma_unit_source(base, "S_MMA_WARPS=4 S_MMA_MAXBT=2").unwrap();
+        assert!(v.src.body.starts_with("#define S_MMA_ONLY 1\n"));
+        assert!(!v.src.entries.is_empty());
+        assert!(v.src.entries.iter().all(|e| e.starts_with("m3s_mma_")));
+        assert!(!v.src.entries.contains(&"m3s_attn_combine"));
+        let d = mma_unit_source(base, "").unwrap();
+        assert_eq!(d.src.body, base.body);
+        assert!(d.src.entries.contains(&"m3s_attn_combine"));
+        // the mono unit's text (variant_source) keeps every kernel
+        assert!(!variant_source(base, "S_MMA_WARPS=4")
+            .unwrap()
+            .src
+            .body
+            .contains("S_MMA_ONLY 1"));
+    }
+
     /// Every `#ifndef S_*` default in standard_decode.cu is a define
     /// `--variants` / `M3_SMALL_STEP_DEFINES` can set, unless it belongs to
     /// another kernel (session 42: two new bench defines were missing from
@@ -886,10 +908,11 @@ mod tests {
     #[test]
     fn every_bench_define_is_a_variant() {
         // set by the engine or by other kernels' entry points, not variants
-        const NOT_VARIANTS: [&str; 5] = [
+        const NOT_VARIANTS: [&str; 6] = [
             "S_F32W_HOIST",
             "S_F32W_ROWS",
             "S_L2PF_CHUNK",
+            "S_MMA_ONLY",
             "S_ROUTER_FIT",
             "S_SHARED",
         ];

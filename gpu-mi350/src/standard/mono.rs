@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use m3_core::backend::StepBatch;
 
 use super::launch::{Arg, Recorded};
-use super::linear::variant_source;
+use super::linear::{mma_unit_source, variant_source};
 use super::{StandardPath, STANDARD};
 use crate::error::{GpuError, Result};
 use crate::kernels::{KernelSource, Vendor};
@@ -781,7 +781,9 @@ impl Mono {
             String::new()
         };
         let sms = gpu.multiprocessors();
-        let small_src = variant_source(&STANDARD, small)?;
+        // the linears' launches come from the unit the standard path loads
+        // them from (the tensor-core unit of the small-step defines)
+        let small_src = mma_unit_source(&STANDARD, small)?;
         let routed_tile = small_src.routed_tile;
         let std_small = small_src.src;
         // the row-class entry points (`_r1` / `_r8`, and `_rs` as an

@@ -1503,11 +1503,11 @@ S_MMH_LINEAR_RC(m3s_mma_nvfp4_r8s, S_FMT_NVFP4, false, S_RC_ROUTED8, S_R8S_MINB_
 
 // ---- the step's other kernels (not in an MMA-only unit) ---------------------
 // S_MMA_ONLY = 1 (put first by the host for a tensor-core variant: the
-// small-step build and the bench variants, linear.rs `variant_source`):
+// small-step build and the bench variants, linear.rs `mma_unit_source`):
 // the unit then holds only the tensor-core linears above, which is all the
 // host loads from it; the default unit holds the rest (and the mono unit,
-// which never sets it). Leaving the rest out took ~40% off the small-step
-// unit's NVRTC compile (bench/NOTES.md, session 49).
+// which never sets it). Leaving the rest out took the small-step unit's
+// NVRTC compile from 77 to 27 s of one core (bench/NOTES.md, session 49).
 #if !S_MMA_ONLY
 
 /// Group the step's (row, expert) pairs by expert for the expert-mode

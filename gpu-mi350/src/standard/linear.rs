@@ -445,8 +445,8 @@ pub(crate) fn prefixed_source(
 /// The unit a tensor-core variant loads its linears from: with `defines`,
 /// [`variant_source`]'s text with `S_MMA_ONLY` set (the tensor-core
 /// linears alone: the host takes nothing else from a variant's unit, and
-/// the rest, attention above all, is ~40% of the small-step unit's
-/// compile), its entry points the `m3s_mma_*` ones; without, `base`
+/// the rest, attention above all, was ~2/3 of the small-step unit's
+/// NVRTC compile), its entry points the `m3s_mma_*` ones; without, `base`
 /// itself (the default unit, which holds every kernel of a step). The
 /// mono unit is built from [`variant_source`]'s full text instead.
 pub(crate) fn mma_unit_source(base: &KernelSource, defines: &str) -> Result<VariantSource> {

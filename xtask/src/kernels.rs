@@ -23,10 +23,11 @@
 //!   ([`isa::mfma_violations`]); the listing goes to
 //!   `target/kernels/gfx950/mfma_mx.s`.
 //!
-//! - NVRTC and clang 22 also build the mono kernel (`standard_mono`: the
-//!   small-step standard bodies behind `kernels/mono_prelude.h`; the host
-//!   launches it on CUDA only). hipcc compiles it too (gfx940, 95 s here in
-//!   session 21), left out of this gate for CI's time.
+//! - NVRTC and clang 22 for gfx950 also build the mono kernel
+//!   (`standard_mono`: the small-step standard bodies behind
+//!   `kernels/mono_prelude.h`; the host launches it on CUDA only). gfx942
+//!   (clang 22, ~90 s of one core) and gfx940 (hipcc, 95 s here in session
+//!   21) compile it too, left out of this gate for CI's time.
 //!
 //! None of these code objects has run on AMD hardware.
 //!
@@ -654,9 +655,19 @@ fn clang_compile_all(
         &[]
     };
     let small = m3_gpu::standard::small_step_source()?;
-    let mono = m3_gpu::standard::mono_step_source()?;
+    // The mono kernel for gfx950 (MI350) alone: no HIP route launches it,
+    // and a third of the AMD side's CPU went to it (90 s a target, CI's 2
+    // cores: bench/NOTES.md session 50); gfx942 builds every other source.
+    let mono = (arch == mfma_mx::ARCH)
+        .then(m3_gpu::standard::mono_step_source)
+        .transpose()?;
     let mut objs = Vec::new();
-    for k in kernels::ALL.iter().chain([&small, &mono]).chain(extra) {
+    for k in kernels::ALL
+        .iter()
+        .chain([&small])
+        .chain(&mono)
+        .chain(extra)
+    {
         if !selected(only, k.name) {
             continue;
         }

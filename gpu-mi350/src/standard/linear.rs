@@ -1783,16 +1783,23 @@ mod gpu_tests {
                         .collect();
                     let xd = DevBuf::from_slice(ctx, &xs).unwrap();
                     let x = |r: usize, c: usize| f64::from(bf16::to_f32(xs[r * kk + c]));
-                    // plain: y[r][o] = x[r] . W0[o]
-                    let want = |e: usize, r: usize, o: usize| -> (f64, f64) {
-                        let (mut s, mut a) = (0f64, 0f64);
-                        for c in 0..kk {
-                            let p = x(r, c) * f64::from(wf[e][o * kk + c]);
-                            s += p;
-                            a += p.abs();
-                        }
-                        (s, a)
-                    };
+                    // plain: y[r][o] = x[r] . W0[o]; (sum, sum of |products|)
+                    // of expert e, x row r, output o, computed once for every
+                    // variant and x form (recomputed per comparison they were
+                    // a ninth of the test's time on the simulator)
+                    let table: Vec<(f64, f64)> = (0..ws.len() * m * n)
+                        .map(|i| {
+                            let (e, r, o) = (i / (m * n), i / n % m, i % n);
+                            let (mut s, mut a) = (0f64, 0f64);
+                            for c in 0..kk {
+                                let p = x(r, c) * f64::from(wf[e][o * kk + c]);
+                                s += p;
+                                a += p.abs();
+                            }
+                            (s, a)
+                        })
+                        .collect();
+                    let want = |e: usize, r: usize, o: usize| table[(e * m + r) * n + o];
                     // outputs of `got` (rows of n) off the f64 reference by more
                     // than 1e-5 of the row's absolute sum; `which(row)` names the
                     // (expert, x row) the output row was computed from

@@ -1024,6 +1024,21 @@ fn build(src: &str, defines: &[String]) -> Result<PathBuf, String> {
     if path.is_file() {
         return Ok(path);
     }
+    // one build a library in this process: test threads asking for the
+    // same unit at once wait for the first build (on a cold cache the
+    // CUDA flavour's unit tests compiled 3 of their 13 libraries twice)
+    let building = {
+        static BUILDING: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
+        let mut map = BUILDING
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Arc::clone(map.entry(key.clone()).or_default())
+    };
+    let _one = building.lock().unwrap_or_else(|e| e.into_inner());
+    if path.is_file() {
+        return Ok(path);
+    }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let names = kernel_names(&cxx, src, defines)?;
     let mut text =

@@ -11,7 +11,8 @@
 //!   `kernels/hip_sim_rt.h` (the block scheduler) and one launcher a kernel,
 //!   is built by the host C++ compiler (`$M3_SIM_CXX`, else `$CXX`, else
 //!   `c++`) into a shared library, kept on disk by a hash of everything
-//!   that went in (`$M3_SIM_CACHE`, else the kernel cache's `sim/`). The
+//!   that went in (`$M3_SIM_CACHE`, else the kernel cache's `sim/`), and
+//!   built once in a process (threads asking for it at once wait). The
 //!   "code object" handed back is that library's path.
 //! - **Run**: a launch runs every block in order on the calling thread, the
 //!   threads of a block as fibers (hip_sim.h says what is modelled, and how

@@ -1786,7 +1786,7 @@ mod gpu_tests {
                     // plain: y[r][o] = x[r] . W0[o]; (sum, sum of |products|)
                     // of expert e, x row r, output o, computed once for every
                     // variant and x form (recomputed per comparison they were
-                    // a ninth of the test's time on the simulator)
+                    // 12% of the test's perf samples on the simulator)
                     let table: Vec<(f64, f64)> = (0..ws.len() * m * n)
                         .map(|i| {
                             let (e, r, o) = (i / (m * n), i / n % m, i % n);
